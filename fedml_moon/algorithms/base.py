@@ -1,0 +1,127 @@
+"""What every algorithm is made of: a local loss, what a party sends, what it keeps, and what the
+server does with what it receives. Pure PyTorch; the FedML glue drives these objects.
+
+Payloads are plain dicts: {"model": state_dict, ...extra tensors...}, plus a few JSON-able fields
+(`party_id`). The same payload travels unchanged in every mode.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedml_moon.config_schema import ServerArgs, TrainArgs
+from fedml_moon.core.aggregation import ServerMomentum, clone_state, weighted_average
+
+Payload = dict[str, Any]
+ModelFactory = Callable[[], nn.Module]
+
+
+@dataclass
+class NoOptions:
+    """Algorithms without options of their own."""
+
+
+def make_optimizer(model: nn.Module, train: TrainArgs) -> torch.optim.Optimizer:
+    """SGD created anew at every local training call: momentum does not carry across rounds."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.SGD(params, lr=train.learning_rate, momentum=train.momentum, weight_decay=train.weight_decay)
+
+
+class ClientAlgorithm:
+    """The party side. Subclasses override `batch_loss` and, where needed, the round hooks."""
+
+    name: ClassVar[str] = "fedavg"
+
+    def __init__(self, options: Any, train: TrainArgs, model_factory: ModelFactory, seed: int) -> None:
+        self.options = options
+        self.train_args = train
+        self.model_factory = model_factory
+        self.seed = seed
+
+    # --- hooks ---------------------------------------------------------------------------------
+    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+        """Load what the server sent into `model` before local training."""
+        model.load_state_dict(received["model"])
+
+    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """The local loss of one batch and its named terms (floats) for metrics."""
+        _, _, logits = model(x)
+        ce = F.cross_entropy(logits, y)
+        return ce, {"ce": ce.detach()}
+
+    def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:
+        """Update what the party keeps after local training."""
+
+    def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
+        """What the party sends to the server."""
+        return {"model": clone_state(model.state_dict()), "party_id": int(party_id)}
+
+    # --- the local training call ---------------------------------------------------------------
+    def local_train(
+        self,
+        model: nn.Module,
+        received: Payload,
+        state: dict,
+        loader: Iterable,
+        device: torch.device,
+        round_idx: int,
+        party_id: int,
+    ) -> dict[str, float]:
+        """E local epochs of SGD on the party's data; returns mean loss terms over the batches."""
+        model.to(device)
+        self.start_round(model, received, state, round_idx, party_id)
+        model.train()
+        optimizer = make_optimizer(model, self.train_args)
+        sums: dict[str, torch.Tensor] = {}
+        batches = 0
+        for _ in range(self.train_args.epochs):
+            for x, y in loader:
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                optimizer.zero_grad(set_to_none=True)
+                loss, terms = self.batch_loss(model, x, y)
+                loss.backward()
+                optimizer.step()
+                terms["loss"] = loss.detach()
+                for key, value in terms.items():
+                    sums[key] = sums[key] + value if key in sums else value.clone()
+                batches += 1
+        self.end_round(model, state, round_idx, party_id)
+        return {k: float(v) / max(batches, 1) for k, v in sums.items()}
+
+
+class ServerAlgorithm:
+    """The server side: what it sends, how it combines what it receives."""
+
+    def __init__(self, options: Any, server: ServerArgs) -> None:
+        self.options = options
+        self.momentum = (
+            ServerMomentum(server.server_momentum, server.server_momentum_style, server.server_lr)
+            if server.server_momentum > 0 or server.server_lr != 1.0
+            else None
+        )
+
+    def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
+        """What the server sends to a party (the same for every party unless overridden)."""
+        return {"model": global_state}
+
+    def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        """Sample-count weighted average of the uploaded models (MOON Algorithm 1, line 7)."""
+        return weighted_average([p["model"] for _, p in uploads], [n for n, _ in uploads])
+
+    def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        """New global state from this round's uploads, with server momentum when configured."""
+        averaged = self.combine(global_state, uploads)
+        if self.momentum is None:
+            return averaged
+        return self.momentum.step(global_state, averaged)
+
+    def models_to_evaluate(self, global_state: OrderedDict) -> dict[str, OrderedDict]:
+        """Named states the server evaluates on the global test set."""
+        return {"global": global_state}

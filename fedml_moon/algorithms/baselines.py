@@ -1,0 +1,80 @@
+"""The baselines the MOON paper compares against: FedAvg, FedProx and SOLO."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
+from fedml_moon.config_schema import require
+from fedml_moon.core.aggregation import clone_state
+from fedml_moon.core.losses import proximal_term
+
+
+class FedAvgClient(ClientAlgorithm):
+    """FedAvg (McMahan et al. 2017): plain cross-entropy; sends the whole model."""
+
+    name = "fedavg"
+
+
+@dataclass
+class FedProxOptions:
+    mu: float = 0.01
+
+    def check(self) -> None:
+        require(self.mu >= 0, "algorithm_args.mu", "the proximal weight must be >= 0 (the paper tunes 0.001..1)")
+
+
+class FedProxClient(ClientAlgorithm):
+    """FedProx (Li et al. 2020): CE + mu/2 ||w - w^t||^2 over the trainable parameters."""
+
+    name = "fedprox"
+
+    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+        super().start_round(model, received, state, round_idx, party_id)
+        self._anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+
+    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        _, _, logits = model(x)
+        ce = F.cross_entropy(logits, y)
+        params = [p for p in model.parameters() if p.requires_grad]
+        prox = proximal_term(params, self._anchor, self.options.mu)
+        return ce + prox, {"ce": ce.detach(), "prox": prox.detach()}
+
+
+class SoloClient(ClientAlgorithm):
+    """SOLO: each party trains its own model on its own data only; nothing is averaged.
+
+    The party keeps its model between rounds; at its first round it starts from the model the server
+    sent (the common initial model w^0). It sends its model only so the server can evaluate it.
+    """
+
+    name = "solo"
+
+    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+        model.load_state_dict(state.get("model", received["model"]))
+
+    def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:
+        state["model"] = clone_state(model.state_dict())
+
+
+class SoloServer(ServerAlgorithm):
+    """Keeps each party's latest model; evaluation reports the mean and std over parties."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.party_models: dict[int, OrderedDict] = {}
+
+    def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        for _, payload in uploads:
+            self.party_models[int(payload["party_id"])] = payload["model"]
+        return global_state
+
+    def models_to_evaluate(self, global_state: OrderedDict) -> dict[str, OrderedDict]:
+        if not self.party_models:
+            return {"global": global_state}
+        return {f"party_{p}": s for p, s in sorted(self.party_models.items())}

@@ -1,0 +1,115 @@
+"""MOON: model-contrastive federated learning (Li, He, Song, CVPR 2021).
+
+Local loss CE + mu * l_con (Eq. 4) with the global model as positive and the party's k previous
+local models as negatives (Eq. 7). What the party keeps: a FIFO pool of its k most recently trained
+models. What it sends and what the server does: FedAvg's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedml_moon.algorithms.base import ClientAlgorithm, Payload
+from fedml_moon.config_schema import require
+from fedml_moon.core.aggregation import clone_state
+from fedml_moon.core.losses import model_contrastive_loss, representation_l2_loss
+
+UNSEEN_CHOICES = ("own-init", "global")
+LOSS_CHOICES = ("contrastive", "l2")
+
+
+@dataclass
+class MoonOptions:
+    mu: float = 5.0
+    temperature: float = 0.5
+    pool_size: int = 1
+    unseen_party_prev: str = "own-init"
+    representation_loss: str = "contrastive"
+
+    def check(self) -> None:
+        require(self.mu >= 0, "algorithm_args.mu", "must be >= 0 (0 gives plain FedAvg training)")
+        require(self.temperature > 0, "algorithm_args.temperature", "tau must be > 0 (the paper uses 0.5)")
+        require(self.pool_size >= 1, "algorithm_args.pool_size", "k must be >= 1 (the paper's default is 1)")
+        require(
+            self.unseen_party_prev in UNSEEN_CHOICES,
+            "algorithm_args.unseen_party_prev",
+            f"choose one of {', '.join(UNSEEN_CHOICES)}",
+        )
+        require(
+            self.representation_loss in LOSS_CHOICES,
+            "algorithm_args.representation_loss",
+            f"choose one of {', '.join(LOSS_CHOICES)}",
+        )
+
+
+def push_pool(pool: list, item: object, k: int) -> list:
+    """FIFO of the k most recent items, oldest first: append, then drop from the front."""
+    return (list(pool) + [item])[-k:]
+
+
+def _frozen(model: nn.Module) -> nn.Module:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+class MoonClient(ClientAlgorithm):
+    name = "moon"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._teachers: list[nn.Module] = []
+        self._global: nn.Module | None = None
+        self._prev: list[nn.Module] = []
+
+    def _teacher(self, i: int, device: torch.device) -> nn.Module:
+        while len(self._teachers) <= i:
+            self._teachers.append(_frozen(self.model_factory()))
+        return self._teachers[i].to(device)
+
+    def initial_model(self, party_id: int) -> dict:
+        """The party's own random initialisation, reproducible from the seed and the party id."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 100_003 + 7919 * (int(party_id) + 1))
+            return clone_state(self.model_factory().state_dict())
+
+    def previous_models(self, state: dict, received: Payload, round_idx: int, party_id: int) -> list:
+        """The states used as negatives this round (oldest first)."""
+        pool = state.get("pool", [])
+        if pool or round_idx == 0:
+            return pool  # round 0: empty pool, l_con == 0 as in the authors' code
+        if self.options.unseen_party_prev == "global":
+            return [received["model"]]
+        return [self.initial_model(party_id)]
+
+    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+        super().start_round(model, received, state, round_idx, party_id)
+        device = next(model.parameters()).device
+        self._global = self._teacher(0, device)
+        self._global.load_state_dict(received["model"])
+        self._prev = []
+        if self.options.representation_loss == "contrastive":
+            for i, prev in enumerate(self.previous_models(state, received, round_idx, party_id)):
+                teacher = self._teacher(i + 1, device)
+                teacher.load_state_dict(prev)
+                self._prev.append(teacher)
+
+    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        _, z, logits = model(x)
+        ce = F.cross_entropy(logits, y)
+        with torch.no_grad():
+            z_glob = self._global(x)[1]
+            z_prev = [t(x)[1] for t in self._prev]
+        if self.options.representation_loss == "l2":
+            l_con = representation_l2_loss(z, z_glob)
+        else:
+            l_con = model_contrastive_loss(z, z_glob, z_prev, self.options.temperature)
+        return ce + self.options.mu * l_con, {"ce": ce.detach(), "l_con": l_con.detach()}
+
+    def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:
+        state["pool"] = push_pool(state.get("pool", []), clone_state(model.state_dict()), self.options.pool_size)

@@ -1,0 +1,165 @@
+"""Build the one validated `Config` object from a FedML-layout YAML file plus `--set` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedml_moon.config_schema import (
+    FEDML_PASSTHROUGH,
+    SECRET_KEYS,
+    SECTIONS,
+    Config,
+    ConfigError,
+    require,
+)
+from fedml_moon.registry import get_algorithm
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "config_to_dict"]
+
+
+def _suggest(word: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check `value` against a field annotation (str | int | float | bool, optionally None)."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"int": int, "float": float, "str": str, "bool": bool, "None": None})
+    allowed = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    if value is None:
+        require(type(None) in allowed, key, "must not be empty (null)")
+        return None
+    if bool in allowed:
+        require(isinstance(value, bool), key, f"must be true or false; got {value!r}")
+        return value
+    if int in allowed:
+        require(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer; got {value!r}")
+        return value
+    if float in allowed:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        require(ok, key, f"must be a number; got {value!r}")
+        return float(value)
+    if str in allowed:
+        require(isinstance(value, str), key, f"must be a string; got {value!r}")
+        return value
+    return value
+
+
+def build_section(cls: type, raw: dict[str, Any], section: str, passthrough: frozenset[str] = frozenset()) -> Any:
+    """Build dataclass `cls` from `raw`, rejecting unknown keys and wrong types, then run its check()."""
+    require(isinstance(raw, dict), section, f"must be a mapping of keys to values; got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = f"{section}.{key}"
+        if key in SECRET_KEYS:
+            raise ConfigError(
+                f"{name}: secrets do not belong in config files (they would be copied into run records); "
+                "use the WANDB_API_KEY environment variable or `wandb login` instead"
+            )
+        if key in passthrough:
+            continue
+        if key not in fields:
+            raise ConfigError(f"{name}: unknown key{_suggest(key, fields)} (valid keys: {', '.join(fields)})")
+        values[key] = _coerce(value, fields[key].type, name)
+    obj = cls(**values)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check()
+    return obj
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+    """Turn `SECTION.KEY=VALUE` strings into nested dicts; values are parsed as YAML scalars."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--set {item!r}: write it as SECTION.KEY=VALUE, e.g. train_args.comm_round=5")
+        path, text = item.split("=", 1)
+        section, key = path.split(".", 1)
+        try:
+            value = yaml.safe_load(text) if text != "" else None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({err})") from None
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"--cf {path}: no such config file; the shipped ones are under config/")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    require(isinstance(data, dict), str(path), "the top level must be a mapping of sections")
+    return data
+
+
+def _merge(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for section, values in overrides.items():
+        target = merged.setdefault(section, {})
+        require(isinstance(target, dict), section, "must be a mapping")
+        target.update(values)
+    return merged
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Validate a FedML-layout dict (sections -> keys) into a Config."""
+    known = set(SECTIONS) | {"algorithm_args"}
+    for section in raw:
+        if section not in known:
+            raise ConfigError(f"{section}: unknown section{_suggest(section, known)} (valid: {', '.join(known)})")
+    built = {}
+    passthrough: dict[str, dict[str, Any]] = {}
+    for section, cls in SECTIONS.items():
+        section_raw = raw.get(section) or {}
+        allowed = FEDML_PASSTHROUGH.get(section, frozenset())
+        built[section] = build_section(cls, section_raw, section, allowed)
+        passthrough[section] = {k: v for k, v in section_raw.items() if k in allowed}
+    spec = get_algorithm(built["train_args"].algorithm)
+    algo_args = build_section(spec.options, raw.get("algorithm_args") or {}, "algorithm_args")
+    cfg = Config(**built, algorithm_args=algo_args, passthrough=passthrough)
+    _cross_checks(cfg)
+    return cfg
+
+
+def _cross_checks(cfg: Config) -> None:
+    data = cfg.data_args
+    if data.data_cache_dir is not None and not data.download:
+        require(
+            Path(data.data_cache_dir).expanduser().is_dir(),
+            "data_args.data_cache_dir",
+            f"{data.data_cache_dir!r} does not exist; point it at the folder holding the data, "
+            "or set data_args.download: true to fetch it there",
+        )
+    if data.max_train_samples is not None:
+        need = cfg.train_args.client_num_in_total * data.min_samples_per_client
+        require(
+            data.max_train_samples >= need,
+            "data_args.max_train_samples",
+            f"{data.max_train_samples} samples cannot give {cfg.train_args.client_num_in_total} parties "
+            f"{data.min_samples_per_client} each; raise it to >= {need} or lower train_args.client_num_in_total",
+        )
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read `path` (FedML's fedml_config.yaml layout), apply `--set` overrides, validate."""
+    raw = _read_yaml(Path(path))
+    return config_from_dict(_merge(raw, parse_overrides(overrides or [])))
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The resolved config as plain data (for summary.json and the W&B run config). Holds no secrets."""
+    out = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+    out["algorithm_args"] = dataclasses.asdict(cfg.algorithm_args)
+    return out

@@ -1,0 +1,235 @@
+"""Typed sections of the plugin's config; each mirrors a section of FedML's `fedml_config.yaml`.
+
+Field types drive validation in `fedml_moon.config`; `check()` methods hold the value rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value is wrong. The message names the key and how to fix it."""
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """Raise ConfigError for `key` unless `condition` holds."""
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+@dataclass
+class CommonArgs:
+    training_type: str = "simulation"
+    random_seed: int = 0
+    scenario: str = "horizontal"
+    using_mlops: bool = False
+
+    def check(self) -> None:
+        require(
+            self.training_type in ("simulation", "cross_silo"),
+            "common_args.training_type",
+            f"{self.training_type!r} is not supported; use 'simulation' or 'cross_silo'",
+        )
+        require(not self.using_mlops, "common_args.using_mlops", "FedML's cloud MLOps is not used; set false")
+
+
+PARTITIONS = ("hetero", "homo", "shards")
+
+
+@dataclass
+class DataArgs:
+    dataset: str = "fashion-mnist"
+    data_cache_dir: str | None = None
+    download: bool = False
+    partition_method: str = "hetero"
+    partition_alpha: float = 0.5
+    shards_per_client: int = 2
+    min_samples_per_client: int = 10
+    max_train_samples: int | None = None
+    max_test_samples: int | None = None
+
+    def check(self) -> None:
+        require(
+            self.partition_method in PARTITIONS,
+            "data_args.partition_method",
+            f"{self.partition_method!r} is unknown; choose one of {', '.join(PARTITIONS)} "
+            "(hetero = Dirichlet, homo = IID, shards = label shards)",
+        )
+        require(self.partition_alpha > 0, "data_args.partition_alpha", "the Dirichlet beta must be > 0")
+        require(self.shards_per_client >= 1, "data_args.shards_per_client", "must be >= 1")
+        for key in ("max_train_samples", "max_test_samples"):
+            value = getattr(self, key)
+            require(value is None or value > 0, f"data_args.{key}", "must be > 0, or null for all samples")
+
+
+@dataclass
+class ModelArgs:
+    model: str = "simple-cnn"
+    use_projection_head: bool = True
+    out_dim: int = 256
+
+    def check(self) -> None:
+        from fedml_moon.core.models import ENCODERS
+
+        require(
+            self.model in ENCODERS,
+            "model_args.model",
+            f"{self.model!r} is unknown; choose one of {', '.join(ENCODERS)}",
+        )
+        require(self.out_dim > 0, "model_args.out_dim", "must be > 0")
+
+
+@dataclass
+class TrainArgs:
+    algorithm: str = "moon"
+    federated_optimizer: str = "FedAvg"
+    client_num_in_total: int = 10
+    client_num_per_round: int = 10
+    comm_round: int = 100
+    epochs: int = 10
+    batch_size: int = 64
+    client_optimizer: str = "sgd"
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 1e-5
+    drop_last: bool = True
+    state_store: str = "memory"
+
+    def check(self) -> None:
+        require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
+        require(
+            1 <= self.client_num_per_round <= self.client_num_in_total,
+            "train_args.client_num_per_round",
+            f"must be between 1 and client_num_in_total ({self.client_num_in_total})",
+        )
+        for key in ("comm_round", "epochs", "batch_size"):
+            require(getattr(self, key) >= 1, f"train_args.{key}", "must be >= 1")
+        require(self.learning_rate > 0, "train_args.learning_rate", "must be > 0")
+        require(0 <= self.momentum < 1, "train_args.momentum", "must be in [0, 1)")
+        require(self.weight_decay >= 0, "train_args.weight_decay", "must be >= 0")
+        require(self.client_optimizer == "sgd", "train_args.client_optimizer", "only 'sgd' is supported")
+        require(
+            self.state_store in ("memory", "disk"),
+            "train_args.state_store",
+            "choose 'memory' or 'disk' (per-party state under the output directory)",
+        )
+        require(
+            self.federated_optimizer == "FedAvg",
+            "train_args.federated_optimizer",
+            "keep 'FedAvg' (FedML's own key); choose the algorithm with train_args.algorithm",
+        )
+
+
+@dataclass
+class ValidationArgs:
+    frequency_of_the_test: int = 1
+
+    def check(self) -> None:
+        require(self.frequency_of_the_test >= 1, "validation_args.frequency_of_the_test", "must be >= 1")
+
+
+@dataclass
+class DeviceArgs:
+    using_gpu: bool = False
+    gpu_id: int = 0
+    torch_threads: int | None = None
+
+    def check(self) -> None:
+        require(self.gpu_id >= 0, "device_args.gpu_id", "must be >= 0")
+        require(
+            self.torch_threads is None or self.torch_threads >= 1, "device_args.torch_threads", "must be >= 1"
+        )
+
+
+@dataclass
+class CommArgs:
+    backend: str = "sp"
+
+    def check(self) -> None:
+        require(
+            self.backend == "sp",
+            "comm_args.backend",
+            f"{self.backend!r} is not available in this version; use 'sp' (the plugin's standalone loop)",
+        )
+
+
+WANDB_MODES = ("auto", "offline", "online", "disabled")
+
+
+@dataclass
+class TrackingArgs:
+    enable_wandb: bool = True
+    wandb_project: str = "fedml_moon"
+    wandb_entity: str | None = None
+    wandb_mode: str = "auto"
+    run_name: str | None = None
+
+    def check(self) -> None:
+        require(
+            self.wandb_mode in WANDB_MODES,
+            "tracking_args.wandb_mode",
+            f"{self.wandb_mode!r} is unknown; choose one of {', '.join(WANDB_MODES)}",
+        )
+
+
+MOMENTUM_STYLES = ("moon", "fedavgm")
+
+
+@dataclass
+class ServerArgs:
+    server_momentum: float = 0.0
+    server_momentum_style: str = "moon"
+    server_lr: float = 1.0
+
+    def check(self) -> None:
+        require(0 <= self.server_momentum < 1, "server_args.server_momentum", "must be in [0, 1); 0 turns it off")
+        require(
+            self.server_momentum_style in MOMENTUM_STYLES,
+            "server_args.server_momentum_style",
+            f"choose one of {', '.join(MOMENTUM_STYLES)}",
+        )
+        require(self.server_lr > 0, "server_args.server_lr", "must be > 0")
+
+
+SECTIONS: dict[str, type] = {
+    "common_args": CommonArgs,
+    "data_args": DataArgs,
+    "model_args": ModelArgs,
+    "train_args": TrainArgs,
+    "validation_args": ValidationArgs,
+    "device_args": DeviceArgs,
+    "comm_args": CommArgs,
+    "tracking_args": TrackingArgs,
+    "server_args": ServerArgs,
+}
+
+# Keys FedML's own example configs carry that the plugin accepts and passes to FedML untouched.
+FEDML_PASSTHROUGH: dict[str, frozenset[str]] = {
+    "common_args": frozenset({"config_version", "env_version"}),
+    "data_args": frozenset({"partition_file"}),
+    "train_args": frozenset({"client_id_list"}),
+    "device_args": frozenset({"worker_num", "gpu_mapping_file", "gpu_mapping_key", "device_type"}),
+    "comm_args": frozenset({"grpc_ipconfig_path", "mqtt_config_path", "s3_config_path"}),
+    "tracking_args": frozenset({"log_file_dir"}),
+}
+
+SECRET_KEYS = frozenset({"wandb_key", "api_key", "mlops_api_key"})
+
+
+@dataclass
+class Config:
+    """The whole validated config: one object, built by `fedml_moon.config.load_config`."""
+
+    common_args: CommonArgs = field(default_factory=CommonArgs)
+    data_args: DataArgs = field(default_factory=DataArgs)
+    model_args: ModelArgs = field(default_factory=ModelArgs)
+    train_args: TrainArgs = field(default_factory=TrainArgs)
+    validation_args: ValidationArgs = field(default_factory=ValidationArgs)
+    device_args: DeviceArgs = field(default_factory=DeviceArgs)
+    comm_args: CommArgs = field(default_factory=CommArgs)
+    tracking_args: TrackingArgs = field(default_factory=TrackingArgs)
+    server_args: ServerArgs = field(default_factory=ServerArgs)
+    algorithm_args: Any = None
+    passthrough: dict[str, dict[str, Any]] = field(default_factory=dict)

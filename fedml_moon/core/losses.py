@@ -1,0 +1,91 @@
+"""Local loss terms. Pure functions of tensors; no model, no state.
+
+Every function returns a scalar averaged over the batch unless its docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+def _stack_prev(z_prev: torch.Tensor | Sequence[torch.Tensor], z: torch.Tensor) -> torch.Tensor:
+    """Return the previous-model projections as one tensor of shape [k, B, D] (k may be 0)."""
+    if isinstance(z_prev, torch.Tensor):
+        if z_prev.dim() != 3:
+            raise ValueError(f"z_prev must have shape [k, B, D]; got {tuple(z_prev.shape)}")
+        return z_prev
+    if len(z_prev) == 0:
+        return z.new_zeros((0, *z.shape))
+    return torch.stack(list(z_prev), dim=0)
+
+
+def model_contrastive_loss(
+    z: torch.Tensor,
+    z_glob: torch.Tensor,
+    z_prev: torch.Tensor | Sequence[torch.Tensor],
+    temperature: float,
+) -> torch.Tensor:
+    """MOON's model-contrastive loss l_con (MOON paper Eq. 3; Eq. 7 for k negatives).
+
+    Args:
+        z: [B, D] projections of the local model being trained.
+        z_glob: [B, D] projections of the round's global model (positive pair).
+        z_prev: [k, B, D], or a list of k tensors [B, D]: projections of the party's k previous
+            local models (negative pairs). k = 0 (first round) leaves only the positive logit,
+            so the loss is exactly 0, as in the authors' code.
+        temperature: tau > 0.
+
+    Returns:
+        Scalar: mean over the batch of -log(e^{s+/tau} / (e^{s+/tau} + sum_i e^{s-_i/tau})),
+        computed as cross-entropy over the logits [s+, s-_1..s-_k] / tau with target 0.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}")
+    if z.shape != z_glob.shape or z.dim() != 2:
+        raise ValueError(f"z and z_glob must both be [B, D]; got {tuple(z.shape)}, {tuple(z_glob.shape)}")
+    prev = _stack_prev(z_prev, z)
+    if prev.shape[1:] != z.shape:
+        raise ValueError(f"z_prev must be [k, {z.shape[0]}, {z.shape[1]}]; got {tuple(prev.shape)}")
+    positive = F.cosine_similarity(z, z_glob, dim=-1).unsqueeze(1)  # [B, 1]
+    negatives = F.cosine_similarity(z.unsqueeze(0), prev, dim=-1).transpose(0, 1)  # [B, k]
+    logits = torch.cat([positive, negatives], dim=1) / temperature
+    target = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+    return F.cross_entropy(logits, target)
+
+
+def representation_l2_loss(z: torch.Tensor, z_glob: torch.Tensor) -> torch.Tensor:
+    """The l2 representation term of MOON's Table 5 ablation: ||z - z_glob||_2 (MOON paper Eq. 6).
+
+    Args:
+        z: [B, D] local projections; z_glob: [B, D] global-model projections.
+
+    Returns:
+        Scalar: batch mean of the per-sample Euclidean distance.
+    """
+    if z.shape != z_glob.shape:
+        raise ValueError(f"z and z_glob must have the same shape; got {tuple(z.shape)}, {tuple(z_glob.shape)}")
+    return torch.linalg.vector_norm(z - z_glob, ord=2, dim=-1).mean()
+
+
+def proximal_term(
+    params: Sequence[torch.Tensor], global_params: Sequence[torch.Tensor], mu: float
+) -> torch.Tensor:
+    """FedProx's proximal term mu/2 * ||w - w^t||^2 over trainable parameters (FedProx, Eq. 2).
+
+    Args:
+        params: the local model's trainable parameters (any shapes).
+        global_params: the round's global parameters, same shapes and order, no gradient.
+        mu: proximal weight >= 0.
+
+    Returns:
+        Scalar: mu / 2 times the squared l2 distance, summed over all parameters.
+    """
+    if len(params) != len(global_params):
+        raise ValueError("params and global_params must have the same length")
+    total = params[0].new_zeros(())
+    for p, g in zip(params, global_params):
+        total = total + (p - g).pow(2).sum()
+    return 0.5 * mu * total

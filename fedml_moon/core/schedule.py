@@ -1,0 +1,15 @@
+"""Party sampling: the sampled sets for all rounds are drawn up front from the seed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sample_schedule(n_total: int, n_per_round: int, rounds: int, seed: int) -> list[list[int]]:
+    """For each round, the sorted party ids that train. Every party every round when n_per_round == n_total."""
+    if not 1 <= n_per_round <= n_total:
+        raise ValueError(f"n_per_round must be in [1, {n_total}]; got {n_per_round}")
+    if n_per_round == n_total:
+        return [list(range(n_total)) for _ in range(rounds)]
+    rng = np.random.default_rng(seed)
+    return [sorted(int(p) for p in rng.choice(n_total, n_per_round, replace=False)) for _ in range(rounds)]

@@ -1,0 +1,83 @@
+"""Run records: metrics.jsonl per evaluated round, summary.json at the end, an accuracy plot, W&B."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from fedml_moon.tracking import WandbRun
+
+log = logging.getLogger(__name__)
+
+
+class RunRecorder:
+    """Writes each record as soon as it exists, so an interrupted run keeps what it computed."""
+
+    def __init__(self, out_dir: Path, config: dict[str, Any], wandb_run: WandbRun | None = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.wandb = wandb_run
+        self.records: list[dict[str, Any]] = []
+        self.started = time.perf_counter()
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+
+    def log_round(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if k != "round"}, record["round"])
+
+    def summary(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        evaluated = [r for r in self.records if "test_acc" in r]
+        best = max(evaluated, key=lambda r: r["test_acc"], default=None)
+        out: dict[str, Any] = {
+            "status": status,
+            "rounds_completed": len({r["round"] for r in self.records}),
+            "final_test_acc": evaluated[-1]["test_acc"] if evaluated else None,
+            "final_round": evaluated[-1]["round"] if evaluated else None,
+            "best_test_acc": best["test_acc"] if best else None,
+            "best_round": best["round"] if best else None,
+            "total_time_s": time.perf_counter() - self.started,
+        }
+        if evaluated and "test_acc_std" in evaluated[-1]:
+            out["final_test_acc_std"] = evaluated[-1]["test_acc_std"]
+        out.update(extra or {})
+        out["config"] = self.config
+        return out
+
+    def finish(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        summary = self.summary(status, extra)
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        try:
+            self.plot(self.out_dir / "accuracy.png")
+        except Exception:  # a plot must never cost the run its summary
+            log.exception("could not draw the accuracy plot")
+        if self.wandb is not None:
+            self.wandb.finish({k: v for k, v in summary.items() if k != "config"})
+        return summary
+
+    def plot(self, path: Path) -> Path | None:
+        evaluated = [r for r in self.records if "test_acc" in r]
+        if not evaluated:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([r["round"] for r in evaluated], [100 * r["test_acc"] for r in evaluated], marker=".")
+        algo = self.config.get("train_args", {}).get("algorithm", "")
+        data = self.config.get("data_args", {}).get("dataset", "")
+        ax.set(xlabel="round", ylabel="test accuracy (%)", title=f"{algo} on {data}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path

@@ -1,0 +1,29 @@
+"""fedml_moon: MOON, FedSSC, LG-FedAvg and baselines as a FedML algorithm plugin."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="fedml_moon",
+    version="0.1.0",
+    description="Model-contrastive and representation-level federated learning on FedML",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.12",
+    packages=find_packages(include=["fedml_moon", "fedml_moon.*"]),
+    install_requires=[
+        "fedml==0.9.6",
+        "torch",
+        "torchvision",
+        "wandb",
+        "pyyaml",
+        "numpy<2",
+        "setuptools>=77,<81",
+        "matplotlib",
+        "tqdm",
+    ],
+    extras_require={
+        "test": ["pytest", "ruff"],
+        "mpi": ["mpi4py"],
+    },
+    entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:main"]},
+)

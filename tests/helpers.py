@@ -1,0 +1,25 @@
+"""Small shared builders for the tests."""
+
+import torch
+
+from fedml_moon.config_schema import TrainArgs
+from fedml_moon.core.models import build_model
+
+
+def tiny_factory(num_classes: int = 3):
+    def factory():
+        return build_model("mlp", (1, 4, 4), num_classes, use_head=True, out_dim=8)
+
+    return factory
+
+
+def tiny_batches(n_batches: int = 3, batch: int = 8, seed: int = 0, num_classes: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 1, 4, 4, generator=g), torch.randint(0, num_classes, (batch,), generator=g))
+            for _ in range(n_batches)]
+
+
+def train_args(**kw) -> TrainArgs:
+    base = dict(epochs=1, batch_size=8, learning_rate=0.05)
+    base.update(kw)
+    return TrainArgs(**base)

@@ -1,0 +1,68 @@
+"""Config validation: each mistake gets one clear message naming the key and the fix."""
+
+import pytest
+
+from fedml_moon.config import ConfigError, config_from_dict, load_config, parse_overrides
+
+FMNIST = "config/fashion_mnist/moon.yaml"
+
+
+def test_shipped_configs_load():
+    import glob
+
+    files = sorted(glob.glob("config/**/*.yaml", recursive=True))
+    assert len(files) >= 16
+    for path in files:
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    "override, key, hint",
+    [
+        ("train_args.algorithm=mooon", "train_args.algorithm", "choose one of fedavg, fedprox, moon, solo"),
+        ("data_args.partition_alpha=0", "data_args.partition_alpha", "must be > 0"),
+        ("algorithm_args.temperature=0", "algorithm_args.temperature", "must be > 0"),
+        ("algorithm_args.mu=-1", "algorithm_args.mu", "must be >= 0"),
+        ("train_args.learnig_rate=0.1", "train_args.learnig_rate", "did you mean 'learning_rate'"),
+        ("data_args.data_cache_dir=/no/such/dir", "data_args.data_cache_dir", "does not exist"),
+        ("data_args.max_train_samples=50", "data_args.max_train_samples", "raise it to >= 100"),
+        ("train_args.client_num_per_round=11", "train_args.client_num_per_round", "between 1 and"),
+        ("train_args.epochs=two", "train_args.epochs", "must be an integer"),
+        ("tracking_args.wandb_key=abc", "tracking_args.wandb_key", "WANDB_API_KEY"),
+        ("comm_args.backend=MPI", "comm_args.backend", "use 'sp'"),
+    ],
+)
+def test_config_errors_name_the_key_and_fix(override, key, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config(FMNIST, [override])
+    message = str(err.value)
+    assert message.startswith(key) and hint in message
+
+
+def test_unknown_section_is_suggested():
+    with pytest.raises(ConfigError, match="did you mean 'train_args'"):
+        config_from_dict({"trian_args": {}})
+
+
+def test_fedml_passthrough_keys_are_accepted():
+    cfg = config_from_dict({"comm_args": {"grpc_ipconfig_path": "x.csv"}, "device_args": {"worker_num": 3}})
+    assert cfg.passthrough["comm_args"] == {"grpc_ipconfig_path": "x.csv"}
+
+
+def test_overrides_parse_yaml_values():
+    assert parse_overrides(["a.b=3", "a.c=true", "d.e=null", "d.f=x"]) == {
+        "a": {"b": 3, "c": True}, "d": {"e": None, "f": "x"}}
+    with pytest.raises(ConfigError, match="SECTION.KEY=VALUE"):
+        parse_overrides(["comm_round=3"])
+
+
+def test_algorithm_options_are_typed_per_algorithm():
+    cfg = load_config(FMNIST, ["algorithm_args.pool_size=3"])
+    assert cfg.algorithm_args.pool_size == 3 and cfg.algorithm_args.mu == 1.0
+    with pytest.raises(ConfigError, match="algorithm_args.pool_size: unknown key"):
+        load_config("config/fashion_mnist/fedprox.yaml", ["algorithm_args.pool_size=3"])
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config("config/nope.yaml")

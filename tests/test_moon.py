@@ -1,0 +1,114 @@
+"""MOON's party side: the pool, teachers, first-round and unseen-party behaviour, per-party state."""
+
+import math
+
+import pytest
+import torch
+
+from fedml_moon.algorithms.baselines import FedAvgClient
+from fedml_moon.algorithms.moon import MoonClient, MoonOptions, push_pool
+from fedml_moon.core.aggregation import clone_state
+from fedml_moon.core.state import PartyStore
+from tests.helpers import tiny_batches, tiny_factory, train_args
+
+
+def make_moon(**opts):
+    return MoonClient(MoonOptions(**opts), train_args(), tiny_factory(), seed=0)
+
+
+def states_equal(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_push_pool_is_fifo(k):
+    pool = []
+    for item in range(9):
+        pool = push_pool(pool, item, k)
+    assert pool == list(range(9))[-k:]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_party_pool_holds_its_last_k_trained_models(k):
+    client = make_moon(pool_size=k)
+    model = tiny_factory()()
+    state, trained = {}, []
+    received = {"model": clone_state(model.state_dict())}
+    for r in range(7):
+        client.local_train(model, received, state, tiny_batches(seed=r), torch.device("cpu"), r, party_id=0)
+        trained.append(clone_state(model.state_dict()))
+    assert len(state["pool"]) == min(k, 7)
+    for got, want in zip(state["pool"], trained[-k:]):
+        assert states_equal(got, want)
+
+
+def test_round_zero_has_no_contrastive_term():
+    client = make_moon()
+    model = tiny_factory()()
+    metrics = client.local_train(model, {"model": clone_state(model.state_dict())}, {}, tiny_batches(),
+                                 torch.device("cpu"), 0, party_id=0)
+    assert metrics["l_con"] == 0.0
+
+
+def test_unseen_party_with_global_prev_gives_log2():
+    client = make_moon(unseen_party_prev="global", mu=0.0)
+    model = tiny_factory()()
+    metrics = client.local_train(model, {"model": clone_state(model.state_dict())}, {}, tiny_batches(),
+                                 torch.device("cpu"), 3, party_id=4)
+    assert metrics["l_con"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_unseen_party_own_init_is_reproducible_and_per_party():
+    client = make_moon()
+    a, b, c = client.initial_model(1), client.initial_model(1), client.initial_model(2)
+    assert states_equal(a, b) and not states_equal(a, c)
+    prev = client.previous_models({}, {"model": None}, round_idx=2, party_id=1)
+    assert len(prev) == 1 and states_equal(prev[0], a)
+
+
+def test_mu_zero_trains_exactly_like_fedavg():
+    factory = tiny_factory()
+    torch.manual_seed(1)
+    start = clone_state(factory().state_dict())
+    models = []
+    for client in (make_moon(mu=0.0), FedAvgClient(None, train_args(), factory, seed=0)):
+        model = factory()
+        client.local_train(model, {"model": start}, {"pool": [start]}, tiny_batches(), torch.device("cpu"), 1, 0)
+        models.append(model.state_dict())
+    assert states_equal(*models)
+
+
+def test_teachers_are_frozen_eval_and_get_no_gradient():
+    client = make_moon(mu=5.0)
+    model = tiny_factory()()
+    start = clone_state(model.state_dict())
+    client.start_round(model, {"model": start}, {"pool": [start]}, round_idx=1, party_id=0)
+    x, y = tiny_batches(1)[0]
+    loss, terms = client.batch_loss(model, x, y)
+    loss.backward()
+    teachers = [client._global, *client._prev]
+    assert len(teachers) == 2
+    for t in teachers:
+        assert not t.training
+        assert all(not p.requires_grad and p.grad is None for p in t.parameters())
+    assert all(p.grad is not None for p in model.parameters())
+    assert terms["l_con"].item() == pytest.approx(math.log(2), abs=1e-5)  # z == z_glob == z_prev at start
+
+
+def test_state_follows_party_under_sampling():
+    client = make_moon(pool_size=2)
+    store = PartyStore()
+    model = tiny_factory()()
+    received = {"model": clone_state(model.state_dict())}
+    schedule = [[0, 2], [1, 2], [0, 1], [2]]
+    trained = {p: [] for p in range(3)}
+    for r, parties in enumerate(schedule):
+        for p in parties:
+            state = store.get(p)
+            client.local_train(model, received, state, tiny_batches(seed=10 * r + p), torch.device("cpu"), r, p)
+            store.put(p, state)
+            trained[p].append(clone_state(model.state_dict()))
+    for p in range(3):
+        pool = store.get(p)["pool"]
+        assert len(pool) == len(trained[p][-2:])
+        assert all(states_equal(a, b) for a, b in zip(pool, trained[p][-2:]))

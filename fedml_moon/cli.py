@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     try:
         cfg = load_config(args.cf, args.overrides)
-        out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(
-            cfg.train_args.algorithm, cfg.data_args.dataset
+        out_dir = (
+            Path(args.output_dir)
+            if args.output_dir
+            else default_output_dir(cfg.train_args.algorithm, cfg.data_args.dataset)
         )
         from fedml_moon.glue.run import simulate
 

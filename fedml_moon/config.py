@@ -41,7 +41,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         require(isinstance(value, bool), key, f"must be true or false; got {value!r}")
         return value
     if int in allowed:
-        require(isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer; got {value!r}")
+        require(
+            isinstance(value, int) and not isinstance(value, bool), key, f"must be an integer; got {value!r}"
+        )
         return value
     if float in allowed:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -53,7 +55,9 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     return value
 
 
-def build_section(cls: type, raw: dict[str, Any], section: str, passthrough: frozenset[str] = frozenset()) -> Any:
+def build_section(
+    cls: type, raw: dict[str, Any], section: str, passthrough: frozenset[str] = frozenset()
+) -> Any:
     """Build dataclass `cls` from `raw`, rejecting unknown keys and wrong types, then run its check()."""
     require(isinstance(raw, dict), section, f"must be a mapping of keys to values; got {type(raw).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -118,7 +122,9 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     known = set(SECTIONS) | {"algorithm_args"}
     for section in raw:
         if section not in known:
-            raise ConfigError(f"{section}: unknown section{_suggest(section, known)} (valid: {', '.join(known)})")
+            raise ConfigError(
+                f"{section}: unknown section{_suggest(section, known)} (valid: {', '.join(known)})"
+            )
     built = {}
     passthrough: dict[str, dict[str, Any]] = {}
     for section, cls in SECTIONS.items():
@@ -148,7 +154,8 @@ def _cross_checks(cfg: Config) -> None:
             data.max_train_samples >= need,
             "data_args.max_train_samples",
             f"{data.max_train_samples} samples cannot give {cfg.train_args.client_num_in_total} parties "
-            f"{data.min_samples_per_client} each; raise it to >= {need} or lower train_args.client_num_in_total",
+            f"{data.min_samples_per_client} each; raise it to >= {need} "
+            "or lower train_args.client_num_in_total",
         )
 
 

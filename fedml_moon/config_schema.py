@@ -184,7 +184,9 @@ class ServerArgs:
     server_lr: float = 1.0
 
     def check(self) -> None:
-        require(0 <= self.server_momentum < 1, "server_args.server_momentum", "must be in [0, 1); 0 turns it off")
+        require(
+            0 <= self.server_momentum < 1, "server_args.server_momentum", "must be in [0, 1); 0 turns it off"
+        )
         require(
             self.server_momentum_style in MOMENTUM_STYLES,
             "server_args.server_momentum_style",

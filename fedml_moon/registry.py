@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedml_moon.algorithms.base import ClientAlgorithm, NoOptions, ServerAlgorithm
-from fedml_moon.algorithms.baselines import FedAvgClient, FedProxClient, FedProxOptions, SoloClient, SoloServer
+from fedml_moon.algorithms.baselines import (
+    FedAvgClient,
+    FedProxClient,
+    FedProxOptions,
+    SoloClient,
+    SoloServer,
+)
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.config_schema import ConfigError
 

@@ -42,7 +42,9 @@ def resolve_mode(mode: str) -> str:
 class WandbRun:
     """A thin wrapper: per-round metrics keyed by round, with a `round` field as well."""
 
-    def __init__(self, project: str, entity: str | None, name: str, mode: str, out_dir: Path, config: dict) -> None:
+    def __init__(
+        self, project: str, entity: str | None, name: str, mode: str, out_dir: Path, config: dict
+    ) -> None:
         import wandb
 
         self.mode = resolve_mode(mode)

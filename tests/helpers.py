@@ -15,8 +15,10 @@ def tiny_factory(num_classes: int = 3):
 
 def tiny_batches(n_batches: int = 3, batch: int = 8, seed: int = 0, num_classes: int = 3):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 1, 4, 4, generator=g), torch.randint(0, num_classes, (batch,), generator=g))
-            for _ in range(n_batches)]
+    return [
+        (torch.randn(batch, 1, 4, 4, generator=g), torch.randint(0, num_classes, (batch,), generator=g))
+        for _ in range(n_batches)
+    ]
 
 
 def train_args(**kw) -> TrainArgs:

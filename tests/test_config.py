@@ -51,7 +51,9 @@ def test_fedml_passthrough_keys_are_accepted():
 
 def test_overrides_parse_yaml_values():
     assert parse_overrides(["a.b=3", "a.c=true", "d.e=null", "d.f=x"]) == {
-        "a": {"b": 3, "c": True}, "d": {"e": None, "f": "x"}}
+        "a": {"b": 3, "c": True},
+        "d": {"e": None, "f": "x"},
+    }
     with pytest.raises(ConfigError, match="SECTION.KEY=VALUE"):
         parse_overrides(["comm_round=3"])
 

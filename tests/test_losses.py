@@ -36,7 +36,10 @@ def test_list_and_tensor_forms_agree_and_batch_mean():
     prev = [torch.randn(6, 4) for _ in range(3)]
     a = model_contrastive_loss(z, zg, prev, 0.7)
     b = model_contrastive_loss(z, zg, torch.stack(prev), 0.7)
-    per_sample = [model_contrastive_loss(z[i : i + 1], zg[i : i + 1], [p[i : i + 1] for p in prev], 0.7) for i in range(6)]
+    per_sample = [
+        model_contrastive_loss(z[i : i + 1], zg[i : i + 1], [p[i : i + 1] for p in prev], 0.7)
+        for i in range(6)
+    ]
     assert a.item() == pytest.approx(b.item(), abs=1e-7)
     assert a.item() == pytest.approx(torch.stack(per_sample).mean().item(), abs=1e-6)
 

@@ -38,23 +38,37 @@ def test_party_pool_holds_its_last_k_trained_models(k):
         client.local_train(model, received, state, tiny_batches(seed=r), torch.device("cpu"), r, party_id=0)
         trained.append(clone_state(model.state_dict()))
     assert len(state["pool"]) == min(k, 7)
-    for got, want in zip(state["pool"], trained[-k:]):
+    for got, want in zip(state["pool"], trained[-k:], strict=True):
         assert states_equal(got, want)
 
 
 def test_round_zero_has_no_contrastive_term():
     client = make_moon()
     model = tiny_factory()()
-    metrics = client.local_train(model, {"model": clone_state(model.state_dict())}, {}, tiny_batches(),
-                                 torch.device("cpu"), 0, party_id=0)
+    metrics = client.local_train(
+        model,
+        {"model": clone_state(model.state_dict())},
+        {},
+        tiny_batches(),
+        torch.device("cpu"),
+        0,
+        party_id=0,
+    )
     assert metrics["l_con"] == 0.0
 
 
 def test_unseen_party_with_global_prev_gives_log2():
     client = make_moon(unseen_party_prev="global", mu=0.0)
     model = tiny_factory()()
-    metrics = client.local_train(model, {"model": clone_state(model.state_dict())}, {}, tiny_batches(),
-                                 torch.device("cpu"), 3, party_id=4)
+    metrics = client.local_train(
+        model,
+        {"model": clone_state(model.state_dict())},
+        {},
+        tiny_batches(),
+        torch.device("cpu"),
+        3,
+        party_id=4,
+    )
     assert metrics["l_con"] == pytest.approx(math.log(2), abs=1e-6)
 
 
@@ -73,7 +87,9 @@ def test_mu_zero_trains_exactly_like_fedavg():
     models = []
     for client in (make_moon(mu=0.0), FedAvgClient(None, train_args(), factory, seed=0)):
         model = factory()
-        client.local_train(model, {"model": start}, {"pool": [start]}, tiny_batches(), torch.device("cpu"), 1, 0)
+        client.local_train(
+            model, {"model": start}, {"pool": [start]}, tiny_batches(), torch.device("cpu"), 1, 0
+        )
         models.append(model.state_dict())
     assert states_equal(*models)
 
@@ -105,10 +121,12 @@ def test_state_follows_party_under_sampling():
     for r, parties in enumerate(schedule):
         for p in parties:
             state = store.get(p)
-            client.local_train(model, received, state, tiny_batches(seed=10 * r + p), torch.device("cpu"), r, p)
+            client.local_train(
+                model, received, state, tiny_batches(seed=10 * r + p), torch.device("cpu"), r, p
+            )
             store.put(p, state)
             trained[p].append(clone_state(model.state_dict()))
     for p in range(3):
         pool = store.get(p)["pool"]
         assert len(pool) == len(trained[p][-2:])
-        assert all(states_equal(a, b) for a, b in zip(pool, trained[p][-2:]))
+        assert all(states_equal(a, b) for a, b in zip(pool, trained[p][-2:], strict=True))

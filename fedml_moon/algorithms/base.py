@@ -31,7 +31,9 @@ class NoOptions:
 def make_optimizer(model: nn.Module, train: TrainArgs) -> torch.optim.Optimizer:
     """SGD created anew at every local training call: momentum does not carry across rounds."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.SGD(params, lr=train.learning_rate, momentum=train.momentum, weight_decay=train.weight_decay)
+    return torch.optim.SGD(
+        params, lr=train.learning_rate, momentum=train.momentum, weight_decay=train.weight_decay
+    )
 
 
 class ClientAlgorithm:
@@ -46,7 +48,9 @@ class ClientAlgorithm:
         self.seed = seed
 
     # --- hooks ---------------------------------------------------------------------------------
-    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+    def start_round(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> None:
         """Load what the server sent into `model` before local training."""
         model.load_state_dict(received["model"])
 

@@ -26,7 +26,9 @@ class FedProxOptions:
     mu: float = 0.01
 
     def check(self) -> None:
-        require(self.mu >= 0, "algorithm_args.mu", "the proximal weight must be >= 0 (the paper tunes 0.001..1)")
+        require(
+            self.mu >= 0, "algorithm_args.mu", "the proximal weight must be >= 0 (the paper tunes 0.001..1)"
+        )
 
 
 class FedProxClient(ClientAlgorithm):
@@ -34,7 +36,9 @@ class FedProxClient(ClientAlgorithm):
 
     name = "fedprox"
 
-    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+    def start_round(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> None:
         super().start_round(model, received, state, round_idx, party_id)
         self._anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
 
@@ -55,7 +59,9 @@ class SoloClient(ClientAlgorithm):
 
     name = "solo"
 
-    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+    def start_round(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> None:
         model.load_state_dict(state.get("model", received["model"]))
 
     def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:

@@ -87,7 +87,9 @@ class MoonClient(ClientAlgorithm):
             return [received["model"]]
         return [self.initial_model(party_id)]
 
-    def start_round(self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int) -> None:
+    def start_round(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> None:
         super().start_round(model, received, state, round_idx, party_id)
         device = next(model.parameters()).device
         self._global = self._teacher(0, device)
@@ -112,4 +114,6 @@ class MoonClient(ClientAlgorithm):
         return ce + self.options.mu * l_con, {"ce": ce.detach(), "l_con": l_con.detach()}
 
     def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:
-        state["pool"] = push_pool(state.get("pool", []), clone_state(model.state_dict()), self.options.pool_size)
+        state["pool"] = push_pool(
+            state.get("pool", []), clone_state(model.state_dict()), self.options.pool_size
+        )

@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-StateDict = "OrderedDict[str, torch.Tensor]"
-
 
 def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> OrderedDict:
     """w = sum_k weights_k / sum(weights) * w_k over every entry, BatchNorm buffers included.
@@ -25,7 +23,7 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
     out: OrderedDict = OrderedDict()
     for key, first in states[0].items():
         acc = torch.zeros_like(first, dtype=torch.float64)
-        for state, weight in zip(states, weights):
+        for state, weight in zip(states, weights, strict=True):
             acc.add_(state[key].to(torch.float64), alpha=float(weight) / total)
         out[key] = acc.round().to(first.dtype) if not first.is_floating_point() else acc.to(first.dtype)
     return out

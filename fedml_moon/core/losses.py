@@ -66,7 +66,9 @@ def representation_l2_loss(z: torch.Tensor, z_glob: torch.Tensor) -> torch.Tenso
         Scalar: batch mean of the per-sample Euclidean distance.
     """
     if z.shape != z_glob.shape:
-        raise ValueError(f"z and z_glob must have the same shape; got {tuple(z.shape)}, {tuple(z_glob.shape)}")
+        raise ValueError(
+            f"z and z_glob must have the same shape; got {tuple(z.shape)}, {tuple(z_glob.shape)}"
+        )
     return torch.linalg.vector_norm(z - z_glob, ord=2, dim=-1).mean()
 
 
@@ -86,6 +88,6 @@ def proximal_term(
     if len(params) != len(global_params):
         raise ValueError("params and global_params must have the same length")
     total = params[0].new_zeros(())
-    for p, g in zip(params, global_params):
+    for p, g in zip(params, global_params, strict=True):
         total = total + (p - g).pow(2).sum()
     return 0.5 * mu * total

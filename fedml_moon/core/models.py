@@ -71,7 +71,9 @@ class MLPEncoder(nn.Module):
 class MoonNet(nn.Module):
     """encoder -> (optional) projection head Linear(d, d), ReLU, Linear(d, out_dim) -> classifier."""
 
-    def __init__(self, encoder: nn.Module, num_classes: int, use_head: bool = True, out_dim: int = 256) -> None:
+    def __init__(
+        self, encoder: nn.Module, num_classes: int, use_head: bool = True, out_dim: int = 256
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         d = int(encoder.out_features)

@@ -6,7 +6,7 @@ import numpy as np
 
 
 def sample_schedule(n_total: int, n_per_round: int, rounds: int, seed: int) -> list[list[int]]:
-    """For each round, the sorted party ids that train. Every party every round when n_per_round == n_total."""
+    """For each round, the sorted ids of the parties that train (all of them when n_per_round == n_total)."""
     if not 1 <= n_per_round <= n_total:
         raise ValueError(f"n_per_round must be in [1, {n_total}]; got {n_per_round}")
     if n_per_round == n_total:

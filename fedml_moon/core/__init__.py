@@ -1,0 +1,1 @@
+"""Pure-PyTorch building blocks: models, losses, aggregation and data partitioning."""

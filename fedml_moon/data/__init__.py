@@ -1,0 +1,1 @@
+"""Data layer: on-disk readers, in-memory datasets, augmentation, party loaders and plots."""

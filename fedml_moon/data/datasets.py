@@ -1,0 +1,161 @@
+"""In-memory benchmark data sets: uint8 image tensors plus the normalisation and augmentation to use."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedml_moon.data.formats import load_cifar, load_mnist_like, load_tiny_imagenet
+
+logger = logging.getLogger(__name__)
+
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "tiny-imagenet")
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+DEFAULT_DOWNLOAD_ROOT = "./data"
+TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+
+_STATS: dict[str, tuple[int, tuple[float, ...], tuple[float, ...], str]] = {
+    "fashion-mnist": (10, (0.0,), (1.0,), "none"),
+    "mnist": (10, (0.0,), (1.0,), "none"),
+    "cifar10": (10, (125.3 / 255, 123.0 / 255, 113.9 / 255), (63.0 / 255, 62.1 / 255, 66.7 / 255), "cifar10"),
+    "cifar100": (100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "cifar100"),
+    "tiny-imagenet": (200, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "none"),
+}
+_MNIST_SUBDIRS = {"fashion-mnist": ("", "raw", "FashionMNIST/raw"), "mnist": ("", "raw", "MNIST/raw")}
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A data set is neither on disk nor downloadable with the current settings."""
+
+
+@dataclass
+class DatasetTensors:
+    """A whole data set in memory.
+
+    Images are uint8 [N, C, H, W] (scaled to [0, 1] and normalised with ``mean``/``std`` per batch);
+    labels are int64 [N]; ``augment`` names the training augmentation (see ``augment_batch``).
+    """
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: str
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image."""
+        c, h, w = self.x_train.shape[1:]
+        return int(c), int(h), int(w)
+
+
+def _canonical(name: str) -> str:
+    key = name.strip().lower().replace("_", "-")
+    if key not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    return key
+
+
+def _to_tensors(name: str, arrays: tuple[np.ndarray, ...]) -> DatasetTensors:
+    num_classes, mean, std, augment = _STATS[name]
+    x_train, y_train, x_test, y_test = (torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
+    logger.info(
+        "%s: %d train / %d test images of shape %s", name, len(x_train), len(x_test), x_train.shape[1:]
+    )
+    return DatasetTensors(name, x_train, y_train, x_test, y_test, num_classes, mean, std, augment)
+
+
+def _try(sources: list[tuple[str, Callable[[], tuple]]]) -> tuple[tuple | None, list[str]]:
+    """Call each loader in turn; return the first result and the reasons the earlier ones failed."""
+    failures = []
+    for label, load in sources:
+        try:
+            return load(), failures
+        except (OSError, RuntimeError, ValueError) as err:
+            logger.info("%s: %s", label, err)
+            failures.append(f"{label}: {err}")
+    return None, failures
+
+
+def _download(name: str, root: str) -> tuple:
+    import torchvision
+
+    path = Path(root)
+    if name in _MNIST_SUBDIRS:
+        cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
+        cls(root=root, train=True, download=True)
+        return load_mnist_like(path, _MNIST_SUBDIRS[name][-1:])
+    cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+    cls(root=root, train=True, download=True)
+    return load_cifar(path, _STATS[name][0])
+
+
+def _local_loader(name: str, folder: Path) -> Callable[[], tuple]:
+    if name in _MNIST_SUBDIRS:
+        return lambda: load_mnist_like(folder, _MNIST_SUBDIRS[name])
+    if name == "tiny-imagenet":
+        return lambda: load_tiny_imagenet(folder, cache_dir=_user_cache_dir())
+    return lambda: load_cifar(folder, _STATS[name][0])
+
+
+def _user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fedml_moon"
+
+
+def _hint(name: str) -> str:
+    where = "point `data_args.data_cache_dir` at a folder holding"
+    if name in _MNIST_SUBDIRS:
+        hint = (
+            f"{where} the four idx files (train-images-idx3-ubyte[.gz], ...), "
+            "or set `data_args.download: true`"
+        )
+        if name == "fashion-mnist":
+            hint = (
+                f"run `apt-get install dataset-fashion-mnist` (files go to {DEBIAN_FASHION_MNIST}), or {hint}"
+            )
+        return hint + " (needs network)"
+    if name == "tiny-imagenet":
+        return (
+            f"download {TINY_IMAGENET_URL}, unzip it and {where} `tiny-imagenet-200/` (wnids.txt, "
+            "train/<wnid>/images/*.JPEG, val/images/*.JPEG, val/val_annotations.txt); "
+            "there is no automatic download"
+        )
+    folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
+    return f"{where} `{folder}/` (python pickles), or set `data_args.download: true` (needs network)"
+
+
+def load_dataset(name: str, data_dir: str | None, download: bool = False) -> DatasetTensors:
+    """Load one of ``DATASETS`` fully into memory.
+
+    Sources, in order: ``data_dir``; for Fashion-MNIST Debian's ``/usr/share/datasets/fashion-mnist``;
+    then, if ``download``, torchvision's downloader into ``data_dir`` (or ``./data``).
+
+    Raises:
+        ValueError: unknown ``name``.
+        DataNotFoundError: no source worked; the message says how to get the data.
+    """
+    key = _canonical(name)
+    sources: list[tuple[str, Callable[[], tuple]]] = []
+    if data_dir:
+        sources.append((f"data_dir {data_dir}", _local_loader(key, Path(data_dir))))
+    if key == "fashion-mnist":
+        sources.append((f"Debian package {DEBIAN_FASHION_MNIST}", _local_loader(key, DEBIAN_FASHION_MNIST)))
+    if download and key != "tiny-imagenet":
+        root = data_dir or DEFAULT_DOWNLOAD_ROOT
+        sources.append((f"torchvision download into {root}", lambda: _download(key, root)))
+    arrays, failures = _try(sources)
+    if arrays is None:
+        tried = "; ".join(failures) if failures else "no data_dir given and download is off"
+        raise DataNotFoundError(f"{key} not found ({tried}). To get it, {_hint(key)}.")
+    return _to_tensors(key, arrays)

@@ -1,0 +1,95 @@
+"""From a config to partitioned, in-memory federated data (pure PyTorch / numpy, no FedML)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.core.partition import (
+    PartitionError,
+    class_matched_partition,
+    dirichlet_partition,
+    iid_partition,
+    partition_counts,
+    shard_partition,
+)
+from fedml_moon.data.datasets import DataNotFoundError, DatasetTensors, load_dataset
+from fedml_moon.data.plot import format_partition_table, save_partition_heatmap
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FederatedData:
+    data: DatasetTensors
+    train_parts: list[np.ndarray]
+    test_parts: list[np.ndarray]
+    counts: np.ndarray  # [n_parties, num_classes] training samples per class
+
+
+def _subsample(
+    x: torch.Tensor, y: torch.Tensor, limit: int | None, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if limit is None or limit >= len(y):
+        return x, y
+    keep = torch.from_numpy(np.sort(np.random.default_rng(seed).permutation(len(y))[:limit]))
+    return x[keep].contiguous(), y[keep].contiguous()
+
+
+def load_data(args: DataArgs, seed: int) -> DatasetTensors:
+    """Load the dataset named in the config, optionally subsampled (max_train/test_samples)."""
+    try:
+        data = load_dataset(args.dataset, args.data_cache_dir, download=args.download)
+    except DataNotFoundError as err:
+        raise ConfigError(f"data_args.dataset: {err}") from None
+    except ValueError as err:
+        raise ConfigError(f"data_args.dataset: {err}") from None
+    data.x_train, data.y_train = _subsample(data.x_train, data.y_train, args.max_train_samples, seed)
+    data.x_test, data.y_test = _subsample(data.x_test, data.y_test, args.max_test_samples, seed + 1)
+    return data
+
+
+def partition(args: DataArgs, data: DatasetTensors, n_parties: int, seed: int) -> tuple[list, list]:
+    """Training and local-test index sets per party, as the config's partition_method says."""
+    y_train, y_test = data.y_train.numpy(), data.y_test.numpy()
+    if n_parties > len(y_train):
+        raise ConfigError(
+            f"train_args.client_num_in_total: {n_parties} parties but only {len(y_train)} training samples; "
+            "use fewer parties or more data"
+        )
+    try:
+        if args.partition_method == "hetero":
+            train = dirichlet_partition(
+                y_train, n_parties, args.partition_alpha, seed, args.min_samples_per_client
+            )
+            return train, iid_partition(len(y_test), n_parties, seed + 1)
+        if args.partition_method == "homo":
+            return iid_partition(len(y_train), n_parties, seed), iid_partition(
+                len(y_test), n_parties, seed + 1
+            )
+        train, party_classes = shard_partition(y_train, n_parties, args.shards_per_client, seed)
+        return train, class_matched_partition(y_test, party_classes, seed + 1)
+    except PartitionError as err:
+        raise ConfigError(f"data_args.partition_method={args.partition_method}: {err}") from None
+
+
+def prepare(args: DataArgs, n_parties: int, seed: int, out_dir: Path | None = None) -> FederatedData:
+    """Load, partition, and show the partition (a table in the log, a heat map PNG in out_dir)."""
+    data = load_data(args, seed)
+    train_parts, test_parts = partition(args, data, n_parties, seed)
+    counts = partition_counts(data.y_train.numpy(), train_parts, data.num_classes)
+    log.info(
+        "partition (%s), training samples per party and class:\n%s",
+        args.partition_method,
+        format_partition_table(counts),
+    )
+    if out_dir is not None:
+        title = f"{data.name}: {args.partition_method} partition over {n_parties} parties"
+        path = save_partition_heatmap(counts, Path(out_dir) / "partition.png", title)
+        log.info("partition heat map: %s", path)
+    return FederatedData(data, train_parts, test_parts, counts)

@@ -1,0 +1,156 @@
+"""In-memory batch iterators over a party's samples and FedML's 8-element dataset list."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from fedml_moon.data.augment import augment_batch
+from fedml_moon.data.datasets import DatasetTensors
+
+logger = logging.getLogger(__name__)
+
+
+def _party_seed(seed: int, party_id: int | None) -> int:
+    """63-bit generator seed mixed from the run seed and the party (None for global loaders)."""
+    words = [seed % (1 << 64), 0 if party_id is None else party_id + 1]
+    return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0]) >> 1
+
+
+class PartyLoader:
+    """Iterable of ``(x, y)`` batches over the samples ``indices`` of shared in-memory ``images``.
+
+    Each ``iter()`` is one epoch: the order is reshuffled (when ``shuffle``) with the loader's own
+    generator, seeded from ``seed`` and ``party_id``, so epochs differ from each other while the whole
+    sequence is reproducible. A batch is ``x = (augment(images[idx] / 255) - mean) / std`` float32
+    [B, C, H, W] and ``y = labels[idx]`` int64 [B], both on ``device``.
+
+    With ``drop_last`` the incomplete final batch is dropped, except when the party holds fewer than
+    ``batch_size`` samples: then one smaller batch with all of them is yielded instead of nothing.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        indices: np.ndarray | torch.Tensor,
+        batch_size: int,
+        *,
+        shuffle: bool = False,
+        drop_last: bool = False,
+        mean: Sequence[float] = (0.0,),
+        std: Sequence[float] = (1.0,),
+        augment: str = "none",
+        seed: int = 0,
+        party_id: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.images = images
+        self.labels = labels
+        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        self.batch_size = int(batch_size)
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.augment = augment
+        self.party_id = party_id
+        self.num_samples = int(self.indices.numel())
+        self.device = torch.device(device) if device is not None else images.device
+        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        self._std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        self.generator = torch.Generator().manual_seed(_party_seed(seed, party_id))
+
+    def __len__(self) -> int:
+        """Number of batches in one epoch."""
+        if self.drop_last and self.num_samples >= self.batch_size:
+            return self.num_samples // self.batch_size
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = self.indices
+        if self.shuffle:
+            order = order[torch.randperm(self.num_samples, generator=self.generator)]
+        for i in range(len(self)):
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
+            yield self._batch(idx)
+
+    def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = idx.to(self.images.device)
+        x = self.images[idx].to(self.device).float().div_(255.0)
+        x = augment_batch(x, self.augment, self.generator)
+        x = (x - self._mean.to(x.device)) / self._std.to(x.device)
+        y = self.labels[idx.to(self.labels.device)].to(self.device)
+        return x, y
+
+    def to(self, device: torch.device | str) -> PartyLoader:
+        """Yield batches on ``device`` from now on; returns ``self``."""
+        self.device = torch.device(device)
+        return self
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """Labels of this loader's samples, int64 [num_samples], in ``indices`` order."""
+        return self.labels[self.indices.to(self.labels.device)]
+
+    def class_counts(self, num_classes: int) -> torch.Tensor:
+        """Samples per class, int64 [num_classes]."""
+        return torch.bincount(self.targets.cpu(), minlength=num_classes)[:num_classes]
+
+    def __repr__(self) -> str:
+        return (
+            f"PartyLoader(party_id={self.party_id}, num_samples={self.num_samples}, "
+            f"batch_size={self.batch_size}, shuffle={self.shuffle}, augment={self.augment!r})"
+        )
+
+
+def build_fedml_dataset(
+    data: DatasetTensors,
+    train_parts: list[np.ndarray],
+    test_parts: list[np.ndarray] | None,
+    batch_size: int,
+    seed: int,
+    drop_last: bool = True,
+    eval_batch_size: int = 256,
+) -> list:
+    """FedML's dataset list for parties ``0..len(train_parts)-1``.
+
+    Returns ``[train_data_num, test_data_num, train_data_global, test_data_global,
+    train_data_local_num_dict, train_data_local_dict, test_data_local_dict, class_num]``. Local train
+    loaders shuffle, augment and honour ``drop_last``; test and global loaders use ``eval_batch_size``
+    in fixed order without augmentation. With ``test_parts=None`` every party is evaluated on the
+    global test loader.
+    """
+    if test_parts is not None and len(test_parts) != len(train_parts):
+        raise ValueError(f"{len(train_parts)} train parts but {len(test_parts)} test parts")
+    norm = {"mean": data.mean, "std": data.std}
+    n_train, n_test = len(data.y_train), len(data.y_test)
+    train_global = PartyLoader(data.x_train, data.y_train, np.arange(n_train), eval_batch_size, **norm)
+    test_global = PartyLoader(data.x_test, data.y_test, np.arange(n_test), eval_batch_size, **norm)
+    train_local, test_local, num_dict = {}, {}, {}
+    for pid, part in enumerate(train_parts):
+        train_local[pid] = PartyLoader(
+            data.x_train,
+            data.y_train,
+            part,
+            batch_size,
+            shuffle=True,
+            drop_last=drop_last,
+            augment=data.augment,
+            seed=seed,
+            party_id=pid,
+            **norm,
+        )
+        num_dict[pid] = train_local[pid].num_samples
+        if test_parts is None:
+            test_local[pid] = test_global
+        else:
+            test_local[pid] = PartyLoader(
+                data.x_test, data.y_test, test_parts[pid], eval_batch_size, party_id=pid, **norm
+            )
+    logger.info("%d parties, local train sizes %s", len(train_parts), list(num_dict.values()))
+    return [n_train, n_test, train_global, test_global, num_dict, train_local, test_local, data.num_classes]

@@ -1,0 +1,68 @@
+"""Pictures and tables of how a partition spreads the classes over the parties."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+logger = logging.getLogger(__name__)
+
+MAX_ANNOTATED_CELLS = 2500
+
+
+def _annotate(ax, counts: np.ndarray) -> None:
+    """Write every count of the [classes, parties] grid in its cell, dark on light and light on dark."""
+    n_classes, n_parties = counts.shape
+    size = max(3.0, min(9.0, 180.0 / max(n_classes, n_parties)))
+    threshold = counts.max() / 2.0
+    for c in range(n_classes):
+        for p in range(n_parties):
+            colour = "white" if counts[c, p] > threshold else "black"
+            ax.text(p, c, str(int(counts[c, p])), ha="center", va="center", fontsize=size, color=colour)
+
+
+def save_partition_heatmap(counts: np.ndarray, path: Path, title: str) -> Path:
+    """Save a heat map of ``counts`` [n_parties, num_classes] (party on x, class on y, as MOON's Fig. 5).
+
+    Each cell shows its count (for up to ``MAX_ANNOTATED_CELLS`` cells); a colour bar gives the scale.
+    Rendered with the Agg canvas, so no display is needed. Returns ``path``.
+    """
+    grid = np.asarray(counts).T
+    n_classes, n_parties = grid.shape
+    fig = Figure(figsize=(max(4.0, 0.5 * n_parties + 2.0), max(3.0, 0.4 * n_classes + 1.5)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(grid, cmap="Blues", aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax)
+    if grid.size <= MAX_ANNOTATED_CELLS:
+        _annotate(ax, grid)
+    ax.set_xlabel("party ID")
+    ax.set_ylabel("class ID")
+    ax.set_title(title)
+    ax.set_xticks(np.arange(n_parties)[:: max(1, n_parties // 20)])
+    ax.set_yticks(np.arange(n_classes)[:: max(1, n_classes // 20)])
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    logger.info("saved partition heat map to %s", path)
+    return path
+
+
+def format_partition_table(counts: np.ndarray) -> str:
+    """Plain-text table of ``counts`` [n_parties, num_classes]: per-class counts and total per party.
+
+    The last line sums over all parties.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    n_parties, n_classes = counts.shape
+    header = ["party"] + [f"c{c}" for c in range(n_classes)] + ["total"]
+    rows = [[str(p)] + [str(v) for v in counts[p]] + [str(counts[p].sum())] for p in range(n_parties)]
+    rows.append(["all"] + [str(v) for v in counts.sum(0)] + [str(counts.sum())])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [" ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows]]
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""Assemble a run from a Config: data, model, FedML init, trainer, aggregator, loop, records."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedml_moon.config import Config, config_to_dict
+from fedml_moon.core.models import build_model
+from fedml_moon.core.state import make_store
+from fedml_moon.data.federated import FederatedData, prepare
+from fedml_moon.data.loader import build_fedml_dataset
+from fedml_moon.glue import compat
+from fedml_moon.metrics import RunRecorder
+from fedml_moon.registry import get_algorithm
+from fedml_moon.tracking import WandbRun
+
+log = logging.getLogger(__name__)
+
+
+def fedml_args(cfg: Config, out_dir: Path) -> Any:
+    """FedML's argument namespace, filled from the validated Config (the only place that does so)."""
+    values: dict[str, Any] = {}
+    for section in (
+        "common_args",
+        "data_args",
+        "model_args",
+        "train_args",
+        "validation_args",
+        "device_args",
+        "comm_args",
+        "tracking_args",
+    ):
+        values.update(vars(getattr(cfg, section)))
+        values.update(cfg.passthrough.get(section, {}))
+    values["enable_wandb"] = False  # the plugin owns W&B logging (FedML's copies every argument)
+    values["output_dir"] = str(out_dir)
+    return compat.minimal_fedml_args(**values)
+
+
+def select_device(cfg: Config) -> torch.device:
+    if cfg.device_args.using_gpu and torch.cuda.is_available():
+        return torch.device(f"cuda:{cfg.device_args.gpu_id}")
+    if cfg.device_args.using_gpu:
+        log.warning("device_args.using_gpu is true but no CUDA device is visible; running on the CPU")
+    return torch.device("cpu")
+
+
+def _wandb(cfg: Config, out_dir: Path, config: dict) -> WandbRun | None:
+    t = cfg.tracking_args
+    if not t.enable_wandb or t.wandb_mode == "disabled":
+        return None
+    name = t.run_name or out_dir.name
+    return WandbRun(t.wandb_project, t.wandb_entity, name, t.wandb_mode, out_dir, config)
+
+
+@dataclass
+class Assembled:
+    """Everything a run is made of, ready for `loop.run()` (or a benchmark's single rounds)."""
+
+    cfg: Config
+    args: Any
+    device: torch.device
+    fed: FederatedData
+    dataset: list
+    model: torch.nn.Module
+    loop: Any
+
+
+def _model_factory(cfg: Config, fed: FederatedData):
+    m = cfg.model_args
+
+    def factory() -> torch.nn.Module:
+        return build_model(
+            m.model, fed.data.input_shape, fed.data.num_classes, m.use_projection_head, m.out_dim
+        )
+
+    return factory
+
+
+def assemble(cfg: Config, out_dir: Path) -> Assembled:
+    """Load and partition data, build the model, initialise FedML, wire trainer, aggregator and loop."""
+    from fedml_moon.glue.aggregator import PluginServerAggregator
+    from fedml_moon.glue.simulation import StandaloneSimulation
+    from fedml_moon.glue.trainer import PluginClientTrainer
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seed, train = cfg.common_args.random_seed, cfg.train_args
+    if cfg.device_args.torch_threads:
+        torch.set_num_threads(cfg.device_args.torch_threads)
+    np.random.seed(seed)
+    fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)
+    dataset = build_fedml_dataset(
+        fed.data, fed.train_parts, fed.test_parts, train.batch_size, seed, train.drop_last
+    )
+    (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist()}))
+    factory = _model_factory(cfg, fed)
+    torch.manual_seed(seed)
+    model = factory()
+    args = compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
+    device = select_device(cfg)
+    spec = get_algorithm(train.algorithm)
+    client = spec.client(cfg.algorithm_args, train, factory, seed)
+    store = make_store(train.state_store, out_dir / "party_state")
+    trainer = PluginClientTrainer(copy.deepcopy(model).to(device), args, client, store)
+    aggregator = PluginServerAggregator(
+        model.to(device), args, spec.server(cfg.algorithm_args, cfg.server_args)
+    )
+    config = config_to_dict(cfg)
+    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
+    loop = StandaloneSimulation(
+        dataset,
+        trainer,
+        aggregator,
+        device,
+        args,
+        recorder,
+        train.comm_round,
+        train.client_num_per_round,
+        cfg.validation_args.frequency_of_the_test,
+        seed,
+    )
+    return Assembled(cfg, args, device, fed, dataset, model, loop)
+
+
+def simulate(cfg: Config, out_dir: Path) -> dict[str, Any]:
+    """Run the standalone simulation through FedML's `FedMLRunner(..., algorithm_flow=...)`.
+
+    Returns the summary (also written to out_dir/summary.json).
+    """
+    import fedml
+
+    run = assemble(cfg, Path(out_dir))
+    fedml.FedMLRunner(run.args, run.device, run.dataset, run.model, algorithm_flow=run.loop).run()
+    return run.loop.summary

@@ -1,0 +1,207 @@
+"""Tests of the on-disk readers and load_dataset, on tiny files written in the real formats."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fedml_moon.data import datasets, formats
+from fedml_moon.data.datasets import DATASETS, DataNotFoundError, load_dataset
+from fedml_moon.data.formats import load_cifar, load_mnist_like, load_tiny_imagenet, read_idx
+
+RNG = np.random.default_rng(0)
+
+
+def _write_idx(path: Path, arr: np.ndarray, gz: bool) -> None:
+    payload = bytes([0, 0, 0x08, arr.ndim]) + struct.pack(f">{arr.ndim}i", *arr.shape) + arr.tobytes()
+    path.write_bytes(gzip.compress(payload) if gz else payload)
+
+
+def _write_mnist(folder: Path, gz: bool, n_train: int = 20, n_test: int = 10) -> tuple[np.ndarray, ...]:
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = (
+        RNG.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        RNG.integers(0, 10, n_train).astype(np.uint8),
+        RNG.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        RNG.integers(0, 10, n_test).astype(np.uint8),
+    )
+    for name, arr in zip(formats.MNIST_FILES, arrays, strict=True):
+        _write_idx(folder / (name + ".gz" if gz else name), arr, gz)
+    return arrays
+
+
+def _check_mnist(loaded: tuple[np.ndarray, ...], written: tuple[np.ndarray, ...]) -> None:
+    x_tr, y_tr, x_te, y_te = loaded
+    assert x_tr.dtype == np.uint8 and x_tr.shape == (20, 1, 28, 28)
+    assert y_tr.dtype == np.int64 and x_te.shape == (10, 1, 28, 28)
+    np.testing.assert_array_equal(x_tr[:, 0], written[0])
+    np.testing.assert_array_equal(y_tr, written[1])
+    np.testing.assert_array_equal(x_te[:, 0], written[2])
+    np.testing.assert_array_equal(y_te, written[3])
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_idx_round_trip(tmp_path: Path, gz: bool) -> None:
+    arr = RNG.integers(0, 256, (3, 4, 5), dtype=np.uint8)
+    path = tmp_path / "misleading-name.gz"
+    _write_idx(path, arr, gz)
+    out = read_idx(path)
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out, arr)
+
+
+def test_read_idx_rejects_bad_files(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"\x01\x02\x03\x04\x05")
+    with pytest.raises(ValueError, match="not an IDX file"):
+        read_idx(tmp_path / "junk")
+    _write_idx(tmp_path / "short", np.zeros((2, 3), np.uint8), gz=False)
+    (tmp_path / "short").write_bytes((tmp_path / "short").read_bytes()[:-1])
+    with pytest.raises(ValueError, match="header says"):
+        read_idx(tmp_path / "short")
+
+
+@pytest.mark.parametrize(
+    "sub,gz", [("", True), ("raw", False), ("FashionMNIST/raw", True), ("MNIST/raw", False)]
+)
+def test_load_mnist_like_layouts(tmp_path: Path, sub: str, gz: bool) -> None:
+    written = _write_mnist(tmp_path / sub if sub else tmp_path, gz)
+    _check_mnist(load_mnist_like(tmp_path), written)
+
+
+def test_load_mnist_like_subdir_choice_and_missing(tmp_path: Path) -> None:
+    fashion = _write_mnist(tmp_path / "FashionMNIST" / "raw", gz=True)
+    digits = _write_mnist(tmp_path / "MNIST" / "raw", gz=False)
+    _check_mnist(load_mnist_like(tmp_path, ("", "MNIST/raw")), digits)
+    _check_mnist(load_mnist_like(tmp_path, ("", "FashionMNIST/raw")), fashion)
+    (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(FileNotFoundError, match=r"t10k-labels-idx1-ubyte.*MNIST/raw"):
+        load_mnist_like(tmp_path, ("", "MNIST/raw"))
+
+
+def _write_cifar(root: Path, num_classes: int) -> tuple[np.ndarray, ...]:
+    x_tr = RNG.integers(0, 256, (20, 3, 32, 32), dtype=np.uint8)
+    y_tr = RNG.integers(0, num_classes, 20)
+    x_te = RNG.integers(0, 256, (10, 3, 32, 32), dtype=np.uint8)
+    y_te = RNG.integers(0, num_classes, 10)
+    if num_classes == 10:
+        folder, key = root / "cifar-10-batches-py", b"labels"
+        files = {f"data_batch_{i + 1}": slice(4 * i, 4 * i + 4) for i in range(5)}
+        splits = [(name, x_tr[s], y_tr[s]) for name, s in files.items()] + [("test_batch", x_te, y_te)]
+    else:
+        folder, key = root / "cifar-100-python", b"fine_labels"
+        splits = [("train", x_tr, y_tr), ("test", x_te, y_te)]
+    folder.mkdir(parents=True)
+    for name, x, y in splits:
+        batch = {b"data": x.reshape(len(x), 3072), key: [int(v) for v in y], b"batch_label": b"x"}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return x_tr, y_tr, x_te, y_te
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_load_cifar_round_trip(tmp_path: Path, num_classes: int) -> None:
+    written = _write_cifar(tmp_path, num_classes)
+    sub = "cifar-10-batches-py" if num_classes == 10 else "cifar-100-python"
+    for root in (tmp_path, tmp_path / sub):
+        loaded = load_cifar(root, num_classes)
+        assert loaded[0].shape == (20, 3, 32, 32) and loaded[1].dtype == np.int64
+        for got, want in zip(loaded, written, strict=True):
+            np.testing.assert_array_equal(got, want)
+    with pytest.raises(FileNotFoundError, match="test_batch" if num_classes == 10 else "test"):
+        load_cifar(tmp_path / "nowhere", num_classes)
+
+
+def _write_tiny(root: Path) -> Path:
+    folder = root / "tiny-imagenet-200"
+    wnids = ["n01443537", "n01629819"]
+    colours = {wnids[0]: (250, 10, 10), wnids[1]: (10, 10, 250)}
+    folder.mkdir(parents=True)
+    (folder / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    for w in wnids:
+        (folder / "train" / w / "images").mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (64, 64), colours[w]).save(folder / "train" / w / "images" / f"{w}_{i}.JPEG")
+    (folder / "val" / "images").mkdir(parents=True)
+    lines = []
+    for i, w in enumerate([wnids[1], wnids[0], wnids[1]]):
+        img = Image.new("RGB", (64, 64), colours[w]) if i else Image.new("L", (64, 64), 128)
+        img.save(folder / "val" / "images" / f"val_{i}.JPEG", format="JPEG")
+        lines.append(f"val_{i}.JPEG\t{w}\t0\t0\t63\t63")
+    (folder / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_load_tiny_imagenet_and_cache(tmp_path: Path) -> None:
+    folder = _write_tiny(tmp_path)
+    x_tr, y_tr, x_te, y_te = load_tiny_imagenet(tmp_path)
+    assert x_tr.shape == (6, 3, 64, 64) and x_tr.dtype == np.uint8 and x_te.shape == (3, 3, 64, 64)
+    np.testing.assert_array_equal(y_tr, [0, 0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(y_te, [1, 0, 1])
+    assert np.abs(x_tr[:3].mean(axis=(0, 2, 3)) - [250, 10, 10]).max() < 4
+    assert np.abs(x_te[0].astype(float) - 128).max() < 4
+    assert (folder / formats.TINY_IMAGENET_CACHE).is_file()
+    for jpeg in folder.rglob("*.JPEG"):
+        jpeg.unlink()
+    again = load_tiny_imagenet(folder)
+    for got, want in zip(again, (x_tr, y_tr, x_te, y_te), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_tiny_imagenet_cache_dir_when_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _write_tiny(tmp_path / "data")
+    real_access = formats.os.access
+    monkeypatch.setattr(formats.os, "access", lambda p, mode: Path(p) != folder and real_access(p, mode))
+    cache = tmp_path / "cache"
+    first = load_tiny_imagenet(folder, cache_dir=cache)
+    assert not (folder / formats.TINY_IMAGENET_CACHE).exists()
+    assert (cache / formats.TINY_IMAGENET_CACHE).is_file()
+    (folder / "train").rename(tmp_path / "moved")
+    np.testing.assert_array_equal(load_tiny_imagenet(folder, cache_dir=cache)[0], first[0])
+
+
+def test_load_dataset_from_data_dir(tmp_path: Path) -> None:
+    written = _write_cifar(tmp_path, 10)
+    data = load_dataset("CIFAR10", str(tmp_path))
+    assert data.name == "cifar10" and data.num_classes == 10 and data.augment == "cifar10"
+    assert data.input_shape == (3, 32, 32) and data.x_train.dtype == torch.uint8
+    assert data.y_test.dtype == torch.int64
+    np.testing.assert_array_equal(data.x_test.numpy(), written[2])
+    assert data.mean == pytest.approx((125.3 / 255, 123.0 / 255, 113.9 / 255))
+    mnist = _write_mnist(tmp_path / "MNIST" / "raw", gz=True)
+    digits = load_dataset("mnist", str(tmp_path))
+    assert (digits.mean, digits.std, digits.augment, digits.input_shape) == (
+        (0.0,),
+        (1.0,),
+        "none",
+        (1, 28, 28),
+    )
+    np.testing.assert_array_equal(digits.y_train.numpy(), mnist[1])
+
+
+def test_load_dataset_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="cifar100, tiny-imagenet"):
+        load_dataset("svhn", None)
+    monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", tmp_path / "absent")
+    with pytest.raises(DataNotFoundError, match="apt-get install dataset-fashion-mnist") as err:
+        load_dataset("fashion-mnist", str(tmp_path))
+    assert "data_args.download: true" in str(err.value) and "data_args.data_cache_dir" in str(err.value)
+    with pytest.raises(DataNotFoundError, match="data_args.download: true"):
+        load_dataset("mnist", None)
+    with pytest.raises(DataNotFoundError, match="tiny-imagenet-200.zip"):
+        load_dataset("tiny-imagenet", str(tmp_path), download=True)
+    assert issubclass(DataNotFoundError, FileNotFoundError) and len(DATASETS) == 5
+
+
+@pytest.mark.skipif(not datasets.DEBIAN_FASHION_MNIST.is_dir(), reason="dataset-fashion-mnist not installed")
+def test_load_fashion_mnist_from_debian_package(tmp_path: Path) -> None:
+    data = load_dataset("fashion_mnist", str(tmp_path))
+    assert data.x_train.shape == (60000, 1, 28, 28) and data.x_test.shape == (10000, 1, 28, 28)
+    assert torch.bincount(data.y_train).tolist() == [6000] * 10
+    assert torch.bincount(data.y_test).tolist() == [1000] * 10
+    assert data.x_train.dtype == torch.uint8 and int(data.x_train.max()) == 255

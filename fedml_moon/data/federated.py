@@ -75,7 +75,11 @@ def partition(args: DataArgs, data: DatasetTensors, n_parties: int, seed: int) -
         train, party_classes = shard_partition(y_train, n_parties, args.shards_per_client, seed)
         return train, class_matched_partition(y_test, party_classes, seed + 1)
     except PartitionError as err:
-        raise ConfigError(f"data_args.partition_method={args.partition_method}: {err}") from None
+        raise ConfigError(
+            f"train_args.client_num_in_total / data_args (partition_method {args.partition_method}): {err}; "
+            "adjust train_args.client_num_in_total, data_args.partition_alpha, data_args.shards_per_client "
+            "or data_args.min_samples_per_client"
+        ) from None
 
 
 def prepare(args: DataArgs, n_parties: int, seed: int, out_dir: Path | None = None) -> FederatedData:

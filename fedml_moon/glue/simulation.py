@@ -93,7 +93,7 @@ class StandaloneSimulation:
             value = _weighted_mean(metrics, key)
             if value is not None:
                 record[key] = value
-        if (round_idx + 1) % self.test_every == 0 or round_idx == self.rounds - 1:
+        if round_idx % self.test_every == 0 or round_idx == self.rounds - 1:  # FedML's rule
             record.update(self.aggregator.test(self.test_global, self.device, self.args))
         record["round_time_s"] = time.perf_counter() - started
         record.update(self.totals)

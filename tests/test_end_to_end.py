@@ -1,0 +1,111 @@
+"""Two-round runs of every algorithm through the real command line, on real Fashion-MNIST data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedml_moon.core.schedule import sample_schedule
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = [
+    "data_args.max_train_samples=3000",
+    "data_args.max_test_samples=500",
+    "train_args.comm_round=2",
+    "train_args.epochs=1",
+    "tracking_args.enable_wandb=false",
+]
+needs_fmnist = pytest.mark.skipif(
+    not Path(DEBIAN_FASHION_MNIST).is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+
+
+def cli(out: Path, config: str, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedml_moon",
+        "simulate",
+        "--cf",
+        str(ROOT / config),
+        "--output-dir",
+        str(out),
+    ]
+    for item in overrides:
+        cmd += ["--set", item]
+    full_env = {**os.environ, "HOME": str(out.parent / "home"), **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full_env, cwd=out.parent)
+
+
+def read_run(out: Path) -> tuple[list[dict], dict]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return records, json.loads((out / "summary.json").read_text())
+
+
+@needs_fmnist
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["moon", "fedavg", "fedprox", "solo"])
+def test_two_rounds_through_the_cli(tmp_path, algorithm):
+    out = tmp_path / "run"
+    proc = cli(out, f"config/fashion_mnist/{algorithm}.yaml", *SMALL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records, summary = read_run(out)
+    assert [r["round"] for r in records] == [0, 1]
+    for r in records:
+        for key in ("test_acc", "test_loss", "train_loss", "round_time_s", "bytes_up", "bytes_down"):
+            assert isinstance(r[key], float | int), key
+        assert 0.0 <= r["test_acc"] <= 1.0 and r["bytes_up"] > 0
+    assert records[1]["bytes_down"] == 2 * records[0]["bytes_down"]  # cumulative, same payload each round
+    assert summary["status"] == "completed" and summary["final_test_acc"] == records[-1]["test_acc"]
+    assert summary["best_test_acc"] == max(r["test_acc"] for r in records)
+    assert summary["config"]["train_args"]["algorithm"] == algorithm
+    assert (out / "accuracy.png").stat().st_size > 0 and (out / "partition.png").stat().st_size > 0
+    if algorithm == "moon":
+        assert records[0]["l_con"] == 0.0 and records[1]["l_con"] > 0.0
+    if algorithm == "solo":
+        assert records[1]["models_evaluated"] == 10 and "final_test_acc_std" in summary
+    assert not (tmp_path / "home" / ".fedml").exists()
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_sampling_momentum_disk_state_and_wandb_offline(tmp_path):
+    out = tmp_path / "run"
+    overrides = [*SMALL[:-1], "train_args.client_num_per_round=3", "train_args.state_store=disk"]
+    overrides += ["server_args.server_momentum=0.5", "tracking_args.wandb_mode=offline"]
+    proc = cli(out, "config/fashion_mnist/moon.yaml", *overrides, env={"WANDB_API_KEY": "secret-not-logged"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records, summary = read_run(out)
+    assert [r["parties"] for r in records] == [3, 3]
+    sampled = sorted({p for r in sample_schedule(10, 3, 2, seed=0) for p in r})
+    assert sorted(int(p.stem.split("_")[1]) for p in (out / "party_state").glob("party_*.pt")) == sampled
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    records_file = next(runs[0].glob("run-*.wandb")).read_bytes()  # offline runs keep config and logs here
+    assert b"server_momentum" in records_file and b"test_acc" in records_file
+    assert b"secret-not-logged" not in records_file
+
+
+@pytest.mark.slow
+def test_config_mistake_gives_one_clear_line_and_exit_2(tmp_path):
+    out = tmp_path / "run"
+    proc = cli(out, "config/fashion_mnist/moon.yaml", "algorithm_args.temperature=0")
+    assert proc.returncode == 2
+    assert "config error: algorithm_args.temperature" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_missing_data_says_how_to_get_it(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = cli(tmp_path / "run", "config/paper/cifar10_moon.yaml", f"data_args.data_cache_dir={empty}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "config error: data_args.dataset" in proc.stderr
+    assert "cifar-10-batches-py" in proc.stderr and "data_args.download: true" in proc.stderr

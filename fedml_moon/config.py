@@ -32,7 +32,8 @@ def _suggest(word: str, choices: typing.Iterable[str]) -> str:
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check `value` against a field annotation (str | int | float | bool, optionally None)."""
     if isinstance(annotation, str):
-        annotation = eval(annotation, {"int": int, "float": float, "str": str, "bool": bool, "None": None})
+        names = {"int": int, "float": float, "str": str, "bool": bool, "None": None, "list": list}
+        annotation = eval(annotation, names)
     allowed = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
     if value is None:
         require(type(None) in allowed, key, "must not be empty (null)")
@@ -49,6 +50,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         require(ok, key, f"must be a number; got {value!r}")
         return float(value)
+    if any(typing.get_origin(a) is list for a in allowed):
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        require(ok, key, f"must be a list of strings, e.g. [encoder.fc1, classifier]; got {value!r}")
+        return list(value)
     if str in allowed:
         require(isinstance(value, str), key, f"must be a string; got {value!r}")
         return value

@@ -125,6 +125,7 @@ class TrainArgs:
 @dataclass
 class ValidationArgs:
     frequency_of_the_test: int = 1
+    local_test: bool = False
 
     def check(self) -> None:
         require(self.frequency_of_the_test >= 1, "validation_args.frequency_of_the_test", "must be >= 1")

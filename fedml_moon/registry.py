@@ -12,7 +12,10 @@ from fedml_moon.algorithms.baselines import (
     SoloClient,
     SoloServer,
 )
+from fedml_moon.algorithms.fedssc import FedSSCClient, FedSSCOptions, FedSSCServer
+from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
+from fedml_moon.algorithms.scaffold import ScaffoldClient, ScaffoldOptions, ScaffoldServer
 from fedml_moon.config_schema import ConfigError
 
 
@@ -38,6 +41,13 @@ register(AlgorithmSpec("moon", MoonClient, ServerAlgorithm, MoonOptions, "model-
 register(AlgorithmSpec("fedavg", FedAvgClient, ServerAlgorithm, NoOptions, "federated averaging"))
 register(AlgorithmSpec("fedprox", FedProxClient, ServerAlgorithm, FedProxOptions, "FedAvg + proximal term"))
 register(AlgorithmSpec("solo", SoloClient, SoloServer, NoOptions, "each party trains alone"))
+register(
+    AlgorithmSpec("fedssc", FedSSCClient, FedSSCServer, FedSSCOptions, "MOON + class-prototype contrast")
+)
+register(
+    AlgorithmSpec("scaffold", ScaffoldClient, ScaffoldServer, ScaffoldOptions, "control variates (option II)")
+)
+register(AlgorithmSpec("lg", LGClient, LGServer, LGOptions, "LG-FedAvg: local layers stay with the party"))
 
 
 def get_algorithm(name: str) -> AlgorithmSpec:

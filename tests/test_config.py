@@ -19,7 +19,11 @@ def test_shipped_configs_load():
 @pytest.mark.parametrize(
     "override, key, hint",
     [
-        ("train_args.algorithm=mooon", "train_args.algorithm", "choose one of fedavg, fedprox, moon, solo"),
+        (
+            "train_args.algorithm=mooon",
+            "train_args.algorithm",
+            "unknown algorithm 'mooon'; choose one of fedavg, fedprox",
+        ),
         ("data_args.partition_alpha=0", "data_args.partition_alpha", "must be > 0"),
         ("algorithm_args.temperature=0", "algorithm_args.temperature", "must be > 0"),
         ("algorithm_args.mu=-1", "algorithm_args.mu", "must be >= 0"),

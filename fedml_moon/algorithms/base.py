@@ -40,12 +40,14 @@ class ClientAlgorithm:
     """The party side. Subclasses override `batch_loss` and, where needed, the round hooks."""
 
     name: ClassVar[str] = "fedavg"
+    personalized: ClassVar[bool] = False  # parties predict with their own models (local test differs)
 
     def __init__(self, options: Any, train: TrainArgs, model_factory: ModelFactory, seed: int) -> None:
         self.options = options
         self.train_args = train
         self.model_factory = model_factory
         self.seed = seed
+        self.steps = 0
 
     # --- hooks ---------------------------------------------------------------------------------
     def start_round(
@@ -60,8 +62,20 @@ class ClientAlgorithm:
         ce = F.cross_entropy(logits, y)
         return ce, {"ce": ce.detach()}
 
-    def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:
-        """Update what the party keeps after local training."""
+    def before_step(self, model: nn.Module) -> None:
+        """Called after backward(), before the optimiser step (e.g. to correct gradients)."""
+
+    def after_step(self, model: nn.Module) -> None:
+        """Called after each optimiser step."""
+
+    def end_round(
+        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
+    ) -> None:
+        """Update what the party keeps after local training (`loader` is the party's training data)."""
+
+    def eval_state(self, received: Payload, state: dict) -> dict:
+        """The full model state this party would predict with, given the server's full model."""
+        return received["model"]
 
     def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
         """What the party sends to the server."""
@@ -91,25 +105,35 @@ class ClientAlgorithm:
                 optimizer.zero_grad(set_to_none=True)
                 loss, terms = self.batch_loss(model, x, y)
                 loss.backward()
+                self.before_step(model)
                 optimizer.step()
+                self.after_step(model)
                 terms["loss"] = loss.detach()
                 for key, value in terms.items():
                     sums[key] = sums[key] + value if key in sums else value.clone()
                 batches += 1
-        self.end_round(model, state, round_idx, party_id)
+        self.steps = batches
+        self.end_round(model, state, round_idx, party_id, loader)
         return {k: float(v) / max(batches, 1) for k, v in sums.items()}
 
 
 class ServerAlgorithm:
     """The server side: what it sends, how it combines what it receives."""
 
-    def __init__(self, options: Any, server: ServerArgs) -> None:
+    def __init__(self, options: Any, server: ServerArgs, train: TrainArgs, seed: int = 0) -> None:
         self.options = options
+        self.train_args = train
+        self.seed = seed
+        self.round_idx = 0
         self.momentum = (
             ServerMomentum(server.server_momentum, server.server_momentum_style, server.server_lr)
             if server.server_momentum > 0 or server.server_lr != 1.0
             else None
         )
+
+    def setup(self, global_state: OrderedDict) -> OrderedDict:
+        """Called once with the initial global state; may validate it or replace it (e.g. a checkpoint)."""
+        return global_state
 
     def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
         """What the server sends to a party (the same for every party unless overridden)."""
@@ -122,6 +146,7 @@ class ServerAlgorithm:
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         """New global state from this round's uploads, with server momentum when configured."""
         averaged = self.combine(global_state, uploads)
+        self.round_idx += 1
         if self.momentum is None:
             return averaged
         return self.momentum.step(global_state, averaged)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +63,14 @@ class SoloClient(ClientAlgorithm):
     def start_round(
         self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
     ) -> None:
-        model.load_state_dict(state.get("model", received["model"]))
+        model.load_state_dict(self.eval_state(received, state))
 
-    def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:
+    def eval_state(self, received: Payload, state: dict) -> dict:
+        return state.get("model", received["model"])
+
+    def end_round(
+        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
+    ) -> None:
         state["model"] = clone_state(model.state_dict())
 
 
@@ -76,6 +82,7 @@ class SoloServer(ServerAlgorithm):
         self.party_models: dict[int, OrderedDict] = {}
 
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        self.round_idx += 1
         for _, payload in uploads:
             self.party_models[int(payload["party_id"])] = payload["model"]
         return global_state

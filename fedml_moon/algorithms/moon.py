@@ -7,6 +7,7 @@ models. What it sends and what the server does: FedAvg's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,13 @@ class MoonClient(ClientAlgorithm):
                 self._prev.append(teacher)
 
     def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        loss, terms, _ = self.moon_terms(model, x, y)
+        return loss, terms
+
+    def moon_terms(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """CE + mu * l_con, its named terms, and the batch's projection z."""
         _, z, logits = model(x)
         ce = F.cross_entropy(logits, y)
         with torch.no_grad():
@@ -111,9 +119,11 @@ class MoonClient(ClientAlgorithm):
             l_con = representation_l2_loss(z, z_glob)
         else:
             l_con = model_contrastive_loss(z, z_glob, z_prev, self.options.temperature)
-        return ce + self.options.mu * l_con, {"ce": ce.detach(), "l_con": l_con.detach()}
+        return ce + self.options.mu * l_con, {"ce": ce.detach(), "l_con": l_con.detach()}, z
 
-    def end_round(self, model: nn.Module, state: dict, round_idx: int, party_id: int) -> None:
+    def end_round(
+        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
+    ) -> None:
         state["pool"] = push_pool(
             state.get("pool", []), clone_state(model.state_dict()), self.options.pool_size
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,3 +27,27 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device) -> tuple[
     if count == 0:
         return 0.0, 0.0
     return float(correct) / count, float(loss_sum) / count
+
+
+@torch.no_grad()
+def evaluate_ensemble(
+    model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]], loader: Iterable, device: torch.device
+) -> tuple[float, float]:
+    """Accuracy and loss of the ensemble that averages the softmax outputs of `states` (one model each)."""
+    batches = [(x.to(device), y.to(device)) for x, y in loader]
+    probs = [torch.zeros(len(y), 0, device=device) for _, y in batches]
+    was_training = model.training
+    model.eval()
+    for i, state in enumerate(states):
+        model.load_state_dict(state)
+        for b, (x, _) in enumerate(batches):
+            p = torch.softmax(model(x)[2], dim=1)
+            probs[b] = p if i == 0 else probs[b] + p
+    model.train(was_training)
+    correct, nll, count = 0, 0.0, 0
+    for (_, y), p in zip(batches, probs, strict=True):
+        p = p / len(states)
+        correct += int((p.argmax(1) == y).sum())
+        nll += float(-torch.log(p.gather(1, y.unsqueeze(1)).clamp_min(1e-12)).sum())
+        count += len(y)
+    return (correct / count, nll / count) if count else (0.0, 0.0)

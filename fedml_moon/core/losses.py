@@ -91,3 +91,43 @@ def proximal_term(
     for p, g in zip(params, global_params, strict=True):
         total = total + (p - g).pow(2).sum()
     return 0.5 * mu * total
+
+
+def prototype_contrastive_loss(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    prototypes: torch.Tensor,
+    present: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """FedSSC's global class-wise contrastive loss l_glob (FedSSC paper, Eq. 3).
+
+    For a sample of class y: -log(e^{sim(z, P_y)/tau} / sum_{k present} e^{sim(z, P_k)/tau}).
+
+    Args:
+        z: [B, D] projections of the local model being trained.
+        labels: [B] int64 class labels.
+        prototypes: [C, D] server-shared class prototypes (rows of absent classes are ignored).
+        present: [C] bool mask of classes that have a prototype; absent classes are left out of the
+            denominator.
+        temperature: tau > 0.
+
+    Returns:
+        Scalar: the sum of the per-sample losses divided by B (the batch mean). Samples whose class
+        has no prototype contribute 0; with no prototype at all the loss is exactly 0.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}")
+    if prototypes.dim() != 2 or prototypes.shape[1] != z.shape[1] or present.shape != prototypes.shape[:1]:
+        raise ValueError(
+            f"need prototypes [C, {z.shape[1]}] and present [C]; "
+            f"got {tuple(prototypes.shape)}, {tuple(present.shape)}"
+        )
+    present = present.to(torch.bool)
+    contributing = present[labels]
+    if not bool(contributing.any()):
+        return z.new_zeros(())
+    sims = F.cosine_similarity(z.unsqueeze(1), prototypes.unsqueeze(0), dim=-1) / temperature  # [B, C]
+    sims = sims.masked_fill(~present.unsqueeze(0), float("-inf"))
+    per_sample = F.cross_entropy(sims[contributing], labels[contributing], reduction="sum")
+    return per_sample / z.shape[0]

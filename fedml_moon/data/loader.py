@@ -87,6 +87,21 @@ class PartyLoader:
         y = self.labels[idx.to(self.labels.device)].to(self.device)
         return x, y
 
+    def plain(self, batch_size: int = 256) -> PartyLoader:
+        """The same samples in a fixed order, without augmentation or dropping (for statistics)."""
+        mean = self._mean.flatten().tolist()
+        std = self._std.flatten().tolist()
+        return PartyLoader(
+            self.images,
+            self.labels,
+            self.indices,
+            batch_size,
+            mean=mean,
+            std=std,
+            party_id=self.party_id,
+            device=self.device,
+        )
+
     def to(self, device: torch.device | str) -> PartyLoader:
         """Yield batches on ``device`` from now on; returns ``self``."""
         self.device = torch.device(device)

@@ -22,10 +22,15 @@ class PluginServerAggregator(ServerAggregator):
     def __init__(self, model: nn.Module, args: Any, algorithm: ServerAlgorithm) -> None:
         super().__init__(model, args)
         self.algorithm = algorithm
-        self.global_state: OrderedDict = clone_state(model.state_dict())
+        self.global_state: OrderedDict = algorithm.setup(clone_state(model.state_dict()))
+        model.load_state_dict(self.global_state)
 
     def get_model_params(self) -> Payload:
         return self.algorithm.download(self.global_state)
+
+    def get_model_params_for(self, party_id: int) -> Payload:
+        """The payload for one party (algorithms that send parties different things override download)."""
+        return self.algorithm.download(self.global_state, party_id)
 
     def set_model_params(self, model_parameters: Any) -> None:
         self.global_state = OrderedDict(as_payload(model_parameters)["model"])

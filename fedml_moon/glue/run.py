@@ -111,7 +111,7 @@ def assemble(cfg: Config, out_dir: Path) -> Assembled:
     store = make_store(train.state_store, out_dir / "party_state")
     trainer = PluginClientTrainer(copy.deepcopy(model).to(device), args, client, store)
     aggregator = PluginServerAggregator(
-        model.to(device), args, spec.server(cfg.algorithm_args, cfg.server_args)
+        model.to(device), args, spec.server(cfg.algorithm_args, cfg.server_args, train, seed)
     )
     config = config_to_dict(cfg)
     recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
@@ -126,6 +126,7 @@ def assemble(cfg: Config, out_dir: Path) -> Assembled:
         train.client_num_per_round,
         cfg.validation_args.frequency_of_the_test,
         seed,
+        cfg.validation_args.local_test,
     )
     return Assembled(cfg, args, device, fed, dataset, model, loop)
 

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fedml_moon.core.aggregation import payload_nbytes, payload_numel
+from fedml_moon.core.aggregation import payload_nbytes, payload_numel, weighted_average
+from fedml_moon.core.evaluation import evaluate, evaluate_ensemble
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.glue.aggregator import PluginServerAggregator
 from fedml_moon.glue.trainer import PluginClientTrainer
@@ -44,11 +45,12 @@ class StandaloneSimulation:
         per_round: int,
         test_every: int,
         seed: int,
+        local_test: bool = False,
     ) -> None:
         (_, _, _, self.test_global, self.num_local, self.train_local, self.test_local, _) = dataset
         self.trainer, self.aggregator = trainer, aggregator
         self.device, self.args, self.recorder = device, args, recorder
-        self.rounds, self.test_every = rounds, test_every
+        self.rounds, self.test_every, self.local_test = rounds, test_every, local_test
         self.schedule = sample_schedule(len(self.train_local), per_round, rounds, seed)
         self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
         self.summary: dict[str, Any] = {}
@@ -56,7 +58,7 @@ class StandaloneSimulation:
     def train_party(self, party: int) -> tuple[float, dict]:
         """One party's local round, through FedML's ClientTrainer calls."""
         trainer = self.trainer
-        download = self.aggregator.get_model_params()
+        download = self.aggregator.get_model_params_for(party)
         self.totals["bytes_down"] += payload_nbytes(download)
         self.totals["params_down"] += payload_numel(download)
         trainer.set_model_params(download)
@@ -77,6 +79,31 @@ class StandaloneSimulation:
         new_state = self.aggregator.on_after_aggregation(new_state)
         self.aggregator.set_model_params(new_state)
 
+    def party_metrics(self) -> dict[str, float]:
+        """Each party's model on its own test split (local test); for personalised algorithms also the
+        global test set with the parties' models averaged or ensembled (new test).
+
+        Simulation-side evaluation: the party's model is the server's model with the party's own
+        state applied (`ClientAlgorithm.eval_state`); parties that never trained use the server's.
+        """
+        algo, model = self.trainer.algorithm, self.aggregator.model
+        full = {"model": self.aggregator.global_state}
+        states = [algo.eval_state(full, self.trainer.store.get(p)) for p in range(len(self.test_local))]
+        accs = []
+        for party, state in enumerate(states):
+            model.load_state_dict(state)
+            accs.append(evaluate(model, self.test_local[party], self.device)[0])
+        out = {"local_test_acc": sum(accs) / len(accs)}
+        if algo.personalized:
+            if getattr(algo.options, "new_test_method", "average") == "ensemble":
+                acc, loss = evaluate_ensemble(model, states, self.test_global, self.device)
+            else:
+                model.load_state_dict(weighted_average(states, [1.0] * len(states)))
+                acc, loss = evaluate(model, self.test_global, self.device)
+            out.update(new_test_acc=acc, new_test_loss=loss)
+        model.load_state_dict(self.aggregator.global_state)
+        return out
+
     def one_round(self, round_idx: int, bar: tqdm) -> dict[str, Any]:
         started = time.perf_counter()
         self.args.round_idx = round_idx
@@ -95,6 +122,8 @@ class StandaloneSimulation:
                 record[key] = value
         if round_idx % self.test_every == 0 or round_idx == self.rounds - 1:  # FedML's rule
             record.update(self.aggregator.test(self.test_global, self.device, self.args))
+            if self.local_test or self.trainer.algorithm.personalized:
+                record.update(self.party_metrics())
         record["round_time_s"] = time.perf_counter() - started
         record.update(self.totals)
         return record
@@ -120,4 +149,5 @@ class StandaloneSimulation:
             status = "interrupted"
             raise
         finally:
+            torch.save(self.aggregator.global_state, self.recorder.out_dir / "final_model.pt")
             self.summary = self.recorder.finish(status, dict(self.totals))

@@ -1,0 +1,156 @@
+"""FedSSC: MOON plus a supervised contrastive loss against server-shared class prototypes.
+
+Local loss CE + mu_moon * l_moon + mu_glob(t) * l_glob (FedSSC paper, Eq. 5). After local training
+the party sends, besides its model, the mean projection of each class it holds more than
+`min_class_samples` samples of, computed with its final local model (Eq. 4, Algorithm 1). The server
+builds each class prototype from k randomly chosen parties that shared it (Section "Main
+Differences"), or averages all of them (Algorithm 1's plain average), and sends the prototypes back.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedml_moon.algorithms.base import Payload, ServerAlgorithm
+from fedml_moon.algorithms.moon import MoonClient, MoonOptions
+from fedml_moon.config_schema import require
+from fedml_moon.core.losses import prototype_contrastive_loss
+
+PROTOTYPE_MODES = ("random-k", "mean")
+
+
+@dataclass
+class FedSSCOptions(MoonOptions):
+    mu_glob_start: float = 1.0
+    mu_glob_end: float = 1e-4
+    warmup_rounds: int = 5
+    prototype_mode: str = "random-k"
+    prototype_k: int = 1
+    min_class_samples: int = 10
+
+    def check(self) -> None:
+        super().check()
+        require(self.mu_glob_start >= 0, "algorithm_args.mu_glob_start", "must be >= 0 (the paper uses 1)")
+        require(self.mu_glob_end >= 0, "algorithm_args.mu_glob_end", "must be >= 0 (the paper uses 1e-4)")
+        require(self.warmup_rounds >= 0, "algorithm_args.warmup_rounds", "T0 must be >= 0 (the paper uses 5)")
+        require(
+            self.prototype_mode in PROTOTYPE_MODES,
+            "algorithm_args.prototype_mode",
+            f"choose one of {', '.join(PROTOTYPE_MODES)}",
+        )
+        require(self.prototype_k >= 1, "algorithm_args.prototype_k", "must be >= 1")
+        require(self.min_class_samples >= 0, "algorithm_args.min_class_samples", "must be >= 0")
+
+
+def mu_glob_at(round_idx: int, total_rounds: int, opts: FedSSCOptions) -> float:
+    """mu_glob_start for rounds < T0, then linear decay reaching mu_glob_end at round T (FedSSC Sec. IV)."""
+    t0 = opts.warmup_rounds
+    if round_idx < t0 or total_rounds <= t0:
+        return opts.mu_glob_start
+    frac = min(1.0, (round_idx - t0) / (total_rounds - t0))
+    return opts.mu_glob_start - frac * (opts.mu_glob_start - opts.mu_glob_end)
+
+
+@torch.no_grad()
+def class_prototypes(
+    model: nn.Module, loader: Iterable, num_classes: int, min_samples: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean projection z per class over `loader` ([C, D]) and a mask [C] of classes with > min_samples."""
+    was_training = model.training
+    model.eval()
+    sums: torch.Tensor | None = None
+    counts = torch.zeros(num_classes, dtype=torch.long)
+    for x, y in loader:
+        z = model(x)[1].float().cpu()
+        if sums is None:
+            sums = torch.zeros(num_classes, z.shape[1])
+        sums.index_add_(0, y.cpu(), z)
+        counts += torch.bincount(y.cpu(), minlength=num_classes)[:num_classes]
+    model.train(was_training)
+    if sums is None:
+        raise ValueError("the party has no data to compute prototypes from")
+    keep = counts > min_samples
+    protos = torch.where(keep.unsqueeze(1), sums / counts.clamp(min=1).unsqueeze(1), torch.zeros_like(sums))
+    return protos, keep
+
+
+class FedSSCClient(MoonClient):
+    name = "fedssc"
+
+    def start_round(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> None:
+        super().start_round(model, received, state, round_idx, party_id)
+        device = next(model.parameters()).device
+        self._protos = received.get("prototypes")
+        self._present = received.get("present")
+        if self._protos is not None:
+            self._protos, self._present = self._protos.to(device), self._present.to(device)
+        self._mu_glob = mu_glob_at(round_idx, self.train_args.comm_round, self.options)
+
+    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        loss, terms, z = self.moon_terms(model, x, y)
+        if self._protos is None:
+            l_glob = loss.new_zeros(())
+        else:
+            l_glob = prototype_contrastive_loss(z, y, self._protos, self._present, self.options.temperature)
+        terms["l_glob"] = l_glob.detach()
+        return loss + self._mu_glob * l_glob, terms
+
+    def end_round(
+        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
+    ) -> None:
+        super().end_round(model, state, round_idx, party_id, loader)
+        source = loader.plain() if hasattr(loader, "plain") else loader
+        num_classes = model.classifier.out_features
+        self._upload_protos = class_prototypes(model, source, num_classes, self.options.min_class_samples)
+
+    def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
+        payload = super().upload(model, state, party_id)
+        payload["prototypes"], payload["present"] = self._upload_protos
+        return payload
+
+
+def build_prototypes(
+    uploads: list[tuple[torch.Tensor, torch.Tensor]], mode: str, k: int, rng: np.random.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per class: mean of the prototypes of k random parties that sent it (all if fewer), or of all."""
+    protos = torch.stack([p for p, _ in uploads])  # [P, C, D]
+    present = torch.stack([m for _, m in uploads])  # [P, C]
+    out = torch.zeros(protos.shape[1:])
+    for c in range(protos.shape[1]):
+        parties = torch.nonzero(present[:, c]).flatten().tolist()
+        if mode == "random-k" and len(parties) > k:
+            parties = sorted(rng.choice(parties, size=k, replace=False).tolist())
+        if parties:
+            out[c] = protos[parties, c].mean(dim=0)
+    return out, present.any(dim=0)
+
+
+class FedSSCServer(ServerAlgorithm):
+    """FedAvg for the model; class prototypes from the parties' uploads (none before the first round)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.prototypes: torch.Tensor | None = None
+        self.present: torch.Tensor | None = None
+        self.rng = np.random.default_rng(self.seed + 7919)
+
+    def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
+        payload = super().download(global_state, party_id)
+        if self.prototypes is not None:
+            payload["prototypes"], payload["present"] = self.prototypes, self.present
+        return payload
+
+    def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        pairs = [(p["prototypes"], p["present"]) for _, p in uploads]
+        self.prototypes, self.present = build_prototypes(
+            pairs, self.options.prototype_mode, self.options.prototype_k, self.rng
+        )
+        return super().aggregate(global_state, uploads)

@@ -1,0 +1,154 @@
+"""LG-FedAvg (Liang et al., "Think Locally, Act Globally"): parties keep local layers, only the
+global layers are averaged and travel, in both directions.
+
+Optionally the run starts with `warmup_rounds` of plain FedAvg (the full model travels), or from a
+FedAvg checkpoint; each party's local layers start from that model the first time it trains in the LG
+phase (the server sends them to it once, and this is counted in params_down).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
+from fedml_moon.config_schema import ConfigError, require
+from fedml_moon.core.aggregation import clone_state, weighted_average
+from fedml_moon.core.split import SplitError, merge_states, resolve_split, split_state
+
+NEW_TEST_METHODS = ("average", "ensemble")
+
+
+@dataclass
+class LGOptions:
+    split_preset: str | None = None
+    global_prefixes: list[str] | None = None
+    global_layers_from_top: int | None = None
+    global_layers_from_bottom: int | None = None
+    warmup_rounds: int = 0
+    warmup_checkpoint: str | None = None
+    uniform_average: bool = True
+    new_test_method: str = "average"
+
+    def check(self) -> None:
+        ways = [
+            self.split_preset,
+            self.global_prefixes,
+            self.global_layers_from_top,
+            self.global_layers_from_bottom,
+        ]
+        require(
+            sum(w is not None for w in ways) == 1,
+            "algorithm_args.split_preset",
+            "give exactly one of split_preset (mnist-mlp, cifar-cnn, head), global_prefixes, "
+            "global_layers_from_top, global_layers_from_bottom",
+        )
+        require(self.warmup_rounds >= 0, "algorithm_args.warmup_rounds", "must be >= 0")
+        if self.warmup_checkpoint is not None:
+            require(
+                Path(self.warmup_checkpoint).expanduser().is_file(),
+                "algorithm_args.warmup_checkpoint",
+                f"{self.warmup_checkpoint!r} does not exist; give the final_model.pt of a FedAvg run",
+            )
+        require(
+            self.new_test_method in NEW_TEST_METHODS,
+            "algorithm_args.new_test_method",
+            f"choose one of {', '.join(NEW_TEST_METHODS)}",
+        )
+
+    def split(self, keys: Iterable[str]) -> tuple[list[str], list[str]]:
+        """(global_keys, local_keys) for a model's state-dict keys; a ConfigError when invalid."""
+        try:
+            return resolve_split(
+                list(keys),
+                preset=self.split_preset,
+                global_prefixes=self.global_prefixes,
+                from_top=self.global_layers_from_top,
+                from_bottom=self.global_layers_from_bottom,
+            )
+        except SplitError as err:
+            raise ConfigError(str(err)) from None
+
+
+class LGClient(ClientAlgorithm):
+    """In the LG phase: global layers from the server, local layers from the party's own state."""
+
+    name = "lg"
+    personalized = True
+
+    def _keys(self, model: nn.Module) -> tuple[list[str], list[str]]:
+        if not hasattr(self, "_split"):
+            self._split = self.options.split(model.state_dict().keys())
+        return self._split
+
+    def start_round(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> None:
+        self._phase = received.get("phase", "fedavg")
+        if self._phase != "lg":
+            model.load_state_dict(received["model"])
+            return
+        local = state.get("local", received.get("local_init"))
+        if local is None:
+            raise RuntimeError(f"party {party_id} has no local layers and the server sent none")
+        model.load_state_dict(merge_states(received["model"], local))
+
+    def end_round(
+        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
+    ) -> None:
+        if self._phase == "lg":
+            state["local"] = split_state(clone_state(model.state_dict()), self._keys(model)[1])
+
+    def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
+        full = clone_state(model.state_dict())
+        if self._phase == "lg":
+            full = split_state(full, self._keys(model)[0])
+        return {"model": full, "party_id": int(party_id)}
+
+    def eval_state(self, received: Payload, state: dict) -> dict:
+        local = state.get("local")
+        return merge_states(received["model"], local) if local is not None else received["model"]
+
+
+class LGServer(ServerAlgorithm):
+    """Averages the global layers (uniformly over the sampled parties by default, as the authors' code)."""
+
+    def setup(self, global_state: OrderedDict) -> OrderedDict:
+        self.global_keys, self.local_keys = self.options.split(global_state.keys())
+        self.served: set[int] = set()
+        path = self.options.warmup_checkpoint
+        if path is None:
+            return global_state
+        loaded = torch.load(Path(path).expanduser(), map_location="cpu", weights_only=True)
+        loaded = loaded.get("model", loaded)
+        if set(loaded) != set(global_state):
+            missing = sorted(set(global_state) - set(loaded))
+            extra = sorted(set(loaded) - set(global_state))
+            raise ConfigError(
+                f"algorithm_args.warmup_checkpoint: keys do not match the model (missing {missing[:5]}, "
+                f"unexpected {extra[:5]}); use a checkpoint of the same model_args"
+            )
+        return OrderedDict((k, loaded[k].to(v.dtype)) for k, v in global_state.items())
+
+    @property
+    def phase(self) -> str:
+        return "fedavg" if self.round_idx < self.options.warmup_rounds else "lg"
+
+    def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
+        if self.phase == "fedavg":
+            return {"model": global_state, "phase": "fedavg"}
+        payload: Payload = {"model": split_state(global_state, self.global_keys), "phase": "lg"}
+        if party_id is not None and party_id not in self.served:
+            payload["local_init"] = split_state(global_state, self.local_keys)
+            self.served.add(int(party_id))
+        return payload
+
+    def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        weights = [1.0 if self.options.uniform_average else n for n, _ in uploads]
+        averaged = weighted_average([p["model"] for _, p in uploads], weights)
+        return merge_states(global_state, averaged)

@@ -50,7 +50,7 @@ def read_run(out: Path) -> tuple[list[dict], dict]:
 
 @needs_fmnist
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["moon", "fedavg", "fedprox", "solo"])
+@pytest.mark.parametrize("algorithm", ["moon", "fedavg", "fedprox", "solo", "fedssc", "scaffold"])
 def test_two_rounds_through_the_cli(tmp_path, algorithm):
     out = tmp_path / "run"
     proc = cli(out, f"config/fashion_mnist/{algorithm}.yaml", *SMALL)
@@ -61,7 +61,10 @@ def test_two_rounds_through_the_cli(tmp_path, algorithm):
         for key in ("test_acc", "test_loss", "train_loss", "round_time_s", "bytes_up", "bytes_down"):
             assert isinstance(r[key], float | int), key
         assert 0.0 <= r["test_acc"] <= 1.0 and r["bytes_up"] > 0
-    assert records[1]["bytes_down"] == 2 * records[0]["bytes_down"]  # cumulative, same payload each round
+    if algorithm in ("moon", "fedavg", "fedprox", "solo"):  # cumulative; the same payload every round
+        assert records[1]["bytes_down"] == 2 * records[0]["bytes_down"]
+    else:  # round 1 also carries what the server built in round 0 (prototypes, control variate)
+        assert records[1]["bytes_down"] > 2 * records[0]["bytes_down"]
     assert summary["status"] == "completed" and summary["final_test_acc"] == records[-1]["test_acc"]
     assert summary["best_test_acc"] == max(r["test_acc"] for r in records)
     assert summary["config"]["train_args"]["algorithm"] == algorithm
@@ -70,7 +73,30 @@ def test_two_rounds_through_the_cli(tmp_path, algorithm):
         assert records[0]["l_con"] == 0.0 and records[1]["l_con"] > 0.0
     if algorithm == "solo":
         assert records[1]["models_evaluated"] == 10 and "final_test_acc_std" in summary
+    if algorithm == "fedssc":
+        assert records[0]["l_glob"] == 0.0 and records[1]["l_glob"] > 0.0
+    if algorithm == "scaffold":  # the control variates travel beside the model, both ways
+        assert records[0]["bytes_up"] == pytest.approx(2 * records[0]["bytes_down"], rel=0.01)
     assert not (tmp_path / "home" / ".fedml").exists()
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_lg_two_rounds_warmup_then_local_layers(tmp_path):
+    out = tmp_path / "run"
+    overrides = [*SMALL, "algorithm_args.warmup_rounds=1", "data_args.max_test_samples=2000"]
+    proc = cli(out, "config/fashion_mnist/lg.yaml", *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records, summary = read_run(out)
+    full, global_part = 633226, 256 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # MLP; top 3 layers
+    assert records[0]["params_up"] == 10 * full  # warm-up round: FedAvg, the whole model
+    assert records[1]["params_up"] - records[0]["params_up"] == 10 * global_part
+    assert (
+        records[1]["params_down"] - records[0]["params_down"] == 10 * full
+    )  # first contact: local init once
+    for r in records:
+        assert 0.0 <= r["local_test_acc"] <= 1.0 and 0.0 <= r["new_test_acc"] <= 1.0
+    assert (out / "final_model.pt").is_file() and summary["status"] == "completed"
 
 
 @needs_fmnist

@@ -116,10 +116,8 @@ class StandaloneSimulation:
         record: dict[str, Any] = {"round": round_idx, "parties": len(parties)}
         metrics = [(n, p.get("metrics", {})) for n, p in uploads]
         record["train_loss"] = _weighted_mean(metrics, "loss")
-        for key in ("ce", "l_con", "prox"):
-            value = _weighted_mean(metrics, key)
-            if value is not None:
-                record[key] = value
+        for key in sorted({k for _, m in metrics for k in m} - {"loss"}):  # ce, l_con, l_glob, prox, ...
+            record[key] = _weighted_mean(metrics, key)
         if round_idx % self.test_every == 0 or round_idx == self.rounds - 1:  # FedML's rule
             record.update(self.aggregator.test(self.test_global, self.device, self.args))
             if self.local_test or self.trainer.algorithm.personalized:

@@ -81,8 +81,8 @@ class SoloServer(ServerAlgorithm):
         super().__init__(*args, **kwargs)
         self.party_models: dict[int, OrderedDict] = {}
 
-    def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
-        self.round_idx += 1
+    def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        """Store each party's model; the global state is left as it is (nothing is averaged)."""
         for _, payload in uploads:
             self.party_models[int(payload["party_id"])] = payload["model"]
         return global_state

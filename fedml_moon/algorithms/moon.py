@@ -18,6 +18,7 @@ from fedml_moon.algorithms.base import ClientAlgorithm, Payload
 from fedml_moon.config_schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.losses import model_contrastive_loss, representation_l2_loss
+from fedml_moon.core.seeds import torch_seed
 
 UNSEEN_CHOICES = ("own-init", "global")
 LOSS_CHOICES = ("contrastive", "l2")
@@ -76,7 +77,7 @@ class MoonClient(ClientAlgorithm):
     def initial_model(self, party_id: int) -> dict:
         """The party's own random initialisation, reproducible from the seed and the party id."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed * 100_003 + 7919 * (int(party_id) + 1))
+            torch.manual_seed(torch_seed(self.seed, "party_init", int(party_id)))
             return clone_state(self.model_factory().state_dict())
 
     def previous_models(self, state: dict, received: Payload, round_idx: int, party_id: int) -> list:

@@ -6,7 +6,8 @@
 * ``shard_partition`` / ``class_matched_partition``: LG-FedAvg's "k classes per party" split of the
   training set and the matching split of the test set.
 
-All functions are deterministic given ``seed`` and return int64 index arrays into ``labels``.
+All functions are deterministic given ``seed`` (an int, or a ``numpy.random.SeedSequence`` for a
+derived stream, see `fedml_moon.core.seeds`) and return int64 index arrays into ``labels``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
+Seed = int | np.random.SeedSequence
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ def _dirichlet_draw(
 
 
 def dirichlet_partition(
-    labels: np.ndarray, n_parties: int, beta: float, seed: int, min_size: int = 10
+    labels: np.ndarray, n_parties: int, beta: float, seed: Seed, min_size: int = 10
 ) -> list[np.ndarray]:
     """Label-skewed split: party shares of every class drawn from Dirichlet(beta), as in MOON's code.
 
@@ -106,7 +109,7 @@ def dirichlet_partition(
     )
 
 
-def iid_partition(n_samples: int, n_parties: int, seed: int) -> list[np.ndarray]:
+def iid_partition(n_samples: int, n_parties: int, seed: Seed) -> list[np.ndarray]:
     """Uniform split: a random permutation of ``arange(n_samples)`` cut into near-equal int64 parts."""
     _check_parties(n_parties)
     if n_samples < n_parties:
@@ -133,7 +136,7 @@ def _take_shards(
 
 
 def shard_partition(
-    labels: np.ndarray, n_parties: int, shards_per_party: int, seed: int
+    labels: np.ndarray, n_parties: int, shards_per_party: int, seed: Seed
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """LG-FedAvg's pathological non-IID split: each party gets ``shards_per_party`` class shards.
 
@@ -169,7 +172,7 @@ def shard_partition(
     return _take_shards(shards, party_classes, rng), party_classes
 
 
-def class_matched_partition(labels: np.ndarray, party_classes: np.ndarray, seed: int) -> list[np.ndarray]:
+def class_matched_partition(labels: np.ndarray, party_classes: np.ndarray, seed: Seed) -> list[np.ndarray]:
     """Split (test) samples so that each party holds exactly the classes of its ``party_classes`` row.
 
     Each class is cut into as many shards as it occurs in ``party_classes`` [n_parties, k] and every

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
+from fedml_moon.core.seeds import rng
 
 
 def sample_schedule(n_total: int, n_per_round: int, rounds: int, seed: int) -> list[list[int]]:
-    """For each round, the sorted ids of the parties that train (all of them when n_per_round == n_total)."""
+    """For each round, the sorted ids of the parties that train (all of them when n_per_round == n_total).
+
+    Drawn on the run seed's own "sampling" stream, independent of the partition's.
+    """
     if not 1 <= n_per_round <= n_total:
         raise ValueError(f"n_per_round must be in [1, {n_total}]; got {n_per_round}")
     if n_per_round == n_total:
         return [list(range(n_total)) for _ in range(rounds)]
-    rng = np.random.default_rng(seed)
-    return [sorted(int(p) for p in rng.choice(n_total, n_per_round, replace=False)) for _ in range(rounds)]
+    gen = rng(seed, "sampling")
+    return [sorted(int(p) for p in gen.choice(n_total, n_per_round, replace=False)) for _ in range(rounds)]

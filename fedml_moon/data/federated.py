@@ -18,6 +18,7 @@ from fedml_moon.core.partition import (
     partition_counts,
     shard_partition,
 )
+from fedml_moon.core.seeds import rng, seed_sequence
 from fedml_moon.data.datasets import DataNotFoundError, DatasetTensors, load_dataset
 from fedml_moon.data.plot import format_partition_table, save_partition_heatmap
 
@@ -33,11 +34,11 @@ class FederatedData:
 
 
 def _subsample(
-    x: torch.Tensor, y: torch.Tensor, limit: int | None, seed: int
+    x: torch.Tensor, y: torch.Tensor, limit: int | None, gen: np.random.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if limit is None or limit >= len(y):
         return x, y
-    keep = torch.from_numpy(np.sort(np.random.default_rng(seed).permutation(len(y))[:limit]))
+    keep = torch.from_numpy(np.sort(gen.permutation(len(y))[:limit]))
     return x[keep].contiguous(), y[keep].contiguous()
 
 
@@ -49,14 +50,20 @@ def load_data(args: DataArgs, seed: int) -> DatasetTensors:
         raise ConfigError(f"data_args.dataset: {err}") from None
     except ValueError as err:
         raise ConfigError(f"data_args.dataset: {err}") from None
-    data.x_train, data.y_train = _subsample(data.x_train, data.y_train, args.max_train_samples, seed)
-    data.x_test, data.y_test = _subsample(data.x_test, data.y_test, args.max_test_samples, seed + 1)
+    train_rng, test_rng = rng(seed, "subsample_train"), rng(seed, "subsample_test")
+    data.x_train, data.y_train = _subsample(data.x_train, data.y_train, args.max_train_samples, train_rng)
+    data.x_test, data.y_test = _subsample(data.x_test, data.y_test, args.max_test_samples, test_rng)
     return data
 
 
 def partition(args: DataArgs, data: DatasetTensors, n_parties: int, seed: int) -> tuple[list, list]:
-    """Training and local-test index sets per party, as the config's partition_method says."""
+    """Training and local-test index sets per party, as the config's partition_method says.
+
+    The training partition draws on the seed's root stream (as published); the local test splits on
+    their own independent stream.
+    """
     y_train, y_test = data.y_train.numpy(), data.y_test.numpy()
+    test_seed = seed_sequence(seed, "test_split")
     if n_parties > len(y_train):
         raise ConfigError(
             f"train_args.client_num_in_total: {n_parties} parties but only {len(y_train)} training samples; "
@@ -67,13 +74,13 @@ def partition(args: DataArgs, data: DatasetTensors, n_parties: int, seed: int) -
             train = dirichlet_partition(
                 y_train, n_parties, args.partition_alpha, seed, args.min_samples_per_client
             )
-            return train, iid_partition(len(y_test), n_parties, seed + 1)
+            return train, iid_partition(len(y_test), n_parties, test_seed)
         if args.partition_method == "homo":
             return iid_partition(len(y_train), n_parties, seed), iid_partition(
-                len(y_test), n_parties, seed + 1
+                len(y_test), n_parties, test_seed
             )
         train, party_classes = shard_partition(y_train, n_parties, args.shards_per_client, seed)
-        return train, class_matched_partition(y_test, party_classes, seed + 1)
+        return train, class_matched_partition(y_test, party_classes, test_seed)
     except PartitionError as err:
         raise ConfigError(
             f"train_args.client_num_in_total / data_args (partition_method {args.partition_method}): {err}; "

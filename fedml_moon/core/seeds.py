@@ -1,0 +1,43 @@
+"""Independent random streams derived from the run's one seed (`common_args.random_seed`).
+
+Each consumer of randomness draws from its own stream: a child of ``numpy.random.SeedSequence(seed)``
+with a fixed spawn key per purpose (the same child ``SeedSequence(seed).spawn(n)[i]`` would give).
+Children of one SeedSequence are statistically independent of each other and of the root, so the
+sampling schedule never replays the partition's draws, and adding a consumer shifts no other stream.
+
+The training partition keeps the root stream ``numpy.random.default_rng(seed)``, so partitions are
+the ones published with earlier versions (and in the README's tables). The loaders' batch orders
+come from ``SeedSequence([seed, party_id + 1])`` (`fedml_moon.data.loader`), another independent
+root.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# purpose -> spawn key; never renumber (that would change every run's draws for that purpose)
+STREAMS: dict[str, int] = {
+    "sampling": 0,  # which parties train in each round
+    "test_split": 1,  # the parties' local test splits
+    "subsample_train": 2,  # data_args.max_train_samples
+    "subsample_test": 3,  # data_args.max_test_samples
+    "party_init": 4,  # MOON's own random initialisation of a party (unseen_party_prev: own-init)
+    "prototypes": 5,  # FedSSC's random choice of the parties behind each class prototype
+}
+
+
+def seed_sequence(seed: int, purpose: str, *extra: int) -> np.random.SeedSequence:
+    """The SeedSequence of `purpose` (a key of STREAMS), optionally split further by `extra` ints."""
+    if purpose not in STREAMS:
+        raise KeyError(f"unknown random stream {purpose!r}; known: {', '.join(STREAMS)}")
+    return np.random.SeedSequence(int(seed), spawn_key=(STREAMS[purpose], *(int(e) for e in extra)))
+
+
+def rng(seed: int, purpose: str, *extra: int) -> np.random.Generator:
+    """A numpy Generator on the stream of `purpose`."""
+    return np.random.default_rng(seed_sequence(seed, purpose, *extra))
+
+
+def torch_seed(seed: int, purpose: str, *extra: int) -> int:
+    """A 63-bit integer for ``torch.manual_seed`` / ``torch.Generator.manual_seed`` from the stream."""
+    return int(seed_sequence(seed, purpose, *extra).generate_state(1, dtype=np.uint64)[0]) >> 1

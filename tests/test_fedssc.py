@@ -92,8 +92,26 @@ def test_class_without_prototype_is_absent():
 
 
 def test_mu_glob_warmup_and_linear_decay():
+    """T = 15 rounds (0..14), T0 = 5: rounds 0-4 at the start value, then 10 equal steps of 0.1."""
     opts = FedSSCOptions(mu_glob_start=1.0, mu_glob_end=0.0, warmup_rounds=5)
-    assert [mu_glob_at(r, 15, opts) for r in (0, 4, 5, 10, 15)] == [1.0, 1.0, 1.0, 0.5, 0.0]
+    values = [mu_glob_at(r, 15, opts) for r in range(15)]
+    assert values[:5] == [1.0] * 5
+    assert values[5:] == pytest.approx([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0], abs=1e-12)
+
+
+def test_mu_glob_paper_schedule_ends_at_the_end_value():
+    """The paper's setting: start 1, end 1e-4, T = 100, T0 = 5; the last round (99) uses exactly 1e-4."""
+    opts = FedSSCOptions()  # mu_glob_start 1, mu_glob_end 1e-4, warmup_rounds 5
+    assert mu_glob_at(0, 100, opts) == 1.0
+    assert mu_glob_at(4, 100, opts) == 1.0  # the last warm-up round
+    assert mu_glob_at(5, 100, opts) == pytest.approx(1.0 - 0.9999 / 95)  # one step down
+    assert mu_glob_at(99, 100, opts) == 1e-4
+    assert mu_glob_at(3, 3, opts) == 1.0  # T0 >= T: no decay at all
+
+
+def test_mu_glob_single_decay_round_is_the_end_value():
+    opts = FedSSCOptions(mu_glob_start=2.0, mu_glob_end=0.5, warmup_rounds=2)
+    assert [mu_glob_at(r, 3, opts) for r in range(3)] == [2.0, 2.0, 0.5]
 
 
 def test_round_trip_sends_prototypes_and_round_zero_has_none():

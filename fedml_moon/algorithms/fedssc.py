@@ -21,6 +21,7 @@ from fedml_moon.algorithms.base import Payload, ServerAlgorithm
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.config_schema import require
 from fedml_moon.core.losses import prototype_contrastive_loss
+from fedml_moon.core.seeds import rng
 
 PROTOTYPE_MODES = ("random-k", "mean")
 
@@ -49,12 +50,19 @@ class FedSSCOptions(MoonOptions):
 
 
 def mu_glob_at(round_idx: int, total_rounds: int, opts: FedSSCOptions) -> float:
-    """mu_glob_start for rounds < T0, then linear decay reaching mu_glob_end at round T (FedSSC Sec. IV)."""
-    t0 = opts.warmup_rounds
+    """mu_glob for 0-based `round_idx` of T = `total_rounds` (FedSSC Sec. IV).
+
+    The first T0 = `warmup_rounds` rounds use mu_glob_start; every later round lowers it by
+    (mu_glob_start - mu_glob_end) / (T - T0), the paper's per-round step, so the last round
+    (T - 1) uses exactly mu_glob_end. With T0 >= T every round uses mu_glob_start.
+    """
+    t0, start, end = opts.warmup_rounds, opts.mu_glob_start, opts.mu_glob_end
     if round_idx < t0 or total_rounds <= t0:
-        return opts.mu_glob_start
-    frac = min(1.0, (round_idx - t0) / (total_rounds - t0))
-    return opts.mu_glob_start - frac * (opts.mu_glob_start - opts.mu_glob_end)
+        return start
+    steps = min(round_idx + 1 - t0, total_rounds - t0)
+    if steps == total_rounds - t0:
+        return end  # exact, whatever the float rounding of the steps
+    return start - steps * (start - end) / (total_rounds - t0)
 
 
 @torch.no_grad()
@@ -140,7 +148,7 @@ class FedSSCServer(ServerAlgorithm):
         super().__init__(*args, **kwargs)
         self.prototypes: torch.Tensor | None = None
         self.present: torch.Tensor | None = None
-        self.rng = np.random.default_rng(self.seed + 7919)
+        self.rng = rng(self.seed, "prototypes")
 
     def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
         payload = super().download(global_state, party_id)

@@ -1,4 +1,4 @@
-"""Run records: metrics.jsonl per evaluated round, summary.json at the end, an accuracy plot, W&B."""
+"""Run records: metrics.jsonl per round (test fields where evaluated), summary.json at the end, an accuracy plot, W&B."""
 
 from __future__ import annotations
 
@@ -27,11 +27,25 @@ class RunRecorder:
         self.metrics_path.write_text("")
 
     def log_round(self, record: dict[str, Any]) -> None:
+        """Append one round's record (every round; test fields only where evaluated) and log it."""
         self.records.append(record)
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "round"}, record["round"])
+        test = (
+            f"test_acc {record['test_acc']:.4f} test_loss {record['test_loss']:.4f} "
+            if "test_acc" in record
+            else ""
+        )
+        train = record.get("train_loss")
+        log.info(
+            "round %d: %strain_loss %s (%.1f s)",
+            record["round"],
+            test,
+            f"{train:.4f}" if train is not None else "n/a",
+            record.get("round_time_s", 0.0),
+        )
 
     def summary(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         evaluated = [r for r in self.records if "test_acc" in r]

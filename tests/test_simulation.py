@@ -46,18 +46,23 @@ def test_failure_mid_run_keeps_metrics_and_writes_summary(tmp_path, monkeypatch)
     assert summary["status"] == "failed" and summary["final_round"] == 0
 
 
-def test_evaluates_every_n_rounds_and_the_last(tmp_path, monkeypatch):
+def test_evaluates_every_n_rounds_and_the_last_and_records_every_round(tmp_path, monkeypatch):
     run = small_run(
         tmp_path, monkeypatch, "train_args.comm_round=5", "validation_args.frequency_of_the_test=2"
     )
     run.loop.run()
-    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["round"] for x in lines] == [
-        0,
-        2,
-        4,
-    ]  # FedML's rule: round % n == 0, and the last round
-    assert run.loop.summary["status"] == "completed"
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [0, 1, 2, 3, 4]  # every round is recorded
+    evaluated = [r["round"] for r in records if "test_acc" in r]
+    assert evaluated == [0, 2, 4]  # FedML's rule: round % n == 0, and the last round
+    for r in records:  # what every round has, evaluated or not
+        assert r["train_loss"] > 0 and r["ce"] > 0 and r["round_time_s"] > 0 and r["parties"] == 10
+        assert ("test_loss" in r) == (r["round"] in evaluated)
+    ups = [r["bytes_up"] for r in records]
+    assert ups == [ups[0] * (i + 1) for i in range(5)]  # cumulative, no round's traffic lost
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 5
+    assert summary["final_round"] == 4 and summary["best_round"] in evaluated
 
 
 def test_more_parties_than_samples_is_a_config_error(tmp_path, monkeypatch):

@@ -132,16 +132,7 @@ class StandaloneSimulation:
             with tqdm(range(self.rounds), desc="rounds", unit="round", disable=None) as bar:
                 for round_idx in bar:
                     record = self.one_round(round_idx, bar)
-                    if "test_acc" in record:
-                        self.recorder.log_round(record)
-                        log.info(
-                            "round %d: test_acc %.4f test_loss %.4f train_loss %.4f (%.1f s)",
-                            round_idx,
-                            record["test_acc"],
-                            record["test_loss"],
-                            record["train_loss"],
-                            record["round_time_s"],
-                        )
+                    self.recorder.log_round(record)
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"

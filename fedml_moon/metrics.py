@@ -1,4 +1,4 @@
-"""Run records: metrics.jsonl per round (test fields where evaluated), summary.json at the end, an accuracy plot, W&B."""
+"""Run records: metrics.jsonl per round (test fields where evaluated), summary.json, a plot, W&B."""
 
 from __future__ import annotations
 

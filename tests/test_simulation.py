@@ -74,3 +74,11 @@ def test_more_parties_than_samples_is_a_config_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="^train_args.client_num_in_total") as err:
         small_run(tmp_path, monkeypatch, *over)
     assert "need 70000 samples, but only 60000" in str(err.value)
+
+
+def test_a_run_builds_every_loader_for_its_device(tmp_path, monkeypatch):
+    run = small_run(tmp_path, monkeypatch, "train_args.comm_round=1")
+    _, _, train_global, test_global, _, train_local, test_local, _ = run.dataset
+    loaders = [train_global, test_global, *train_local.values(), *test_local.values()]
+    assert all(loader.device == run.device for loader in loaders)
+    assert all(loader.plain().device == run.device for loader in train_local.values())

@@ -92,7 +92,11 @@ class ClientAlgorithm:
         round_idx: int,
         party_id: int,
     ) -> dict[str, float]:
-        """E local epochs of SGD on the party's data; returns mean loss terms over the batches."""
+        """E local epochs of SGD on the party's data; returns mean loss terms over the batches.
+
+        `loader` yields batches on `device` (loaders are built for the run's device, see
+        `build_fedml_dataset`), and so does every loader derived from it in `end_round`.
+        """
         model.to(device)
         self.start_round(model, received, state, round_idx, party_id)
         model.train()
@@ -101,7 +105,6 @@ class ClientAlgorithm:
         batches = 0
         for _ in range(self.train_args.epochs):
             for x, y in loader:
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 optimizer.zero_grad(set_to_none=True)
                 loss, terms = self.batch_loss(model, x, y)
                 loss.backward()

@@ -131,6 +131,7 @@ def build_fedml_dataset(
     seed: int,
     drop_last: bool = True,
     eval_batch_size: int = 256,
+    device: torch.device | str | None = None,
 ) -> list:
     """FedML's dataset list for parties ``0..len(train_parts)-1``.
 
@@ -139,10 +140,13 @@ def build_fedml_dataset(
     loaders shuffle, augment and honour ``drop_last``; test and global loaders use ``eval_batch_size``
     in fixed order without augmentation. With ``test_parts=None`` every party is evaluated on the
     global test loader.
+
+    ``device`` (default: where the images are) is where every loader, and every loader derived from
+    one (``plain()``), yields its batches: the one place a run's training device reaches the data.
     """
     if test_parts is not None and len(test_parts) != len(train_parts):
         raise ValueError(f"{len(train_parts)} train parts but {len(test_parts)} test parts")
-    norm = {"mean": data.mean, "std": data.std}
+    norm = {"mean": data.mean, "std": data.std, "device": device}
     n_train, n_test = len(data.y_train), len(data.y_test)
     train_global = PartyLoader(data.x_train, data.y_train, np.arange(n_train), eval_batch_size, **norm)
     test_global = PartyLoader(data.x_test, data.y_test, np.arange(n_test), eval_batch_size, **norm)

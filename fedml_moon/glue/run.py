@@ -96,16 +96,16 @@ def assemble(cfg: Config, out_dir: Path) -> Assembled:
     if cfg.device_args.torch_threads:
         torch.set_num_threads(cfg.device_args.torch_threads)
     np.random.seed(seed)
+    device = select_device(cfg)
     fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)
     dataset = build_fedml_dataset(
-        fed.data, fed.train_parts, fed.test_parts, train.batch_size, seed, train.drop_last
+        fed.data, fed.train_parts, fed.test_parts, train.batch_size, seed, train.drop_last, device=device
     )
     (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist()}))
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
     model = factory()
     args = compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
-    device = select_device(cfg)
     spec = get_algorithm(train.algorithm)
     client = spec.client(cfg.algorithm_args, train, factory, seed)
     store = make_store(train.state_store, out_dir / "party_state")

@@ -29,6 +29,26 @@ def as_payload(params: Any) -> Payload:
     return {"model": params}
 
 
+def _canonical(device: torch.device | str) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_loader_device(train_data: Any, device: torch.device | str) -> None:
+    """Refuse a loader that yields batches somewhere other than the training device."""
+    loader_device = getattr(train_data, "device", None)
+    if loader_device is not None and _canonical(loader_device) != _canonical(device):
+        raise ValueError(
+            f"party {getattr(train_data, 'party_id', '?')}: its loader yields batches on {loader_device} but "
+            f"the trainer runs on {device}; build the loaders for the training device "
+            "(fedml_moon.data.loader.build_fedml_dataset(..., device=device))"
+        )
+
+
 def party_of(train_data: Any) -> int:
     """The party (data partition) id a loader belongs to."""
     party = getattr(train_data, "party_id", None)
@@ -62,6 +82,7 @@ class PluginClientTrainer(ClientTrainer):
 
     def train(self, train_data: Any, device: torch.device, args: Any) -> None:
         party = party_of(train_data)
+        check_loader_device(train_data, device)
         round_idx = int(getattr(args, "round_idx", 0) or 0)
         if self.received is None:
             self.received = {"model": clone_state(self.model.state_dict())}

@@ -14,7 +14,7 @@ from PIL import Image
 
 from fedml_moon.data import datasets, formats
 from fedml_moon.data.datasets import DATASETS, DataNotFoundError, load_dataset
-from fedml_moon.data.formats import load_cifar, load_mnist_like, load_tiny_imagenet, read_idx
+from fedml_moon.data.formats import DataFileError, load_cifar, load_mnist_like, load_tiny_imagenet, read_idx
 
 RNG = np.random.default_rng(0)
 
@@ -59,12 +59,16 @@ def test_read_idx_round_trip(tmp_path: Path, gz: bool) -> None:
 
 def test_read_idx_rejects_bad_files(tmp_path: Path) -> None:
     (tmp_path / "junk").write_bytes(b"\x01\x02\x03\x04\x05")
-    with pytest.raises(ValueError, match="not an IDX file"):
+    with pytest.raises(DataFileError, match="junk: not an IDX file"):
         read_idx(tmp_path / "junk")
     _write_idx(tmp_path / "short", np.zeros((2, 3), np.uint8), gz=False)
     (tmp_path / "short").write_bytes((tmp_path / "short").read_bytes()[:-1])
-    with pytest.raises(ValueError, match="header says"):
+    with pytest.raises(DataFileError, match="short: header says"):
         read_idx(tmp_path / "short")
+    _write_idx(tmp_path / "cut.gz", np.zeros((200, 30), np.uint8), gz=True)
+    (tmp_path / "cut.gz").write_bytes((tmp_path / "cut.gz").read_bytes()[:20])
+    with pytest.raises(DataFileError, match="cut.gz: the gzip stream is truncated or corrupt"):
+        read_idx(tmp_path / "cut.gz")
 
 
 @pytest.mark.parametrize(
@@ -199,8 +203,8 @@ def test_load_dataset_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.skipif(not datasets.DEBIAN_FASHION_MNIST.is_dir(), reason="dataset-fashion-mnist not installed")
-def test_load_fashion_mnist_from_debian_package(tmp_path: Path) -> None:
-    data = load_dataset("fashion_mnist", str(tmp_path))
+def test_load_fashion_mnist_from_debian_package() -> None:
+    data = load_dataset("fashion_mnist", None)
     assert data.x_train.shape == (60000, 1, 28, 28) and data.x_test.shape == (10000, 1, 28, 28)
     assert torch.bincount(data.y_train).tolist() == [6000] * 10
     assert torch.bincount(data.y_test).tolist() == [1000] * 10

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedml_moon.data.formats import load_cifar, load_mnist_like, load_tiny_imagenet
+from fedml_moon.data.formats import DataFileError, load_cifar, load_mnist_like, load_tiny_imagenet
 
 logger = logging.getLogger(__name__)
 
@@ -75,28 +75,21 @@ def _to_tensors(name: str, arrays: tuple[np.ndarray, ...]) -> DatasetTensors:
     return DatasetTensors(name, x_train, y_train, x_test, y_test, num_classes, mean, std, augment)
 
 
-def _try(sources: list[tuple[str, Callable[[], tuple]]]) -> tuple[tuple | None, list[str]]:
-    """Call each loader in turn; return the first result and the reasons the earlier ones failed."""
-    failures = []
-    for label, load in sources:
-        try:
-            return load(), failures
-        except (OSError, RuntimeError, ValueError) as err:
-            logger.info("%s: %s", label, err)
-            failures.append(f"{label}: {err}")
-    return None, failures
-
-
 def _download(name: str, root: str) -> tuple:
     import torchvision
 
     path = Path(root)
+    try:
+        if name in _MNIST_SUBDIRS:
+            cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
+            cls(root=root, train=True, download=True)
+        else:
+            cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
+            cls(root=root, train=True, download=True)
+    except (OSError, RuntimeError) as err:  # no network, a checksum mismatch, a full disk
+        raise DataNotFoundError(f"downloading {name} into {root} failed: {err}") from None
     if name in _MNIST_SUBDIRS:
-        cls = torchvision.datasets.FashionMNIST if name == "fashion-mnist" else torchvision.datasets.MNIST
-        cls(root=root, train=True, download=True)
         return load_mnist_like(path, _MNIST_SUBDIRS[name][-1:])
-    cls = torchvision.datasets.CIFAR10 if name == "cifar10" else torchvision.datasets.CIFAR100
-    cls(root=root, train=True, download=True)
     return load_cifar(path, _STATS[name][0])
 
 
@@ -135,27 +128,61 @@ def _hint(name: str) -> str:
     return f"{where} `{folder}/` (python pickles), or set `data_args.download: true` (needs network)"
 
 
+def _named_source(key: str, folder: Path, download: bool) -> tuple:
+    """The folder the user named: the only source. Missing files are downloaded there when
+    `download` is on; a file that is there but unreadable is an error naming it, never replaced."""
+    try:
+        return _local_loader(key, folder)()
+    except DataFileError as err:
+        fix = (
+            "delete it and run again to download it anew"
+            if download and key != "tiny-imagenet"
+            else "replace it with an intact copy"
+        )
+        raise DataFileError(err.path, f"{err.problem}; {fix}") from None
+    except FileNotFoundError as err:
+        if not download or key == "tiny-imagenet":
+            raise DataNotFoundError(
+                f"{key} not found in data_args.data_cache_dir {folder} ({err}). To get it, {_hint(key)}; "
+                "or leave data_cache_dir unset to use the default sources"
+            ) from None
+    logger.info("downloading %s into %s", key, folder)
+    return _download(key, str(folder))
+
+
+def _default_sources(key: str, download: bool) -> tuple:
+    """No folder named: Debian's package (Fashion-MNIST), then a download into ./data if allowed."""
+    failures = []
+    if key == "fashion-mnist":
+        try:
+            return _local_loader(key, DEBIAN_FASHION_MNIST)()
+        except DataFileError as err:
+            logger.warning("the Debian package's copy is unreadable: %s", err)
+            failures.append(f"Debian package {DEBIAN_FASHION_MNIST}: {err}")
+        except FileNotFoundError as err:
+            logger.info("Debian package %s: %s", DEBIAN_FASHION_MNIST, err)
+            failures.append(f"Debian package {DEBIAN_FASHION_MNIST}: {err}")
+    if download and key != "tiny-imagenet":
+        return _download(key, DEFAULT_DOWNLOAD_ROOT)
+    tried = "; ".join(failures) if failures else "no data_cache_dir given and download is off"
+    raise DataNotFoundError(f"{key} not found ({tried}). To get it, {_hint(key)}.")
+
+
 def load_dataset(name: str, data_dir: str | None, download: bool = False) -> DatasetTensors:
     """Load one of ``DATASETS`` fully into memory.
 
-    Sources, in order: ``data_dir``; for Fashion-MNIST Debian's ``/usr/share/datasets/fashion-mnist``;
-    then, if ``download``, torchvision's downloader into ``data_dir`` (or ``./data``).
+    With ``data_dir`` that folder is the only source (missing files are downloaded into it when
+    ``download``). Without it, the defaults in order: for Fashion-MNIST Debian's
+    ``/usr/share/datasets/fashion-mnist``, then, if ``download``, torchvision's downloader into ``./data``.
 
     Raises:
         ValueError: unknown ``name``.
-        DataNotFoundError: no source worked; the message says how to get the data.
+        DataNotFoundError: no source has the data; the message says how to get it.
+        DataFileError: a file is there but unreadable (truncated, corrupt); the message names it.
     """
     key = _canonical(name)
-    sources: list[tuple[str, Callable[[], tuple]]] = []
     if data_dir:
-        sources.append((f"data_dir {data_dir}", _local_loader(key, Path(data_dir))))
-    if key == "fashion-mnist":
-        sources.append((f"Debian package {DEBIAN_FASHION_MNIST}", _local_loader(key, DEBIAN_FASHION_MNIST)))
-    if download and key != "tiny-imagenet":
-        root = data_dir or DEFAULT_DOWNLOAD_ROOT
-        sources.append((f"torchvision download into {root}", lambda: _download(key, root)))
-    arrays, failures = _try(sources)
-    if arrays is None:
-        tried = "; ".join(failures) if failures else "no data_dir given and download is off"
-        raise DataNotFoundError(f"{key} not found ({tried}). To get it, {_hint(key)}.")
+        arrays = _named_source(key, Path(data_dir).expanduser(), download)
+    else:
+        arrays = _default_sources(key, download)
     return _to_tensors(key, arrays)

@@ -20,6 +20,7 @@ from fedml_moon.core.partition import (
 )
 from fedml_moon.core.seeds import rng, seed_sequence
 from fedml_moon.data.datasets import DataNotFoundError, DatasetTensors, load_dataset
+from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.plot import format_partition_table, save_partition_heatmap
 
 log = logging.getLogger(__name__)
@@ -44,10 +45,11 @@ def _subsample(
 
 def load_data(args: DataArgs, seed: int) -> DatasetTensors:
     """Load the dataset named in the config, optionally subsampled (max_train/test_samples)."""
+    key = "data_args.data_cache_dir" if args.data_cache_dir else "data_args.dataset"
     try:
         data = load_dataset(args.dataset, args.data_cache_dir, download=args.download)
-    except DataNotFoundError as err:
-        raise ConfigError(f"data_args.dataset: {err}") from None
+    except (DataNotFoundError, DataFileError) as err:
+        raise ConfigError(f"{key}: {err}") from None
     except ValueError as err:
         raise ConfigError(f"data_args.dataset: {err}") from None
     train_rng, test_rng = rng(seed, "subsample_train"), rng(seed, "subsample_test")

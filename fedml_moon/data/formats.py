@@ -11,13 +11,53 @@ import logging
 import os
 import pickle
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 logger = logging.getLogger(__name__)
+
+
+class DataFileError(ValueError):
+    """A data file exists but cannot be read (truncated, corrupt, another format). Names the file."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = Path(path)
+        self.problem = problem
+
+
+# What the unpickler of CIFAR batches may construct: numpy arrays and the containers around them.
+_ARRAY_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+)
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, bytes, numbers and numpy arrays only: no other class or function is
+    looked up, so a doctored file cannot run code (CIFAR's python batches are pickles)."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) in _ARRAY_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"it asks to load {module}.{name}; a CIFAR batch holds only arrays, lists, bytes and numbers"
+        )
+
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -42,16 +82,22 @@ def read_idx(path: Path) -> np.ndarray:
     """
     raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, OSError, zlib.error) as err:
+            raise DataFileError(path, f"the gzip stream is truncated or corrupt ({err})") from None
     if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in IDX_DTYPES:
-        raise ValueError(f"{path} is not an IDX file (header {raw[:4].hex()})")
+        raise DataFileError(path, f"not an IDX file (header {raw[:4].hex()})")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataFileError(path, f"truncated IDX header ({len(raw)} bytes)")
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
     dtype = np.dtype(IDX_DTYPES[raw[2]])
     offset = 4 + 4 * ndim
     count = int(np.prod(dims)) if dims else 1
     if len(raw) - offset != count * dtype.itemsize:
-        raise ValueError(f"{path}: header says {dims} x {dtype.itemsize} bytes, found {len(raw) - offset}")
+        found = len(raw) - offset
+        raise DataFileError(path, f"header says {dims} x {dtype.itemsize} bytes, found {found} (truncated?)")
     data = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
     return data.astype(dtype.newbyteorder("="), copy=True).reshape(dims)
 
@@ -86,22 +132,38 @@ def load_mnist_like(root: Path, subdirs: Sequence[str] = MNIST_SUBDIRS) -> Array
     for img_name, lab_name in ((MNIST_FILES[0], MNIST_FILES[1]), (MNIST_FILES[2], MNIST_FILES[3])):
         x, y = read_idx(files[img_name]), read_idx(files[lab_name])
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
-            raise ValueError(f"{files[img_name]} {x.shape} and {files[lab_name]} {y.shape} do not match")
+            problem = f"images {x.shape} do not match the labels {y.shape} of {files[lab_name]}"
+            raise DataFileError(files[img_name], problem)
         out += [np.ascontiguousarray(x[:, None], dtype=np.uint8), y.astype(np.int64)]
     return out[0], out[1], out[2], out[3]
 
 
 def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f, encoding="bytes")
+    """A CIFAR python batch through the restricted unpickler; DataFileError when it is not one."""
+    try:
+        with open(path, "rb") as f:
+            batch = _ArrayUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError) as err:
+        raise DataFileError(
+            path, f"not a readable CIFAR python batch ({err or type(err).__name__})"
+        ) from None
+    if not isinstance(batch, dict):
+        raise DataFileError(path, f"holds a {type(batch).__name__}, not a CIFAR batch dict")
+    return batch
 
 
 def _cifar_arrays(files: list[Path], label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for path in files:
         batch = _unpickle(path)
-        xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(batch[label_key], dtype=np.int64))
+        if b"data" not in batch or label_key not in batch:
+            raise DataFileError(path, f"has no {b'data'!r} / {label_key!r} entries (keys {sorted(batch)})")
+        data, labels = np.asarray(batch[b"data"]), np.asarray(batch[label_key], dtype=np.int64)
+        if data.dtype != np.uint8 or data.size != len(labels) * 3072:
+            problem = f"{data.shape} {data.dtype} images for {len(labels)} labels (expected uint8 [N, 3072])"
+            raise DataFileError(path, problem)
+        xs.append(data.reshape(-1, 3, 32, 32))
+        ys.append(labels)
     return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys)
 
 
@@ -145,8 +207,13 @@ def _decode_images(paths: list[Path]) -> np.ndarray:
     """JPEG files -> uint8 [N, 3, 64, 64] (RGB; other sizes are resized)."""
     out = np.empty((len(paths), 3, TINY_SIDE, TINY_SIDE), dtype=np.uint8)
     for i, path in enumerate(paths):
-        with Image.open(path) as img:
-            rgb = img.convert("RGB")
+        try:
+            with Image.open(path) as img:
+                rgb = img.convert("RGB")
+        except FileNotFoundError:
+            raise
+        except (UnidentifiedImageError, OSError, SyntaxError) as err:
+            raise DataFileError(path, f"not a readable image ({err})") from None
         if rgb.size != (TINY_SIDE, TINY_SIDE):
             logger.warning("resizing %s from %s to %dx%d", path, rgb.size, TINY_SIDE, TINY_SIDE)
             rgb = rgb.resize((TINY_SIDE, TINY_SIDE), Image.BILINEAR)
@@ -162,9 +229,12 @@ def _tiny_file_lists(folder: Path, wnids: list[str]) -> tuple[list[Path], list[i
         train_paths += files
         train_labels += [index[w]] * len(files)
     val_paths, val_labels = [], []
-    for line in (folder / "val" / "val_annotations.txt").read_text().splitlines():
+    annotations = folder / "val" / "val_annotations.txt"
+    for number, line in enumerate(annotations.read_text().splitlines(), start=1):
         fields = line.strip().split("\t")
         if len(fields) >= 2:
+            if fields[1] not in index:
+                raise DataFileError(annotations, f"line {number} names class {fields[1]!r}, not in wnids.txt")
             val_paths.append(folder / "val" / "images" / fields[0])
             val_labels.append(index[fields[1]])
     return train_paths, train_labels, val_paths, val_labels
@@ -173,11 +243,14 @@ def _tiny_file_lists(folder: Path, wnids: list[str]) -> tuple[list[Path], list[i
 def _read_cache(paths: list[Path], wnids: list[str]) -> Arrays | None:
     for path in paths:
         if path.is_file():
-            with np.load(path) as z:
-                if list(z["wnids"]) == wnids:
-                    logger.info("using decoded tiny-imagenet cache %s", path)
-                    return z["x_train"], z["y_train"], z["x_test"], z["y_test"]
-            logger.warning("ignoring cache %s: its class list differs from wnids.txt", path)
+            try:
+                with np.load(path) as z:
+                    if list(z["wnids"]) == wnids:
+                        logger.info("using decoded tiny-imagenet cache %s", path)
+                        return z["x_train"], z["y_train"], z["x_test"], z["y_test"]
+                logger.warning("ignoring cache %s: its class list differs from wnids.txt", path)
+            except (OSError, ValueError, KeyError, EOFError, zlib.error, zipfile.BadZipFile) as err:
+                logger.warning("ignoring unreadable cache %s (%s); decoding the JPEGs again", path, err)
     return None
 
 

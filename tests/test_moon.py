@@ -130,3 +130,50 @@ def test_state_follows_party_under_sampling():
         pool = store.get(p)["pool"]
         assert len(pool) == len(trained[p][-2:])
         assert all(states_equal(a, b) for a, b in zip(pool, trained[p][-2:], strict=True))
+
+
+def _trained_pool(client, rounds_trained):
+    """Train party 0 in the given rounds; returns its state and the model after each of those rounds."""
+    model, state, after = tiny_factory()(), {}, {}
+    received = {"model": clone_state(model.state_dict())}
+    for r in rounds_trained:
+        client.local_train(model, received, state, tiny_batches(seed=r), torch.device("cpu"), r, party_id=0)
+        after[r] = clone_state(model.state_dict())
+    return state, after, received
+
+
+def _same_list(got, want):
+    return len(got) == len(want) and all(states_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("pool_update", ["trained", "every-round"])
+def test_pool_rules_agree_under_full_participation(pool_update):
+    client = make_moon(pool_size=2, pool_update=pool_update)
+    state, after, received = _trained_pool(client, [0, 1, 2])
+    assert state["pool_rounds"] == [1, 2]
+    assert _same_list(client.previous_models(state, received, 3, 0), [after[1], after[2]])
+
+
+def test_every_round_pool_repeats_the_model_of_rounds_the_party_sat_out():
+    """The authors' rule: after each round every party's current model enters the pool."""
+    every = make_moon(pool_size=3, pool_update="every-round")
+    state, after, received = _trained_pool(every, [1, 3])
+    # round 5 looks at the ends of rounds 2, 3, 4: the party's model was after[1], after[3], after[3]
+    assert _same_list(every.previous_models(state, received, 5, 0), [after[1], after[3], after[3]])
+    # ours (the default) keeps only the models of rounds it trained
+    ours = make_moon(pool_size=3)
+    assert _same_list(ours.previous_models(state, received, 5, 0), [after[1], after[3]])
+    # round 2 with k = 3: only two rounds lie behind; round 0 saw its initial model
+    init = every.initial_model(0)
+    assert _same_list(every.previous_models(state, received, 2, 0), [init, after[1]])
+
+
+def test_every_round_pool_gives_k_negatives_to_an_unseen_party():
+    """k equal negatives, all equal to the positive: l_con = log(k + 1) (log 2 with ours)."""
+    for pool_update, expected in (("every-round", math.log(3)), ("trained", math.log(2))):
+        client = make_moon(pool_size=2, pool_update=pool_update, unseen_party_prev="global", mu=0.0)
+        model = tiny_factory()()
+        received = {"model": clone_state(model.state_dict())}
+        metrics = client.local_train(model, received, {}, tiny_batches(), torch.device("cpu"), 4, 7)
+        assert metrics["l_con"] == pytest.approx(expected, abs=1e-6), pool_update
+    assert make_moon(pool_update="every-round").previous_models({}, {"model": None}, 0, 0) == []

@@ -22,6 +22,7 @@ from fedml_moon.core.seeds import torch_seed
 
 UNSEEN_CHOICES = ("own-init", "global")
 LOSS_CHOICES = ("contrastive", "l2")
+POOL_UPDATES = ("trained", "every-round")
 
 
 @dataclass
@@ -31,6 +32,7 @@ class MoonOptions:
     pool_size: int = 1
     unseen_party_prev: str = "own-init"
     representation_loss: str = "contrastive"
+    pool_update: str = "trained"
 
     def check(self) -> None:
         require(self.mu >= 0, "algorithm_args.mu", "must be >= 0 (0 gives plain FedAvg training)")
@@ -45,6 +47,12 @@ class MoonOptions:
             self.representation_loss in LOSS_CHOICES,
             "algorithm_args.representation_loss",
             f"choose one of {', '.join(LOSS_CHOICES)}",
+        )
+        require(
+            self.pool_update in POOL_UPDATES,
+            "algorithm_args.pool_update",
+            f"choose one of {', '.join(POOL_UPDATES)} (trained: the models of rounds the party trained; "
+            "every-round: the authors' code, the party's current model in each of the last k rounds)",
         )
 
 
@@ -80,14 +88,33 @@ class MoonClient(ClientAlgorithm):
             torch.manual_seed(torch_seed(self.seed, "party_init", int(party_id)))
             return clone_state(self.model_factory().state_dict())
 
-    def previous_models(self, state: dict, received: Payload, round_idx: int, party_id: int) -> list:
-        """The states used as negatives this round (oldest first)."""
-        pool = state.get("pool", [])
-        if pool or round_idx == 0:
-            return pool  # round 0: empty pool, l_con == 0 as in the authors' code
+    def _unseen(self, received: Payload, party_id: int) -> dict:
+        """The model standing in for a party that has not trained yet (`unseen_party_prev`)."""
         if self.options.unseen_party_prev == "global":
-            return [received["model"]]
-        return [self.initial_model(party_id)]
+            return received["model"]
+        return self.initial_model(party_id)
+
+    def previous_models(self, state: dict, received: Payload, round_idx: int, party_id: int) -> list:
+        """The states used as negatives this round (oldest first).
+
+        "trained": the party's k most recently trained models. "every-round" (the authors' code,
+        which snapshots every party's current model after each round): for each of the last
+        min(round, k) rounds, the party's model at the end of that round, repeats included.
+        Round 0 has none either way (l_con == 0, as in the authors' code).
+        """
+        pool = state.get("pool", [])
+        if round_idx == 0:
+            return []
+        if self.options.pool_update == "every-round":
+            rounds = state.get("pool_rounds") or list(range(round_idx - len(pool), round_idx))
+            first = max(0, round_idx - self.options.pool_size)
+            return [self._model_after(pool, rounds, j, received, party_id) for j in range(first, round_idx)]
+        return pool or [self._unseen(received, party_id)]
+
+    def _model_after(self, pool: list, rounds: list[int], j: int, received: Payload, party_id: int) -> dict:
+        """The party's model at the end of round j: its latest one trained in a round <= j."""
+        trained = [state for state, r in zip(pool, rounds, strict=True) if r <= j]
+        return trained[-1] if trained else self._unseen(received, party_id)
 
     def start_round(
         self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
@@ -125,6 +152,6 @@ class MoonClient(ClientAlgorithm):
     def end_round(
         self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
     ) -> None:
-        state["pool"] = push_pool(
-            state.get("pool", []), clone_state(model.state_dict()), self.options.pool_size
-        )
+        k = self.options.pool_size
+        state["pool"] = push_pool(state.get("pool", []), clone_state(model.state_dict()), k)
+        state["pool_rounds"] = push_pool(state.get("pool_rounds", []), int(round_idx), k)

@@ -50,7 +50,14 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         require(ok, key, f"must be a number; got {value!r}")
         return float(value)
-    if any(typing.get_origin(a) is list for a in allowed):
+    lists = [a for a in allowed if typing.get_origin(a) is list]
+    if lists:
+        if typing.get_args(lists[0]) == (float,):
+            ok = isinstance(value, list) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+            )
+            require(ok, key, f"must be a list of numbers, e.g. [0.5, 0.5, 0.5]; got {value!r}")
+            return [float(v) for v in value]
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         require(ok, key, f"must be a list of strings, e.g. [encoder.fc1, classifier]; got {value!r}")
         return list(value)

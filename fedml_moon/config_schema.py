@@ -49,8 +49,13 @@ class DataArgs:
     min_samples_per_client: int = 10
     max_train_samples: int | None = None
     max_test_samples: int | None = None
+    normalize_mean: list[float] | None = None
+    normalize_std: list[float] | None = None
+    augmentation: str | None = None
 
     def check(self) -> None:
+        from fedml_moon.data.augment import AUGMENTATIONS
+
         require(
             self.partition_method in PARTITIONS,
             "data_args.partition_method",
@@ -62,6 +67,23 @@ class DataArgs:
         for key in ("max_train_samples", "max_test_samples"):
             value = getattr(self, key)
             require(value is None or value > 0, f"data_args.{key}", "must be > 0, or null for all samples")
+        require(
+            (self.normalize_mean is None) == (self.normalize_std is None),
+            "data_args.normalize_mean",
+            "give normalize_mean and normalize_std together (one value per channel), or neither",
+        )
+        if self.normalize_std is not None:
+            require(
+                len(self.normalize_std) == len(self.normalize_mean or [])
+                and all(v > 0 for v in self.normalize_std),
+                "data_args.normalize_std",
+                "needs as many values as normalize_mean, all > 0",
+            )
+        require(
+            self.augmentation is None or self.augmentation in AUGMENTATIONS,
+            "data_args.augmentation",
+            f"choose one of {', '.join(AUGMENTATIONS)}, or null for the dataset's default",
+        )
 
 
 @dataclass
@@ -69,9 +91,10 @@ class ModelArgs:
     model: str = "simple-cnn"
     use_projection_head: bool = True
     out_dim: int = 256
+    output_activation: str = "none"
 
     def check(self) -> None:
-        from fedml_moon.core.models import ENCODERS
+        from fedml_moon.core.models import ENCODERS, OUTPUT_ACTIVATIONS
 
         require(
             self.model in ENCODERS,
@@ -79,6 +102,11 @@ class ModelArgs:
             f"{self.model!r} is unknown; choose one of {', '.join(ENCODERS)}",
         )
         require(self.out_dim > 0, "model_args.out_dim", "must be > 0")
+        require(
+            self.output_activation in OUTPUT_ACTIVATIONS,
+            "model_args.output_activation",
+            f"choose one of {', '.join(OUTPUT_ACTIVATIONS)} (none: plain logits under the cross-entropy)",
+        )
 
 
 @dataclass

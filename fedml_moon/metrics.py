@@ -61,6 +61,12 @@ class RunRecorder:
         }
         if evaluated and "test_acc_std" in evaluated[-1]:
             out["final_test_acc_std"] = evaluated[-1]["test_acc_std"]
+        reported = [r for r in evaluated if "local_test_acc_best_so_far" in r]
+        if reported:  # LG-FedAvg's report_best: the authors' figure is the round where it peaks
+            peak = max(reported, key=lambda r: r["local_test_acc_best_so_far"])
+            out["reported_round"] = peak["round"]
+            out["reported_local_test_acc"] = peak["local_test_acc_best_so_far"]
+            out["reported_new_test_acc"] = peak["new_test_acc_best_so_far"]
         out.update(extra or {})
         out["config"] = self.config
         return out

@@ -36,7 +36,7 @@ def test_none_and_unknown_kind() -> None:
     assert augment_batch(x, "none", _gen(0)) is x
     with pytest.raises(ValueError, match="none, cifar10, cifar100"):
         augment_batch(x, "autoaugment", _gen(0))
-    assert AUGMENTATIONS == ("none", "cifar10", "cifar100")
+    assert AUGMENTATIONS == ("none", "cifar10", "cifar100", "crop-flip")
 
 
 @pytest.mark.parametrize("kind", ["cifar10", "cifar100"])
@@ -84,3 +84,12 @@ def test_rotate_zero_is_identity_and_matches_torchvision() -> None:
     out = rotate_batch(x, angles)
     for b in range(4):
         assert torch.equal(out[b], TF.rotate(x[b], float(angles[b])))
+
+
+def test_crop_flip_is_a_window_of_the_zero_padded_input() -> None:
+    """LG-FedAvg's CIFAR-10 augmentation: torchvision's RandomCrop(32, padding=4) (zeros) + flip."""
+    x = torch.rand(64, 3, 32, 32)
+    out = augment_batch(x, "crop-flip", _gen(6))
+    offset, flipped = _match_windows(x, out, "zeros")
+    assert (offset >= 0).all() and 10 < int(flipped.sum()) < 54
+    assert not torch.equal(out, augment_batch(x, "cifar100", _gen(6)))  # no rotation

@@ -34,6 +34,14 @@ def test_shipped_configs_load():
         ("train_args.epochs=two", "train_args.epochs", "must be an integer"),
         ("tracking_args.wandb_key=abc", "tracking_args.wandb_key", "WANDB_API_KEY"),
         ("comm_args.backend=MPI", "comm_args.backend", "use 'sp'"),
+        ("data_args.normalize_mean=[0.1]", "data_args.normalize_mean", "normalize_std together"),
+        ("data_args.normalize_mean=[x]", "data_args.normalize_mean", "must be a list of numbers"),
+        (
+            "data_args.augmentation=autoaugment",
+            "data_args.augmentation",
+            "none, cifar10, cifar100, crop-flip",
+        ),
+        ("model_args.output_activation=relu", "model_args.output_activation", "none, softmax, log-softmax"),
     ],
 )
 def test_config_errors_name_the_key_and_fix(override, key, hint):

@@ -136,3 +136,22 @@ def test_unreadable_tiny_imagenet_cache_is_rebuilt(tmp_path, caplog):
     assert "ignoring unreadable cache" in caplog.text
     for got, want in zip(again, first, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_normalisation_and_augmentation_overrides(default_copy):
+    from fedml_moon.config_schema import ConfigError, DataArgs
+    from fedml_moon.data.federated import load_data
+
+    mnist_stats = DataArgs(normalize_mean=[0.1307], normalize_std=[0.3081], augmentation="crop-flip")
+    data = load_data(mnist_stats, seed=0)
+    assert (data.mean, data.std, data.augment) == ((0.1307,), (0.3081,), "crop-flip")
+    assert load_data(DataArgs(), seed=0).mean == (0.0,)  # the default: plain x / 255
+    rgb = DataArgs(normalize_mean=[0.5, 0.5, 0.5], normalize_std=[0.5, 0.5, 0.5])
+    with pytest.raises(ConfigError, match="3 values for 1-channel fashion-mnist images"):
+        load_data(rgb, seed=0)
+
+
+def test_tiny_imagenet_is_normalised_as_the_moon_authors(tmp_path):
+    _write_tiny(tmp_path)
+    data = load_dataset("tiny-imagenet", str(tmp_path))
+    assert data.mean == (0.5, 0.5, 0.5) and data.std == (0.5, 0.5, 0.5)

@@ -133,5 +133,8 @@ def test_missing_data_says_how_to_get_it(tmp_path):
     empty.mkdir()
     proc = cli(tmp_path / "run", "config/paper/cifar10_moon.yaml", f"data_args.data_cache_dir={empty}")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "config error: data_args.dataset" in proc.stderr
+    assert (
+        f"config error: data_args.data_cache_dir: cifar10 not found in data_args.data_cache_dir {empty}"
+        in (proc.stderr)
+    )
     assert "cifar-10-batches-py" in proc.stderr and "data_args.download: true" in proc.stderr

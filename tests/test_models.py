@@ -51,5 +51,38 @@ def test_resnet50_has_a_cifar_stem():
 
 
 def test_unknown_model_lists_choices():
-    with pytest.raises(ValueError, match="simple-cnn, resnet50, mlp"):
+    with pytest.raises(ValueError, match="simple-cnn, lg-cnn, resnet50, mlp"):
         build_model("vgg", (3, 32, 32), 10)
+
+
+def test_lg_cnn_is_the_authors_cifar_cnn():
+    """LG-FedAvg's CNNCifar: conv 6 and 16 channels, fc 400-120-100, output 100 -> 10."""
+    net = build_model("lg-cnn", (3, 32, 32), 10, use_head=False)
+    enc = net.encoder
+    assert (enc.conv1.out_channels, enc.conv2.out_channels) == (6, 16)
+    assert [(m.in_features, m.out_features) for m in (enc.fc1, enc.fc2, net.classifier)] == [
+        (400, 120),
+        (120, 100),
+        (100, 10),
+    ]
+    assert sum(p.numel() for p in net.parameters()) == 64102  # as the authors' model
+
+
+@pytest.mark.parametrize("activation", ["softmax", "log-softmax"])
+def test_output_activation_is_applied_to_the_logits(activation):
+    torch.manual_seed(0)
+    plain = build_model("mlp", (1, 28, 28), 10, use_head=False)
+    torch.manual_seed(0)
+    wrapped = build_model("mlp", (1, 28, 28), 10, use_head=False, output_activation=activation)
+    x = torch.randn(4, 1, 28, 28)
+    logits, out = plain(x)[2], wrapped(x)[2]
+    if activation == "softmax":  # the authors' MLP: a softmax under the cross-entropy
+        assert torch.allclose(out, logits.softmax(1)) and torch.allclose(out.sum(1), torch.ones(4))
+    else:  # CNNCifar: log-softmax, which the cross-entropy leaves unchanged
+        assert torch.allclose(out, logits.log_softmax(1))
+        y = torch.arange(4)
+        assert torch.allclose(
+            torch.nn.functional.cross_entropy(out, y), torch.nn.functional.cross_entropy(logits, y)
+        )
+    with pytest.raises(ValueError, match="output_activation"):
+        build_model("mlp", (1, 28, 28), 10, output_activation="relu")

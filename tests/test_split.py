@@ -73,6 +73,14 @@ def test_preset_mnist_mlp(mlp):
     assert count_params(mlp, glob) + count_params(mlp, loc) == sum(t.numel() for t in mlp.values())
 
 
+def test_preset_mnist_mlp_refuses_the_projection_head_and_other_models(cnn):
+    """Before: with the head, 'top 3 layers' silently meant head.0, head.2 and the classifier."""
+    with_head = build_model("mlp", (1, 28, 28), 10, use_head=True).state_dict()
+    for state in (with_head, cnn):
+        with pytest.raises(SplitError, match="needs model_args.model: mlp with use_projection_head: false"):
+            resolve_split(list(state), preset="mnist-mlp")
+
+
 def test_preset_cifar_cnn(cnn, cnn_nohead):
     for state in (cnn, cnn_nohead):
         glob, loc = resolve_split(list(state), preset="cifar-cnn")

@@ -28,12 +28,11 @@ class NoOptions:
     """Algorithms without options of their own."""
 
 
-def make_optimizer(model: nn.Module, train: TrainArgs) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, train: TrainArgs, lr: float | None = None) -> torch.optim.Optimizer:
     """SGD created anew at every local training call: momentum does not carry across rounds."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.SGD(
-        params, lr=train.learning_rate, momentum=train.momentum, weight_decay=train.weight_decay
-    )
+    lr = train.learning_rate if lr is None else lr
+    return torch.optim.SGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
 class ClientAlgorithm:
@@ -61,6 +60,10 @@ class ClientAlgorithm:
         _, _, logits = model(x)
         ce = F.cross_entropy(logits, y)
         return ce, {"ce": ce.detach()}
+
+    def learning_rate(self, received: Payload) -> float:
+        """The local learning rate of this training call (train_args.learning_rate by default)."""
+        return self.train_args.learning_rate
 
     def before_step(self, model: nn.Module) -> None:
         """Called after backward(), before the optimiser step (e.g. to correct gradients)."""
@@ -100,7 +103,7 @@ class ClientAlgorithm:
         model.to(device)
         self.start_round(model, received, state, round_idx, party_id)
         model.train()
-        optimizer = make_optimizer(model, self.train_args)
+        optimizer = make_optimizer(model, self.train_args, self.learning_rate(received))
         sums: dict[str, torch.Tensor] = {}
         batches = 0
         for _ in range(self.train_args.epochs):
@@ -153,6 +156,14 @@ class ServerAlgorithm:
         if self.momentum is None:
             return averaged
         return self.momentum.step(global_state, averaged)
+
+    def wants_evaluation(self, round_idx: int) -> bool:
+        """Evaluate this round even where validation_args.frequency_of_the_test would skip it."""
+        return False
+
+    def after_evaluation(self, round_idx: int, metrics: dict, global_state: OrderedDict) -> OrderedDict:
+        """Called with an evaluated round's test metrics; returns the global state to go on from."""
+        return global_state
 
     def models_to_evaluate(self, global_state: OrderedDict) -> dict[str, OrderedDict]:
         """Named states the server evaluates on the global test set."""

@@ -8,6 +8,7 @@ phase (the server sends them to it once, and this is counted in params_down).
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from fedml_moon.core.aggregation import clone_state, weighted_average
 from fedml_moon.core.split import SplitError, merge_states, resolve_split, split_state
 
 NEW_TEST_METHODS = ("average", "ensemble")
+WARMUP_STARTS = ("last", "best")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -34,6 +37,9 @@ class LGOptions:
     warmup_checkpoint: str | None = None
     uniform_average: bool = True
     new_test_method: str = "average"
+    warmup_lr: float | None = None
+    warmup_start: str = "last"
+    report_best: bool = False
 
     def check(self) -> None:
         ways = [
@@ -59,6 +65,16 @@ class LGOptions:
             self.new_test_method in NEW_TEST_METHODS,
             "algorithm_args.new_test_method",
             f"choose one of {', '.join(NEW_TEST_METHODS)}",
+        )
+        require(
+            self.warmup_lr is None or self.warmup_lr > 0,
+            "algorithm_args.warmup_lr",
+            "must be > 0 (the authors' FedAvg uses 0.1), or null for train_args.learning_rate",
+        )
+        require(
+            self.warmup_start in WARMUP_STARTS,
+            "algorithm_args.warmup_start",
+            f"choose one of {', '.join(WARMUP_STARTS)} (best: the warm-up model with the best test accuracy)",
         )
 
     def split(self, keys: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -98,6 +114,11 @@ class LGClient(ClientAlgorithm):
             raise RuntimeError(f"party {party_id} has no local layers and the server sent none")
         model.load_state_dict(merge_states(received["model"], local))
 
+    def learning_rate(self, received: Payload) -> float:
+        """`warmup_lr` in the FedAvg warm-up rounds when set (the authors' FedAvg trains at 0.1)."""
+        warmup = received.get("phase", "fedavg") != "lg" and self.options.warmup_lr is not None
+        return self.options.warmup_lr if warmup else self.train_args.learning_rate
+
     def end_round(
         self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
     ) -> None:
@@ -121,6 +142,7 @@ class LGServer(ServerAlgorithm):
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         self.global_keys, self.local_keys = self.options.split(global_state.keys())
         self.served: set[int] = set()
+        self.best_warmup: tuple[float, int, OrderedDict] | None = None
         path = self.options.warmup_checkpoint
         if path is None:
             return global_state
@@ -152,3 +174,22 @@ class LGServer(ServerAlgorithm):
         weights = [1.0 if self.options.uniform_average else n for n, _ in uploads]
         averaged = weighted_average([p["model"] for _, p in uploads], weights)
         return merge_states(global_state, averaged)
+
+    def wants_evaluation(self, round_idx: int) -> bool:
+        """With warmup_start "best", the last warm-up round is always evaluated."""
+        last = self.options.warmup_rounds - 1
+        return self.options.warmup_start == "best" and round_idx == last
+
+    def after_evaluation(self, round_idx: int, metrics: dict, global_state: OrderedDict) -> OrderedDict:
+        """warmup_start "best": LG starts from the warm-up model with the best global test accuracy
+        among the evaluated warm-up rounds (the authors start from their FedAvg run's best_<round>.pt)."""
+        if self.options.warmup_start != "best" or round_idx >= self.options.warmup_rounds:
+            return global_state
+        acc = float(metrics["test_acc"])
+        if self.best_warmup is None or acc >= self.best_warmup[0]:
+            self.best_warmup = (acc, round_idx, clone_state(global_state))
+        if round_idx < self.options.warmup_rounds - 1:
+            return global_state
+        acc, best_round, best = self.best_warmup
+        log.info("LG-FedAvg starts from the best warm-up model: round %d, test_acc %.4f", best_round, acc)
+        return best

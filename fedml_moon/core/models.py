@@ -11,21 +11,25 @@ import torch
 import torchvision
 from torch import nn
 
-ENCODERS = ("simple-cnn", "resnet50", "mlp")
+ENCODERS = ("simple-cnn", "lg-cnn", "resnet50", "mlp")
+OUTPUT_ACTIVATIONS = ("none", "softmax", "log-softmax")
 
 
 class SimpleCNNEncoder(nn.Module):
-    """MOON's CIFAR-10 base encoder: two 5x5 convs (6, 16 channels) with 2x2 max-pool, fc 120, fc 84."""
+    """MOON's CIFAR-10 base encoder: two 5x5 convs (6, 16 channels) with 2x2 max-pool, fc 120, fc 84.
 
-    def __init__(self, in_channels: int, image_size: int) -> None:
+    `fc2_width` 100 gives LG-FedAvg's CIFAR CNN body (fc 120 then 100; its output layer 100 -> 10).
+    """
+
+    def __init__(self, in_channels: int, image_size: int, fc2_width: int = 84) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 6, 5)
         self.conv2 = nn.Conv2d(6, 16, 5)
         self.pool = nn.MaxPool2d(2, 2)
         side = ((image_size - 4) // 2 - 4) // 2  # 5 for 32x32, 4 for 28x28
         self.fc1 = nn.Linear(16 * side * side, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.out_features = 84
+        self.fc2 = nn.Linear(120, fc2_width)
+        self.out_features = fc2_width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(torch.relu(self.conv1(x)))
@@ -69,15 +73,29 @@ class MLPEncoder(nn.Module):
 
 
 class MoonNet(nn.Module):
-    """encoder -> (optional) projection head Linear(d, d), ReLU, Linear(d, out_dim) -> classifier."""
+    """encoder -> (optional) projection head Linear(d, d), ReLU, Linear(d, out_dim) -> classifier.
+
+    `output_activation` "softmax" / "log-softmax" applies that to the classifier's output, as
+    LG-FedAvg's MLP / CIFAR CNN do before their cross-entropy loss ("none": plain logits).
+    """
 
     def __init__(
-        self, encoder: nn.Module, num_classes: int, use_head: bool = True, out_dim: int = 256
+        self,
+        encoder: nn.Module,
+        num_classes: int,
+        use_head: bool = True,
+        out_dim: int = 256,
+        output_activation: str = "none",
     ) -> None:
         super().__init__()
+        if output_activation not in OUTPUT_ACTIVATIONS:
+            raise ValueError(
+                f"output_activation must be one of {OUTPUT_ACTIVATIONS}; got {output_activation!r}"
+            )
         self.encoder = encoder
         d = int(encoder.out_features)
         self.use_head = use_head
+        self.output_activation = output_activation
         if use_head:
             self.head = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, out_dim))
             self.classifier = nn.Linear(out_dim, num_classes)
@@ -87,7 +105,12 @@ class MoonNet(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h = self.encoder(x)
         z = self.head(h) if self.use_head else h
-        return h, z, self.classifier(z)
+        out = self.classifier(z)
+        if self.output_activation == "softmax":
+            out = torch.softmax(out, dim=1)
+        elif self.output_activation == "log-softmax":
+            out = torch.log_softmax(out, dim=1)
+        return h, z, out
 
 
 def build_model(
@@ -96,17 +119,18 @@ def build_model(
     num_classes: int,
     use_head: bool = True,
     out_dim: int = 256,
+    output_activation: str = "none",
 ) -> MoonNet:
     """Build a MoonNet. `input_shape` is (channels, height, width); `name` one of ENCODERS."""
     channels, height, width = input_shape
-    if name == "simple-cnn":
+    if name in ("simple-cnn", "lg-cnn"):
         if height != width or height not in (28, 32):
-            raise ValueError(f"simple-cnn takes 28x28 or 32x32 images; got {height}x{width}")
-        encoder: nn.Module = SimpleCNNEncoder(channels, height)
+            raise ValueError(f"{name} takes 28x28 or 32x32 images; got {height}x{width}")
+        encoder: nn.Module = SimpleCNNEncoder(channels, height, 84 if name == "simple-cnn" else 100)
     elif name == "resnet50":
         encoder = ResNet50Encoder(channels)
     elif name == "mlp":
         encoder = MLPEncoder(channels * height * width)
     else:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ENCODERS)}")
-    return MoonNet(encoder, num_classes, use_head=use_head, out_dim=out_dim)
+    return MoonNet(encoder, num_classes, use_head, out_dim, output_activation)

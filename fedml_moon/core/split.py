@@ -13,8 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
+MNIST_MLP_GLOBAL = ("encoder.layer_hidden2", "encoder.layer_hidden3", "classifier")
 PRESETS: dict[str, str] = {
-    "mnist-mlp": "the authors' MNIST MLP split: the top 3 layers (closest to the output) global",
+    "mnist-mlp": "the authors' MNIST MLP split: its top 3 layers (layer_hidden2, layer_hidden3 and the "
+    "output layer) global; the mlp model without the projection head",
     "cifar-cnn": "the authors' CIFAR CNN split: the convolution layers (names containing 'conv') global, "
     "the fully connected layers, head and classifier local",
     "head": "local representation, global head: `head` (when present) and `classifier` global, encoder local",
@@ -86,7 +88,16 @@ def _by_count(keys: Sequence[str], n: int, from_top: bool) -> list[str]:
 def _by_preset(keys: Sequence[str], preset: str) -> list[str]:
     """Global keys of a named preset (see PRESETS)."""
     if preset == "mnist-mlp":
-        return _by_count(keys, 3, from_top=True)
+        has = [any(_matches(k, m) for k in keys) for m in (*MNIST_MLP_GLOBAL, "head")]
+        if not all(has[:-1]) or has[-1]:
+            raise SplitError(
+                "algorithm_args.split_preset 'mnist-mlp' is the authors' MLP split (layer_hidden2, "
+                "layer_hidden3 and the output layer global) and needs model_args.model: mlp with "
+                "use_projection_head: false; with the projection head, name the global layers with "
+                "algorithm_args.global_prefixes, e.g. [encoder.layer_hidden2, encoder.layer_hidden3, head, "
+                "classifier]"
+            )
+        return _by_prefixes(keys, MNIST_MLP_GLOBAL)
     if preset == "cifar-cnn":
         convs = [name for name, _ in layers(keys) if "conv" in name.rsplit(".", 1)[-1]]
         if not convs:

@@ -1,7 +1,8 @@
 """Batched training augmentations on float image tensors, the tensor equivalents of MOON's transforms.
 
-* ``"cifar10"``: RandomCrop(32, padding=4, padding_mode="reflect") + RandomHorizontalFlip.
-* ``"cifar100"``: RandomCrop(32, padding=4) + RandomHorizontalFlip + RandomRotation(15).
+* ``"cifar10"``: RandomCrop(32, padding=4, padding_mode="reflect") + RandomHorizontalFlip (MOON, CIFAR-10).
+* ``"cifar100"``: RandomCrop(32, padding=4) + RandomHorizontalFlip + RandomRotation(15) (MOON, CIFAR-100).
+* ``"crop-flip"``: RandomCrop(32, padding=4) + RandomHorizontalFlip (zero padding; LG-FedAvg's CIFAR-10).
 
 Every random draw comes from the given ``torch.Generator``, so a seed fixes the output.
 """
@@ -13,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-AUGMENTATIONS = ("none", "cifar10", "cifar100")
+AUGMENTATIONS = ("none", "cifar10", "cifar100", "crop-flip")
 PAD = 4
 MAX_ROTATION_DEG = 15.0
 
@@ -70,5 +71,7 @@ def augment_batch(x: torch.Tensor, kind: str, generator: torch.Generator) -> tor
     if kind == "cifar10":
         return _crop_flip(x, "reflect", generator)
     out = _crop_flip(x, "zeros", generator)
+    if kind == "crop-flip":
+        return out
     u = torch.rand(x.shape[0], generator=generator, device=generator.device)
     return rotate_batch(out, (2.0 * u - 1.0) * MAX_ROTATION_DEG)

@@ -25,7 +25,7 @@ _STATS: dict[str, tuple[int, tuple[float, ...], tuple[float, ...], str]] = {
     "mnist": (10, (0.0,), (1.0,), "none"),
     "cifar10": (10, (125.3 / 255, 123.0 / 255, 113.9 / 255), (63.0 / 255, 62.1 / 255, 66.7 / 255), "cifar10"),
     "cifar100": (100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762), "cifar100"),
-    "tiny-imagenet": (200, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "none"),
+    "tiny-imagenet": (200, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "none"),  # the MOON authors' code
 }
 _MNIST_SUBDIRS = {"fashion-mnist": ("", "raw", "FashionMNIST/raw"), "mnist": ("", "raw", "MNIST/raw")}
 

@@ -43,6 +43,20 @@ def _subsample(
     return x[keep].contiguous(), y[keep].contiguous()
 
 
+def _override_transforms(args: DataArgs, data: DatasetTensors) -> None:
+    """data_args.normalize_mean / normalize_std / augmentation in place of the dataset's defaults."""
+    channels = data.input_shape[0]
+    if args.normalize_mean is not None and args.normalize_std is not None:
+        if len(args.normalize_mean) != channels:
+            raise ConfigError(
+                f"data_args.normalize_mean: {len(args.normalize_mean)} values for {channels}-channel "
+                f"{data.name} images; give one mean and one std per channel"
+            )
+        data.mean, data.std = tuple(args.normalize_mean), tuple(args.normalize_std)
+    if args.augmentation is not None:
+        data.augment = args.augmentation
+
+
 def load_data(args: DataArgs, seed: int) -> DatasetTensors:
     """Load the dataset named in the config, optionally subsampled (max_train/test_samples)."""
     key = "data_args.data_cache_dir" if args.data_cache_dir else "data_args.dataset"
@@ -52,6 +66,7 @@ def load_data(args: DataArgs, seed: int) -> DatasetTensors:
         raise ConfigError(f"{key}: {err}") from None
     except ValueError as err:
         raise ConfigError(f"data_args.dataset: {err}") from None
+    _override_transforms(args, data)
     train_rng, test_rng = rng(seed, "subsample_train"), rng(seed, "subsample_test")
     data.x_train, data.y_train = _subsample(data.x_train, data.y_train, args.max_train_samples, train_rng)
     data.x_test, data.y_test = _subsample(data.x_test, data.y_test, args.max_test_samples, test_rng)

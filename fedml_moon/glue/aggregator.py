@@ -39,6 +39,11 @@ class PluginServerAggregator(ServerAggregator):
         uploads = [(float(n), as_payload(p)) for n, p in raw_client_model_or_grad_list]
         return self.algorithm.aggregate(self.global_state, uploads)
 
+    def after_evaluation(self, round_idx: int, metrics: dict) -> None:
+        """Hand an evaluated round's metrics to the server algorithm (it may change the global state)."""
+        self.global_state = self.algorithm.after_evaluation(round_idx, metrics, self.global_state)
+        self.model.load_state_dict(self.global_state)
+
     def test(self, test_data: Any, device: torch.device, args: Any) -> dict[str, float]:
         """Accuracy and loss on `test_data`; mean and std over models when several are evaluated (SOLO)."""
         results = []

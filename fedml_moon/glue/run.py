@@ -79,7 +79,12 @@ def _model_factory(cfg: Config, fed: FederatedData):
 
     def factory() -> torch.nn.Module:
         return build_model(
-            m.model, fed.data.input_shape, fed.data.num_classes, m.use_projection_head, m.out_dim
+            m.model,
+            fed.data.input_shape,
+            fed.data.num_classes,
+            m.use_projection_head,
+            m.out_dim,
+            m.output_activation,
         )
 
     return factory

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from fedml_moon.core.aggregation import payload_nbytes, payload_numel, weighted_average
-from fedml_moon.core.evaluation import evaluate, evaluate_ensemble
+from fedml_moon.core.aggregation import payload_nbytes, payload_numel
+from fedml_moon.core.personal import BestSoFar, local_test_accs, new_test
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.glue.aggregator import PluginServerAggregator
 from fedml_moon.glue.trainer import PluginClientTrainer
@@ -53,7 +53,22 @@ class StandaloneSimulation:
         self.rounds, self.test_every, self.local_test = rounds, test_every, local_test
         self.schedule = sample_schedule(len(self.train_local), per_round, rounds, seed)
         self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
+        self.best_so_far = self._best_so_far()
         self.summary: dict[str, Any] = {}
+
+    def _best_so_far(self) -> BestSoFar | None:
+        """The authors' best-so-far reporting when the algorithm's `report_best` option is on."""
+        options = self.trainer.algorithm.options
+        if not getattr(options, "report_best", False):
+            return None
+        global_keys, _ = options.split(self.aggregator.global_state.keys())
+        return BestSoFar(global_keys)
+
+    def evaluates(self, round_idx: int) -> bool:
+        """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
+        server algorithm asks for."""
+        rule = round_idx % self.test_every == 0 or round_idx == self.rounds - 1
+        return rule or self.aggregator.algorithm.wants_evaluation(round_idx)
 
     def train_party(self, party: int) -> tuple[float, dict]:
         """One party's local round, through FedML's ClientTrainer calls."""
@@ -81,26 +96,26 @@ class StandaloneSimulation:
 
     def party_metrics(self) -> dict[str, float]:
         """Each party's model on its own test split (local test); for personalised algorithms also the
-        global test set with the parties' models averaged or ensembled (new test).
+        global test set with the parties' models averaged or ensembled (new test), and with
+        `report_best` the LG-FedAvg authors' best-so-far figures (`BestSoFar`).
 
         Simulation-side evaluation: the party's model is the server's model with the party's own
         state applied (`ClientAlgorithm.eval_state`); parties that never trained use the server's.
         """
         algo, model = self.trainer.algorithm, self.aggregator.model
         full = {"model": self.aggregator.global_state}
-        states = [algo.eval_state(full, self.trainer.store.get(p)) for p in range(len(self.test_local))]
-        accs = []
-        for party, state in enumerate(states):
-            model.load_state_dict(state)
-            accs.append(evaluate(model, self.test_local[party], self.device)[0])
+        parties = range(len(self.test_local))
+        states = [algo.eval_state(full, self.trainer.store.get(p)) for p in parties]
+        test_local = [self.test_local[p] for p in parties]
+        accs = local_test_accs(model, states, test_local, self.device)
         out = {"local_test_acc": sum(accs) / len(accs)}
         if algo.personalized:
-            if getattr(algo.options, "new_test_method", "average") == "ensemble":
-                acc, loss = evaluate_ensemble(model, states, self.test_global, self.device)
-            else:
-                model.load_state_dict(weighted_average(states, [1.0] * len(states)))
-                acc, loss = evaluate(model, self.test_global, self.device)
+            method = getattr(algo.options, "new_test_method", "average")
+            acc, loss = new_test(model, states, self.test_global, self.device, method)
             out.update(new_test_acc=acc, new_test_loss=loss)
+        if self.best_so_far is not None:
+            self.best_so_far.update(states, accs)
+            out.update(self.best_so_far.evaluate(model, test_local, self.test_global, self.device))
         model.load_state_dict(self.aggregator.global_state)
         return out
 
@@ -118,10 +133,11 @@ class StandaloneSimulation:
         record["train_loss"] = _weighted_mean(metrics, "loss")
         for key in sorted({k for _, m in metrics for k in m} - {"loss"}):  # ce, l_con, l_glob, prox, ...
             record[key] = _weighted_mean(metrics, key)
-        if round_idx % self.test_every == 0 or round_idx == self.rounds - 1:  # FedML's rule
+        if self.evaluates(round_idx):
             record.update(self.aggregator.test(self.test_global, self.device, self.args))
             if self.local_test or self.trainer.algorithm.personalized:
                 record.update(self.party_metrics())
+            self.aggregator.after_evaluation(round_idx, record)
         record["round_time_s"] = time.perf_counter() - started
         record.update(self.totals)
         return record

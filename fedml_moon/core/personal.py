@@ -1,0 +1,78 @@
+"""Evaluation of the parties' own models (personalised algorithms, LG-FedAvg). Pure PyTorch.
+
+* local test: each party's model on its own test split, the unweighted mean over parties;
+* new test: the parties' models combined, on the global test set (a party that was never seen);
+* `BestSoFar`: the LG-FedAvg authors' reporting (their main_lg.py), offered as `report_best`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from fedml_moon.core.aggregation import clone_state, weighted_average
+from fedml_moon.core.evaluation import evaluate, evaluate_ensemble
+
+State = Mapping[str, torch.Tensor]
+
+
+def local_test_accs(
+    model: nn.Module, states: Sequence[State], test_local: Sequence[Iterable], device: torch.device
+) -> list[float]:
+    """Accuracy of party p's model `states[p]` on its own test split `test_local[p]`, for every p."""
+    accs = []
+    for state, loader in zip(states, test_local, strict=True):
+        model.load_state_dict(state)
+        accs.append(evaluate(model, loader, device)[0])
+    return accs
+
+
+def new_test(
+    model: nn.Module, states: Sequence[State], test_global: Iterable, device: torch.device, method: str
+) -> tuple[float, float]:
+    """Accuracy and loss on the global test set of the parties' models combined: "average" = the
+    uniform parameter average (the authors' acc_test_avg), "ensemble" = the mean of their softmax."""
+    if method == "ensemble":
+        return evaluate_ensemble(model, states, test_global, device)
+    model.load_state_dict(weighted_average(states, [1.0] * len(states)))
+    return evaluate(model, test_global, device)
+
+
+class BestSoFar:
+    """The LG-FedAvg authors' figures: every party keeps the model of the evaluated round where its
+    local test accuracy was highest so far (ties go to the newer round); the new test averages the
+    parameters of all parties' best-so-far models; their local test puts that average's global layers
+    into each party's best-so-far model. The reported figure is the round where this local test peaks.
+    Selection on test data, so these figures are optimistic: they are reported beside, never instead
+    of, the current models' `local_test_acc` / `new_test_acc`.
+    """
+
+    def __init__(self, global_keys: Sequence[str]) -> None:
+        self.global_keys = list(global_keys)
+        self.best: dict[int, tuple[float, OrderedDict]] = {}
+
+    def update(self, states: Sequence[State], accs: Sequence[float]) -> None:
+        """Offer this round's party models with their local test accuracies."""
+        for party, (state, acc) in enumerate(zip(states, accs, strict=True)):
+            if party not in self.best or acc >= self.best[party][0]:
+                self.best[party] = (acc, clone_state(state))
+
+    def evaluate(
+        self,
+        model: nn.Module,
+        test_local: Sequence[Iterable],
+        test_global: Iterable,
+        device: torch.device,
+    ) -> dict[str, float]:
+        """`local_test_acc_best_so_far` and `new_test_acc_best_so_far` (see the class docstring)."""
+        states = [self.best[p][1] for p in sorted(self.best)]
+        average = weighted_average(states, [1.0] * len(states))
+        model.load_state_dict(average)
+        new_acc, _ = evaluate(model, test_global, device)
+        shared = {k: average[k] for k in self.global_keys}
+        combined = [OrderedDict({**s, **shared}) for s in states]
+        accs = local_test_accs(model, combined, test_local, device)
+        return {"local_test_acc_best_so_far": sum(accs) / len(accs), "new_test_acc_best_so_far": new_acc}

@@ -25,11 +25,13 @@ Tensors = dict[str, torch.Tensor]
 
 @dataclass
 class ScaffoldOptions:
-    """`correction`: "after-step" (the MOON authors' code: p -= lr * (c - c_i) after each optimiser
-    step) or "gradient" (the paper's line 10: grad += c - c_i before the step, so it passes through
-    momentum and weight decay). `c_update`: "paper" (line 17: c += |S|/N * mean_S delta c_i) or
-    "mean" (the MOON authors' code: c += mean_S delta c_i; the same under full participation).
-    The global step size eta_g (line 16) is `server_args.server_lr`."""
+    """`correction`: "after-step" (NIID-Bench, the MOON authors' benchmark code that holds their
+    SCAFFOLD baseline: p -= lr * (c - c_i) after each optimiser step) or "gradient" (the paper's
+    line 10: grad += c - c_i before the step, so it passes through momentum and weight decay).
+    `c_update`: "paper" (line 17 and NIID-Bench: c += |S|/N * mean_S delta c_i, i.e. the sum over
+    the sampled parties divided by N) or "mean" (c += mean_S delta c_i, as some other libraries
+    do; the same under full participation). The global step size eta_g (line 16) is
+    `server_args.server_lr`."""
 
     correction: str = "after-step"
     c_update: str = "paper"
@@ -84,7 +86,7 @@ class ScaffoldClient(ClientAlgorithm):
                 p.grad.add_(self._corr[n])
 
     def after_step(self, model: nn.Module) -> None:
-        """ "after-step": p <- p - lr (c - c_i) after the optimiser's own step (the MOON authors' code)."""
+        """ "after-step": p <- p - lr (c - c_i) after the optimiser's own step (NIID-Bench's code)."""
         if self.options.correction != "after-step":
             return
         lr = self.train_args.learning_rate

@@ -9,6 +9,7 @@ alternating plugin/bare pairs is reported. Last line:
     moon_round_vs_bare=<ratio> fedavg_round_vs_bare=<ratio>
 
 Run: .venv/bin/python benchmarks/round_time.py [--repeats 3] [--threads N]
+(--threads sets device_args.torch_threads; default: the config's, auto)
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ def bare_round(run: Assembled, algo: str, global_state: dict, prev_states: list[
     return time.perf_counter() - started
 
 
-def measure(algo: str, repeats: int, out: Path) -> float:
+def measure(algo: str, repeats: int, out: Path, threads: int | None = None) -> float:
     overrides = ["train_args.epochs=1", "train_args.comm_round=2", "tracking_args.enable_wandb=false"]
+    if threads:
+        overrides.append(f"device_args.torch_threads={threads}")
     cfg = load_config(CONFIGS / f"{algo}.yaml", overrides)
     run = assemble(cfg, out / algo)
     plugin_round(run, 0)  # warm-up; gives every MOON party its previous model
@@ -118,11 +121,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     opts = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if opts.threads:
-        torch.set_num_threads(opts.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        moon = measure("moon", opts.repeats, Path(tmp))
-        fedavg = measure("fedavg", opts.repeats, Path(tmp))
+        moon = measure("moon", opts.repeats, Path(tmp), opts.threads)
+        fedavg = measure("fedavg", opts.repeats, Path(tmp), opts.threads)
     print(f"moon_round_vs_bare={moon:.3f} fedavg_round_vs_bare={fedavg:.3f}")  # noqa: T201 (the script's output)
 
 

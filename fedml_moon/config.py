@@ -38,6 +38,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if value is None:
         require(type(None) in allowed, key, "must not be empty (null)")
         return None
+    if isinstance(value, str) and str in allowed:  # e.g. torch_threads: auto (int | str)
+        return value
     if bool in allowed:
         require(isinstance(value, bool), key, f"must be true or false; got {value!r}")
         return value

@@ -163,12 +163,13 @@ class ValidationArgs:
 class DeviceArgs:
     using_gpu: bool = False
     gpu_id: int = 0
-    torch_threads: int | None = None
+    torch_threads: int | str = "auto"
 
     def check(self) -> None:
         require(self.gpu_id >= 0, "device_args.gpu_id", "must be >= 0")
+        ok = self.torch_threads == "auto" or (isinstance(self.torch_threads, int) and self.torch_threads >= 1)
         require(
-            self.torch_threads is None or self.torch_threads >= 1, "device_args.torch_threads", "must be >= 1"
+            ok, "device_args.torch_threads", f"must be 'auto' or an integer >= 1; got {self.torch_threads!r}"
         )
 
 

@@ -80,3 +80,21 @@ def test_algorithm_options_are_typed_per_algorithm():
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="no such config file"):
         load_config("config/nope.yaml")
+
+
+def test_torch_threads_auto_is_half_the_usable_cores(monkeypatch):
+    from fedml_moon.glue import run
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(run.os, "sched_getaffinity", lambda _: set(range(16)))
+    assert run.torch_threads("auto") == 8
+    monkeypatch.setattr(run.os, "sched_getaffinity", lambda _: {0, 1})
+    assert run.torch_threads("auto") == 1  # this machine's size: one busy neighbour costs nothing
+    monkeypatch.setattr(run.os, "sched_getaffinity", lambda _: {0})
+    assert run.torch_threads("auto") == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert run.torch_threads("auto") == 3 and run.torch_threads(2) == 2
+    assert load_config(FMNIST).device_args.torch_threads == "auto"
+    for bad in ("two", "0"):
+        with pytest.raises(ConfigError, match="device_args.torch_threads: must be 'auto' or an integer >= 1"):
+            load_config(FMNIST, [f"device_args.torch_threads={bad}"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,22 @@ def fedml_args(cfg: Config, out_dir: Path) -> Any:
     values["enable_wandb"] = False  # the plugin owns W&B logging (FedML's copies every argument)
     values["output_dir"] = str(out_dir)
     return compat.minimal_fedml_args(**values)
+
+
+def torch_threads(setting: int | str) -> int:
+    """PyTorch's intra-op threads for `device_args.torch_threads`.
+
+    "auto": OMP_NUM_THREADS when set, else half the cores this process may run on (at least 1).
+    OpenMP splits every operator over a fixed team and waits for its slowest thread: when another
+    busy process shares one of the team's cores, each operator waits for that core's time slice.
+    Half the cores leaves room for one such process; on 2 cores that is 1 thread (README, Speed).
+    """
+    if setting != "auto":
+        return int(setting)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) >= 1:
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // 2)
 
 
 def select_device(cfg: Config) -> torch.device:
@@ -98,8 +115,7 @@ def assemble(cfg: Config, out_dir: Path) -> Assembled:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     seed, train = cfg.common_args.random_seed, cfg.train_args
-    if cfg.device_args.torch_threads:
-        torch.set_num_threads(cfg.device_args.torch_threads)
+    torch.set_num_threads(torch_threads(cfg.device_args.torch_threads))
     np.random.seed(seed)
     device = select_device(cfg)
     fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)

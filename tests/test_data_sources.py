@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +15,8 @@ from PIL import Image
 from fedml_moon.data import datasets, formats
 from fedml_moon.data.datasets import DataNotFoundError, load_dataset
 from fedml_moon.data.formats import DataFileError, load_cifar, load_tiny_imagenet
+from tests.test_end_to_end import cli
 from tests.test_formats import _write_cifar, _write_mnist, _write_tiny
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -75,18 +72,7 @@ def test_cli_names_the_corrupt_file_and_exits_2(tmp_path):
     named = tmp_path / "mine"
     _write_mnist(named, gz=True)
     _truncate(named / "train-images-idx3-ubyte.gz")
-    cmd = [
-        sys.executable,
-        "-m",
-        "fedml_moon",
-        "simulate",
-        "--cf",
-        str(ROOT / "config/fashion_mnist/moon.yaml"),
-    ]
-    cmd += ["--set", f"data_args.data_cache_dir={named}", "--set", "tracking_args.enable_wandb=false"]
-    cmd += ["--output-dir", str(tmp_path / "out")]
-    env = {**os.environ, "HOME": str(tmp_path / "home")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    proc = cli(tmp_path / "out", "config/fashion_mnist/moon.yaml", f"data_args.data_cache_dir={named}")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"data_args.data_cache_dir: {named / 'train-images-idx3-ubyte.gz'}" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -18,6 +18,7 @@ from torch import nn
 
 from fedml_moon.config_schema import ServerArgs, TrainArgs
 from fedml_moon.core.aggregation import ServerMomentum, clone_state, weighted_average
+from fedml_moon.core.split import merge_states
 
 Payload = dict[str, Any]
 ModelFactory = Callable[[], nn.Module]
@@ -76,9 +77,14 @@ class ClientAlgorithm:
     ) -> None:
         """Update what the party keeps after local training (`loader` is the party's training data)."""
 
+    def personal_state(self, state: dict) -> dict | None:
+        """The entries of this party's model that are its own rather than the server's (None: none)."""
+        return None
+
     def eval_state(self, received: Payload, state: dict) -> dict:
         """The full model state this party would predict with, given the server's full model."""
-        return received["model"]
+        personal = self.personal_state(state)
+        return received["model"] if not personal else merge_states(received["model"], personal)
 
     def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
         """What the party sends to the server."""

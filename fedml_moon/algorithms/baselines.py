@@ -65,8 +65,9 @@ class SoloClient(ClientAlgorithm):
     ) -> None:
         model.load_state_dict(self.eval_state(received, state))
 
-    def eval_state(self, received: Payload, state: dict) -> dict:
-        return state.get("model", received["model"])
+    def personal_state(self, state: dict) -> dict | None:
+        """The party's own model (None before it first trains: it starts from the server's w^0)."""
+        return state.get("model")
 
     def end_round(
         self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable

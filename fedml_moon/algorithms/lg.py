@@ -131,9 +131,9 @@ class LGClient(ClientAlgorithm):
             full = split_state(full, self._keys(model)[0])
         return {"model": full, "party_id": int(party_id)}
 
-    def eval_state(self, received: Payload, state: dict) -> dict:
-        local = state.get("local")
-        return merge_states(received["model"], local) if local is not None else received["model"]
+    def personal_state(self, state: dict) -> dict | None:
+        """The party's local layers (None before it first trains in the LG phase)."""
+        return state.get("local")
 
 
 class LGServer(ServerAlgorithm):

@@ -110,8 +110,9 @@ def _model_factory(cfg: Config, fed: FederatedData):
 def assemble(cfg: Config, out_dir: Path) -> Assembled:
     """Load and partition data, build the model, initialise FedML, wire trainer, aggregator and loop."""
     from fedml_moon.glue.aggregator import PluginServerAggregator
+    from fedml_moon.glue.rounds import ServerRounds
     from fedml_moon.glue.simulation import StandaloneSimulation
-    from fedml_moon.glue.trainer import PluginClientTrainer
+    from fedml_moon.glue.trainer import PartyRunner, PluginClientTrainer
 
     out_dir.mkdir(parents=True, exist_ok=True)
     seed, train = cfg.common_args.random_seed, cfg.train_args
@@ -136,19 +137,22 @@ def assemble(cfg: Config, out_dir: Path) -> Assembled:
     )
     config = config_to_dict(cfg)
     recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
-    loop = StandaloneSimulation(
-        dataset,
-        trainer,
+    server = ServerRounds(
         aggregator,
-        device,
-        args,
         recorder,
-        train.comm_round,
-        train.client_num_per_round,
-        cfg.validation_args.frequency_of_the_test,
-        seed,
-        cfg.validation_args.local_test,
+        n_parties=train.client_num_in_total,
+        per_round=train.client_num_per_round,
+        rounds=train.comm_round,
+        test_every=cfg.validation_args.frequency_of_the_test,
+        seed=seed,
+        test_global=dataset[3],
+        device=device,
+        args=args,
+        party_eval=cfg.validation_args.local_test or spec.client.personalized,
+        personalized=spec.client.personalized,
+        new_test_method=getattr(cfg.algorithm_args, "new_test_method", "average"),
     )
+    loop = StandaloneSimulation(server, PartyRunner(trainer, dataset, device, args))
     return Assembled(cfg, args, device, fed, dataset, model, loop)
 
 

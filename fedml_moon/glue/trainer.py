@@ -98,3 +98,39 @@ class PluginClientTrainer(ClientTrainer):
     def test(self, test_data: Any, device: torch.device, args: Any) -> dict[str, float]:
         acc, loss = evaluate(self.model, test_data, device)
         return {"test_acc": acc, "test_loss": loss}
+
+    def evaluate_party(self, party: int, test_data: Any, received: Any, device: torch.device) -> Payload:
+        """The party's own model (the server's model with the party's own state applied) on its own
+        test split `test_data`: what it reports on evaluation rounds, with its personal state for the
+        server's new test."""
+        state = self.store.get(party)
+        self.model.load_state_dict(self.algorithm.eval_state(as_payload(received), state))
+        acc, _ = evaluate(self.model, test_data, device)
+        report: Payload = {"party_id": party, "local_test_acc": acc}
+        if self.algorithm.personalized:
+            report["personal"] = self.algorithm.personal_state(state)
+        return report
+
+
+class PartyRunner:
+    """The parties one process trains and evaluates, through FedML's ClientTrainer calls: the
+    standalone loop holds every party, a distributed worker or silo only its own."""
+
+    def __init__(self, trainer: PluginClientTrainer, dataset: list, device: torch.device, args: Any) -> None:
+        _, _, _, _, self.num_local, self.train_local, self.test_local, _ = dataset
+        self.trainer, self.device, self.args = trainer, device, args
+
+    def train(self, party: int, download: Payload, round_idx: int) -> tuple[float, Payload]:
+        """One party's local round; returns (number of samples, upload)."""
+        trainer, data = self.trainer, self.train_local[party]
+        self.args.round_idx = round_idx
+        trainer.set_model_params(download)
+        trainer.update_dataset(data, self.test_local[party], self.num_local[party])
+        trainer.on_before_local_training(data, self.device, self.args)
+        trainer.train(data, self.device, self.args)
+        trainer.on_after_local_training(data, self.device, self.args)
+        return float(self.num_local[party]), trainer.get_model_params()
+
+    def evaluate(self, party: int, download: Payload) -> Payload:
+        """The party's report on an evaluation round (see PluginClientTrainer.evaluate_party)."""
+        return self.trainer.evaluate_party(party, self.test_local[party], download, self.device)

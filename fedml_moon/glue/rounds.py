@@ -1,0 +1,158 @@
+"""The server's side of every round, whatever carries the messages.
+
+`ServerRounds` decides what each sampled party is sent, combines what comes back, evaluates and
+records; the standalone loop calls it directly, the distributed server manager between messages.
+It drives the PluginServerAggregator through FedML cross-silo's calls (`on_before_aggregation`,
+`aggregate`, `on_after_aggregation`, `set_model_params`, `test`) and counts every payload's bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from fedml_moon.algorithms.base import Payload
+from fedml_moon.core.aggregation import payload_nbytes, payload_numel
+from fedml_moon.core.personal import new_test
+from fedml_moon.core.schedule import sample_schedule
+from fedml_moon.core.split import merge_states
+from fedml_moon.glue.aggregator import PluginServerAggregator
+from fedml_moon.metrics import RunRecorder
+
+log = logging.getLogger(__name__)
+Result = tuple[float, Payload]  # (number of samples, upload)
+ExtraMetrics = Callable[[list[dict], list[float]], dict[str, float]]
+
+
+def weighted_mean(values: list[tuple[float, dict[str, float]]], key: str) -> float | None:
+    """Sample-weighted mean of `key` over the (n, metrics) pairs that have it."""
+    pairs = [(n, m[key]) for n, m in values if key in m]
+    total = sum(n for n, _ in pairs)
+    return sum(n * v for n, v in pairs) / total if total else None
+
+
+class ServerRounds:
+    """Per round: `downloads`, then `aggregate` the results, then (on evaluation rounds that need the
+    parties) `eval_download` to every party, then `finish_round` with their reports."""
+
+    def __init__(
+        self,
+        aggregator: PluginServerAggregator,
+        recorder: RunRecorder,
+        *,
+        n_parties: int,
+        per_round: int,
+        rounds: int,
+        test_every: int,
+        seed: int,
+        test_global: Iterable,
+        device: torch.device,
+        args: Any,
+        party_eval: bool,
+        personalized: bool,
+        new_test_method: str = "average",
+    ) -> None:
+        self.aggregator, self.recorder = aggregator, recorder
+        self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
+        self.schedule = sample_schedule(n_parties, per_round, rounds, seed)
+        self.test_global, self.device, self.args = test_global, device, args
+        self.party_eval, self.personalized, self.new_test_method = party_eval, personalized, new_test_method
+        self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
+        self.eval_totals = {"eval_bytes_up": 0, "eval_bytes_down": 0}
+        self.extra_metrics: ExtraMetrics | None = None  # e.g. the standalone loop's best-so-far figures
+        self.started = 0.0
+        self.summary: dict[str, Any] = {}
+
+    # --- one round ------------------------------------------------------------------------------
+    def parties(self, round_idx: int) -> list[int]:
+        return self.schedule[round_idx]
+
+    def downloads(self, round_idx: int) -> dict[int, Payload]:
+        """What each sampled party is sent this round (counted in bytes_down / params_down)."""
+        self.started = time.perf_counter()
+        self.args.round_idx = round_idx
+        out = {}
+        for party in self.parties(round_idx):
+            payload = self.aggregator.get_model_params_for(party)
+            self.totals["bytes_down"] += payload_nbytes(payload)
+            self.totals["params_down"] += payload_numel(payload)
+            out[party] = payload
+        return out
+
+    def aggregate(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
+        """FedML cross-silo's order: on_before_aggregation, aggregate, on_after_aggregation, set.
+        Results are combined in the schedule's party order, whatever order they arrived in."""
+        ordered = [results[p] for p in self.parties(round_idx)]
+        for _, upload in ordered:
+            self.totals["bytes_up"] += payload_nbytes(upload)
+            self.totals["params_up"] += payload_numel(upload)
+        uploads, _ = self.aggregator.on_before_aggregation(ordered)
+        new_state = self.aggregator.aggregate(uploads)
+        new_state = self.aggregator.on_after_aggregation(new_state)
+        self.aggregator.set_model_params(new_state)
+        return ordered
+
+    def evaluates(self, round_idx: int) -> bool:
+        """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
+        server algorithm asks for."""
+        rule = round_idx % self.test_every == 0 or round_idx == self.rounds - 1
+        return rule or self.aggregator.algorithm.wants_evaluation(round_idx)
+
+    def needs_party_eval(self, round_idx: int) -> bool:
+        """Whether every party reports its own model's local test this round."""
+        return self.party_eval and self.evaluates(round_idx)
+
+    def eval_download(self) -> Payload:
+        """What every party is sent to evaluate its own model with (the new global model)."""
+        return {"model": self.aggregator.global_state}
+
+    def finish_round(self, round_idx: int, results: list[Result], reports: dict[int, Payload] | None) -> dict:
+        """The round's record: training terms, server-side test, the parties' reports; logged."""
+        record: dict[str, Any] = {"round": round_idx, "parties": len(results)}
+        metrics = [(n, p.get("metrics", {})) for n, p in results]
+        record["train_loss"] = weighted_mean(metrics, "loss")
+        for key in sorted({k for _, m in metrics for k in m} - {"loss"}):  # ce, l_con, l_glob, prox, ...
+            record[key] = weighted_mean(metrics, key)
+        if self.evaluates(round_idx):
+            record.update(self.aggregator.test(self.test_global, self.device, self.args))
+            if reports is not None:
+                record.update(self.party_metrics(reports))
+            self.aggregator.after_evaluation(round_idx, record)
+        record["round_time_s"] = time.perf_counter() - self.started
+        record.update(self.totals)
+        if self.party_eval:
+            record.update(self.eval_totals)
+        self.recorder.log_round(record)
+        return record
+
+    def party_metrics(self, reports: dict[int, Payload]) -> dict[str, float]:
+        """Local test (mean over every party of its own model on its own test split) and, for
+        personalised algorithms, new test (the parties' models combined, on the global test set)."""
+        down = payload_nbytes(self.eval_download())
+        self.eval_totals["eval_bytes_down"] += down * len(reports)
+        self.eval_totals["eval_bytes_up"] += sum(payload_nbytes(r) for r in reports.values())
+        ordered = [reports[p] for p in range(self.n_parties)]
+        accs = [float(r["local_test_acc"]) for r in ordered]
+        out = {"local_test_acc": sum(accs) / len(accs)}
+        if self.personalized:
+            glob = self.aggregator.global_state
+            states = [merge_states(glob, r.get("personal") or {}) for r in ordered]
+            model = self.aggregator.model
+            acc, loss = new_test(model, states, self.test_global, self.device, self.new_test_method)
+            model.load_state_dict(glob)
+            out.update(new_test_acc=acc, new_test_loss=loss)
+            if self.extra_metrics is not None:
+                out.update(self.extra_metrics(states, accs))
+                model.load_state_dict(glob)
+        return out
+
+    # --- the run --------------------------------------------------------------------------------
+    def finish(self, status: str) -> dict[str, Any]:
+        """Save the final model and write summary.json (whatever the status)."""
+        torch.save(self.aggregator.global_state, self.recorder.out_dir / "final_model.pt")
+        self.summary = self.recorder.finish(status, {**self.totals, **self.eval_totals})
+        return self.summary

@@ -1,24 +1,34 @@
-"""Command line: `fedml-moon simulate --cf FILE [--set SECTION.KEY=VALUE ...] [--output-dir DIR]`."""
+"""Command line.
+
+fedml-moon simulate --cf FILE [--set SECTION.KEY=VALUE ...] [--output-dir DIR]
+    the standalone simulation (comm_args.backend: sp), or under `mpirun -np W+1` the MPI simulation
+    (comm_args.backend: MPI)
+fedml-moon run --cf FILE [--rank R] [--role server|client] [--set ...] [--output-dir DIR]
+    one process of a cross-silo run (common_args.training_type: cross_silo): the server (rank 0) or a
+    silo; over MPI the rank comes from mpirun
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
 
-from fedml_moon.config import ConfigError, load_config
+from fedml_moon.config import Config, ConfigError, load_config
 
 log = logging.getLogger("fedml_moon")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedml-moon", description="MOON and baselines on FedML.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sim = sub.add_parser("simulate", help="run a standalone (single-process) simulation")
-    sim.add_argument("--cf", required=True, help="config file in FedML's fedml_config.yaml layout")
-    sim.add_argument(
+class Terminated(Exception):
+    """SIGTERM (mpirun sends it to every rank when one of them dies)."""
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cf", required=True, help="config file in FedML's fedml_config.yaml layout")
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -26,33 +36,103 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override one config value (repeatable), e.g. --set train_args.comm_round=5",
     )
-    sim.add_argument("--output-dir", help="where metrics, summary and plots go (default: outputs/<run>)")
-    sim.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--output-dir", help="where metrics, summary and plots go (default: outputs/<run>)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedml-moon", description="MOON and baselines on FedML.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _common(sub.add_parser("simulate", help="a simulation: standalone, or the MPI simulation under mpirun"))
+    run = sub.add_parser("run", help="one process of a cross-silo run (server or silo)")
+    _common(run)
+    run.add_argument("--rank", type=int, help="0 for the server, 1..N for the silos (MPI: from mpirun)")
+    run.add_argument("--role", choices=("server", "client"), help="must agree with --rank (FedML's style)")
     return parser
 
 
-def default_output_dir(algorithm: str, dataset: str) -> Path:
-    return Path("outputs") / f"{algorithm}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+def default_output_dir(cfg: Config) -> Path:
+    name = f"{cfg.train_args.algorithm}-{cfg.data_args.dataset}"
+    if cfg.comm_args.backend == "sp":
+        return Path("outputs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path("outputs") / f"{name}-{cfg.comm_args.run_id}"  # the same folder for every process
 
 
-def _setup_logging(verbose: bool) -> None:
+def _setup_logging(verbose: bool, rank: int | None = None) -> None:
+    who = f" rank {rank}" if rank is not None else ""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
+        force=True,
     )
+
+
+def _mpi() -> tuple[object, int, int]:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ConfigError(
+            "comm_args.backend: MPI needs mpi4py and an MPI runtime (bash run/setup.sh installs both)"
+        ) from None
+    comm = MPI.COMM_WORLD
+    return comm, comm.Get_rank(), comm.Get_size()
+
+
+def _rank_of(args: argparse.Namespace, cfg: Config) -> tuple[int, int | None, object]:
+    """(rank, size, comm) of this process."""
+    if cfg.comm_args.backend == "MPI":
+        comm, rank, size = _mpi()
+        if size < 2:
+            raise ConfigError(
+                "comm_args.backend: MPI runs under mpirun with 2 or more ranks: mpirun -np W+1 fedml-moon ..."
+            )
+        if getattr(args, "rank", None) not in (None, rank):
+            raise ConfigError(
+                f"--rank {args.rank} disagrees with mpirun's rank {rank}; leave --rank out under MPI"
+            )
+        return rank, size, comm
+    if args.rank is None or args.rank < 0:
+        raise ConfigError(
+            f"--rank: {cfg.comm_args.backend} processes are started one by one; give --rank (0 = server)"
+        )
+    return args.rank, None, None
+
+
+def _check_command(command: str, cfg: Config) -> None:
+    kind = cfg.common_args.training_type
+    if command == "simulate" and kind != "simulation":
+        raise ConfigError("common_args.training_type: cross_silo processes are started with `fedml-moon run`")
+    if command == "run" and kind != "cross_silo":
+        raise ConfigError("common_args.training_type: simulations are started with `fedml-moon simulate`")
+
+
+def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
+    from fedml_moon.glue.deploy import run_process
+
+    rank, size, comm = _rank_of(args, cfg)
+    if getattr(args, "role", None) and args.role != ("server" if rank == 0 else "client"):
+        raise ConfigError(f"--role {args.role} disagrees with rank {rank} (rank 0 is the server)")
+    _setup_logging(args.verbose, rank)
+    status = run_process(cfg, out_dir, rank, size, comm)
+    log.info("rank %d finished: %s", rank, status)
+    return 0 if status == "completed" else 1
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated("terminated (SIGTERM)")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         cfg = load_config(args.cf, args.overrides)
-        out_dir = (
-            Path(args.output_dir)
-            if args.output_dir
-            else default_output_dir(cfg.train_args.algorithm, cfg.data_args.dataset)
-        )
+        _check_command(args.command, cfg)
+        out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(cfg)
+        if cfg.comm_args.backend != "sp":
+            return _distributed(args, cfg, out_dir)
         from fedml_moon.glue.run import simulate
 
         summary = simulate(cfg, out_dir)
@@ -62,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.error("interrupted; what was computed so far is in the output directory")
         return 130
+    except Terminated as err:
+        log.error("%s; what was computed so far is in the output directory", err)
+        return 143
+    _report(summary, out_dir)
+    return 0
+
+
+def _report(summary: dict, out_dir: Path) -> None:
     acc = summary.get("final_test_acc")
     log.info(
         "done: final_test_acc %s, best_test_acc %s (round %s), %.1f s; results in %s",
@@ -71,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         summary.get("total_time_s", 0.0),
         out_dir,
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -153,7 +153,30 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     return cfg
 
 
+MODES = {"simulation": ("sp", "MPI"), "cross_silo": ("MPI", "GRPC", "MQTT_S3")}
+
+
+def _mode_checks(cfg: Config) -> None:
+    kind, backend = cfg.common_args.training_type, cfg.comm_args.backend
+    require(
+        backend in MODES[kind],
+        "comm_args.backend",
+        f"{backend!r} does not go with common_args.training_type {kind!r}; {kind} runs over "
+        f"{' or '.join(MODES[kind])} (simulation: sp = standalone, MPI = MPI simulation; cross_silo: MPI, "
+        "GRPC or MQTT_S3)",
+    )
+    if backend == "GRPC":
+        path = cfg.comm_args.grpc_ipconfig_path
+        require(
+            path is not None and Path(path).expanduser().is_file(),
+            "comm_args.grpc_ipconfig_path",
+            f"{path!r} is not a file; give the CSV (eid,rank,grpc_server_ip,grpc_server_port,ingress_ip) "
+            "that names the server (rank 0) and the silos",
+        )
+
+
 def _cross_checks(cfg: Config) -> None:
+    _mode_checks(cfg)
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:
         require(

@@ -173,15 +173,39 @@ class DeviceArgs:
         )
 
 
+BACKENDS = ("sp", "MPI", "GRPC", "MQTT_S3")
+
+
 @dataclass
 class CommArgs:
     backend: str = "sp"
+    timeout_s: float = 1800.0
+    grpc_ipconfig_path: str | None = None
+    grpc_max_message_mb: int = 1024
+    mqtt_host: str = "127.0.0.1"
+    mqtt_port: int = 1883
+    mqtt_inline_kb: int = 64
+    s3_endpoint: str | None = None
+    s3_bucket: str = "fedml-moon"
+    s3_region: str | None = None
+    run_id: str = "fedml_moon"
 
     def check(self) -> None:
         require(
-            self.backend == "sp",
+            self.backend in BACKENDS,
             "comm_args.backend",
-            f"{self.backend!r} is not available in this version; use 'sp' (the plugin's standalone loop)",
+            f"{self.backend!r} is unknown; choose one of {', '.join(BACKENDS)} (sp: the standalone loop)",
+        )
+        require(self.timeout_s > 0, "comm_args.timeout_s", "must be > 0 seconds")
+        require(
+            1 <= self.grpc_max_message_mb <= 2047, "comm_args.grpc_max_message_mb", "must be in [1, 2047]"
+        )
+        require(0 < self.mqtt_port < 65536, "comm_args.mqtt_port", "must be a TCP port (1883 is MQTT's)")
+        require(self.mqtt_inline_kb >= 1, "comm_args.mqtt_inline_kb", "must be >= 1")
+        require(
+            bool(self.run_id) and all(c.isalnum() or c in "-_" for c in self.run_id),
+            "comm_args.run_id",
+            "letters, digits, '-' and '_' only (it names MQTT topics and S3 keys)",
         )
 
 
@@ -243,7 +267,7 @@ FEDML_PASSTHROUGH: dict[str, frozenset[str]] = {
     "data_args": frozenset({"partition_file"}),
     "train_args": frozenset({"client_id_list"}),
     "device_args": frozenset({"worker_num", "gpu_mapping_file", "gpu_mapping_key", "device_type"}),
-    "comm_args": frozenset({"grpc_ipconfig_path", "mqtt_config_path", "s3_config_path"}),
+    "comm_args": frozenset({"mqtt_config_path", "s3_config_path"}),
     "tracking_args": frozenset({"log_file_dir"}),
 }
 

@@ -33,7 +33,10 @@ def test_shipped_configs_load():
         ("train_args.client_num_per_round=11", "train_args.client_num_per_round", "between 1 and"),
         ("train_args.epochs=two", "train_args.epochs", "must be an integer"),
         ("tracking_args.wandb_key=abc", "tracking_args.wandb_key", "WANDB_API_KEY"),
-        ("comm_args.backend=MPI", "comm_args.backend", "use 'sp'"),
+        ("comm_args.backend=GRPC", "comm_args.backend", "simulation runs over sp or MPI"),
+        ("comm_args.backend=TCP", "comm_args.backend", "choose one of sp, MPI, GRPC, MQTT_S3"),
+        ("common_args.training_type=cross_silo", "comm_args.backend", "cross_silo runs over MPI or GRPC"),
+        ("comm_args.timeout_s=0", "comm_args.timeout_s", "must be > 0"),
         ("data_args.normalize_mean=[0.1]", "data_args.normalize_mean", "normalize_std together"),
         ("data_args.normalize_mean=[x]", "data_args.normalize_mean", "must be a list of numbers"),
         (
@@ -57,8 +60,9 @@ def test_unknown_section_is_suggested():
 
 
 def test_fedml_passthrough_keys_are_accepted():
-    cfg = config_from_dict({"comm_args": {"grpc_ipconfig_path": "x.csv"}, "device_args": {"worker_num": 3}})
-    assert cfg.passthrough["comm_args"] == {"grpc_ipconfig_path": "x.csv"}
+    cfg = config_from_dict({"comm_args": {"mqtt_config_path": "x.yaml"}, "device_args": {"worker_num": 3}})
+    assert cfg.passthrough["comm_args"] == {"mqtt_config_path": "x.yaml"}
+    assert cfg.passthrough["device_args"] == {"worker_num": 3}
 
 
 def test_overrides_parse_yaml_values():

@@ -43,28 +43,36 @@ def fedml_args(cfg: Config, out_dir: Path) -> Any:
         values.update(cfg.passthrough.get(section, {}))
     values["enable_wandb"] = False  # the plugin owns W&B logging (FedML's copies every argument)
     values["output_dir"] = str(out_dir)
+    # fedml.init would set up its own MPI / cross-silo machinery for the other modes (asserting its
+    # process counts, building client id lists); the plugin's managers and transports replace it, so
+    # every process initialises FedML as a single-process simulation. The mode stays in the Config.
+    values["training_type"], values["backend"] = "simulation", "sp"
     return compat.minimal_fedml_args(**values)
 
 
-def torch_threads(setting: int | str) -> int:
+def torch_threads(setting: int | str, local_procs: int = 1) -> int:
     """PyTorch's intra-op threads for `device_args.torch_threads`.
 
-    "auto": OMP_NUM_THREADS when set, else half the cores this process may run on (at least 1).
-    OpenMP splits every operator over a fixed team and waits for its slowest thread: when another
-    busy process shares one of the team's cores, each operator waits for that core's time slice.
-    Half the cores leaves room for one such process; on 2 cores that is 1 thread (README, Speed).
+    "auto": OMP_NUM_THREADS when set, else half the cores this process may run on, shared among the
+    `local_procs` processes of the run on this machine (MPI ranks), at least 1. OpenMP splits every
+    operator over a fixed team and waits for its slowest thread: when another busy process shares
+    one of the team's cores, each operator waits for that core's time slice. Half the cores leaves
+    room for one such process; on 2 cores that is 1 thread (README, Speed).
     """
     if setting != "auto":
         return int(setting)
     if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) >= 1:
         return int(os.environ["OMP_NUM_THREADS"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // 2)
+    return max(1, cores // (2 * max(1, local_procs)))
 
 
-def select_device(cfg: Config) -> torch.device:
+def select_device(cfg: Config, rank: int = 0) -> torch.device:
+    """`device_args.gpu_id` for the server (rank 0) and the standalone run; with `using_gpu` a
+    worker or silo of rank r >= 1 takes GPU (r - 1) % (number of visible GPUs)."""
     if cfg.device_args.using_gpu and torch.cuda.is_available():
-        return torch.device(f"cuda:{cfg.device_args.gpu_id}")
+        gpu = cfg.device_args.gpu_id if rank == 0 else (rank - 1) % torch.cuda.device_count()
+        return torch.device(f"cuda:{gpu}")
     if cfg.device_args.using_gpu:
         log.warning("device_args.using_gpu is true but no CUDA device is visible; running on the CPU")
     return torch.device("cpu")
@@ -79,8 +87,26 @@ def _wandb(cfg: Config, out_dir: Path, config: dict) -> WandbRun | None:
 
 
 @dataclass
+class Base:
+    """What every process of a run builds the same way: data, partition, model, FedML's args."""
+
+    cfg: Config
+    args: Any
+    device: torch.device
+    fed: FederatedData
+    dataset: list
+    model: torch.nn.Module
+    factory: Any
+    spec: Any
+
+    @property
+    def seed(self) -> int:
+        return self.cfg.common_args.random_seed
+
+
+@dataclass
 class Assembled:
-    """Everything a run is made of, ready for `loop.run()` (or a benchmark's single rounds)."""
+    """Everything a standalone run is made of, ready for `loop.run()` (or a benchmark's rounds)."""
 
     cfg: Config
     args: Any
@@ -107,18 +133,15 @@ def _model_factory(cfg: Config, fed: FederatedData):
     return factory
 
 
-def assemble(cfg: Config, out_dir: Path) -> Assembled:
-    """Load and partition data, build the model, initialise FedML, wire trainer, aggregator and loop."""
-    from fedml_moon.glue.aggregator import PluginServerAggregator
-    from fedml_moon.glue.rounds import ServerRounds
-    from fedml_moon.glue.simulation import StandaloneSimulation
-    from fedml_moon.glue.trainer import PartyRunner, PluginClientTrainer
+def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) -> Base:
+    """Load and partition the data, build the initial model (from the seed), initialise FedML.
 
+    Every process of a run does this identically, so every process holds the same partition."""
     out_dir.mkdir(parents=True, exist_ok=True)
     seed, train = cfg.common_args.random_seed, cfg.train_args
-    torch.set_num_threads(torch_threads(cfg.device_args.torch_threads))
+    torch.set_num_threads(torch_threads(cfg.device_args.torch_threads, local_procs))
     np.random.seed(seed)
-    device = select_device(cfg)
+    device = select_device(cfg, rank)
     fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)
     dataset = build_fedml_dataset(
         fed.data, fed.train_parts, fed.test_parts, train.batch_size, seed, train.drop_last, device=device
@@ -128,32 +151,54 @@ def assemble(cfg: Config, out_dir: Path) -> Assembled:
     torch.manual_seed(seed)
     model = factory()
     args = compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
-    spec = get_algorithm(train.algorithm)
-    client = spec.client(cfg.algorithm_args, train, factory, seed)
-    store = make_store(train.state_store, out_dir / "party_state")
-    trainer = PluginClientTrainer(copy.deepcopy(model).to(device), args, client, store)
-    aggregator = PluginServerAggregator(
-        model.to(device), args, spec.server(cfg.algorithm_args, cfg.server_args, train, seed)
-    )
+    return Base(cfg, args, device, fed, dataset, model, factory, get_algorithm(train.algorithm))
+
+
+def build_server(base: Base, out_dir: Path) -> Any:
+    """The server's side: PluginServerAggregator, run records (and W&B), ServerRounds."""
+    from fedml_moon.glue.aggregator import PluginServerAggregator
+    from fedml_moon.glue.rounds import ServerRounds
+
+    cfg, train = base.cfg, base.cfg.train_args
+    server_algo = base.spec.server(cfg.algorithm_args, cfg.server_args, train, base.seed)
+    aggregator = PluginServerAggregator(copy.deepcopy(base.model).to(base.device), base.args, server_algo)
     config = config_to_dict(cfg)
     recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
-    server = ServerRounds(
+    return ServerRounds(
         aggregator,
         recorder,
         n_parties=train.client_num_in_total,
         per_round=train.client_num_per_round,
         rounds=train.comm_round,
         test_every=cfg.validation_args.frequency_of_the_test,
-        seed=seed,
-        test_global=dataset[3],
-        device=device,
-        args=args,
-        party_eval=cfg.validation_args.local_test or spec.client.personalized,
-        personalized=spec.client.personalized,
+        seed=base.seed,
+        test_global=base.dataset[3],
+        device=base.device,
+        args=base.args,
+        party_eval=cfg.validation_args.local_test or base.spec.client.personalized,
+        personalized=base.spec.client.personalized,
         new_test_method=getattr(cfg.algorithm_args, "new_test_method", "average"),
     )
-    loop = StandaloneSimulation(server, PartyRunner(trainer, dataset, device, args))
-    return Assembled(cfg, args, device, fed, dataset, model, loop)
+
+
+def build_runner(base: Base, out_dir: Path) -> Any:
+    """The parties' side: the algorithm's party half, the per-party store, PluginClientTrainer."""
+    from fedml_moon.glue.trainer import PartyRunner, PluginClientTrainer
+
+    cfg, train = base.cfg, base.cfg.train_args
+    client = base.spec.client(cfg.algorithm_args, train, base.factory, base.seed)
+    store = make_store(train.state_store, out_dir / "party_state")
+    trainer = PluginClientTrainer(copy.deepcopy(base.model).to(base.device), base.args, client, store)
+    return PartyRunner(trainer, base.dataset, base.device, base.args)
+
+
+def assemble(cfg: Config, out_dir: Path) -> Assembled:
+    """A standalone run: both sides in this process, driven by StandaloneSimulation."""
+    from fedml_moon.glue.simulation import StandaloneSimulation
+
+    base = build_base(cfg, out_dir)
+    loop = StandaloneSimulation(build_server(base, out_dir), build_runner(base, out_dir))
+    return Assembled(cfg, base.args, base.device, base.fed, base.dataset, base.model, loop)
 
 
 def simulate(cfg: Config, out_dir: Path) -> dict[str, Any]:

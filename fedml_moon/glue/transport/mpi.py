@@ -1,0 +1,47 @@
+"""MPI transport: codec bytes in MPI_BYTE buffers (mpi4py's buffer API, which does not pickle).
+
+A receive thread probes for messages with a growing sleep (0.5 ms up to 20 ms while idle), so a
+waiting rank uses a few hundred wake-ups a second rather than a core. Needs MPI_THREAD_MULTIPLE
+(mpi4py asks for it by default): the main thread sends while the receive thread receives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from fedml_moon.glue.transport.base import QueueTransport
+
+log = logging.getLogger(__name__)
+TAG = 7113
+IDLE_SLEEP_S = (0.0005, 0.02)
+
+
+class MpiTransport(QueueTransport):
+    def __init__(self, comm: Any, rank: int) -> None:
+        super().__init__(rank)
+        from mpi4py import MPI
+
+        self._mpi, self.comm = MPI, comm
+        self._thread = threading.Thread(target=self._receive_loop, name=f"mpi-recv-{rank}", daemon=True)
+        self._thread.start()
+
+    def send_bytes(self, receiver: int, data: bytes) -> None:
+        self.comm.Send([data, self._mpi.BYTE], dest=receiver, tag=TAG)
+
+    def _receive_loop(self) -> None:
+        mpi, status, pause = self._mpi, self._mpi.Status(), IDLE_SLEEP_S[0]
+        while self.running:
+            if not self.comm.Iprobe(source=mpi.ANY_SOURCE, tag=TAG, status=status):
+                time.sleep(pause)
+                pause = min(pause * 2, IDLE_SLEEP_S[1])
+                continue
+            pause = IDLE_SLEEP_S[0]
+            buf = bytearray(status.Get_count(mpi.BYTE))
+            self.comm.Recv([buf, mpi.BYTE], source=status.Get_source(), tag=TAG)
+            self.deliver(bytes(buf))
+
+    def close(self) -> None:
+        self._thread.join(timeout=2 * IDLE_SLEEP_S[1] + 1)

@@ -20,10 +20,14 @@ setup(
         "setuptools>=77,<81",
         "matplotlib",
         "tqdm",
+        "safetensors",
+        "grpcio",
+        "paho-mqtt<2",
+        "boto3",
     ],
     extras_require={
-        "test": ["pytest", "ruff"],
         "mpi": ["mpi4py"],
+        "test": ["pytest", "ruff", "hypothesis", "mpi4py", "moto[server]"],
     },
     entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:main"]},
 )

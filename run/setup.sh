@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Install everything fedml_moon needs into ./.venv (idempotent).
-#   - Debian packages (as root, when apt-get exists): dataset-fashion-mnist (the default job's data).
-#   - Python 3.11 virtual environment with fedml_moon and its test tools.
+#   - Debian packages (as root, when apt-get exists): dataset-fashion-mnist (the default job's data),
+#     openmpi-bin + libopenmpi-dev (MPI simulation, cross-silo over MPI), mosquitto (an MQTT broker
+#     for the edge mode's tests and local trials).
+#   - Python 3.11 virtual environment with fedml_moon, mpi4py, gRPC, and the test tools (moto's S3
+#     endpoint among them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
-APT_PACKAGES="dataset-fashion-mnist"
+APT_PACKAGES="dataset-fashion-mnist openmpi-bin libopenmpi-dev mosquitto"
 
 install_apt() {
   command -v apt-get >/dev/null 2>&1 || { echo "setup: no apt-get; install $APT_PACKAGES yourself if needed" >&2; return 0; }

@@ -165,6 +165,12 @@ def _mode_checks(cfg: Config) -> None:
         f"{' or '.join(MODES[kind])} (simulation: sp = standalone, MPI = MPI simulation; cross_silo: MPI, "
         "GRPC or MQTT_S3)",
     )
+    require(
+        backend == "sp" or not getattr(cfg.algorithm_args, "report_best", False),
+        "algorithm_args.report_best",
+        "the authors' best-so-far figures need every party's model beside every party's test split, which "
+        "only the standalone simulation has; use comm_args.backend: sp, or report_best: false",
+    )
     if backend == "GRPC":
         path = cfg.comm_args.grpc_ipconfig_path
         require(

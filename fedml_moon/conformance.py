@@ -60,17 +60,18 @@ def wait_for_port(port: int, timeout_s: float) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
 
 
-def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """Stop a process started with start_new_session=True, and everything it started."""
+def stop(proc: subprocess.Popen, grace_s: float = 5.0, first: int = signal.SIGTERM) -> None:
+    """Stop a process started with start_new_session=True, and everything it started: `first`
+    (SIGTERM), then SIGKILL after `grace_s`."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, first)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace_s)
+            proc.wait(timeout=30)
 
 
 @dataclass
@@ -134,7 +135,8 @@ class RunResult:
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(
-            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:]) for p in self.logs
+            f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+            for p in self.logs
         )
 
 
@@ -163,7 +165,9 @@ def _mpirun(np: int, cmd: list[str]) -> list[str]:
 
 def _spawn(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
     out = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+    return subprocess.Popen(
+        cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+    )
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
@@ -206,7 +210,9 @@ def run_mode(
         sim = [*overrides, "comm_args.backend=MPI", f"comm_args.timeout_s={max(30, timeout_s / 3):.0f}"]
         cmds = [_mpirun(MPI_WORKERS + 1, _cli("simulate", config, sim, out / "run"))]
     elif mode == "cross-silo-mpi":
-        cmds = [_mpirun(n + 1, _cli("run", config, [*overrides, *silo, "comm_args.backend=MPI"], out / "run"))]
+        cmds = [
+            _mpirun(n + 1, _cli("run", config, [*overrides, *silo, "comm_args.backend=MPI"], out / "run"))
+        ]
     elif mode == "cross-silo-grpc":
         ipconfig = write_ipconfig(out / "ipconfig.csv", n + 1, free_port())
         grpc = [*overrides, *silo, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]

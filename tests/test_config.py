@@ -102,3 +102,8 @@ def test_torch_threads_auto_is_half_the_usable_cores(monkeypatch):
     for bad in ("two", "0"):
         with pytest.raises(ConfigError, match="device_args.torch_threads: must be 'auto' or an integer >= 1"):
             load_config(FMNIST, [f"device_args.torch_threads={bad}"])
+
+
+def test_report_best_is_standalone_only():
+    with pytest.raises(ConfigError, match="algorithm_args.report_best: the authors' best-so-far"):
+        load_config("config/lg/mnist.yaml", ["comm_args.backend=MPI"])

@@ -316,6 +316,7 @@ class PluginClientManager(_Manager):
         self.stop("failed")
 
     def run(self) -> None:
+        log.info("rank %d holds parties %s; saying hello to the server", self.rank, self.parties)
         self.hello()
         super().run()
 

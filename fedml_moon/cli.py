@@ -48,7 +48,41 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--rank", type=int, help="0 for the server, 1..N for the silos (MPI: from mpirun)")
     run.add_argument("--role", choices=("server", "client"), help="must agree with --rank (FedML's style)")
+    check = sub.add_parser("check", help="run an algorithm through the conformance suite (every mode)")
+    check.add_argument("algorithm", help="a registered algorithm name (train_args.algorithm)")
+    check.add_argument("--cf", required=True, help="a config to start from (its algorithm is replaced)")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    check.add_argument("--modes", help="comma-separated subset of the modes (default: all)")
+    check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
+    check.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def _check(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    from fedml_moon import conformance
+
+    modes = tuple(args.modes.split(",")) if args.modes else conformance.MODES
+    unknown = sorted(set(modes) - set(conformance.MODES))
+    if unknown or "standalone" not in modes:
+        raise ConfigError(
+            f"--modes: {unknown or 'standalone is required'}; choose from {', '.join(conformance.MODES)}"
+        )
+    overrides = [*args.overrides, f"train_args.algorithm={args.algorithm}"]
+    load_config(args.cf, overrides)  # a config mistake stops here, with the key named
+    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fedml-moon-check-"))
+    try:
+        checks = conformance.check_algorithm(args.cf, overrides, folder, modes)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    for c in checks:
+        sys.stdout.write(f"{'PASS' if c.ok else 'FAIL'}  {c.name}" + ("" if c.ok else f": {c.detail}") + "\n")
+    failed = sum(not c.ok for c in checks)
+    sys.stdout.write(f"{args.algorithm}: {len(checks) - failed} of {len(checks)} checks passed\n")
+    return 0 if not failed else 1
 
 
 def default_output_dir(cfg: Config) -> Path:
@@ -128,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        if args.command == "check":
+            return _check(args)
         cfg = load_config(args.cf, args.overrides)
         _check_command(args.command, cfg)
         out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(cfg)

@@ -1,8 +1,15 @@
-"""Algorithm registry: name -> (client side, server side, options). Unknown names list the choices."""
+"""Algorithm registry: name -> (client side, server side, options). Unknown names list the choices.
+
+Algorithms come from this package, from `register()` calls, and from installed packages that declare
+an entry point in the group `fedml_moon.algorithms` whose object is an AlgorithmSpec (or a function
+returning one); see examples/headprox.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 
 from fedml_moon.algorithms.base import ClientAlgorithm, NoOptions, ServerAlgorithm
 from fedml_moon.algorithms.baselines import (
@@ -50,8 +57,39 @@ register(
 register(AlgorithmSpec("lg", LGClient, LGServer, LGOptions, "LG-FedAvg: local layers stay with the party"))
 
 
+ENTRY_POINT_GROUP = "fedml_moon.algorithms"
+log = logging.getLogger(__name__)
+_plugins_loaded = False
+
+
+def load_plugins() -> list[str]:
+    """Register the algorithms of installed packages (entry point group `fedml_moon.algorithms`),
+    once per process; a plugin that fails to load is named in a warning and skipped."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return []
+    _plugins_loaded = True
+    added = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = ep.load()
+            spec = spec() if callable(spec) and not isinstance(spec, AlgorithmSpec) else spec
+            if not isinstance(spec, AlgorithmSpec):
+                raise TypeError(f"it gives a {type(spec).__name__}, not an AlgorithmSpec")
+        except Exception as err:
+            log.warning("algorithm plugin %s (%s) not loaded: %s", ep.name, ep.value, err)
+            continue
+        if spec.name in ALGORITHMS:
+            log.warning("algorithm plugin %s: the name %r is taken; not loaded", ep.value, spec.name)
+            continue
+        register(spec)
+        added.append(spec.name)
+    return added
+
+
 def get_algorithm(name: str) -> AlgorithmSpec:
     """The spec for `name`; a ConfigError listing the choices when unknown."""
+    load_plugins()
     key = str(name).lower()
     if key not in ALGORITHMS:
         choices = ", ".join(sorted(ALGORITHMS))

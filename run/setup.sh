@@ -29,6 +29,7 @@ install_python() {
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77,<81" wheel
   .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -e examples/headprox  # the example algorithm plugin (README)
 }
 
 install_apt

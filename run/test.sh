@@ -3,8 +3,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash run/setup.sh || exit 1
-.venv/bin/ruff check fedml_moon tests benchmarks || exit 1
-.venv/bin/ruff format --check fedml_moon tests benchmarks || exit 1
+.venv/bin/ruff check fedml_moon tests benchmarks examples || exit 1
+.venv/bin/ruff format --check fedml_moon tests benchmarks examples || exit 1
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

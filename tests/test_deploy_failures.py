@@ -31,12 +31,14 @@ def _grpc(tmp_path: Path, silos: int, *extra: str) -> tuple[list[str], Path]:
         *extra,
     ]
     out = tmp_path / "out"
-    return conformance._cli("run", CONFIG, overrides, out), out
+    return conformance.cli_command("run", CONFIG, overrides, out), out
 
 
 def _start(cmd: list[str], rank: int, tmp_path: Path):
     log = tmp_path / f"rank-{rank}.log"
-    return conformance._spawn([*cmd, "--rank", str(rank)], log, conformance._env(tmp_path), tmp_path), log
+    return conformance.spawn(
+        [*cmd, "--rank", str(rank)], log, conformance.process_env(tmp_path), tmp_path
+    ), log
 
 
 def _wait_for(log: Path, text: str, timeout_s: float) -> None:
@@ -51,7 +53,7 @@ def test_server_first_then_silos(tmp_path):
     procs = [_start(cmd, 0, tmp_path)[0]]
     time.sleep(8)  # the server is up and waiting before any silo exists
     procs += [_start(cmd, r, tmp_path)[0] for r in (1, 2)]
-    assert conformance._wait_all(procs, 180) == [0, 0, 0]
+    assert conformance.wait_all(procs, 180) == [0, 0, 0]
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
 
 
@@ -60,7 +62,7 @@ def test_a_silo_that_never_comes_up_is_named_after_the_timeout(tmp_path):
     server, log = _start(cmd, 0, tmp_path)
     silo, _ = _start(cmd, 1, tmp_path)  # rank 2 never starts
     started = time.monotonic()
-    codes = conformance._wait_all([server, silo], 120)
+    codes = conformance.wait_all([server, silo], 120)
     assert codes == [1, 1], codes
     text = log.read_text()
     assert "no answer from rank(s) [2]" in text and "hello phase" in text
@@ -75,7 +77,7 @@ def test_a_silo_killed_mid_run_stops_the_others_with_its_rank_named(tmp_path):
     _wait_for(log, "round 1:", 150)
     conformance.stop(silos[1], first=signal.SIGKILL)  # rank 2 dies mid-run, saying nothing
     killed_at = time.monotonic()
-    codes = conformance._wait_all([server, silos[0], silos[2]], 90)
+    codes = conformance.wait_all([server, silos[0], silos[2]], 90)
     assert time.monotonic() - killed_at < 60
     assert codes == [1, 1, 1], codes
     assert "no answer from rank(s) [2]" in log.read_text()

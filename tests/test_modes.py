@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedml_moon import conformance
 from fedml_moon.core.schedule import sample_schedule
@@ -38,27 +37,13 @@ def loopback_services(tmp_path_factory):
         yield svc
 
 
-def _party_states(run: Path) -> dict[str, dict]:
-    return {p.name: torch.load(p, weights_only=True) for p in run.rglob("party_state/party_*.pt")}
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return torch.allclose(a.double(), b.double(), atol=1e-5, rtol=0)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_services):
     config, extra = ALGORITHMS[algorithm]
     overrides = [*conformance.TINY, *extra]
     ref = conformance.run_mode("standalone", ROOT / config, overrides, tmp_path)
     assert ref.ok, ref.tail()
-    ref_states = _party_states(ref.out_dir)
+    ref_states = conformance.party_states(ref.out_dir)
     trained = {p for parties in sample_schedule(3, 2, 3, seed=0) for p in parties}
     assert sorted(ref_states) == sorted(f"party_{p}.pt" for p in trained)
     for mode in conformance.MODES[1:]:
@@ -67,6 +52,8 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
         diff, problems = conformance.compare(ref, run)
         assert diff <= 1e-5, f"{mode}: final models differ by {diff}"
         assert not problems, f"{mode}: {problems[:5]}"
-        states = _party_states(run.out_dir)  # each party's state, wherever its worker kept it
+        states = conformance.party_states(run.out_dir)  # each party's state, wherever its worker kept it
         assert states.keys() == ref_states.keys(), mode
-        assert all(_same(ref_states[k], states[k]) for k in states), f"{mode}: a party's state differs"
+        assert all(conformance.same_tree(ref_states[k], states[k]) for k in states), (
+            f"{mode}: a party's state differs"
+        )

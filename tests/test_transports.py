@@ -146,8 +146,10 @@ MPI_SCRIPT = textwrap.dedent(
 def test_mpi_transport_under_mpirun(tmp_path):
     script = tmp_path / "mpi_echo.py"
     script.write_text(MPI_SCRIPT)
-    cmd = conformance._mpirun(2, [sys.executable, str(script)])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=conformance._env(tmp_path))
+    cmd = conformance.mpirun_command(2, [sys.executable, str(script)])
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env=conformance.process_env(tmp_path)
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "rank0 got 1" in proc.stdout
 
@@ -159,7 +161,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _idle_cpu(cmd: list[str], ready: str, log_path: Path, env: dict, seconds: float = 4.0) -> float:
     """CPU seconds a process uses over `seconds` once its log shows `ready`."""
-    proc = conformance._spawn(cmd, log_path, env, log_path.parent)
+    proc = conformance.spawn(cmd, log_path, env, log_path.parent)
     try:
         deadline = time.monotonic() + 90
         while ready not in log_path.read_text(errors="replace"):
@@ -187,9 +189,9 @@ FEDML_GRPC_IDLE = textwrap.dedent(
 
 def test_a_waiting_grpc_silo_does_not_spin_but_fedmls_own_grpc_manager_does(tmp_path):
     """A silo waiting for a server that is not there (yet) should cost next to nothing."""
-    env = conformance._env(tmp_path)
+    env = conformance.process_env(tmp_path)
     ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 2, conformance.free_port())
-    cmd = conformance._cli(
+    cmd = conformance.cli_command(
         "run",
         ROOT / "config/fashion_mnist/fedavg.yaml",
         [

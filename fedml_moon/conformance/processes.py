@@ -1,4 +1,4 @@
-"""Run one config in every mode on this machine and check that the modes agree.
+"""Run one config in every mode on this machine (processes, loopback services, comparisons).
 
 Modes: standalone, the MPI simulation (N parties on W < N workers, with sampling), cross-silo over
 MPI, cross-silo over gRPC (silos started before the server) and MQTT + S3 (a mosquitto broker and a
@@ -140,7 +140,7 @@ class RunResult:
         )
 
 
-def _env(home: Path) -> dict[str, str]:
+def process_env(home: Path) -> dict[str, str]:
     env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
     env.setdefault("AWS_ACCESS_KEY_ID", "testing")  # moto accepts any credentials
     env.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -149,28 +149,28 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _cli(command: str, config: str | Path, overrides: list[str], out_dir: Path) -> list[str]:
+def cli_command(command: str, config: str | Path, overrides: list[str], out_dir: Path) -> list[str]:
     cmd = [sys.executable, "-m", "fedml_moon", command, "--cf", str(config), "--output-dir", str(out_dir)]
     for item in overrides:
         cmd += ["--set", item]
     return cmd
 
 
-def _mpirun(np: int, cmd: list[str]) -> list[str]:
+def mpirun_command(np: int, cmd: list[str]) -> list[str]:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise FileNotFoundError("mpirun not found; install Debian's openmpi-bin (bash run/setup.sh does)")
     return [mpirun, "--oversubscribe", "-np", str(np), *cmd]
 
 
-def _spawn(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+def spawn(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
     out = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
         cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
     )
 
 
-def _wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
+def wait_all(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
     codes = []
     for proc in procs:
@@ -202,36 +202,42 @@ def run_mode(
     """Run `config` in `mode`; outputs under folder/mode. Silos start before their server."""
     out, home = folder / mode, folder / "home"
     out.mkdir(parents=True, exist_ok=True)
-    env, n = _env(home), _parties(config, overrides)
+    env, n = process_env(home), _parties(config, overrides)
     silo = ["common_args.training_type=cross_silo", f"comm_args.timeout_s={max(30, timeout_s / 3):.0f}"]
     if mode == "standalone":
-        cmds = [_cli("simulate", config, overrides, out / "run")]
+        cmds = [cli_command("simulate", config, overrides, out / "run")]
     elif mode == "mpi-simulation":
         sim = [*overrides, "comm_args.backend=MPI", f"comm_args.timeout_s={max(30, timeout_s / 3):.0f}"]
-        cmds = [_mpirun(MPI_WORKERS + 1, _cli("simulate", config, sim, out / "run"))]
+        cmds = [mpirun_command(MPI_WORKERS + 1, cli_command("simulate", config, sim, out / "run"))]
     elif mode == "cross-silo-mpi":
         cmds = [
-            _mpirun(n + 1, _cli("run", config, [*overrides, *silo, "comm_args.backend=MPI"], out / "run"))
+            mpirun_command(
+                n + 1, cli_command("run", config, [*overrides, *silo, "comm_args.backend=MPI"], out / "run")
+            )
         ]
     elif mode == "cross-silo-grpc":
         ipconfig = write_ipconfig(out / "ipconfig.csv", n + 1, free_port())
         grpc = [*overrides, *silo, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
-        cmds = [[*_cli("run", config, grpc, out / "run"), "--rank", str(r)] for r in (*range(1, n + 1), 0)]
+        cmds = [
+            [*cli_command("run", config, grpc, out / "run"), "--rank", str(r)] for r in (*range(1, n + 1), 0)
+        ]
     elif mode == "mqtt-s3":
         if svc is None:
             raise ValueError("the mqtt-s3 mode needs the loopback services (conformance.services)")
         mqtt = [*overrides, *silo, "comm_args.backend=MQTT_S3", f"comm_args.run_id=check-{free_port()}"]
         mqtt += svc.overrides
-        cmds = [[*_cli("run", config, mqtt, out / "run"), "--rank", str(r)] for r in (*range(1, n + 1), 0)]
+        cmds = [
+            [*cli_command("run", config, mqtt, out / "run"), "--rank", str(r)] for r in (*range(1, n + 1), 0)
+        ]
     else:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     logs = [out / f"process-{i}.log" for i in range(len(cmds))]
     procs = []
     for i, (cmd, log_path) in enumerate(zip(cmds, logs, strict=True)):
-        procs.append(_spawn(cmd, log_path, env, out))
+        procs.append(spawn(cmd, log_path, env, out))
         if i == len(cmds) - 2 and len(cmds) > 1:
             time.sleep(1.0)  # the silos are up (or starting) before the server
-    return RunResult(mode, out / "run", _wait_all(procs, timeout_s), logs)
+    return RunResult(mode, out / "run", wait_all(procs, timeout_s), logs)
 
 
 def _parties(config: str | Path, overrides: list[str]) -> int:

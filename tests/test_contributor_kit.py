@@ -1,0 +1,88 @@
+"""An algorithm written outside the package: registered through an entry point, and run through the
+conformance suite (`fedml-moon check`), which also fails where an algorithm breaks its rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from fedml_moon import conformance, registry
+from fedml_moon.algorithms.base import ClientAlgorithm, ServerAlgorithm
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "headprox" / "headprox.yaml"
+needs_fmnist = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+
+
+def test_the_installed_example_is_registered_through_its_entry_point():
+    spec = registry.get_algorithm("fedprox_head")
+    assert spec.client.__module__ == "fedml_moon_headprox" and spec.summary == "FedProx on the head only"
+
+
+def test_entry_points_that_do_not_load_are_named_and_skipped(monkeypatch, caplog):
+    spec = registry.AlgorithmSpec("kit_demo", ClientAlgorithm, ServerAlgorithm, dict, "demo")
+    monkeypatch.setattr(sys.modules[__name__], "demo_spec", lambda: spec, raising=False)
+    points = [
+        EntryPoint("broken", "no_such_module_anywhere:spec", registry.ENTRY_POINT_GROUP),
+        EntryPoint("demo", f"{__name__}:demo_spec", registry.ENTRY_POINT_GROUP),
+        EntryPoint("wrong", "os:getcwd", registry.ENTRY_POINT_GROUP),
+    ]
+    monkeypatch.setattr(registry, "entry_points", lambda group: points)
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    assert registry.load_plugins() == ["kit_demo"]
+    assert "algorithm plugin broken" in caplog.text and "not an AlgorithmSpec" in caplog.text
+
+
+@dataclass
+class _NoOptions:
+    pass
+
+
+class _SetUploader(ClientAlgorithm):
+    """Breaks the rules: sends a Python set, which no transport can carry without pickle."""
+
+    def upload(self, model, state, party_id):
+        payload = super().upload(model, state, party_id)
+        payload["seen"] = {1, 2}
+        return payload
+
+
+@needs_fmnist
+def test_payload_check_names_a_field_no_transport_can_carry(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = registry.AlgorithmSpec("kit_bad", _SetUploader, ServerAlgorithm, _NoOptions, "bad")
+    monkeypatch.setattr(registry, "ALGORITHMS", {**registry.ALGORITHMS, "kit_bad": spec})
+    overrides = [*conformance.TINY, "train_args.algorithm=kit_bad", "train_args.comm_round=1"]
+    problems = conformance.payload_problems(ROOT / "config/fashion_mnist/fedavg.yaml", overrides, tmp_path)
+    assert problems and "upload: cannot encode a set" in problems[0]
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_compare_sees_a_different_run(tmp_path):
+    config = ROOT / "config/fashion_mnist/fedavg.yaml"
+    a = conformance.run_mode("standalone", config, list(conformance.TINY), tmp_path / "a")
+    b = conformance.run_mode(
+        "standalone", config, [*conformance.TINY, "common_args.random_seed=1"], tmp_path / "b"
+    )
+    diff, problems = conformance.compare(a, b)
+    assert diff > 1e-3 and problems
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_the_example_passes_the_conformance_suite(tmp_path):
+    cmd = [sys.executable, "-m", "fedml_moon", "check", "fedprox_head", "--cf", str(EXAMPLE)]
+    env = conformance.process_env(tmp_path)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "fedprox_head: 10 of 10 checks passed" in proc.stdout

@@ -57,13 +57,15 @@ def test_server_first_then_silos(tmp_path):
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
 
 
-def test_a_silo_that_never_comes_up_is_named_after_the_timeout(tmp_path):
+def test_a_silo_with_another_config_is_refused_and_a_missing_one_named(tmp_path):
     cmd, out = _grpc(tmp_path, 2, "comm_args.timeout_s=6")
     server, log = _start(cmd, 0, tmp_path)
-    silo, _ = _start(cmd, 1, tmp_path)  # rank 2 never starts
+    silo, _ = _start(cmd, 1, tmp_path)
+    wrong, wrong_log = _start([*cmd, "--set", "train_args.learning_rate=0.2"], 2, tmp_path)
     started = time.monotonic()
-    codes = conformance.wait_all([server, silo], 120)
-    assert codes == [1, 1], codes
+    codes = conformance.wait_all([server, silo, wrong], 120)
+    assert codes == [1, 1, 1], codes
+    assert "config differs from the server's in train_args.learning_rate" in wrong_log.read_text()
     text = log.read_text()
     assert "no answer from rank(s) [2]" in text and "hello phase" in text
     assert json.loads((out / "summary.json").read_text())["status"] == "failed"

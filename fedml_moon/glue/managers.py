@@ -173,7 +173,11 @@ class PluginServerManager(_Manager):
             self.close_round(self.reports)
 
     def close_round(self, reports: dict | None) -> None:
-        self.rounds.finish_round(self.round_idx, self.ordered, reports)
+        wire = {
+            "wire_bytes_sent": self._transport.bytes_sent,
+            "wire_bytes_received": self._transport.bytes_received,
+        }
+        self.rounds.finish_round(self.round_idx, self.ordered, reports, wire)
         if self.round_idx + 1 < self.rounds.rounds:
             self.start_round(self.round_idx + 1)
             return

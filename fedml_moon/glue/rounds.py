@@ -110,8 +110,15 @@ class ServerRounds:
         """What every party is sent to evaluate its own model with (the new global model)."""
         return {"model": self.aggregator.global_state}
 
-    def finish_round(self, round_idx: int, results: list[Result], reports: dict[int, Payload] | None) -> dict:
-        """The round's record: training terms, server-side test, the parties' reports; logged."""
+    def finish_round(
+        self,
+        round_idx: int,
+        results: list[Result],
+        reports: dict[int, Payload] | None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict:
+        """The round's record: training terms, server-side test, the parties' reports, and `extra`
+        (a transport's byte counts); logged."""
         record: dict[str, Any] = {"round": round_idx, "parties": len(results)}
         metrics = [(n, p.get("metrics", {})) for n, p in results]
         record["train_loss"] = weighted_mean(metrics, "loss")
@@ -126,6 +133,7 @@ class ServerRounds:
         record.update(self.totals)
         if self.party_eval:
             record.update(self.eval_totals)
+        record.update(extra or {})
         self.recorder.log_round(record)
         return record
 

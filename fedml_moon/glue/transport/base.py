@@ -44,6 +44,8 @@ class QueueTransport(BaseCommunicationManager):
         self._observers: list[Any] = []
         self._inbox: queue.Queue = queue.Queue()
         self.running = True
+        self.bytes_sent = 0  # encoded message bytes this process sent / received (the wire payload)
+        self.bytes_received = 0
 
     def add_observer(self, observer: Any) -> None:
         self._observers.append(observer)
@@ -52,13 +54,16 @@ class QueueTransport(BaseCommunicationManager):
         self._observers.remove(observer)
 
     def send_message(self, msg: Message) -> None:
-        self.send_bytes(int(msg.get_receiver_id()), message_bytes(msg))
+        data = message_bytes(msg)
+        self.send_bytes(int(msg.get_receiver_id()), data)
+        self.bytes_sent += len(data)
 
     def send_bytes(self, receiver: int, data: bytes) -> None:
         raise NotImplementedError
 
     def deliver(self, data: bytes) -> None:
         """Decode received bytes and queue the message; malformed bytes are logged and dropped."""
+        self.bytes_received += len(data)
         try:
             msg = message_from_bytes(data)
         except CodecError as err:

@@ -41,6 +41,8 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                 "1",
                 "--set",
                 "train_args.client_num_in_total=4",
+                "--set",
+                "train_args.client_num_per_round=4",
             ),
             "cross-silo runs one silo per party, so 4 parties need 4 silos; this run has 10",
         ),

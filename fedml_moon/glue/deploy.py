@@ -148,7 +148,8 @@ def build_process(
 ) -> DistributedProcess:
     """Build rank `rank` of a distributed run (the server writes the run records to `out_dir`, a
     worker its own files to `out_dir/rank-<rank>`)."""
-    from fedml_moon.glue.managers import PluginClientManager, PluginServerManager
+    from fedml_moon.glue.client_manager import PluginClientManager
+    from fedml_moon.glue.server_manager import PluginServerManager
 
     workers = worker_count(cfg, size)
     where = placement(cfg, workers)

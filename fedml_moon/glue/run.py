@@ -105,16 +105,10 @@ class Base:
 
 
 @dataclass
-class Assembled:
+class Assembled(Base):
     """Everything a standalone run is made of, ready for `loop.run()` (or a benchmark's rounds)."""
 
-    cfg: Config
-    args: Any
-    device: torch.device
-    fed: FederatedData
-    dataset: list
-    model: torch.nn.Module
-    loop: Any
+    loop: Any = None
 
 
 def _model_factory(cfg: Config, fed: FederatedData):
@@ -198,7 +192,7 @@ def assemble(cfg: Config, out_dir: Path) -> Assembled:
 
     base = build_base(cfg, out_dir)
     loop = StandaloneSimulation(build_server(base, out_dir), build_runner(base, out_dir))
-    return Assembled(cfg, base.args, base.device, base.fed, base.dataset, base.model, loop)
+    return Assembled(**vars(base), loop=loop)
 
 
 def simulate(cfg: Config, out_dir: Path) -> dict[str, Any]:

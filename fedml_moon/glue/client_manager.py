@@ -1,0 +1,125 @@
+"""A worker (MPI simulation) or silo of every distributed mode: trains and evaluates its parties."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fedml.core.distributed.communication.message import Message
+
+from fedml_moon.glue.managers import (
+    ABORT,
+    BYE,
+    ERROR,
+    EVAL,
+    FINISH,
+    HELLO,
+    HELLO_EVERY_S,
+    REPORT,
+    RESULT,
+    TICK,
+    TRAIN,
+    WELCOME,
+    _Manager,
+)
+from fedml_moon.glue.trainer import PartyRunner
+from fedml_moon.glue.transport.base import QueueTransport
+
+log = logging.getLogger(__name__)
+
+
+class PluginClientManager(_Manager):
+    """A worker (MPI simulation) or silo: trains and evaluates the parties it holds when asked."""
+
+    def __init__(
+        self,
+        args: Any,
+        transport: QueueTransport,
+        runner: PartyRunner,
+        parties: list[int],
+        rank: int,
+        config: dict,
+        timeout_s: float,
+        backend: str,
+    ) -> None:
+        self.runner, self.parties, self.config, self.timeout_s = runner, sorted(parties), config, timeout_s
+        self.welcomed, self.last_hello = False, 0.0
+        self.last_heard = time.monotonic()
+        self.reason = ""
+        super().__init__(args, transport, rank, 0, backend)
+
+    def register_message_receive_handlers(self) -> None:
+        for msg_type, handler in (
+            (WELCOME, self.on_welcome),
+            (TRAIN, self.on_train),
+            (EVAL, self.on_eval),
+            (FINISH, self.on_finish),
+            (ABORT, self.on_abort),
+            (TICK, self.on_tick),
+        ):
+            self.register_message_receive_handler(msg_type, self._guarded(handler))
+
+    def _guarded(self, handler):
+        def run(msg: Message) -> None:
+            if msg.get_type() != TICK:
+                self.last_heard = time.monotonic()
+            try:
+                handler(msg)
+            except Exception as err:
+                log.exception("rank %d failed", self.rank)
+                self.reason = f"{type(err).__name__}: {err}"
+                try:
+                    self.send(ERROR, 0, reason=self.reason)
+                finally:
+                    self.stop("failed")
+
+        return run
+
+    def hello(self) -> None:
+        self.last_hello = time.monotonic()
+        self.send(HELLO, 0, parties=self.parties, config=self.config)
+
+    def on_tick(self, msg: Message) -> None:
+        now = time.monotonic()
+        if not self.welcomed and now - self.last_hello >= HELLO_EVERY_S:
+            self.hello()
+        if now - self.last_heard >= self.timeout_s:
+            self.reason = (
+                f"no message from the server (rank 0) for {now - self.last_heard:.0f} s (comm_args.timeout_s)"
+            )
+            log.error("rank %d stops: %s", self.rank, self.reason)
+            self.stop("failed")
+
+    def on_welcome(self, msg: Message) -> None:
+        self.welcomed = True
+
+    def on_train(self, msg: Message) -> None:
+        self.welcomed = True
+        round_idx, results = int(msg.get("round")), []
+        for task in msg.get("tasks"):
+            n, upload = self.runner.train(int(task["party"]), task["payload"], round_idx)
+            results.append({"party": int(task["party"]), "n": n, "upload": upload})
+        self.send(RESULT, 0, round=round_idx, results=results)
+
+    def on_eval(self, msg: Message) -> None:
+        reports = [self.runner.evaluate(p, msg.get("payload")) for p in self.parties]
+        self.send(REPORT, 0, round=int(msg.get("round")), reports=reports)
+
+    def on_finish(self, msg: Message) -> None:
+        self.send(BYE, 0)
+        self.stop("completed")
+
+    def on_abort(self, msg: Message) -> None:
+        self.reason = str(msg.get("reason"))
+        log.error("rank %d: the server stopped the run: %s", self.rank, self.reason)
+        self.stop("failed")
+
+    def run(self) -> None:
+        log.info("rank %d holds parties %s; saying hello to the server", self.rank, self.parties)
+        self.hello()
+        super().run()
+
+    def stop(self, status: str) -> None:
+        self.status = status
+        self.finish()

@@ -37,6 +37,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="override one config value (repeatable), e.g. --set train_args.comm_round=5",
     )
     parser.add_argument("--output-dir", help="where metrics, summary and plots go (default: outputs/<run>)")
+    parser.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="go on from the newest checkpoint of the run in DIR (its output directory)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -148,9 +153,19 @@ def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     if getattr(args, "role", None) and args.role != ("server" if rank == 0 else "client"):
         raise ConfigError(f"--role {args.role} disagrees with rank {rank} (rank 0 is the server)")
     _setup_logging(args.verbose, rank)
-    status = run_process(cfg, out_dir, rank, size, comm)
+    status = run_process(cfg, out_dir, rank, size, comm, resume=bool(args.resume))
     log.info("rank %d finished: %s", rank, status)
     return 0 if status == "completed" else 1
+
+
+def _output_dir(args: argparse.Namespace, cfg: Config) -> Path:
+    if args.resume:
+        if args.output_dir and Path(args.output_dir).resolve() != Path(args.resume).resolve():
+            raise ConfigError(
+                "--resume DIR continues the run in DIR; leave --output-dir out (or give the same)"
+            )
+        return Path(args.resume)
+    return Path(args.output_dir) if args.output_dir else default_output_dir(cfg)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
@@ -166,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             return _check(args)
         cfg = load_config(args.cf, args.overrides)
         _check_command(args.command, cfg)
-        out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(cfg)
+        out_dir = _output_dir(args, cfg)
         if cfg.comm_args.backend != "sp":
             return _distributed(args, cfg, out_dir)
         from fedml_moon.glue.run import simulate
 
-        summary = simulate(cfg, out_dir)
+        summary = simulate(cfg, out_dir, resume=bool(args.resume))
     except ConfigError as err:
         log.error("config error: %s", err)
         return 2

@@ -124,6 +124,7 @@ class TrainArgs:
     weight_decay: float = 1e-5
     drop_last: bool = True
     state_store: str = "memory"
+    checkpoint_every: int = 5
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
@@ -131,6 +132,11 @@ class TrainArgs:
             1 <= self.client_num_per_round <= self.client_num_in_total,
             "train_args.client_num_per_round",
             f"must be between 1 and client_num_in_total ({self.client_num_in_total})",
+        )
+        require(
+            self.checkpoint_every >= 0,
+            "train_args.checkpoint_every",
+            "rounds between checkpoints; 0 writes one at the end only",
         )
         for key in ("comm_round", "epochs", "batch_size"):
             require(getattr(self, key) >= 1, f"train_args.{key}", "must be >= 1")

@@ -47,6 +47,12 @@ class RunRecorder:
             record.get("round_time_s", 0.0),
         )
 
+    def restore(self, records: list[dict[str, Any]]) -> None:
+        """Start again from a checkpoint: metrics.jsonl holds exactly `records` (rounds recorded after
+        the checkpoint, before a crash, are dropped; they are computed again)."""
+        self.records = [dict(r) for r in records]
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+
     def summary(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         evaluated = [r for r in self.records if "test_acc" in r]
         best = max(evaluated, key=lambda r: r["test_acc"], default=None)

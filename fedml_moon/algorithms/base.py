@@ -163,6 +163,18 @@ class ServerAlgorithm:
             return averaged
         return self.momentum.step(global_state, averaged)
 
+    def state(self) -> dict:
+        """What the server keeps across rounds, for checkpoints (tensors and JSON values).
+        Subclasses that keep more extend it and `load_state`."""
+        velocity = self.momentum.velocity if self.momentum is not None else {}
+        return {"round_idx": self.round_idx, "velocity": dict(velocity)}
+
+    def load_state(self, state: dict) -> None:
+        """Restore what `state()` returned (after `setup`)."""
+        self.round_idx = int(state["round_idx"])
+        if self.momentum is not None:
+            self.momentum.velocity = dict(state["velocity"])
+
     def wants_evaluation(self, round_idx: int) -> bool:
         """Evaluate this round even where validation_args.frequency_of_the_test would skip it."""
         return False

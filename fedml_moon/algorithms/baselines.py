@@ -88,6 +88,13 @@ class SoloServer(ServerAlgorithm):
             self.party_models[int(payload["party_id"])] = payload["model"]
         return global_state
 
+    def state(self) -> dict:
+        return {**super().state(), "party_models": dict(self.party_models)}
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.party_models = {int(p): s for p, s in state["party_models"].items()}
+
     def models_to_evaluate(self, global_state: OrderedDict) -> dict[str, OrderedDict]:
         if not self.party_models:
             return {"global": global_state}

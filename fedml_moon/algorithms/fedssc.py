@@ -156,6 +156,15 @@ class FedSSCServer(ServerAlgorithm):
             payload["prototypes"], payload["present"] = self.prototypes, self.present
         return payload
 
+    def state(self) -> dict:
+        extra = {"prototypes": self.prototypes, "present": self.present, "rng": self.rng.bit_generator.state}
+        return {**super().state(), **extra}
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.prototypes, self.present = state["prototypes"], state["present"]
+        self.rng.bit_generator.state = dict(state["rng"])
+
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         pairs = [(p["prototypes"], p["present"]) for _, p in uploads]
         self.prototypes, self.present = build_prototypes(

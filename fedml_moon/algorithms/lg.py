@@ -175,6 +175,16 @@ class LGServer(ServerAlgorithm):
         averaged = weighted_average([p["model"] for _, p in uploads], weights)
         return merge_states(global_state, averaged)
 
+    def state(self) -> dict:
+        best = None if self.best_warmup is None else list(self.best_warmup)
+        return {**super().state(), "served": sorted(self.served), "best_warmup": best}
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.served = {int(p) for p in state["served"]}
+        best = state["best_warmup"]
+        self.best_warmup = None if best is None else (float(best[0]), int(best[1]), best[2])
+
     def wants_evaluation(self, round_idx: int) -> bool:
         """With warmup_start "best", the last warm-up round is always evaluated."""
         last = self.options.warmup_rounds - 1

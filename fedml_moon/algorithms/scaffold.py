@@ -123,6 +123,13 @@ class ScaffoldServer(ServerAlgorithm):
         super().__init__(*args, **kwargs)
         self.c: Tensors = {}  # filled from the first uploads' delta_c names (parameters, not buffers)
 
+    def state(self) -> dict:
+        return {**super().state(), "c": dict(self.c)}
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state)
+        self.c = dict(state["c"])
+
     def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
         """{"model": x, "c": c} (Algorithm 1 line 5); c is {} before the first aggregation (zeros)."""
         return {"model": global_state, "c": self.c}

@@ -28,6 +28,10 @@ class PartyStore:
     def put(self, party_id: int, state: dict[str, Any]) -> None:
         self._states[int(party_id)] = state
 
+    def drop(self, party_id: int) -> None:
+        """Forget the party's state (it starts afresh, as never trained)."""
+        self._states.pop(int(party_id), None)
+
     def __contains__(self, party_id: object) -> bool:
         return isinstance(party_id, int) and party_id in self._states
 
@@ -50,13 +54,16 @@ class DiskPartyStore(PartyStore):
         path = self._path(party_id)
         if not path.exists():
             return {}
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
     def put(self, party_id: int, state: dict[str, Any]) -> None:
         path = self._path(party_id)
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.replace(path)
+
+    def drop(self, party_id: int) -> None:
+        self._path(party_id).unlink(missing_ok=True)
 
     def __contains__(self, party_id: object) -> bool:
         return isinstance(party_id, int) and self._path(party_id).exists()

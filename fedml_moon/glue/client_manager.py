@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
+from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
 from fedml_moon.glue.managers import (
     ABORT,
     BYE,
+    CHECKPOINT,
+    CHECKPOINTED,
     ERROR,
     EVAL,
     FINISH,
@@ -22,6 +26,7 @@ from fedml_moon.glue.managers import (
     TRAIN,
     WELCOME,
     _Manager,
+    config_differences,
 )
 from fedml_moon.glue.trainer import PartyRunner
 from fedml_moon.glue.transport.base import QueueTransport
@@ -42,9 +47,11 @@ class PluginClientManager(_Manager):
         config: dict,
         timeout_s: float,
         backend: str,
+        checkpoint_dir: Path,
     ) -> None:
         self.runner, self.parties, self.config, self.timeout_s = runner, sorted(parties), config, timeout_s
-        self.welcomed, self.last_hello = False, 0.0
+        self.welcomed, self.last_hello, self.restored = False, 0.0, False
+        self.checkpoint_dir = checkpoint_dir
         self.last_heard = time.monotonic()
         self.reason = ""
         super().__init__(args, transport, rank, 0, backend)
@@ -56,6 +63,7 @@ class PluginClientManager(_Manager):
             (EVAL, self.on_eval),
             (FINISH, self.on_finish),
             (ABORT, self.on_abort),
+            (CHECKPOINT, self.on_checkpoint),
             (TICK, self.on_tick),
         ):
             self.register_message_receive_handler(msg_type, self._guarded(handler))
@@ -92,7 +100,26 @@ class PluginClientManager(_Manager):
             self.stop("failed")
 
     def on_welcome(self, msg: Message) -> None:
+        """The server goes on from its checkpoint of round `resume_from`: restore ours of that round."""
         self.welcomed = True
+        resume_from = msg.get("resume_from")
+        if resume_from is None or self.restored:
+            return
+        saved = read_checkpoint(self.checkpoint_dir, int(resume_from), ("config", "parties"))
+        differs = config_differences(self.config, saved["config"])
+        if differs:
+            raise ValueError(
+                f"its checkpoint of round {resume_from} has another config: {', '.join(differs)}"
+            )
+        self.runner.load_state(saved["parties"])
+        self.restored = True
+        log.info("rank %d resumed its parties from the checkpoint of round %s", self.rank, resume_from)
+
+    def on_checkpoint(self, msg: Message) -> None:
+        round_idx = int(msg.get("round"))
+        parts = {"config": self.config, "parties": self.runner.state(self.parties)}
+        write_checkpoint(self.checkpoint_dir, round_idx, parts, keep=2)  # the server may still need the older
+        self.send(CHECKPOINTED, 0, round=round_idx)
 
     def on_train(self, msg: Message) -> None:
         self.welcomed = True

@@ -20,6 +20,8 @@ from typing import Any
 
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import ConfigError
+from fedml_moon.core.checkpoint import read_checkpoint
+from fedml_moon.glue.resume import check_config, checkpoint_root, flat_config, resume_round
 from fedml_moon.glue.run import build_base, build_runner, build_server
 
 log = logging.getLogger(__name__)
@@ -144,32 +146,59 @@ class DistributedProcess:
 
 
 def build_process(
-    cfg: Config, out_dir: Path, rank: int, size: int | None = None, comm: Any = None, local_procs: int = 1
+    cfg: Config,
+    out_dir: Path,
+    rank: int,
+    size: int | None = None,
+    comm: Any = None,
+    local_procs: int = 1,
+    resume: bool = False,
 ) -> DistributedProcess:
     """Build rank `rank` of a distributed run (the server writes the run records to `out_dir`, a
-    worker its own files to `out_dir/rank-<rank>`)."""
+    worker its own files to `out_dir/rank-<rank>`). With `resume` the server goes on from its newest
+    checkpoint and tells the workers which of theirs to load."""
     from fedml_moon.glue.client_manager import PluginClientManager
     from fedml_moon.glue.server_manager import PluginServerManager
 
     workers = worker_count(cfg, size)
     where = placement(cfg, workers)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
+    if resume and rank == 0:
+        resume_round(folder)  # no checkpoint: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs)
     base.args.rank = rank
     transport = make_transport(cfg, rank, workers, comm)
     shared, timeout, backend = shared_config(cfg), cfg.comm_args.timeout_s, cfg.comm_args.backend
     if rank == 0:
         rounds = build_server(base, folder)
+        start = _resume_server(rounds, cfg, folder) if resume else 0
         ranks = list(range(1, workers + 1))
-        manager = PluginServerManager(base.args, transport, rounds, where, ranks, shared, timeout, backend)
+        ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
+        manager = PluginServerManager(
+            base.args, transport, rounds, where, ranks, shared, timeout, backend, ckpt, start
+        )
         return DistributedProcess(manager, rank, rounds)
     parties = [p for p, r in where.items() if r == rank]
     runner = build_runner(base, folder)
-    manager = PluginClientManager(base.args, transport, runner, parties, rank, shared, timeout, backend)
+    ckpt_dir = checkpoint_root(folder)
+    manager = PluginClientManager(
+        base.args, transport, runner, parties, rank, shared, timeout, backend, ckpt_dir
+    )
     return DistributedProcess(manager, rank)
 
 
-def run_process(cfg: Config, out_dir: Path, rank: int, size: int | None = None, comm: Any = None) -> str:
+def _resume_server(rounds: Any, cfg: Config, folder: Path) -> int:
+    """Load the server's newest checkpoint; returns the first round to run."""
+    round_idx = resume_round(folder)
+    saved = read_checkpoint(checkpoint_root(folder), round_idx, ("config", "server"))
+    check_config(saved["config"], cfg, folder)
+    log.info("resuming after the checkpoint of round %d", round_idx)
+    return rounds.load_state(saved["server"])
+
+
+def run_process(
+    cfg: Config, out_dir: Path, rank: int, size: int | None = None, comm: Any = None, resume: bool = False
+) -> str:
     """Build and run one process through FedML's `FedMLRunner(..., algorithm_flow=...)`; its status."""
     import fedml
 
@@ -178,7 +207,7 @@ def run_process(cfg: Config, out_dir: Path, rank: int, size: int | None = None, 
         from mpi4py import MPI
 
         local_procs = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs)
+    proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume)
     base_args = proc.manager.args
     fedml.FedMLRunner(base_args, None, None, None, algorithm_flow=proc).run()
     return proc.status

@@ -6,6 +6,7 @@ client_manager.py), one for every distributed mode: MPI simulation, cross-silo o
     worker -> server        RESULT {round, results: [{party, n, upload}]}
     server -> worker        EVAL {round, payload}           (evaluation rounds that need the parties)
     worker -> server        REPORT {round, reports: [...]}
+    server -> worker        CHECKPOINT {round} (rounds that are due) ... worker -> server CHECKPOINTED
     server -> worker        FINISH (after the last round) / ABORT {reason}
     worker -> server        BYE, or ERROR {reason}
 
@@ -30,6 +31,7 @@ from fedml_moon.glue.transport.base import QueueTransport
 log = logging.getLogger(__name__)
 HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
 FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
+CHECKPOINT, CHECKPOINTED = "checkpoint", "checkpointed"
 HELLO_EVERY_S = 2.0
 
 

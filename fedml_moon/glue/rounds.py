@@ -158,6 +158,35 @@ class ServerRounds:
                 model.load_state_dict(glob)
         return out
 
+    # --- checkpoints ------------------------------------------------------------------------------
+    def state(self, round_idx: int) -> dict[str, Any]:
+        """Everything the server needs to go on after `round_idx` (tensors and JSON values)."""
+        wandb = self.recorder.wandb
+        return {
+            "round": round_idx,
+            "global": self.aggregator.global_state,
+            "algorithm": self.aggregator.algorithm.state(),
+            "totals": dict(self.totals),
+            "eval_totals": dict(self.eval_totals),
+            "records": list(self.recorder.records),
+            "schedule": self.schedule,
+            "wandb_id": getattr(getattr(wandb, "run", None), "id", None),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> int:
+        """Restore `state()`; returns the first round still to run."""
+        if [list(r) for r in state["schedule"]] != self.schedule:
+            raise ValueError(
+                "the checkpoint's sampling schedule differs from this run's (another seed or party count?)"
+            )
+        self.aggregator.set_model_params({"model": state["global"]})
+        self.aggregator.model.load_state_dict(self.aggregator.global_state)
+        self.aggregator.algorithm.load_state(state["algorithm"])
+        self.totals.update({k: int(v) for k, v in state["totals"].items()})
+        self.eval_totals.update({k: int(v) for k, v in state["eval_totals"].items()})
+        self.recorder.restore(state["records"])
+        return int(state["round"]) + 1
+
     # --- the run --------------------------------------------------------------------------------
     def finish(self, status: str) -> dict[str, Any]:
         """Save the final model and write summary.json (whatever the status)."""

@@ -186,22 +186,29 @@ def build_runner(base: Base, out_dir: Path) -> Any:
     return PartyRunner(trainer, base.dataset, base.device, base.args)
 
 
-def assemble(cfg: Config, out_dir: Path) -> Assembled:
-    """A standalone run: both sides in this process, driven by StandaloneSimulation."""
+def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:
+    """A standalone run: both sides in this process, driven by StandaloneSimulation; with `resume`,
+    from the newest checkpoint in `out_dir`."""
+    from fedml_moon.glue.resume import resume_round
     from fedml_moon.glue.simulation import StandaloneSimulation
 
+    if resume:
+        resume_round(out_dir)  # no checkpoint: say so before anything is built or overwritten
     base = build_base(cfg, out_dir)
-    loop = StandaloneSimulation(build_server(base, out_dir), build_runner(base, out_dir))
+    server, runner = build_server(base, out_dir), build_runner(base, out_dir)
+    loop = StandaloneSimulation(server, runner, cfg.train_args.checkpoint_every)
+    if resume:
+        loop.resume(cfg)
     return Assembled(**vars(base), loop=loop)
 
 
-def simulate(cfg: Config, out_dir: Path) -> dict[str, Any]:
+def simulate(cfg: Config, out_dir: Path, resume: bool = False) -> dict[str, Any]:
     """Run the standalone simulation through FedML's `FedMLRunner(..., algorithm_flow=...)`.
 
     Returns the summary (also written to out_dir/summary.json).
     """
     import fedml
 
-    run = assemble(cfg, Path(out_dir))
+    run = assemble(cfg, Path(out_dir), resume)
     fedml.FedMLRunner(run.args, run.device, run.dataset, run.model, algorithm_flow=run.loop).run()
     return run.loop.summary

@@ -9,9 +9,12 @@ from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
+from fedml_moon.core.checkpoint import write_checkpoint
 from fedml_moon.glue.managers import (
     ABORT,
     BYE,
+    CHECKPOINT,
+    CHECKPOINTED,
     ERROR,
     EVAL,
     FINISH,
@@ -24,6 +27,7 @@ from fedml_moon.glue.managers import (
     _Manager,
     config_differences,
 )
+from fedml_moon.glue.resume import checkpoint_root, due
 from fedml_moon.glue.rounds import ServerRounds
 from fedml_moon.glue.transport.base import QueueTransport
 
@@ -43,9 +47,14 @@ class PluginServerManager(_Manager):
         config: dict,
         timeout_s: float,
         backend: str,
+        checkpoint: tuple[int, dict] = (0, {}),
+        start_round: int = 0,
     ) -> None:
         self.rounds, self.placement, self.workers = rounds, placement, list(workers)
         self.config, self.timeout_s = config, timeout_s
+        self.checkpoint_every, self.full_config = checkpoint
+        self.start = start_round
+        self.resume_from = start_round - 1 if start_round > 0 else None
         self.seen: set[int] = set()
         self.round_idx, self.pending, self.phase = -1, set(), "hello"
         self.results: dict[int, Any] = {}
@@ -60,6 +69,7 @@ class PluginServerManager(_Manager):
             (RESULT, self.on_result),
             (REPORT, self.on_report),
             (BYE, self.on_bye),
+            (CHECKPOINTED, self.on_checkpointed),
             (ERROR, self.on_error),
             (TICK, self.on_tick),
         ):
@@ -77,13 +87,13 @@ class PluginServerManager(_Manager):
             log.error("%s; it is refused", reason)
             self.send(ABORT, rank, reason=reason)
             return
-        self.send(WELCOME, rank)
+        self.send(WELCOME, rank, resume_from=self.resume_from)
         if rank not in self.seen:
             self.seen.add(rank)
             log.info("rank %d is ready (%d of %d)", rank, len(self.seen), len(self.workers))
             self.last_progress = time.monotonic()
         if self.phase == "hello" and self.seen == set(self.workers):
-            self.start_round(0)
+            self.next_round(self.start)
 
     # --- rounds --------------------------------------------------------------------------------
     def start_round(self, round_idx: int) -> None:
@@ -128,8 +138,25 @@ class PluginServerManager(_Manager):
             "wire_bytes_received": self._transport.bytes_received,
         }
         self.rounds.finish_round(self.round_idx, self.ordered, reports, wire)
-        if self.round_idx + 1 < self.rounds.rounds:
-            self.start_round(self.round_idx + 1)
+        if due(self.checkpoint_every, self.round_idx, self.rounds.rounds):
+            self.phase, self.pending = "checkpoint", set(self.workers)
+            for rank in self.workers:  # the workers first: the server's LATEST then implies theirs
+                self.send(CHECKPOINT, rank, round=self.round_idx)
+            return
+        self.next_round(self.round_idx + 1)
+
+    def on_checkpointed(self, msg: Message) -> None:
+        if not self._expected(msg, "checkpoint"):
+            return
+        self._progress(msg.get_sender_id())
+        if not self.pending:
+            parts = {"config": self.full_config, "server": self.rounds.state(self.round_idx)}
+            write_checkpoint(checkpoint_root(self.rounds.recorder.out_dir), self.round_idx, parts)
+            self.next_round(self.round_idx + 1)
+
+    def next_round(self, round_idx: int) -> None:
+        if round_idx < self.rounds.rounds:
+            self.start_round(round_idx)
             return
         self.phase, self.pending = "finish", set(self.workers)
         for rank in self.workers:

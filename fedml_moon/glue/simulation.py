@@ -13,7 +13,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from fedml_moon.config import Config
+from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
 from fedml_moon.core.personal import BestSoFar
+from fedml_moon.glue.resume import check_config, checkpoint_root, due, flatten, resume_round
 from fedml_moon.glue.rounds import ServerRounds
 from fedml_moon.glue.trainer import PartyRunner
 
@@ -28,11 +31,13 @@ class _NoBar:
 class StandaloneSimulation:
     """Rounds of: send each sampled party its payload, train it, aggregate, evaluate, record."""
 
-    def __init__(self, server: ServerRounds, runner: PartyRunner) -> None:
+    def __init__(self, server: ServerRounds, runner: PartyRunner, checkpoint_every: int = 0) -> None:
         self.server, self.runner = server, runner
         self.trainer, self.aggregator = runner.trainer, server.aggregator
-        self.rounds = server.rounds
+        self.rounds, self.checkpoint_every = server.rounds, checkpoint_every
+        self.start_round = 0
         self.summary: dict[str, Any] = {}
+        self.best: BestSoFar | None = None
         self._attach_best_so_far()
 
     def _attach_best_so_far(self) -> None:
@@ -43,6 +48,7 @@ class StandaloneSimulation:
             return
         global_keys, _ = options.split(self.aggregator.global_state.keys())
         best, runner = BestSoFar(global_keys), self.runner
+        self.best = best
         test_local = [runner.test_local[p] for p in range(self.server.n_parties)]
 
         def extra(states: list[dict], accs: list[float]) -> dict[str, float]:
@@ -66,12 +72,42 @@ class StandaloneSimulation:
             reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
         return server.finish_round(round_idx, ordered, reports)
 
+    # --- checkpoints ------------------------------------------------------------------------------
+    def checkpoint(self, round_idx: int, config: dict) -> None:
+        """Everything this process holds after `round_idx`: the server's side and every party's."""
+        best = None if self.best is None else {p: list(v) for p, v in self.best.best.items()}
+        parts = {
+            "config": config,
+            "server": self.server.state(round_idx),
+            "parties": self.runner.state(list(range(self.server.n_parties))),
+            "best_so_far": {"best": best},
+        }
+        write_checkpoint(checkpoint_root(self.server.recorder.out_dir), round_idx, parts)
+
+    def resume(self, cfg: Config) -> int:
+        """Load the newest checkpoint of this run's output directory; returns the next round."""
+        root = checkpoint_root(self.server.recorder.out_dir)
+        round_idx = resume_round(self.server.recorder.out_dir)
+        saved = read_checkpoint(root, round_idx, ("config", "server", "parties", "best_so_far"))
+        check_config(saved["config"], cfg, self.server.recorder.out_dir)
+        self.start_round = self.server.load_state(saved["server"])
+        self.runner.load_state(saved["parties"])
+        best = saved["best_so_far"]["best"]
+        if self.best is not None and best is not None:
+            self.best.best = {int(p): (float(v[0]), v[1]) for p, v in best.items()}
+        log.info("resuming after the checkpoint of round %d", round_idx)
+        return self.start_round
+
     def run(self) -> None:
         status = "failed"
+        config = flatten(self.server.recorder.config)
         try:
-            with tqdm(range(self.rounds), desc="rounds", unit="round", disable=None) as bar:
+            rounds = range(self.start_round, self.rounds)
+            with tqdm(rounds, desc="rounds", unit="round", disable=None, initial=self.start_round) as bar:
                 for round_idx in bar:
                     self.one_round(round_idx, bar)
+                    if due(self.checkpoint_every, round_idx, self.rounds):
+                        self.checkpoint(round_idx, config)
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"

@@ -131,6 +131,21 @@ class PartyRunner:
         trainer.on_after_local_training(data, self.device, self.args)
         return float(self.num_local[party]), trainer.get_model_params()
 
+    def state(self, parties: list[int]) -> dict[int, dict]:
+        """Each party's stored state and its loader's random stream, for checkpoints."""
+        store = self.trainer.store
+        return {p: {"state": store.get(p), "rng": self.train_local[p].generator.get_state()} for p in parties}
+
+    def load_state(self, states: dict[int, dict]) -> None:
+        """Restore `state()`: the store holds exactly the checkpoint's states for these parties."""
+        for party, saved in states.items():
+            party = int(party)
+            if saved["state"]:
+                self.trainer.store.put(party, dict(saved["state"]))
+            else:
+                self.trainer.store.drop(party)
+            self.train_local[party].generator.set_state(saved["rng"])
+
     def evaluate(self, party: int, download: Payload) -> Payload:
         """The party's report on an evaluation round (see PluginClientTrainer.evaluate_party)."""
         return self.trainer.evaluate_party(party, self.test_local[party], download, self.device)

@@ -1,0 +1,142 @@
+"""Nothing lost: a run killed with SIGKILL at a random moment and resumed with --resume ends with the
+same final model and the same metrics.jsonl (timings aside) as a run never interrupted. Checkpoints
+are written atomically and read without pickle; another config is refused with its keys named."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedml_moon import conformance
+from fedml_moon.config import ConfigError, load_config
+from fedml_moon.core import checkpoint
+from fedml_moon.core.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.glue.resume import check_config, flat_config
+
+ROOT = Path(__file__).resolve().parent.parent
+FEDSSC = ROOT / "config" / "fashion_mnist" / "fedssc.yaml"
+needs_fmnist = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+RUN = [
+    *conformance.TINY,
+    "train_args.client_num_in_total=4",
+    "train_args.client_num_per_round=3",
+    "train_args.comm_round=6",
+    "train_args.checkpoint_every=1",
+    "validation_args.frequency_of_the_test=2",
+]
+
+
+def _records(out: Path) -> list[dict]:
+    """metrics.jsonl without timings and the transport's own byte counts (a restarted process says
+    hello again, so its wire bytes differ; the payload bytes do not)."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [
+        {k: v for k, v in json.loads(x).items() if not k.endswith("_time_s") and not k.startswith("wire_")}
+        for x in lines
+    ]
+
+
+def _kill_when(proc, out: Path, rounds_done: int, extra_s: float) -> None:
+    deadline = time.monotonic() + 240
+    path = out / "metrics.jsonl"
+    while not (path.exists() and len(path.read_text().splitlines()) >= rounds_done):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    time.sleep(extra_s)
+    conformance.stop(proc, first=signal.SIGKILL)
+
+
+def _assert_same_run(ref: Path, out: Path) -> None:
+    a = torch.load(ref / "final_model.pt", weights_only=True)
+    b = torch.load(out / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ends with another model"
+    assert _records(ref) == _records(out)
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_standalone_killed_at_a_random_moment_and_resumed_is_the_same_run(tmp_path):
+    ref = conformance.run_mode("standalone", FEDSSC, [*RUN, "train_args.state_store=disk"], tmp_path / "ref")
+    assert ref.ok, ref.tail()
+    rng = random.Random()
+    out, env = tmp_path / "killed", conformance.process_env(tmp_path)
+    cmd = conformance.cli_command("simulate", FEDSSC, [*RUN, "train_args.state_store=disk"], out)
+    proc = conformance.spawn(cmd, tmp_path / "first.log", env, tmp_path)
+    _kill_when(proc, out, rng.randint(1, 4), rng.uniform(0.0, 1.5))
+    resume = [
+        *conformance.cli_command("simulate", FEDSSC, [*RUN, "train_args.state_store=disk"], out),
+        "--resume",
+        str(out),
+    ]
+    again = conformance.spawn(resume, tmp_path / "resume.log", env, tmp_path)
+    assert conformance.wait_all([again], 300) == [0], (tmp_path / "resume.log").read_text()[-3000:]
+    assert "resuming after the checkpoint of round" in (tmp_path / "resume.log").read_text()
+    _assert_same_run(ref.out_dir, out)
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_mpi_simulation_killed_and_resumed_is_the_same_run(tmp_path):
+    ref = conformance.run_mode("standalone", FEDSSC, RUN, tmp_path / "ref")
+    assert ref.ok, ref.tail()
+    out, env = tmp_path / "killed", conformance.process_env(tmp_path)
+    sim = [*RUN, "comm_args.backend=MPI", "comm_args.timeout_s=60"]
+    cmd = conformance.mpirun_command(3, conformance.cli_command("simulate", FEDSSC, sim, out))
+    proc = conformance.spawn(cmd, tmp_path / "first.log", env, tmp_path)
+    _kill_when(proc, out, 3, random.uniform(0.0, 1.0))
+    resume = conformance.mpirun_command(
+        3, [*conformance.cli_command("simulate", FEDSSC, sim, out), "--resume", str(out)]
+    )
+    again = conformance.spawn(resume, tmp_path / "resume.log", env, tmp_path)
+    assert conformance.wait_all([again], 300) == [0], (tmp_path / "resume.log").read_text()[-3000:]
+    _assert_same_run(ref.out_dir, out)
+
+
+def test_another_config_is_refused_with_the_keys_named(tmp_path):
+    cfg = load_config(FEDSSC, ["train_args.learning_rate=0.05"])
+    saved = flat_config(load_config(FEDSSC))
+    check_config(
+        saved,
+        load_config(FEDSSC, ["tracking_args.enable_wandb=false", "device_args.torch_threads=1"]),
+        tmp_path,
+    )
+    with pytest.raises(ConfigError, match=r"train_args.learning_rate \(0.01 in the checkpoint, 0.05 now\)"):
+        check_config(saved, cfg, tmp_path)
+    with pytest.raises(ConfigError, match="comm_args.backend"):
+        check_config(saved, load_config(FEDSSC, ["comm_args.backend=MPI"]), tmp_path)
+
+
+def test_a_write_that_dies_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    write_checkpoint(tmp_path, 3, {"server": {"w": torch.ones(2)}, "parties": {"p": 1}})
+    real = checkpoint._write_file
+    calls = []
+
+    def dies_on_second_file(path, data):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(checkpoint, "_write_file", dies_on_second_file)
+    with pytest.raises(CheckpointError, match="round 4 .* the disk is full; free space, then resume"):
+        write_checkpoint(tmp_path, 4, {"server": {"w": torch.zeros(2)}, "parties": {"p": 2}})
+    assert checkpoint.latest(tmp_path) == 3 and checkpoint.rounds(tmp_path) == [3]
+    assert torch.equal(read_checkpoint(tmp_path, 3, ("server",))["server"]["w"], torch.ones(2))
+
+
+def test_checkpoints_are_read_without_pickle(tmp_path):
+    folder = write_checkpoint(tmp_path, 0, {"server": {"x": 1}})
+    (folder / "server.fmc").write_bytes(pickle.dumps({"x": 1}))
+    with pytest.raises(CheckpointError, match="server.fmc is not a readable checkpoint"):
+        read_checkpoint(tmp_path, 0, ("server",))

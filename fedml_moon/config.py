@@ -171,6 +171,12 @@ def _mode_checks(cfg: Config) -> None:
         "the authors' best-so-far figures need every party's model beside every party's test split, which "
         "only the standalone simulation has; use comm_args.backend: sp, or report_best: false",
     )
+    reports = cfg.comm_args.min_reports
+    require(
+        reports is None or reports <= cfg.train_args.client_num_per_round,
+        "comm_args.min_reports",
+        f"{reports} is more than the {cfg.train_args.client_num_per_round} parties sampled per round",
+    )
     if backend == "GRPC":
         path = cfg.comm_args.grpc_ipconfig_path
         require(

@@ -186,6 +186,9 @@ BACKENDS = ("sp", "MPI", "GRPC", "MQTT_S3")
 class CommArgs:
     backend: str = "sp"
     timeout_s: float = 1800.0
+    round_timeout_s: float | None = None
+    min_reports: int | None = None
+    heartbeat_s: float = 5.0
     grpc_ipconfig_path: str | None = None
     grpc_max_message_mb: int = 1024
     mqtt_host: str = "127.0.0.1"
@@ -203,6 +206,17 @@ class CommArgs:
             f"{self.backend!r} is unknown; choose one of {', '.join(BACKENDS)} (sp: the standalone loop)",
         )
         require(self.timeout_s > 0, "comm_args.timeout_s", "must be > 0 seconds")
+        require(
+            self.round_timeout_s is None or self.round_timeout_s > 0,
+            "comm_args.round_timeout_s",
+            "must be > 0 seconds, or null to wait for every sampled party (up to comm_args.timeout_s)",
+        )
+        require(
+            self.min_reports is None or self.min_reports >= 1,
+            "comm_args.min_reports",
+            "must be >= 1, or null to require every sampled party",
+        )
+        require(self.heartbeat_s > 0, "comm_args.heartbeat_s", "must be > 0 seconds")
         require(
             1 <= self.grpc_max_message_mb <= 2047, "comm_args.grpc_max_message_mb", "must be in [1, 2047]"
         )

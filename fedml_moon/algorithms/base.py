@@ -175,6 +175,9 @@ class ServerAlgorithm:
         if self.momentum is not None:
             self.momentum.velocity = dict(state["velocity"])
 
+    def party_reset(self, party_id: int) -> None:
+        """A party came back without its state (its silo lost it): forget what was sent to it only once."""
+
     def wants_evaluation(self, round_idx: int) -> bool:
         """Evaluate this round even where validation_args.frequency_of_the_test would skip it."""
         return False

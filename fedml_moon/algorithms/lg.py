@@ -185,6 +185,10 @@ class LGServer(ServerAlgorithm):
         best = state["best_warmup"]
         self.best_warmup = None if best is None else (float(best[0]), int(best[1]), best[2])
 
+    def party_reset(self, party_id: int) -> None:
+        """It lost its local layers: send it initial ones again at its next LG round."""
+        self.served.discard(int(party_id))
+
     def wants_evaluation(self, round_idx: int) -> bool:
         """With warmup_start "best", the last warm-up round is always evaluated."""
         last = self.options.warmup_rounds - 1

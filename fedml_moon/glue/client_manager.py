@@ -9,6 +9,7 @@ from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
+from fedml_moon.config_schema import CommArgs
 from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
 from fedml_moon.glue.managers import (
     ABORT,
@@ -45,16 +46,23 @@ class PluginClientManager(_Manager):
         parties: list[int],
         rank: int,
         config: dict,
-        timeout_s: float,
-        backend: str,
+        comm: CommArgs,
         checkpoint_dir: Path,
     ) -> None:
-        self.runner, self.parties, self.config, self.timeout_s = runner, sorted(parties), config, timeout_s
+        self.runner, self.parties, self.config, self.timeout_s = (
+            runner,
+            sorted(parties),
+            config,
+            comm.timeout_s,
+        )
         self.welcomed, self.last_hello, self.restored = False, 0.0, False
         self.checkpoint_dir = checkpoint_dir
-        self.last_heard = time.monotonic()
+        self.started = time.monotonic()
         self.reason = ""
-        super().__init__(args, transport, rank, 0, backend)
+        super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
+
+    def peers(self) -> list[int]:
+        return [0] if self.welcomed else []
 
     def register_message_receive_handlers(self) -> None:
         for msg_type, handler in (
@@ -70,8 +78,6 @@ class PluginClientManager(_Manager):
 
     def _guarded(self, handler):
         def run(msg: Message) -> None:
-            if msg.get_type() != TICK:
-                self.last_heard = time.monotonic()
             try:
                 handler(msg)
             except Exception as err:
@@ -85,19 +91,28 @@ class PluginClientManager(_Manager):
         return run
 
     def hello(self) -> None:
+        """Say which parties this process holds, with the config and the parties that hold no state
+        yet (a silo that lost its state; the server then treats them as new)."""
         self.last_hello = time.monotonic()
-        self.send(HELLO, 0, parties=self.parties, config=self.config)
+        fresh = [p for p in self.parties if not self.runner.trainer.store.get(p)]
+        self.send(HELLO, 0, parties=self.parties, config=self.config, fresh_parties=fresh)
 
     def on_tick(self, msg: Message) -> None:
         now = time.monotonic()
         if not self.welcomed and now - self.last_hello >= HELLO_EVERY_S:
             self.hello()
-        if now - self.last_heard >= self.timeout_s:
+        if not self.welcomed and now - self.started >= self.timeout_s:
             self.reason = (
-                f"no message from the server (rank 0) for {now - self.last_heard:.0f} s (comm_args.timeout_s)"
+                f"no answer from the server (rank 0) for {now - self.started:.0f} s (comm_args.timeout_s)"
             )
-            log.error("rank %d stops: %s", self.rank, self.reason)
-            self.stop("failed")
+        elif self.welcomed and self.is_dead(0):
+            self.reason = (
+                f"the server (rank 0) sent no heartbeat for {self.silent_for(0):.0f} s; it is taken for dead"
+            )
+        else:
+            return
+        log.error("rank %d stops: %s", self.rank, self.reason)
+        self.stop("failed")
 
     def on_welcome(self, msg: Message) -> None:
         """The server goes on from its checkpoint of round `resume_from`: restore ours of that round."""

@@ -168,21 +168,21 @@ def build_process(
     base = build_base(cfg, folder, rank, local_procs)
     base.args.rank = rank
     transport = make_transport(cfg, rank, workers, comm)
-    shared, timeout, backend = shared_config(cfg), cfg.comm_args.timeout_s, cfg.comm_args.backend
+    shared = shared_config(cfg)
     if rank == 0:
         rounds = build_server(base, folder)
         start = _resume_server(rounds, cfg, folder) if resume else 0
         ranks = list(range(1, workers + 1))
         ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
         manager = PluginServerManager(
-            base.args, transport, rounds, where, ranks, shared, timeout, backend, ckpt, start
+            base.args, transport, rounds, where, ranks, shared, cfg.comm_args, ckpt, start
         )
         return DistributedProcess(manager, rank, rounds)
     parties = [p for p, r in where.items() if r == rank]
     runner = build_runner(base, folder)
     ckpt_dir = checkpoint_root(folder)
     manager = PluginClientManager(
-        base.args, transport, runner, parties, rank, shared, timeout, backend, ckpt_dir
+        base.args, transport, runner, parties, rank, shared, cfg.comm_args, ckpt_dir
     )
     return DistributedProcess(manager, rank)
 

@@ -31,24 +31,60 @@ from fedml_moon.glue.transport.base import QueueTransport
 log = logging.getLogger(__name__)
 HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
 FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
-CHECKPOINT, CHECKPOINTED = "checkpoint", "checkpointed"
+CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
+DEAD_AFTER_BEATS = 3  # a peer silent for this many heartbeat periods is taken for dead
 HELLO_EVERY_S = 2.0
 
 
 class _Manager(FedMLCommManager):
     """Wires a plugin transport into FedML's manager; dispatches messages; runs a TICK timer."""
 
-    def __init__(self, args: Any, transport: QueueTransport, rank: int, size: int, backend: str) -> None:
+    def __init__(
+        self,
+        args: Any,
+        transport: QueueTransport,
+        rank: int,
+        size: int,
+        backend: str,
+        heartbeat_s: float = 5.0,
+    ) -> None:
         self._transport = transport
         self.status = "failed"
         self._ticking = True
+        self.heartbeat_s = heartbeat_s
+        self.last_seen: dict[int, float] = {}
         super().__init__(args, comm=None, rank=rank, size=size, backend=backend)
+
+    def peers(self) -> list[int]:
+        """The ranks this process sends heartbeats to."""
+        return []
+
+    def silent_for(self, rank: int) -> float:
+        return time.monotonic() - self.last_seen.get(rank, 0.0)
+
+    def is_dead(self, rank: int) -> bool:
+        return rank in self.last_seen and self.silent_for(rank) > DEAD_AFTER_BEATS * self.heartbeat_s
+
+    def _heartbeat_loop(self) -> None:
+        """From its own thread, so a process busy training still shows it is alive."""
+        while self._ticking:
+            time.sleep(self.heartbeat_s)
+            for rank in self.peers():
+                try:
+                    self.send(HEARTBEAT, rank)
+                except Exception as err:  # the peer may be gone; its silence is noticed elsewhere
+                    log.debug("rank %d: heartbeat to rank %d failed: %s", self.rank, rank, err)
 
     def _init_manager(self) -> None:  # FedML's own backends un-pickle and spin: use the plugin's
         self.com_manager = self._transport
         self.com_manager.add_observer(self)
 
     def receive_message(self, msg_type: Any, msg_params: Message) -> None:
+        sender = msg_params.get_sender_id()
+        if sender != self.rank:
+            self.last_seen[sender] = time.monotonic()
+        if msg_type == HEARTBEAT:
+            return
         handler = self.message_handler_dict.get(msg_type)
         if handler is None:
             log.warning(
@@ -64,12 +100,21 @@ class _Manager(FedMLCommManager):
         self.send_message(msg)
 
     def _tick_loop(self) -> None:
+        last = time.monotonic()
         while self._ticking:
             time.sleep(1.0)
+            now = time.monotonic()
+            if now - last > 3.0:  # this process itself was stopped or starved: give its peers a grace
+                log.warning(
+                    "rank %d was paused for %.0f s; peers get a fresh heartbeat window", self.rank, now - last
+                )
+                self.last_seen.update((rank, now) for rank in list(self.last_seen))
+            last = now
             self._transport.post(Message(TICK, self.rank, self.rank))
 
     def run(self) -> None:
         threading.Thread(target=self._tick_loop, name=f"tick-{self.rank}", daemon=True).start()
+        threading.Thread(target=self._heartbeat_loop, name=f"heartbeat-{self.rank}", daemon=True).start()
         try:
             super().run()
         finally:

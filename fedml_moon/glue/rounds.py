@@ -85,8 +85,9 @@ class ServerRounds:
 
     def aggregate(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
         """FedML cross-silo's order: on_before_aggregation, aggregate, on_after_aggregation, set.
-        Results are combined in the schedule's party order, whatever order they arrived in."""
-        ordered = [results[p] for p in self.parties(round_idx)]
+        Results are combined in the schedule's party order, whatever order they arrived in; a party
+        that did not report is left out (the weights renormalise over those that did)."""
+        ordered = [results[p] for p in self.parties(round_idx) if p in results]  # reporters only
         for _, upload in ordered:
             self.totals["bytes_up"] += payload_nbytes(upload)
             self.totals["params_up"] += payload_numel(upload)
@@ -143,7 +144,7 @@ class ServerRounds:
         down = payload_nbytes(self.eval_download())
         self.eval_totals["eval_bytes_down"] += down * len(reports)
         self.eval_totals["eval_bytes_up"] += sum(payload_nbytes(r) for r in reports.values())
-        ordered = [reports[p] for p in range(self.n_parties)]
+        ordered = [reports[p] for p in range(self.n_parties) if p in reports]  # parties that reported
         accs = [float(r["local_test_acc"]) for r in ordered]
         out = {"local_test_acc": sum(accs) / len(accs)}
         if self.personalized:

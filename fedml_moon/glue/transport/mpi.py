@@ -1,8 +1,10 @@
 """MPI transport: codec bytes in MPI_BYTE buffers (mpi4py's buffer API, which does not pickle).
 
 A receive thread probes for messages with a growing sleep (0.5 ms up to 20 ms while idle), so a
-waiting rank uses a few hundred wake-ups a second rather than a core. Needs MPI_THREAD_MULTIPLE
-(mpi4py asks for it by default): the main thread sends while the receive thread receives.
+waiting rank uses a few hundred wake-ups a second rather than a core. Sends are non-blocking
+(`Isend`; the buffer is kept until the send completes), so a stalled rank cannot stall the server.
+Needs MPI_THREAD_MULTIPLE (mpi4py asks for it by default): several threads send while the receive
+thread receives.
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ class MpiTransport(QueueTransport):
         from mpi4py import MPI
 
         self._mpi, self.comm = MPI, comm
+        self._sends: list[tuple[Any, bytes]] = []
+        self._send_lock = threading.Lock()
         self._thread = threading.Thread(target=self._receive_loop, name=f"mpi-recv-{rank}", daemon=True)
         self._thread.start()
 
     def send_bytes(self, receiver: int, data: bytes) -> None:
-        self.comm.Send([data, self._mpi.BYTE], dest=receiver, tag=TAG)
+        with self._send_lock:
+            self._sends = [(req, buf) for req, buf in self._sends if not req.Test()]
+            request = self.comm.Isend([data, self._mpi.BYTE], dest=receiver, tag=TAG)
+            self._sends.append((request, data))
 
     def _receive_loop(self) -> None:
         mpi, status, pause = self._mpi, self._mpi.Status(), IDLE_SLEEP_S[0]
@@ -44,4 +51,9 @@ class MpiTransport(QueueTransport):
             self.deliver(bytes(buf))
 
     def close(self) -> None:
+        deadline = time.monotonic() + 10.0  # let the last messages (BYE, ABORT) leave
+        with self._send_lock:
+            while self._sends and time.monotonic() < deadline:
+                self._sends = [(req, buf) for req, buf in self._sends if not req.Test()]
+                time.sleep(0.005)
         self._thread.join(timeout=2 * IDLE_SLEEP_S[1] + 1)

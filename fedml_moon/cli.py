@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 from fedml_moon.config import Config, ConfigError, load_config
+from fedml_moon.core.checkpoint import CheckpointError
+from fedml_moon.core.validate import BadUpload
 
 log = logging.getLogger("fedml_moon")
 
@@ -196,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated as err:
         log.error("%s; what was computed so far is in the output directory", err)
         return 143
+    except (CheckpointError, BadUpload) as err:
+        log.error("%s; the rounds recorded so far and the last checkpoint are kept", err)
+        return 1
     _report(summary, out_dir)
     return 0
 

@@ -125,6 +125,7 @@ class TrainArgs:
     drop_last: bool = True
     state_store: str = "memory"
     checkpoint_every: int = 5
+    on_bad_upload: str = "skip"
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
@@ -132,6 +133,11 @@ class TrainArgs:
             1 <= self.client_num_per_round <= self.client_num_in_total,
             "train_args.client_num_per_round",
             f"must be between 1 and client_num_in_total ({self.client_num_in_total})",
+        )
+        require(
+            self.on_bad_upload in ("skip", "stop"),
+            "train_args.on_bad_upload",
+            "skip (leave a NaN / Inf / misshapen upload out of the round, naming the party) or stop",
         )
         require(
             self.checkpoint_every >= 0,

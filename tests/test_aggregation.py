@@ -51,3 +51,19 @@ def test_schedule_is_seeded_and_full_participation_is_everyone():
     a, b = sample_schedule(10, 3, 5, seed=7), sample_schedule(10, 3, 5, seed=7)
     assert a == b and all(len(set(r)) == 3 for r in a)
     assert sample_schedule(10, 3, 5, seed=8) != a
+
+
+def test_unusable_uploads_are_named_and_left_out():
+    from fedml_moon.core.validate import upload_problem
+
+    ref = {"w": torch.zeros(2, 3), "n": torch.zeros((), dtype=torch.long)}
+    assert upload_problem({"model": {"w": torch.ones(2, 3)}}, ref) is None  # a subset (LG) is fine
+    assert "NaN or Inf" in upload_problem({"model": {"w": torch.full((2, 3), float("nan"))}}, ref)
+    assert "NaN or Inf" in upload_problem(
+        {"model": {"w": torch.ones(2, 3)}, "c": {"w": torch.tensor([float("inf")])}}, ref
+    )
+    assert "is (3, 2) torch.float32, the server's is (2, 3)" in upload_problem(
+        {"model": {"w": torch.ones(3, 2)}}, ref
+    )
+    assert "not in the server's model" in upload_problem({"model": {"x": torch.ones(1)}}, ref)
+    assert upload_problem({"weights": 1}, ref) == "it has no model"

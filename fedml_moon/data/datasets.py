@@ -140,6 +140,9 @@ def _named_source(key: str, folder: Path, download: bool) -> tuple:
             else "replace it with an intact copy"
         )
         raise DataFileError(err.path, f"{err.problem}; {fix}") from None
+    except PermissionError as err:
+        path = Path(err.filename) if err.filename else folder
+        raise DataFileError(path, "permission denied; give the user running this read access to it") from None
     except FileNotFoundError as err:
         if not download or key == "tiny-imagenet":
             raise DataNotFoundError(

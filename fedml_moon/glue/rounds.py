@@ -20,6 +20,7 @@ from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.personal import new_test
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
+from fedml_moon.core.validate import BadUpload, upload_problem
 from fedml_moon.glue.aggregator import PluginServerAggregator
 from fedml_moon.metrics import RunRecorder
 
@@ -55,12 +56,15 @@ class ServerRounds:
         party_eval: bool,
         personalized: bool,
         new_test_method: str = "average",
+        on_bad_upload: str = "skip",
     ) -> None:
         self.aggregator, self.recorder = aggregator, recorder
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
         self.schedule = sample_schedule(n_parties, per_round, rounds, seed)
         self.test_global, self.device, self.args = test_global, device, args
         self.party_eval, self.personalized, self.new_test_method = party_eval, personalized, new_test_method
+        self.on_bad_upload = on_bad_upload
+        self.rejected: dict[int, str] = {}
         self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
         self.eval_totals = {"eval_bytes_up": 0, "eval_bytes_down": 0}
         self.extra_metrics: ExtraMetrics | None = None  # e.g. the standalone loop's best-so-far figures
@@ -86,8 +90,20 @@ class ServerRounds:
     def aggregate(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
         """FedML cross-silo's order: on_before_aggregation, aggregate, on_after_aggregation, set.
         Results are combined in the schedule's party order, whatever order they arrived in; a party
-        that did not report is left out (the weights renormalise over those that did)."""
-        ordered = [results[p] for p in self.parties(round_idx) if p in results]  # reporters only
+        that did not report, or whose upload is unusable (NaN / Inf, a misshapen tensor: named in the
+        log and in `rejected_parties`), is left out; the weights renormalise over the rest."""
+        reporters = [p for p in self.parties(round_idx) if p in results]
+        glob = self.aggregator.global_state
+        self.rejected = {
+            p: why for p in reporters if (why := upload_problem(results[p][1], glob)) is not None
+        }
+        for party, why in self.rejected.items():
+            log.error("round %d: party %d's upload is left out: %s", round_idx, party, why)
+        if self.rejected and self.on_bad_upload == "stop":
+            raise BadUpload(f"round {round_idx}: {self.rejected} (train_args.on_bad_upload: stop)")
+        ordered = [results[p] for p in reporters if p not in self.rejected]
+        if not ordered:
+            raise BadUpload(f"round {round_idx}: no usable upload ({self.rejected})")
         for _, upload in ordered:
             self.totals["bytes_up"] += payload_nbytes(upload)
             self.totals["params_up"] += payload_numel(upload)
@@ -121,6 +137,8 @@ class ServerRounds:
         """The round's record: training terms, server-side test, the parties' reports, and `extra`
         (a transport's byte counts); logged."""
         record: dict[str, Any] = {"round": round_idx, "parties": len(results)}
+        if self.rejected:
+            record["rejected_parties"] = sorted(self.rejected)
         metrics = [(n, p.get("metrics", {})) for n, p in results]
         record["train_loss"] = weighted_mean(metrics, "loss")
         for key in sorted({k for _, m in metrics for k in m} - {"loss"}):  # ce, l_con, l_glob, prox, ...

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fedml_moon.config import Config, config_to_dict
+from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare
@@ -143,7 +144,13 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) 
     (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist()}))
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
-    model = factory()
+    try:
+        model = factory()
+    except ValueError as err:  # e.g. the simple CNN on 64x64 images
+        raise ConfigError(
+            f"model_args.model: {err} ({fed.data.name} images are {fed.data.input_shape}); choose a model "
+            "that takes them (resnet50 and mlp take any size)"
+        ) from None
     args = compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
     return Base(cfg, args, device, fed, dataset, model, factory, get_algorithm(train.algorithm))
 
@@ -172,6 +179,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
         party_eval=cfg.validation_args.local_test or base.spec.client.personalized,
         personalized=base.spec.client.personalized,
         new_test_method=getattr(cfg.algorithm_args, "new_test_method", "average"),
+        on_bad_upload=train.on_bad_upload,
     )
 
 

@@ -24,6 +24,7 @@ setup(
         "grpcio",
         "paho-mqtt<2",
         "boto3",
+        "cryptography",
     ],
     extras_require={
         "mpi": ["mpi4py"],

@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     run.add_argument("--rank", type=int, help="0 for the server, 1..N for the silos (MPI: from mpirun)")
     run.add_argument("--role", choices=("server", "client"), help="must agree with --rank (FedML's style)")
+    certs = sub.add_parser(
+        "certs", help="create a test CA, the server's and each silo's certificate and token"
+    )
+    certs.add_argument("folder", help="where the files go (keys and tokens readable by their owner only)")
+    certs.add_argument("--silos", type=int, required=True, help="how many silos (ranks 1..N)")
+    certs.add_argument(
+        "--host", action="append", default=[], help="an address or name of the server (repeatable)"
+    )
+    certs.add_argument("--days", type=int, default=825, help="validity")
     check = sub.add_parser("check", help="run an algorithm through the conformance suite (every mode)")
     check.add_argument("algorithm", help="a registered algorithm name (train_args.algorithm)")
     check.add_argument("--cf", required=True, help="a config to start from (its algorithm is replaced)")
@@ -63,6 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
     check.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from fedml_moon.security import make_certs
+
+    hosts = args.host or ["127.0.0.1", "localhost"]
+    written = make_certs(Path(args.folder), args.silos, hosts, args.days)
+    log.info(
+        "wrote %d files to %s (server certificate valid for %s)", len(written), args.folder, ", ".join(hosts)
+    )
+    return 0
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -181,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
+        if args.command == "certs":
+            return _certs(args)
         cfg = load_config(args.cf, args.overrides)
         _check_command(args.command, cfg)
         out_dir = _output_dir(args, cfg)

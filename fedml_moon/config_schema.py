@@ -204,6 +204,14 @@ class CommArgs:
     s3_bucket: str = "fedml-moon"
     s3_region: str | None = None
     run_id: str = "fedml_moon"
+    tls: str | bool = "auto"  # YAML reads on / off as true / false
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    auth: str = "auto"
+    token_path: str | None = None
+    bind_all: bool = False
+    mqtt_username: str | None = None
 
     def check(self) -> None:
         require(
@@ -223,6 +231,18 @@ class CommArgs:
             "must be >= 1, or null to require every sampled party",
         )
         require(self.heartbeat_s > 0, "comm_args.heartbeat_s", "must be > 0 seconds")
+        if isinstance(self.tls, bool):
+            self.tls = "on" if self.tls else "off"
+        require(
+            self.tls in ("auto", "on", "off"),
+            "comm_args.tls",
+            "auto (on unless the server's address is loopback), on or off",
+        )
+        require(
+            self.auth in ("auto", "mtls", "token", "none"),
+            "comm_args.auth",
+            "auto (mtls with TLS), mtls, token (comm_args.token_path) or none (loopback only)",
+        )
         require(
             1 <= self.grpc_max_message_mb <= 2047, "comm_args.grpc_max_message_mb", "must be in [1, 2047]"
         )

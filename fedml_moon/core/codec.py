@@ -77,10 +77,13 @@ def _rebuild(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return [_rebuild(v, tensors) for v in obj]
     if isinstance(obj, dict):
         if set(obj) == {_TENSOR}:
-            if obj[_TENSOR] not in tensors:
-                raise CodecError(f"the header names tensor {obj[_TENSOR]!r}, which the blob lacks")
-            return tensors[obj[_TENSOR]]
+            name = obj[_TENSOR]
+            if not isinstance(name, str) or name not in tensors:
+                raise CodecError(f"the header names tensor {name!r}, which the blob lacks")
+            return tensors[name]
         if set(obj) == {_TUPLE}:
+            if not isinstance(obj[_TUPLE], list):
+                raise CodecError("a tuple must be a list of items")
             return tuple(_rebuild(v, tensors) for v in obj[_TUPLE])
         if set(obj) == {_DICT}:
             pairs = obj[_DICT]

@@ -95,16 +95,23 @@ def make_transport(cfg: Config, rank: int, workers: int, comm: Any = None) -> An
         return MpiTransport(comm, rank)
     if c.backend == "GRPC":
         from fedml_moon.glue.transport.grpc_transport import GrpcClientTransport, GrpcServerTransport
+        from fedml_moon.glue.transport.policy import grpc_security
 
         table = read_ipconfig(c.grpc_ipconfig_path)
         ip, port, ingress = table[0]
         if rank == 0:
-            return GrpcServerTransport(ip, port, c.grpc_max_message_mb, workers)
+            if ip in ("0.0.0.0", "::", "") and not c.bind_all:
+                raise ConfigError(
+                    f"comm_args.grpc_ipconfig_path: the server's row binds to {ip!r}, every interface; give "
+                    "the address to listen on, or set comm_args.bind_all: true"
+                )
+            return GrpcServerTransport(ip, port, c.grpc_max_message_mb, workers, grpc_security(c, 0, ip))
         if rank not in table:
             raise ConfigError(
                 f"comm_args.grpc_ipconfig_path: rank {rank} has no row in {c.grpc_ipconfig_path}"
             )
-        return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s)
+        security = grpc_security(c, rank, ingress)
+        return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s, security)
     from fedml_moon.glue.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
 
     if rank == 0:

@@ -6,6 +6,13 @@ Two methods on a generic service (no generated code; frames are codec bytes):
 A silo behind NAT or a firewall that allows outgoing connections can take part, and start order does
 not matter: silos call with `wait_for_ready`, and the server keeps each silo's frames until it has
 subscribed. gRPC's own threads block while idle; nothing polls.
+
+Security (`GrpcSecurity`): TLS with the server's certificate, which silos verify against the run's
+CA; silos authenticate with mutual TLS (certificate common name `silo-<rank>`) or a per-silo token
+(`authorization: Bearer ...` with `x-fedml-moon-rank`, checked against SHA-256 digests). The server
+refuses, and logs with the peer's address, any call that does not authenticate, any frame that is not
+a message, any message whose sender is not the authenticated rank or not a rank of this run, and any
+subscription to another rank's frames; oversized frames are refused by gRPC itself. It keeps running.
 """
 
 from __future__ import annotations
@@ -16,16 +23,48 @@ import struct
 import threading
 import time
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 
-from fedml_moon.glue.transport.base import QueueTransport
+from fedml_moon.core.codec import CodecError
+from fedml_moon.glue.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.security import check_token, rank_of_common_name
 
 log = logging.getLogger(__name__)
 SERVICE = "fedml_moon.Transport"
 _RANK = struct.Struct("<q")
 _END = object()
 RETRY_S = (0.2, 5.0)
+
+
+RANK_HEADER = "x-fedml-moon-rank"
+
+
+@dataclass
+class GrpcSecurity:
+    """TLS and silo authentication. `auth`: "mtls", "token" or "none" (loopback development only)."""
+
+    tls: bool = False
+    ca: bytes | None = None
+    cert: bytes | None = None  # this process's certificate (the server's; a silo's with mtls)
+    key: bytes | None = None
+    auth: str = "none"
+    token: str | None = None  # a silo's own token
+    tokens: dict[int, str] | None = None  # the server's table: rank -> SHA-256 of the token
+
+    def metadata(self, rank: int) -> tuple[tuple[str, str], ...]:
+        if self.auth != "token":
+            return ()
+        return ((RANK_HEADER, str(rank)), ("authorization", f"Bearer {self.token}"))
+
+
+class Refused(Exception):
+    """A call the server does not accept (the reason goes to the log and to the caller)."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
@@ -40,8 +79,17 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
 class GrpcServerTransport(QueueTransport):
     """Rank 0: serves Send (frames in) and Subscribe (one outgoing frame queue per silo rank)."""
 
-    def __init__(self, host: str, port: int, max_message_mb: int, workers: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        max_message_mb: int,
+        workers: int,
+        security: GrpcSecurity | None = None,
+    ) -> None:
         super().__init__(0)
+        self.security = security or GrpcSecurity()
+        self.ranks = set(range(1, workers + 1))
         self._outboxes: dict[int, queue.Queue] = {}
         self._lock = threading.Lock()
         handlers = {
@@ -52,25 +100,91 @@ class GrpcServerTransport(QueueTransport):
         self.server = grpc.server(pool, options=channel_options(max_message_mb))
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         self.address = f"{host}:{port}"
-        if self.server.add_insecure_port(self.address) == 0:
+        if self._bind() == 0:
             raise OSError(f"cannot listen on {self.address} (in use, or not an address of this host)")
         self.server.start()
-        log.info("gRPC server listening on %s", self.address)
+        log.info(
+            "gRPC server listening on %s (TLS %s, auth %s)",
+            self.address,
+            self.security.tls,
+            self.security.auth,
+        )
+
+    def _bind(self) -> int:
+        sec = self.security
+        if not sec.tls:
+            return self.server.add_insecure_port(self.address)
+        mtls = sec.auth == "mtls"
+        creds = grpc.ssl_server_credentials(
+            [(sec.key, sec.cert)], root_certificates=sec.ca if mtls else None, require_client_auth=mtls
+        )
+        return self.server.add_secure_port(self.address, creds)
 
     def _outbox(self, rank: int) -> queue.Queue:
         with self._lock:
             return self._outboxes.setdefault(rank, queue.Queue())
 
+    def _identify(self, context: grpc.ServicerContext) -> int | None:
+        """The caller's authenticated rank (None with auth "none"); Refused when it has none."""
+        sec = self.security
+        if sec.auth == "mtls":
+            names = context.auth_context().get("x509_common_name") or []
+            rank = rank_of_common_name(names[0].decode()) if names else None
+            if rank is None:
+                raise Refused(grpc.StatusCode.UNAUTHENTICATED, "no silo certificate of this run")
+            return rank
+        if sec.auth == "token":
+            meta = dict(context.invocation_metadata())
+            claimed, bearer = meta.get(RANK_HEADER, ""), meta.get("authorization", "")
+            token = bearer[len("Bearer ") :] if bearer.startswith("Bearer ") else ""
+            if not claimed.isdigit() or not check_token(sec.tokens or {}, int(claimed), token):
+                raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"bad or missing token for rank {claimed!r}")
+            return int(claimed)
+        return None
+
+    def _refuse(self, context: grpc.ServicerContext, err: Refused) -> None:
+        log.warning("refused a call from %s: %s", context.peer(), err)
+        context.abort(err.code, str(err))
+
     def _on_send(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self.deliver(request)
+        try:
+            rank = self._identify(context)
+            try:
+                msg = message_from_bytes(request)
+            except CodecError as err:
+                raise Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"not a message ({len(request)} bytes): {err}"
+                ) from None
+            sender = msg.get_sender_id()
+            if (
+                (rank is not None and sender != rank)
+                or sender not in self.ranks
+                or msg.get_receiver_id() != 0
+            ):
+                raise Refused(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"a message from rank {sender} to rank {msg.get_receiver_id()} sent by rank {rank}",
+                )
+        except Refused as err:
+            self._refuse(context, err)
+        self.bytes_received += len(request)
+        self._inbox.put(msg)
         return b""
 
     def _on_subscribe(self, request: bytes, context: grpc.ServicerContext):
-        if len(request) != _RANK.size:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "subscribe with an 8-byte rank")
-        (rank,) = _RANK.unpack(request)
-        outbox = self._outbox(rank)
-        log.info("rank %d subscribed", rank)
+        try:
+            rank = self._identify(context)
+            if len(request) != _RANK.size:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "subscribe with an 8-byte rank")
+            (wanted,) = _RANK.unpack(request)
+            if (rank is not None and wanted != rank) or wanted not in self.ranks:
+                raise Refused(
+                    grpc.StatusCode.PERMISSION_DENIED, f"rank {rank} asked for rank {wanted}'s frames"
+                )
+        except Refused as err:
+            self._refuse(context, err)
+        outbox = self._outbox(wanted)
+        log.info("rank %d subscribed", wanted)
         while self.running and context.is_active():
             try:
                 frame = outbox.get(timeout=1.0)
@@ -93,24 +207,45 @@ class GrpcServerTransport(QueueTransport):
 class GrpcClientTransport(QueueTransport):
     """A silo: sends with unary calls, receives on a Subscribe stream it re-opens if it breaks."""
 
-    def __init__(self, rank: int, server: str, max_message_mb: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        rank: int,
+        server: str,
+        max_message_mb: int,
+        timeout_s: float,
+        security: GrpcSecurity | None = None,
+    ) -> None:
         super().__init__(rank)
         self.server_address, self.timeout_s = server, timeout_s
-        self.channel = grpc.insecure_channel(server, options=channel_options(max_message_mb))
+        self.security = security or GrpcSecurity()
+        self.metadata = self.security.metadata(rank)
+        self.channel = self._channel(server, channel_options(max_message_mb))
         self._send = self.channel.unary_unary(f"/{SERVICE}/Send")
         self._subscribe = self.channel.unary_stream(f"/{SERVICE}/Subscribe")
         self._thread = threading.Thread(target=self._receive_loop, name=f"grpc-recv-{rank}", daemon=True)
         self._thread.start()
 
+    def _channel(self, server: str, options: list) -> grpc.Channel:
+        sec = self.security
+        if not sec.tls:
+            return grpc.insecure_channel(server, options=options)
+        mtls = sec.auth == "mtls"
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=sec.ca,
+            private_key=sec.key if mtls else None,
+            certificate_chain=sec.cert if mtls else None,
+        )
+        return grpc.secure_channel(server, creds, options=options)
+
     def send_bytes(self, receiver: int, data: bytes) -> None:
         if receiver != 0:
             raise ValueError(f"a silo sends to the server (rank 0) only, not to rank {receiver}")
-        self._send(data, timeout=self.timeout_s, wait_for_ready=True)
+        self._send(data, timeout=self.timeout_s, wait_for_ready=True, metadata=self.metadata)
 
     def _receive_loop(self) -> None:
         pause = RETRY_S[0]
         while self.running:
-            self._stream = self._subscribe(_RANK.pack(self.rank), wait_for_ready=True)
+            self._stream = self._subscribe(_RANK.pack(self.rank), wait_for_ready=True, metadata=self.metadata)
             try:
                 for frame in self._stream:
                     pause = RETRY_S[0]

@@ -1,0 +1,158 @@
+"""Credentials for runs across sites: a private CA, the server's certificate, one certificate and one
+token per silo (`fedml-moon certs DIR --silos N --host ...`), and the checks the server makes.
+
+A silo's identity is its rank: in its certificate's common name (`silo-<rank>`) or in the token table
+the server holds (`server-tokens.json`: rank -> SHA-256 of the silo's token; the token itself stays
+with the silo). Keys and tokens are written readable by their owner only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import secrets
+from pathlib import Path
+
+SILO_CN = "silo-"
+SERVER_CN = "fedml-moon server"
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _key():
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(key) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _cert(subject_cn: str, key, issuer_cn: str, issuer_key, days: int, *, ca: bool, sans=None, usage=None):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_cn)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _sans(hosts: list[str]) -> list:
+    from cryptography import x509
+
+    out = []
+    for host in hosts:
+        try:
+            out.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            out.append(x509.DNSName(host))
+    return out
+
+
+def make_certs(folder: Path, silos: int, hosts: list[str], days: int = 825) -> list[Path]:
+    """Write ca.pem / ca.key, server.pem / server.key (valid for `hosts`), silo-<r>.pem / .key /
+    .token for r = 1..silos, and server-tokens.json. Returns the files written."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    if silos < 1:
+        raise ValueError("--silos must be >= 1")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    pem = serialization.Encoding.PEM
+    ca_key = _key()
+    ca = _cert("fedml-moon CA", ca_key, "fedml-moon CA", ca_key, days, ca=True)
+    files = {"ca.pem": ca.public_bytes(pem), "ca.key": _pem_key(ca_key)}
+    server_key = _key()
+    server = _cert(
+        SERVER_CN,
+        server_key,
+        "fedml-moon CA",
+        ca_key,
+        days,
+        ca=False,
+        sans=_sans(hosts),
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+    )
+    files.update({"server.pem": server.public_bytes(pem), "server.key": _pem_key(server_key)})
+    table = {}
+    for rank in range(1, silos + 1):
+        key = _key()
+        cert = _cert(
+            f"{SILO_CN}{rank}",
+            key,
+            "fedml-moon CA",
+            ca_key,
+            days,
+            ca=False,
+            usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+        )
+        token = secrets.token_urlsafe(32)
+        table[str(rank)] = token_digest(token)
+        files.update({f"silo-{rank}.pem": cert.public_bytes(pem), f"silo-{rank}.key": _pem_key(key)})
+        files[f"silo-{rank}.token"] = token.encode()
+    files["server-tokens.json"] = json.dumps(table, indent=2).encode()
+    written = []
+    for name, data in files.items():
+        _write(folder / name, data, private=name.endswith((".key", ".token")))
+        written.append(folder / name)
+    return written
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_token_table(path: str | Path) -> dict[int, str]:
+    """rank -> SHA-256 hex digest, from server-tokens.json."""
+    raw = json.loads(Path(path).read_text())
+    return {int(rank): str(digest) for rank, digest in raw.items()}
+
+
+def check_token(table: dict[int, str], rank: int, token: str) -> bool:
+    """Whether `token` is silo `rank`'s (constant-time comparison of the digests)."""
+    expected = table.get(rank)
+    return expected is not None and hmac.compare_digest(expected, token_digest(token))
+
+
+def rank_of_common_name(name: str) -> int | None:
+    """`silo-<rank>` -> rank; anything else -> None."""
+    if name.startswith(SILO_CN) and name[len(SILO_CN) :].isdigit():
+        return int(name[len(SILO_CN) :])
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -62,11 +62,12 @@ log = logging.getLogger(__name__)
 _plugins_loaded = False
 
 
-def load_plugins() -> list[str]:
+def load_plugins(again: bool = False) -> list[str]:
     """Register the algorithms of installed packages (entry point group `fedml_moon.algorithms`),
-    once per process; a plugin that fails to load is named in a warning and skipped."""
+    once per process (`again`: look once more, for a name not found); a plugin that fails to load is
+    named in a warning and skipped."""
     global _plugins_loaded
-    if _plugins_loaded:
+    if _plugins_loaded and not again:
         return []
     _plugins_loaded = True
     added = []
@@ -78,6 +79,8 @@ def load_plugins() -> list[str]:
                 raise TypeError(f"it gives a {type(spec).__name__}, not an AlgorithmSpec")
         except Exception as err:
             log.warning("algorithm plugin %s (%s) not loaded: %s", ep.name, ep.value, err)
+            continue
+        if spec.name in ALGORITHMS and ALGORITHMS[spec.name] == spec:
             continue
         if spec.name in ALGORITHMS:
             log.warning("algorithm plugin %s: the name %r is taken; not loaded", ep.value, spec.name)
@@ -91,6 +94,8 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     """The spec for `name`; a ConfigError listing the choices when unknown."""
     load_plugins()
     key = str(name).lower()
+    if key not in ALGORITHMS:
+        load_plugins(again=True)
     if key not in ALGORITHMS:
         choices = ", ".join(sorted(ALGORITHMS))
         raise ConfigError(f"train_args.algorithm: unknown algorithm {name!r}; choose one of {choices}")

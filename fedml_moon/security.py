@@ -119,11 +119,26 @@ def make_certs(folder: Path, silos: int, hosts: list[str], days: int = 825) -> l
         files.update({f"silo-{rank}.pem": cert.public_bytes(pem), f"silo-{rank}.key": _pem_key(key)})
         files[f"silo-{rank}.token"] = token.encode()
     files["server-tokens.json"] = json.dumps(table, indent=2).encode()
+    files["mosquitto.acl"] = mosquitto_acl(silos).encode()
     written = []
     for name, data in files.items():
         _write(folder / name, data, private=name.endswith((".key", ".token")))
         written.append(folder / name)
     return written
+
+
+def mosquitto_acl(silos: int) -> str:
+    """A mosquitto ACL for the MQTT_S3 mode: user `server` and each user `silo-<r>` may publish only
+    as themselves and read only what is addressed to them (any run id)."""
+    lines = ["user server", "topic write fedml_moon/+/to/+/from/0", "topic read fedml_moon/+/to/0/from/+", ""]
+    for rank in range(1, silos + 1):
+        lines += [
+            f"user silo-{rank}",
+            f"topic write fedml_moon/+/to/0/from/{rank}",
+            f"topic read fedml_moon/+/to/{rank}/from/0",
+            "",
+        ]
+    return "\n".join(lines)
 
 
 def token_digest(token: str) -> str:

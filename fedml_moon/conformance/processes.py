@@ -100,12 +100,13 @@ def mosquitto_binary() -> str:
 
 
 @contextlib.contextmanager
-def services(folder: Path) -> Iterator[Services]:
-    """Start mosquitto and moto_server on free loopback ports; stop both on exit."""
+def services(folder: Path, broker: str = "allow_anonymous true", listener: str = "") -> Iterator[Services]:
+    """Start mosquitto and moto_server on free loopback ports; stop both on exit. `broker` and
+    `listener`: mosquitto settings for the whole broker and for its listener (TLS files)."""
     folder.mkdir(parents=True, exist_ok=True)
     svc = Services(free_port(), free_port())
     conf = folder / "mosquitto.conf"
-    conf.write_text(f"listener {svc.mqtt_port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    conf.write_text(f"{broker}\npersistence false\nlistener {svc.mqtt_port} 127.0.0.1\n{listener}\n")
     moto = Path(sys.executable).with_name("moto_server")
     try:
         for cmd, name in (

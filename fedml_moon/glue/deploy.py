@@ -113,6 +113,7 @@ def make_transport(cfg: Config, rank: int, workers: int, comm: Any = None) -> An
         security = grpc_security(c, rank, ingress)
         return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s, security)
     from fedml_moon.glue.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
+    from fedml_moon.glue.transport.policy import mqtt_security
 
     if rank == 0:
         ensure_bucket(c.s3_endpoint, c.s3_bucket, c.s3_region)
@@ -126,6 +127,7 @@ def make_transport(cfg: Config, rank: int, workers: int, comm: Any = None) -> An
         region=c.s3_region,
         inline_kb=c.mqtt_inline_kb,
         timeout_s=c.timeout_s,
+        security=mqtt_security(c, rank),
     )
 
 

@@ -1,7 +1,12 @@
 """MQTT + S3 transport for edge devices: small frames through the broker, large ones through S3.
 
-Each rank subscribes to `fedml_moon/<run_id>/<rank>` (QoS 1, a persistent session so the broker
-keeps messages while a device is briefly away). A frame up to `inline_kb` travels in the MQTT message
+A message from rank s to rank r travels on `fedml_moon/<run_id>/to/<r>/from/<s>`; each rank subscribes
+to `fedml_moon/<run_id>/to/<rank>/from/+` (QoS 1, a persistent session so the broker keeps messages
+while a device is briefly away) and drops any message whose sender differs from its topic's, so a
+broker ACL that lets each user publish only under its own `from/<rank>` (`fedml-moon certs` writes
+one) binds every message to an authenticated sender. With `MqttSecurity`: TLS to the broker
+(verified against the CA; optionally a client certificate) and a username and password.
+A frame up to `inline_kb` travels in the MQTT message
 itself; a larger one is written to the S3 bucket under `<run_id>/<sender>-<receiver>-<uuid>` and only
 its key is published; the receiver reads the object (codec bytes: decoded without pickle) and deletes
 it. Sends wait until the broker has acknowledged the message, so a last message is not lost when
@@ -11,15 +16,26 @@ the process disconnects right after it (FedML's MQTT_S3 loses its FINISHED messa
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import uuid
+from dataclasses import dataclass
 
-from fedml_moon.glue.transport.base import QueueTransport
+from fedml_moon.core.codec import CodecError
+from fedml_moon.glue.transport.base import QueueTransport, message_from_bytes
 
 log = logging.getLogger(__name__)
 S3_REF = b"FMS3:"
+
+
+@dataclass
+class MqttSecurity:
+    tls: bool = False
+    ca: str | None = None  # paths: paho reads the files
+    cert: str | None = None
+    key: str | None = None
+    username: str | None = None
+    password: str | None = None
 
 
 class MqttS3Transport(QueueTransport):
@@ -35,6 +51,7 @@ class MqttS3Transport(QueueTransport):
         region: str | None = None,
         inline_kb: int = 64,
         timeout_s: float = 60.0,
+        security: MqttSecurity | None = None,
     ) -> None:
         super().__init__(rank)
         import boto3
@@ -50,34 +67,67 @@ class MqttS3Transport(QueueTransport):
         self.client = mqtt.Client(client_id=client_id, clean_session=False)
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message
+        sec = security or MqttSecurity()
+        if sec.tls:
+            self.client.tls_set(ca_certs=sec.ca, certfile=sec.cert, keyfile=sec.key)
+        if sec.username:
+            self.client.username_pw_set(sec.username, sec.password)
+        self._refused: int | None = None
         self.client.connect_async(host, port, keepalive=30)
         self.client.loop_start()
-        if not self._connected.wait(timeout_s):
+        if not self._connected.wait(timeout_s) or self._refused is not None:
             self.client.loop_stop()
-            raise ConnectionError(f"no MQTT broker answered at {host}:{port} within {timeout_s:.0f} s")
+            why = (
+                f"refused the connection (code {self._refused}: wrong user or password?)"
+                if self._refused
+                else "did not answer"
+            )
+            raise ConnectionError(f"the MQTT broker at {host}:{port} {why} within {timeout_s:.0f} s")
 
-    def topic(self, rank: int) -> str:
-        return f"fedml_moon/{self.run_id}/{rank}"
+    def topic(self, receiver: int, sender: int | str) -> str:
+        return f"fedml_moon/{self.run_id}/to/{receiver}/from/{sender}"
 
     def _on_connect(self, client, userdata, flags, rc) -> None:
         if rc != 0:
             log.error("rank %d: the MQTT broker refused the connection (code %s)", self.rank, rc)
+            self._refused = rc
+            self._connected.set()
             return
-        client.subscribe(self.topic(self.rank), qos=1)
+        client.subscribe(self.topic(self.rank, "+"), qos=1)
         self._connected.set()
 
     def _on_message(self, client, userdata, message) -> None:
-        self._frames.put(bytes(message.payload))  # S3 reads happen off the MQTT loop, in order
+        sender = message.topic.rsplit("/", 1)[-1]
+        self._frames.put((sender, bytes(message.payload)))  # S3 reads happen off the MQTT loop, in order
 
     def _resolve_loop(self) -> None:
         while True:
-            payload = self._frames.get()
-            if payload is None:
+            item = self._frames.get()
+            if item is None:
                 return
+            sender, payload = item
             if payload.startswith(S3_REF):
                 payload = self._fetch(payload[len(S3_REF) :].decode("utf-8", errors="replace"))
             if payload is not None:
-                self.deliver(payload)
+                self._deliver_from(sender, payload)
+
+    def _deliver_from(self, sender: str, payload: bytes) -> None:
+        """Queue the message if it is one and its sender is the one its topic names."""
+        self.bytes_received += len(payload)
+        try:
+            msg = message_from_bytes(payload)
+        except CodecError as err:
+            log.warning("rank %d dropped a malformed message on from/%s: %s", self.rank, sender, err)
+            return
+        if str(msg.get_sender_id()) != sender or msg.get_receiver_id() != self.rank:
+            log.warning(
+                "rank %d dropped a message claiming rank %s on from/%s",
+                self.rank,
+                msg.get_sender_id(),
+                sender,
+            )
+            return
+        self._inbox.put(msg)
 
     def _fetch(self, key: str) -> bytes | None:
         try:
@@ -93,7 +143,7 @@ class MqttS3Transport(QueueTransport):
             key = f"{self.run_id}/{self.rank}-{receiver}-{uuid.uuid4().hex}"
             self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
             data = S3_REF + key.encode()
-        info = self.client.publish(self.topic(receiver), data, qos=1)
+        info = self.client.publish(self.topic(receiver, self.rank), data, qos=1)
         info.wait_for_publish(timeout=self.timeout_s)
         if not info.is_published():
             raise ConnectionError(f"the MQTT broker did not acknowledge a message to rank {receiver}")
@@ -115,10 +165,3 @@ def ensure_bucket(endpoint: str | None, bucket: str, region: str | None = None) 
     except ClientError:
         s3.create_bucket(Bucket=bucket)
         log.info("created bucket %s at %s", bucket, endpoint or "AWS")
-
-
-def s3_credentials_present() -> bool:
-    """boto3 reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or its other usual sources)."""
-    return bool(os.environ.get("AWS_ACCESS_KEY_ID")) or os.path.exists(
-        os.path.expanduser("~/.aws/credentials")
-    )

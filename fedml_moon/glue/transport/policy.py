@@ -8,9 +8,11 @@ from pathlib import Path
 
 from fedml_moon.config_schema import CommArgs, ConfigError
 from fedml_moon.glue.transport.grpc_transport import GrpcSecurity
+from fedml_moon.glue.transport.mqtt_s3 import MqttSecurity
 from fedml_moon.security import is_loopback, load_token_table
 
 TOKEN_ENV = "FEDML_MOON_TOKEN"
+MQTT_PASSWORD_ENV = "FEDML_MOON_MQTT_PASSWORD"
 CERTS_HINT = "create them with `fedml-moon certs DIR --silos N --host <server address>`"
 
 
@@ -64,4 +66,26 @@ def grpc_security(c: CommArgs, rank: int, server_host: str) -> GrpcSecurity:
                 f"comm_args.token_path: auth: token needs this silo's token file (or ${TOKEN_ENV})"
             )
         sec.token = token
+    return sec
+
+
+def mqtt_security(c: CommArgs, rank: int) -> MqttSecurity:
+    """TLS to the broker (on by default off loopback) and the user and password of this rank: user
+    `comm_args.mqtt_username` (default `server` / `silo-<rank>`), password from
+    $FEDML_MOON_MQTT_PASSWORD, else the silo's token (comm_args.token_path or $FEDML_MOON_TOKEN)."""
+    loopback = is_loopback(c.mqtt_host)
+    tls = c.tls == "on" or (c.tls == "auto" and not loopback)
+    password = os.environ.get(MQTT_PASSWORD_ENV) or _silo_token(c)
+    username = c.mqtt_username or ("server" if rank == 0 else f"silo-{rank}")
+    if not loopback and (not tls or password is None):
+        raise ConfigError(
+            f"comm_args.tls / comm_args.token_path: the broker {c.mqtt_host} is not on loopback, so the run "
+            f"needs TLS and a password (${MQTT_PASSWORD_ENV} or the silo's token); {CERTS_HINT}"
+        )
+    sec = MqttSecurity(tls=tls, username=username if password is not None else None, password=password)
+    if tls:
+        _read(c, "tls_ca")  # named now, with the fix, rather than deep in the TLS library
+        sec.ca = str(Path(c.tls_ca).expanduser())
+        if c.tls_cert and c.tls_key:
+            sec.cert, sec.key = str(Path(c.tls_cert).expanduser()), str(Path(c.tls_key).expanduser())
     return sec

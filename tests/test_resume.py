@@ -8,6 +8,7 @@ import json
 import pickle
 import random
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -133,6 +134,29 @@ def test_a_write_that_dies_midway_leaves_the_previous_checkpoint_whole(tmp_path,
         write_checkpoint(tmp_path, 4, {"server": {"w": torch.zeros(2)}, "parties": {"p": 2}})
     assert checkpoint.latest(tmp_path) == 3 and checkpoint.rounds(tmp_path) == [3]
     assert torch.equal(read_checkpoint(tmp_path, 3, ("server",))["server"]["w"], torch.ones(2))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 256 KiB file system (tmpfs; needs the right to mount, as root in CI's container)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_is_named_and_the_previous_checkpoint_stays(tiny_disk):
+    write_checkpoint(tiny_disk, 1, {"server": {"w": torch.ones(1000)}})  # 4 kB: fits
+    with pytest.raises(CheckpointError, match="round 2 .* the disk is full; free space, then resume"):
+        write_checkpoint(tiny_disk, 2, {"server": {"w": torch.zeros(200_000)}})  # 800 kB: does not
+    assert checkpoint.rounds(tiny_disk) == [1] and checkpoint.latest(tiny_disk) == 1
+    assert torch.equal(read_checkpoint(tiny_disk, 1, ("server",))["server"]["w"], torch.ones(1000))
+    assert not list(tiny_disk.glob(".tmp-*")), "the partial write is cleaned up"
 
 
 def test_checkpoints_are_read_without_pickle(tmp_path):

@@ -7,6 +7,9 @@ weighted average, the same evaluation), with tensors pre-materialised and no fra
 Each measurement times round 1 (round 0 has no previous model for MOON) and the median of `--repeats`
 alternating plugin/bare pairs is reported. Last line:
     moon_round_vs_bare=<ratio> fedavg_round_vs_bare=<ratio>
+    moon_batched_vs_bare=<ratio> fedavg_batched_vs_bare=<ratio>   (on one line)
+The batched columns time the same round with train_args.parties_in_parallel: 10 (all parties
+stacked, one vmapped step per batch) against the same bare sequential loop.
 
 Run: .venv/bin/python benchmarks/round_time.py [--repeats 3] [--threads N]
 (--threads sets device_args.torch_threads; default: the config's, auto)
@@ -95,24 +98,41 @@ def bare_round(run: Assembled, algo: str, global_state: dict, prev_states: list[
     return time.perf_counter() - started
 
 
-def measure(algo: str, repeats: int, out: Path, threads: int | None = None) -> float:
+def _assembled(algo: str, out: Path, threads: int | None, parallel: int) -> Assembled:
     overrides = ["train_args.epochs=1", "train_args.comm_round=2", "tracking_args.enable_wandb=false"]
+    overrides.append(f"train_args.parties_in_parallel={parallel}")
     if threads:
         overrides.append(f"device_args.torch_threads={threads}")
-    cfg = load_config(CONFIGS / f"{algo}.yaml", overrides)
-    run = assemble(cfg, out / algo)
+    run = assemble(load_config(CONFIGS / f"{algo}.yaml", overrides), out / f"{algo}-k{parallel}")
     plugin_round(run, 0)  # warm-up; gives every MOON party its previous model
+    return run
+
+
+def measure(algo: str, repeats: int, out: Path, threads: int | None = None) -> tuple[float, float]:
+    """Median ratios (sequential plugin round / bare round, batched plugin round / bare round)."""
+    run, batched = _assembled(algo, out, threads, 1), _assembled(algo, out, threads, 10)
     global_state = copy.deepcopy(run.loop.aggregator.global_state)
     prev = [run.loop.trainer.store.get(p).get("pool", [global_state])[-1] for p in range(10)]
     gen = torch.Generator().manual_seed(0)
-    ratios = []
+    ratios, batched_ratios = [], []
     for _ in range(repeats):
         run.loop.aggregator.set_model_params(global_state)
         t_plugin = plugin_round(run, 1)
+        batched.loop.aggregator.set_model_params(global_state)
+        t_batched = plugin_round(batched, 1)
         t_bare = bare_round(run, algo, global_state, prev, gen)
         ratios.append(t_plugin / t_bare)
-        log.info("%s: plugin round %.2f s, bare round %.2f s, ratio %.3f", algo, t_plugin, t_bare, ratios[-1])
-    return statistics.median(ratios)
+        batched_ratios.append(t_batched / t_bare)
+        log.info(
+            "%s: plugin round %.2f s, batched (K=10) %.2f s, bare round %.2f s; ratios %.3f, %.3f",
+            algo,
+            t_plugin,
+            t_batched,
+            t_bare,
+            ratios[-1],
+            batched_ratios[-1],
+        )
+    return statistics.median(ratios), statistics.median(batched_ratios)
 
 
 def main() -> None:
@@ -122,9 +142,12 @@ def main() -> None:
     opts = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory() as tmp:
-        moon = measure("moon", opts.repeats, Path(tmp), opts.threads)
-        fedavg = measure("fedavg", opts.repeats, Path(tmp), opts.threads)
-    print(f"moon_round_vs_bare={moon:.3f} fedavg_round_vs_bare={fedavg:.3f}")  # noqa: T201 (the script's output)
+        moon, moon_b = measure("moon", opts.repeats, Path(tmp), opts.threads)
+        fedavg, fedavg_b = measure("fedavg", opts.repeats, Path(tmp), opts.threads)
+    print(  # noqa: T201 (the script's output)
+        f"moon_round_vs_bare={moon:.3f} fedavg_round_vs_bare={fedavg:.3f} "
+        f"moon_batched_vs_bare={moon_b:.3f} fedavg_batched_vs_bare={fedavg_b:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -126,9 +126,16 @@ class TrainArgs:
     state_store: str = "memory"
     checkpoint_every: int = 5
     on_bad_upload: str = "skip"
+    parties_in_parallel: int | str = 1
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
+        k = self.parties_in_parallel
+        require(
+            k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1),
+            "train_args.parties_in_parallel",
+            f"parties trained together: an integer >= 1 (1: one after another) or 'auto'; got {k!r}",
+        )
         require(
             1 <= self.client_num_per_round <= self.client_num_in_total,
             "train_args.client_num_per_round",

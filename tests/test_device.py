@@ -55,6 +55,17 @@ def test_every_loader_yields_on_the_device_it_was_built_for(augment):
             assert x.device.type == "meta" and y.device.type == "meta"
 
 
+def test_resident_data_lives_on_the_device_and_gives_the_same_batches():
+    parts, tests = iid_partition(48, 3, seed=0), iid_partition(12, 3, seed=1)
+    kwargs = dict(batch_size=8, seed=0, device="cpu:0")
+    host = build_fedml_dataset(_tiny("cifar10", 8), parts, tests, **kwargs)
+    resident = build_fedml_dataset(_tiny("cifar10", 8), parts, tests, resident=True, **kwargs)
+    for a, b in zip(host[5][1], resident[5][1], strict=True):  # same stream: same samples, same crops
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    meta = build_fedml_dataset(_tiny("cifar10", 8), parts, tests, 8, 0, device="meta", resident=True)
+    assert meta[5][2].images.device.type == "meta" and next(iter(meta[5][2]))[0].device.type == "meta"
+
+
 def _trainer(name: str, device: torch.device):
     from fedml_moon.glue.trainer import PluginClientTrainer
 

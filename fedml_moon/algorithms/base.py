@@ -24,6 +24,18 @@ Payload = dict[str, Any]
 ModelFactory = Callable[[], nn.Module]
 
 
+BATCHED_PAIRS = (
+    ("local_train", "batched_context"),
+    ("batch_loss", "functional_loss"),
+    ("before_step", "batched_before_step"),
+    ("after_step", "batched_after_step"),
+)
+
+
+def _defined_in(cls: type, name: str) -> type:
+    return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
 @dataclass
 class NoOptions:
     """Algorithms without options of their own."""
@@ -89,6 +101,39 @@ class ClientAlgorithm:
     def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
         """What the party sends to the server."""
         return {"model": clone_state(model.state_dict()), "party_id": int(party_id)}
+
+    # --- the batched form (train_args.parties_in_parallel > 1; see algorithms/batched.py) ---------
+    # `start_round` must depend only on its arguments: the batched path calls it once per party to
+    # read the starting model and context, and again before `end_round` / `upload`.
+    def batched_context(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> dict | None:
+        """Called right after `start_round`: {"shared": {...}, "party": {...}}, the tensors (nested
+        dicts / lists allowed) `functional_loss` and the batched hooks read, the same for every party
+        or the party's own. None: this party cannot train batched this round (sequential instead)."""
+        return {"shared": {}, "party": {}}
+
+    def has_batched_form(self) -> bool:
+        """Whether each sequential member this class overrides (`local_train`, `batch_loss`,
+        `before_step`, `after_step`) has its batched counterpart defined at the same level or below;
+        a subclass that changes the loss but not `functional_loss` trains sequentially."""
+        cls = type(self)
+        return all(issubclass(_defined_in(cls, b), _defined_in(cls, s)) for s, b in BATCHED_PAIRS)
+
+    def functional_loss(
+        self, net: Any, x: torch.Tensor, y: torch.Tensor, ctx: dict
+    ) -> tuple[torch.Tensor, dict]:
+        """One party's `batch_loss` inside the vmapped step: `net(x)` is the party's model,
+        `net.params` its trainable parameters by name, `net.frozen(state, x)` an eval-mode model with
+        weights `state`; `ctx` holds the shared and the party's context entries."""
+        return self.batch_loss(net, x, y)
+
+    def batched_before_step(self, params: dict, ctx: dict, rows: torch.Tensor | None) -> None:
+        """`before_step` for stacked parameters [K, ...] (their .grad set); `ctx` the parties' stacked
+        contexts; only the parties `rows` (None: all) step."""
+
+    def batched_after_step(self, params: dict, ctx: dict, rows: torch.Tensor | None, lr: float) -> None:
+        """`after_step` for stacked parameters, after the SGD step of the parties `rows`."""
 
     # --- the local training call ---------------------------------------------------------------
     def local_train(

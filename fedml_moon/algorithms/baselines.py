@@ -44,10 +44,24 @@ class FedProxClient(ClientAlgorithm):
         self._anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
 
     def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        _, _, logits = model(x)
-        ce = F.cross_entropy(logits, y)
         params = [p for p in model.parameters() if p.requires_grad]
-        prox = proximal_term(params, self._anchor, self.options.mu)
+        return self._loss(model(x)[2], y, params, self._anchor)
+
+    def batched_context(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> dict:
+        names = [n for n, p in model.named_parameters() if p.requires_grad]
+        return {"shared": {"anchor": {n: received["model"][n] for n in names}}, "party": {}}
+
+    def functional_loss(self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+        anchor = ctx["anchor"]
+        return self._loss(net(x)[2], y, [net.params[n] for n in anchor], list(anchor.values()))
+
+    def _loss(
+        self, logits: torch.Tensor, y: torch.Tensor, params: list, anchor: list
+    ) -> tuple[torch.Tensor, dict]:
+        ce = F.cross_entropy(logits, y)
+        prox = proximal_term(params, anchor, self.options.mu)
         return ce + prox, {"ce": ce.detach(), "prox": prox.detach()}
 
 

@@ -103,13 +103,31 @@ class FedSSCClient(MoonClient):
         self._mu_glob = mu_glob_at(round_idx, self.train_args.comm_round, self.options)
 
     def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        loss, terms, z = self.moon_terms(model, x, y)
-        if self._protos is None:
+        moon = self.moon_terms(model, x, y)
+        ctx = {"protos": self._protos, "present": self._present, "mu_glob": self._mu_glob}
+        return self._with_glob(*moon, y, ctx, False)
+
+    def batched_context(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> dict:
+        context = super().batched_context(model, received, state, round_idx, party_id)
+        context["shared"].update(protos=self._protos, present=self._present, mu_glob=self._mu_glob)
+        return context
+
+    def functional_loss(self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+        return self._with_glob(*self.functional_terms(net, x, y, ctx), y, ctx, True)
+
+    def _with_glob(
+        self, loss: torch.Tensor, terms: dict, z: torch.Tensor, y: torch.Tensor, ctx: dict, vmappable: bool
+    ) -> tuple[torch.Tensor, dict]:
+        """MOON's loss + mu_glob * l_glob (FedSSC Eq. 4) with the server's prototypes in `ctx`."""
+        if ctx["protos"] is None:
             l_glob = loss.new_zeros(())
         else:
-            l_glob = prototype_contrastive_loss(z, y, self._protos, self._present, self.options.temperature)
+            t = self.options.temperature
+            l_glob = prototype_contrastive_loss(z, y, ctx["protos"], ctx["present"], t, vmappable)
         terms["l_glob"] = l_glob.detach()
-        return loss + self._mu_glob * l_glob, terms
+        return loss + ctx["mu_glob"] * l_glob, terms
 
     def end_round(
         self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable

@@ -138,11 +138,39 @@ class MoonClient(ClientAlgorithm):
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, dict, torch.Tensor]:
         """CE + mu * l_con, its named terms, and the batch's projection z."""
-        _, z, logits = model(x)
-        ce = F.cross_entropy(logits, y)
+        out = model(x)
         with torch.no_grad():
             z_glob = self._global(x)[1]
             z_prev = [t(x)[1] for t in self._prev]
+        return self.combine_terms(out, z_glob, z_prev, y)
+
+    def batched_context(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> dict:
+        """The global model (shared) and the party's previous models (its own), as state dicts."""
+        contrastive = self.options.representation_loss == "contrastive"
+        prev = self.previous_models(state, received, round_idx, party_id) if contrastive else []
+        return {"shared": {"global": received["model"]}, "party": {"prev": list(prev)}}
+
+    def functional_loss(self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+        loss, terms, _ = self.functional_terms(net, x, y, ctx)
+        return loss, terms
+
+    def functional_terms(
+        self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict
+    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """`moon_terms` inside the batched step (teachers from the context's state dicts)."""
+        out = net(x)
+        z_glob = net.frozen(ctx["global"], x)[1]
+        z_prev = [net.frozen(s, x)[1] for s in ctx["prev"]]
+        return self.combine_terms(out, z_glob, z_prev, y)
+
+    def combine_terms(
+        self, out: tuple, z_glob: torch.Tensor, z_prev: list, y: torch.Tensor
+    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        """CE + mu * l_con from the model's output (h, z, logits) and the teachers' projections."""
+        _, z, logits = out
+        ce = F.cross_entropy(logits, y)
         if self.options.representation_loss == "l2":
             l_con = representation_l2_loss(z, z_glob)
         else:

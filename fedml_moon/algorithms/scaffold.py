@@ -94,6 +94,30 @@ class ScaffoldClient(ClientAlgorithm):
             for n, p in self._params.items():
                 p.add_(self._corr[n], alpha=-lr)
 
+    def batched_context(
+        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
+    ) -> dict:
+        """The party's correction c - c_i, per trainable parameter."""
+        return {"shared": {}, "party": {"corr": dict(self._corr)}}
+
+    def batched_before_step(self, params: dict, ctx: dict, rows: torch.Tensor | None) -> None:
+        """`before_step` for the stacked parties `rows`."""
+        if self.options.correction != "gradient":
+            return
+        for n, corr in ctx["corr"].items():
+            p = params[n]
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            _add_rows(p.grad, corr, rows, 1.0)
+
+    def batched_after_step(self, params: dict, ctx: dict, rows: torch.Tensor | None, lr: float) -> None:
+        """`after_step` for the stacked parties `rows`."""
+        if self.options.correction != "after-step":
+            return
+        with torch.no_grad():
+            for n, corr in ctx["corr"].items():
+                _add_rows(params[n], corr, rows, -self.train_args.learning_rate)
+
     def end_round(
         self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
     ) -> None:
@@ -114,6 +138,14 @@ class ScaffoldClient(ClientAlgorithm):
         payload = super().upload(model, state, party_id)
         payload["delta_c"] = {n: t.clone() for n, t in self._delta_c.items()}
         return payload
+
+
+def _add_rows(target: torch.Tensor, source: torch.Tensor, rows: torch.Tensor | None, alpha: float) -> None:
+    """target[rows] += alpha * source[rows] (every row when rows is None), in place."""
+    if rows is None:
+        target.add_(source, alpha=alpha)
+    else:
+        target.index_add_(0, rows, source.index_select(0, rows), alpha=alpha)
 
 
 class ScaffoldServer(ServerAlgorithm):

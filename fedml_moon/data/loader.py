@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -75,6 +76,7 @@ class PartyLoader:
         order = self.indices
         if self.shuffle:
             order = order[torch.randperm(self.num_samples, generator=self.generator)]
+        order = order.to(self.images.device)  # once per epoch: batches are gathered where the images are
         for i in range(len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
             yield self._batch(idx)
@@ -132,6 +134,7 @@ def build_fedml_dataset(
     drop_last: bool = True,
     eval_batch_size: int = 256,
     device: torch.device | str | None = None,
+    resident: bool = False,
 ) -> list:
     """FedML's dataset list for parties ``0..len(train_parts)-1``.
 
@@ -143,7 +146,17 @@ def build_fedml_dataset(
 
     ``device`` (default: where the images are) is where every loader, and every loader derived from
     one (``plain()``), yields its batches: the one place a run's training device reaches the data.
+    With ``resident`` the images and labels are copied to ``device`` once (uint8), so batches are
+    gathered, scaled and augmented there, without a copy from the host per batch.
     """
+    if resident and device is not None:
+        data = dataclasses.replace(
+            data,
+            x_train=data.x_train.to(device),
+            y_train=data.y_train.to(device),
+            x_test=data.x_test.to(device),
+            y_test=data.y_test.to(device),
+        )
     if test_parts is not None and len(test_parts) != len(train_parts):
         raise ValueError(f"{len(train_parts)} train parts but {len(test_parts)} test parts")
     norm = {"mean": data.mean, "std": data.std, "device": device}

@@ -138,10 +138,11 @@ class PluginClientManager(_Manager):
 
     def on_train(self, msg: Message) -> None:
         self.welcomed = True
-        round_idx, results = int(msg.get("round")), []
-        for task in msg.get("tasks"):
-            n, upload = self.runner.train(int(task["party"]), task["payload"], round_idx)
-            results.append({"party": int(task["party"]), "n": n, "upload": upload})
+        round_idx, tasks = int(msg.get("round")), msg.get("tasks")
+        trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
+        results = [
+            {"party": int(t["party"]), "n": n, "upload": u} for t, (n, u) in zip(tasks, trained, strict=True)
+        ]
         self.send(RESULT, 0, round=round_idx, results=results)
 
     def on_eval(self, msg: Message) -> None:

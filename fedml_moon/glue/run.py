@@ -15,6 +15,7 @@ import torch
 
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import ConfigError
+from fedml_moon.core.batched import auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare
@@ -139,7 +140,14 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) 
     device = select_device(cfg, rank)
     fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)
     dataset = build_fedml_dataset(
-        fed.data, fed.train_parts, fed.test_parts, train.batch_size, seed, train.drop_last, device=device
+        fed.data,
+        fed.train_parts,
+        fed.test_parts,
+        train.batch_size,
+        seed,
+        train.drop_last,
+        device=device,
+        resident=device.type == "cuda",  # the data set lives on the GPU; batches never cross the bus
     )
     (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist()}))
     factory = _model_factory(cfg, fed)
@@ -191,7 +199,19 @@ def build_runner(base: Base, out_dir: Path) -> Any:
     client = base.spec.client(cfg.algorithm_args, train, base.factory, base.seed)
     store = make_store(train.state_store, out_dir / "party_state")
     trainer = PluginClientTrainer(copy.deepcopy(base.model).to(base.device), base.args, client, store)
-    return PartyRunner(trainer, base.dataset, base.device, base.args)
+    parallel = parties_in_parallel(base, trainer.model)
+    return PartyRunner(trainer, base.dataset, base.device, base.args, parallel)
+
+
+def parties_in_parallel(base: Base, model: torch.nn.Module) -> int:
+    """`train_args.parties_in_parallel`, with `auto` resolved from the device's free memory."""
+    train = base.cfg.train_args
+    if train.parties_in_parallel != "auto":
+        return int(train.parties_in_parallel)
+    shape = (train.batch_size, *base.fed.data.input_shape)
+    k = auto_parties(model, shape, base.device, train.client_num_per_round)
+    log.info("train_args.parties_in_parallel: auto -> %d on %s", k, base.device)
+    return k
 
 
 def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:

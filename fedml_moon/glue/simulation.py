@@ -61,10 +61,9 @@ class StandaloneSimulation:
         bar = bar or _NoBar()
         server, runner = self.server, self.runner
         downloads = server.downloads(round_idx)
-        results = {}
-        for i, (party, download) in enumerate(downloads.items()):
-            bar.set_postfix_str(f"party {i + 1}/{len(downloads)} (id {party})")
-            results[party] = runner.train(party, download, round_idx)
+        bar.set_postfix_str(f"{len(downloads)} parties")
+        trained = runner.train_many(list(downloads.items()), round_idx)
+        results = dict(zip(downloads, trained, strict=True))
         ordered = server.aggregate(round_idx, results)
         reports = None
         if server.needs_party_eval(round_idx):

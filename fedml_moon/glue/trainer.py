@@ -15,6 +15,7 @@ from fedml.core import ClientTrainer
 from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, Payload
+from fedml_moon.algorithms.batched import PartyJob, train_parties
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.core.state import PartyStore
@@ -95,6 +96,27 @@ class PluginClientTrainer(ClientTrainer):
         self.outgoing["metrics"] = dict(self.last_metrics)
         log.debug("round %d party %d: %s", round_idx, party, self.last_metrics)
 
+    def train_many(self, loaders: list, downloads: list, device: torch.device, round_idx: int) -> list | None:
+        """Several parties' local rounds trained together (algorithms/batched.py); their uploads, or
+        None when the algorithm has no batched form (nothing has changed then)."""
+        if not self.algorithm.has_batched_form():
+            return None
+        jobs = []
+        for data, download in zip(loaders, downloads, strict=True):
+            check_loader_device(data, device)
+            party = party_of(data)
+            jobs.append(PartyJob(party, as_payload(download), self.store.get(party), data))
+        results = train_parties(self.algorithm, self.model, jobs, device, round_idx)
+        if results is None:
+            return None
+        uploads = []
+        for job, (metrics, upload) in zip(jobs, results, strict=True):
+            self.store.put(job.party, job.state)
+            upload["metrics"] = dict(metrics)
+            uploads.append(upload)
+        self.outgoing = None
+        return uploads
+
     def test(self, test_data: Any, device: torch.device, args: Any) -> dict[str, float]:
         acc, loss = evaluate(self.model, test_data, device)
         return {"test_acc": acc, "test_loss": loss}
@@ -116,9 +138,41 @@ class PartyRunner:
     """The parties one process trains and evaluates, through FedML's ClientTrainer calls: the
     standalone loop holds every party, a distributed worker or silo only its own."""
 
-    def __init__(self, trainer: PluginClientTrainer, dataset: list, device: torch.device, args: Any) -> None:
+    def __init__(
+        self, trainer: PluginClientTrainer, dataset: list, device: torch.device, args: Any, parallel: int = 1
+    ) -> None:
         _, _, _, _, self.num_local, self.train_local, self.test_local, _ = dataset
         self.trainer, self.device, self.args = trainer, device, args
+        self.parallel = parallel  # train_args.parties_in_parallel, resolved
+        self._said_sequential = self._said_batched = False
+
+    def train_many(self, tasks: list[tuple[int, Payload]], round_idx: int) -> list[tuple[float, Payload]]:
+        """Local rounds of (party, download) tasks, `parallel` parties at a time; in task order."""
+        if self.parallel <= 1 or len(tasks) <= 1:
+            return [self.train(party, download, round_idx) for party, download in tasks]
+        out: list[tuple[float, Payload]] = []
+        for start in range(0, len(tasks), self.parallel):
+            chunk = tasks[start : start + self.parallel]
+            self.args.round_idx = round_idx
+            loaders = [self.train_local[p] for p, _ in chunk]
+            uploads = self.trainer.train_many(loaders, [d for _, d in chunk], self.device, round_idx)
+            if uploads is None:
+                self._say_sequential()
+                return out + [self.train(p, d, round_idx) for p, d in tasks[start:]]
+            if not self._said_batched and len(chunk) > 1:
+                log.info("round %d: %d parties trained together (batched)", round_idx, len(chunk))
+                self._said_batched = True
+            out += [(float(self.num_local[p]), u) for (p, _), u in zip(chunk, uploads, strict=True)]
+        return out
+
+    def _say_sequential(self) -> None:
+        if not self._said_sequential:
+            log.info(
+                "%s has no batched form: its parties train one after another (train_args.parties_in_parallel "
+                "is ignored)",
+                self.trainer.algorithm.name,
+            )
+            self._said_sequential = True
 
     def train(self, party: int, download: Payload, round_idx: int) -> tuple[float, Payload]:
         """One party's local round; returns (number of samples, upload)."""

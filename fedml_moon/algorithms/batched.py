@@ -1,0 +1,209 @@
+"""Local training of several parties at once through any algorithm's batched form (pure PyTorch).
+
+For each party, as in `ClientAlgorithm.local_train`: `start_round` loads its starting model and the
+algorithm's `batched_context` names what its loss needs (shared by all parties, or the party's own).
+The parties' models are stacked (`core.batched.StackedModel`) and step in lockstep: at step s every
+party that still has a batch draws it from its own loader (its own random stream, so the batches and
+their order are the sequential path's), one vmapped forward of `functional_loss` over all of them,
+one backward, the algorithm's batched step hooks and one masked SGD step. A party with fewer batches
+stops stepping. Afterwards each party's final model goes back through `start_round`, `end_round` and
+`upload`, as in the sequential path. Parties whose contexts differ in structure (e.g. MOON pools of
+different lengths) or in learning rate train in separate groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedml_moon.algorithms.base import ClientAlgorithm, Payload
+from fedml_moon.core.aggregation import clone_state
+from fedml_moon.core.batched import StackedModel, StackedSGD, select, stack_states, vmapped
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartyJob:
+    """One party's local round: what the server sent, what the party keeps, its training data."""
+
+    party: int
+    received: Payload
+    state: dict
+    loader: Iterable
+    start: dict = field(default_factory=dict)
+    context: dict = field(default_factory=dict)
+    lr: float = 0.0
+    final: dict = field(default_factory=dict)
+    steps: int = 0
+    sums: dict = field(default_factory=dict)
+
+
+class PartyNet:
+    """One party's model inside the vmapped step: callable like the module, with its parameters."""
+
+    def __init__(self, stacked: StackedModel, params: dict, buffers: dict) -> None:
+        self.stacked, self.params, self.buffers = stacked, params, buffers
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        return self.stacked.forward_fn()(self.params, self.buffers, x)
+
+    def frozen(self, state: dict, x: torch.Tensor) -> Any:
+        """The eval-mode output of a model with weights `state` (a teacher)."""
+        return self.stacked.frozen(state, x)
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to(v, device) for v in value]
+    return value
+
+
+def _signature(value: Any) -> Any:
+    """What must match for contexts to stack: structure, shapes, dtypes (and scalars' values)."""
+    if isinstance(value, torch.Tensor):
+        return ("t", tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        return tuple((k, _signature(v)) for k, v in sorted(value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_signature(v) for v in value)
+    return ("v", value)
+
+
+def _shared_key(value: Any) -> Any:
+    """Parties stack only with parties given the very same shared tensors (by identity) and scalars."""
+    if isinstance(value, torch.Tensor):
+        return id(value)
+    if isinstance(value, dict):
+        return tuple((k, _shared_key(v)) for k, v in sorted(value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_shared_key(v) for v in value)
+    return value
+
+
+def _stack_context(contexts: list[Any]) -> Any:
+    first = contexts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(contexts)
+    if isinstance(first, dict):
+        return {k: _stack_context([c[k] for c in contexts]) for k in first}
+    if isinstance(first, list | tuple):
+        return [_stack_context([c[i] for c in contexts]) for i in range(len(first))]
+    return first
+
+
+def _epochs(loader: Iterable, epochs: int) -> Iterator:
+    return itertools.chain.from_iterable(loader for _ in range(epochs))
+
+
+def prepare(
+    algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device, round_idx: int
+) -> bool:
+    """Each party's starting model, loss context and learning rate; False if the algorithm has no
+    batched form (then nothing has changed)."""
+    model.to(device)
+    for job in jobs:
+        algorithm.start_round(model, job.received, job.state, round_idx, job.party)
+        context = algorithm.batched_context(model, job.received, job.state, round_idx, job.party)
+        if context is None:
+            return False
+        job.start = clone_state(model.state_dict())
+        job.context = {"shared": context.get("shared", {}), "party": _to(context.get("party", {}), device)}
+        job.lr = algorithm.learning_rate(job.received)
+    return True
+
+
+def groups(jobs: list[PartyJob]) -> list[list[PartyJob]]:
+    """Jobs that can stack: the same context structure, the same shared tensors, the same lr."""
+    out: dict[Any, list[PartyJob]] = {}
+    for job in jobs:
+        key = (_signature(job.context["party"]), _shared_key(job.context["shared"]), job.lr)
+        out.setdefault(key, []).append(job)
+    return list(out.values())
+
+
+def train_group(
+    algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device
+) -> None:
+    """E local epochs of the group's parties in lockstep; fills each job's final model, steps, sums."""
+    train = algorithm.train_args
+    stacked = StackedModel(model, [job.start for job in jobs])
+    sgd = StackedSGD(stacked.params, jobs[0].lr, train.momentum, train.weight_decay)
+    shared = _to(jobs[0].context["shared"], device)
+    party_ctx = _stack_context([job.context["party"] for job in jobs])
+
+    def one_party(params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor, ctx: dict, common: dict):
+        return algorithm.functional_loss(PartyNet(stacked, params, buffers), x, y, {**common, **ctx})
+
+    step = vmapped(one_party, (0, 0, 0, 0, 0, None))
+    streams = [_epochs(job.loader, train.epochs) for job in jobs]
+    while True:
+        batches = [next(s, None) for s in streams]
+        ready = [k for k, b in enumerate(batches) if b is not None]
+        if not ready:
+            break
+        for size in sorted({batches[k][1].shape[0] for k in ready}):
+            rows = [k for k in ready if batches[k][1].shape[0] == size]
+            _step(algorithm, stacked, sgd, step, batches, rows, party_ctx, shared, jobs)
+    for k, job in enumerate(jobs):
+        job.final = stacked.state(k)
+
+
+def _step(algorithm, stacked, sgd, step, batches, rows, party_ctx, shared, jobs) -> None:
+    """One SGD step of the parties `rows` on their current batches."""
+    everyone = len(rows) == stacked.k
+    idx = None if everyone else torch.tensor(rows, dtype=torch.long, device=stacked.params_device)
+    x = torch.stack([batches[k][0] for k in rows])
+    y = torch.stack([batches[k][1] for k in rows])
+    params, buffers = select(stacked.params, idx), select(stacked.buffers, idx)
+    loss, terms = step(params, buffers, x, y, select(party_ctx, idx), shared)
+    loss.sum().backward()
+    if not everyone:
+        with torch.no_grad():
+            for n, b in buffers.items():
+                stacked.buffers[n].index_copy_(0, idx, b)
+    algorithm.batched_before_step(stacked.params, party_ctx, idx)
+    sgd.step(idx)
+    algorithm.batched_after_step(stacked.params, party_ctx, idx, sgd.lr)
+    terms = {**terms, "loss": loss.detach()}
+    for i, k in enumerate(rows):
+        job = jobs[k]
+        job.steps += 1
+        for key, value in terms.items():
+            job.sums[key] = job.sums[key] + value[i] if key in job.sums else value[i].clone()
+
+
+def finish(
+    algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, round_idx: int
+) -> tuple[dict[str, float], Payload]:
+    """The sequential path's end of a local round for one party, from its batched result."""
+    algorithm.start_round(model, job.received, job.state, round_idx, job.party)
+    model.load_state_dict(job.final)
+    algorithm.steps = job.steps
+    algorithm.end_round(model, job.state, round_idx, job.party, job.loader)
+    metrics = {k: float(v) / max(job.steps, 1) for k, v in job.sums.items()}
+    return metrics, algorithm.upload(model, job.state, job.party)
+
+
+def train_parties(
+    algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device, round_idx: int
+) -> list[tuple[dict[str, float], Payload]] | None:
+    """Local rounds of `jobs` trained together; None when the algorithm has no batched form."""
+    if not prepare(algorithm, model, jobs, device, round_idx):
+        return None
+    for group in groups(jobs):
+        train_group(algorithm, model, group, device)
+    return [finish(algorithm, model, job, round_idx) for job in jobs]
+
+
+__all__ = ["PartyJob", "PartyNet", "stack_states", "train_parties"]

@@ -1,0 +1,166 @@
+"""K parties' models as one: parameters, buffers and SGD state stacked along a leading dimension [K, ...].
+
+A forward is `torch.func.functional_call` of one template module under `torch.func.vmap`, so each
+party computes with its own weights and BatchNorm statistics on its own batch; summing the K losses
+and calling backward gives every party its own gradient (the parties share no tensor that requires
+grad). `StackedSGD.step` is `torch.optim.SGD`'s arithmetic (weight decay, momentum without dampening,
+learning rate) applied only to the parties that stepped. Pure PyTorch.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+Tensors = dict[str, torch.Tensor]
+
+
+def stack_states(states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[str]) -> Tensors:
+    """{name: [K, ...]} from K state dicts (copies; the inputs are left alone)."""
+    return {n: torch.stack([s[n].detach() for s in states]) for n in names}
+
+
+def party_state(stacked: Mapping[str, torch.Tensor], k: int) -> OrderedDict:
+    """Party k's slice of stacked tensors, as an independent state dict."""
+    return OrderedDict((n, t[k].detach().clone()) for n, t in stacked.items())
+
+
+def select(stacked: Mapping[str, Any], idx: torch.Tensor | None) -> dict:
+    """The rows `idx` of every stacked tensor (all rows when idx is None); nested dicts/lists too."""
+    if idx is None:
+        return dict(stacked)
+    return {n: _select(v, idx) for n, v in stacked.items()}
+
+
+def _select(value: Any, idx: torch.Tensor) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, idx.to(value.device))
+    if isinstance(value, Mapping):
+        return {n: _select(v, idx) for n, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_select(v, idx) for v in value]
+    return value
+
+
+class StackedModel:
+    """K copies of `template`'s architecture with their own weights, run as one vmapped module.
+
+    Trainable parameters (`params`) are leaves that require grad; buffers and frozen parameters
+    (`buffers`) are plain tensors that a train-mode forward updates in place (BatchNorm statistics).
+    `frozen` runs an eval-mode copy with weights given per call (MOON's teachers)."""
+
+    def __init__(self, template: nn.Module, states: Sequence[Mapping[str, torch.Tensor]]) -> None:
+        self.student = template.train()
+        self.teacher = copy.deepcopy(template).eval()
+        trainable = [n for n, p in template.named_parameters() if p.requires_grad]
+        rest = [n for n in states[0] if n not in set(trainable)]
+        self.params = {n: t.requires_grad_(True) for n, t in stack_states(states, trainable).items()}
+        self.buffers = stack_states(states, rest)
+        self.k = len(states)
+
+    @property
+    def params_device(self) -> torch.device:
+        return next(iter(self.params.values())).device
+
+    def state(self, k: int) -> OrderedDict:
+        """Party k's full state dict (parameters and buffers)."""
+        return OrderedDict(**party_state(self.params, k), **party_state(self.buffers, k))
+
+    def forward_fn(self) -> Callable[[Tensors, Tensors, torch.Tensor], Any]:
+        """(params, buffers, x) -> the student's output, for one party (to be vmapped)."""
+
+        def forward(params: Tensors, buffers: Tensors, x: torch.Tensor) -> Any:
+            return functional_call(self.student, {**params, **buffers}, (x,))
+
+        return forward
+
+    def frozen(self, state: Mapping[str, torch.Tensor], x: torch.Tensor) -> Any:
+        """The eval-mode output of a model with weights `state` (one party's, inside vmap)."""
+        with torch.no_grad():
+            return functional_call(self.teacher, dict(state), (x,))
+
+
+def vmapped(fn: Callable, in_dims: tuple) -> Callable:
+    """torch.func.vmap with randomness that differs per party (dropout would)."""
+    return vmap(fn, in_dims=in_dims, randomness="different")
+
+
+class StackedSGD:
+    """`torch.optim.SGD(lr, momentum, weight_decay)` (no dampening, no Nesterov) over stacked
+    parameters; a step touches only the parties in `active`. A new optimiser per local training call,
+    as `make_optimizer`: the momentum buffer starts at zero, which gives SGD's first step
+    (buf = grad) exactly."""
+
+    def __init__(self, params: Tensors, lr: float, momentum: float, weight_decay: float) -> None:
+        self.params, self.lr, self.momentum, self.weight_decay = params, lr, momentum, weight_decay
+        self.bufs = {n: torch.zeros_like(p) for n, p in params.items()} if momentum else {}
+
+    @torch.no_grad()
+    def step(self, active: torch.Tensor | None = None) -> None:
+        """One step for the parties `active` (a LongTensor of rows; None: all); clears the gradients."""
+        for n, p in self.params.items():
+            if p.grad is None:
+                continue
+            if active is None:
+                self._update(p, p.grad, self.bufs.get(n))
+            else:
+                sub_p, sub_g = p.index_select(0, active), p.grad.index_select(0, active)
+                buf = self.bufs[n].index_select(0, active) if self.momentum else None
+                self._update(sub_p, sub_g, buf)
+                p.index_copy_(0, active, sub_p)
+                if buf is not None:
+                    self.bufs[n].index_copy_(0, active, buf)
+            p.grad = None
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> None:
+        d_p = grad.add(p, alpha=self.weight_decay) if self.weight_decay else grad
+        if buf is not None:
+            buf.mul_(self.momentum).add_(d_p)
+            d_p = buf
+        p.add_(d_p, alpha=-self.lr)
+
+
+def activation_bytes(model: nn.Module, batch_shape: tuple[int, ...], device: torch.device) -> int:
+    """Bytes autograd saves in one training forward of a batch of `batch_shape` (on a copy)."""
+    probe = copy.deepcopy(model).to(device).train()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        probe(torch.zeros(batch_shape, device=device))
+    return total
+
+
+def free_memory(device: torch.device) -> int:
+    """Free bytes on `device`: CUDA's free memory, or the host's available memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def auto_parties(model: nn.Module, batch_shape: tuple[int, ...], device: torch.device, most: int) -> int:
+    """How many parties to train together: as many as the round has (`most`) while their estimated
+    footprint stays within half the free memory. Per party: 8 model copies (weights, gradients,
+    momentum, the starting state, teachers) and 3 times one batch's saved activations (the student's
+    forward and backward, the teachers' forwards)."""
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    per_party = 8 * model_bytes + 3 * activation_bytes(model, batch_shape, device)
+    return max(1, min(most, free_memory(device) // 2 // max(per_party, 1)))

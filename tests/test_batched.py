@@ -71,11 +71,11 @@ def test_the_stacked_sgd_step_is_torch_sgd_exactly():
             assert torch.equal(stacked[str(i)][p], param.detach()), f"party {p}, tensor {i}"
 
 
-def _run(tmp_path, monkeypatch, algorithm: str, parallel: int):
+def _run(tmp_path, monkeypatch, algorithm: str, parallel: int, extra: tuple = ()):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     config = CONFIG.get(algorithm, f"config/fashion_mnist/{algorithm}.yaml")
     overrides = [*SMALL, f"train_args.algorithm={algorithm}", f"train_args.parties_in_parallel={parallel}"]
-    cfg = load_config(config, [*overrides, *EXTRA.get(algorithm, [])])
+    cfg = load_config(config, [*overrides, *EXTRA.get(algorithm, []), *extra])
     run = assemble(cfg, tmp_path / f"k{parallel}")
     run.loop.run()
     return run
@@ -86,11 +86,15 @@ def _max_diff(a: dict, b: dict) -> float:
 
 
 @needs_fmnist
-@pytest.mark.parametrize("algorithm", sorted({*ALGORITHMS, *load_plugins()}))
-def test_batched_parties_end_where_sequential_ones_do(algorithm, tmp_path, monkeypatch, caplog):
-    seq = _run(tmp_path, monkeypatch, algorithm, 1)
+@pytest.mark.parametrize(
+    ("algorithm", "extra"),
+    [(name, ()) for name in sorted({*ALGORITHMS, *load_plugins()})]
+    + [("scaffold", ("algorithm_args.correction=after-step",))],  # the default; EXTRA tests "gradient"
+)
+def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path, monkeypatch, caplog):
+    seq = _run(tmp_path, monkeypatch, algorithm, 1, extra)
     with caplog.at_level(logging.INFO, logger="fedml_moon.glue.trainer"):
-        bat = _run(tmp_path, monkeypatch, algorithm, 4)
+        bat = _run(tmp_path, monkeypatch, algorithm, 4, extra)
     if algorithm in BUILT_IN:
         assert "parties trained together (batched)" in caplog.text and "no batched form" not in caplog.text
     a, b = seq.loop.aggregator.model.state_dict(), bat.loop.aggregator.model.state_dict()

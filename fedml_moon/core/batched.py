@@ -27,6 +27,15 @@ def stack_states(states: Sequence[Mapping[str, torch.Tensor]], names: Sequence[s
     return {n: torch.stack([s[n].detach() for s in states]) for n in names}
 
 
+def grad_layout(stacked: torch.Tensor) -> torch.Tensor:
+    """A stacked matrix [K, out, in] stored as [K, in, out] transposed: the layout in which vmap's
+    batched linear layer produces its weight gradient, so autograd need not transpose-copy it every
+    step (tens of ms per step for a 512 x 784 layer of 10 parties). Other shapes are unchanged."""
+    if stacked.dim() != 3:
+        return stacked
+    return stacked.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def party_state(stacked: Mapping[str, torch.Tensor], k: int) -> OrderedDict:
     """Party k's slice of stacked tensors, as an independent state dict."""
     return OrderedDict((n, t[k].detach().clone()) for n, t in stacked.items())
@@ -61,7 +70,8 @@ class StackedModel:
         self.teacher = copy.deepcopy(template).eval()
         trainable = [n for n, p in template.named_parameters() if p.requires_grad]
         rest = [n for n in states[0] if n not in set(trainable)]
-        self.params = {n: t.requires_grad_(True) for n, t in stack_states(states, trainable).items()}
+        stacked = stack_states(states, trainable)
+        self.params = {n: grad_layout(t).requires_grad_(True) for n, t in stacked.items()}
         self.buffers = stack_states(states, rest)
         self.k = len(states)
 
@@ -120,7 +130,7 @@ class StackedSGD:
             p.grad = None
 
     def _update(self, p: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor | None) -> None:
-        d_p = grad.add(p, alpha=self.weight_decay) if self.weight_decay else grad
+        d_p = grad.add_(p, alpha=self.weight_decay) if self.weight_decay else grad  # grad is spent
         if buf is not None:
             buf.mul_(self.momentum).add_(d_p)
             d_p = buf

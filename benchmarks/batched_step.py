@@ -47,8 +47,7 @@ def compare(name: str, batch: int, parties: int, repeats: int) -> float:
 
     stacked = StackedModel(models[0], [m.state_dict() for m in models])
     sgd = StackedSGD(stacked.params, 0.01, 0.9, 1e-5)
-    forward = stacked.forward_fn()
-    step = vmapped(lambda p, b, xs, ys: F.cross_entropy(forward(p, b, xs)[2], ys), (0, 0, 0, 0))
+    step = vmapped(lambda p, b, xs, ys: F.cross_entropy(stacked.forward(p, b, xs)[2], ys), (0, 0, 0, 0))
 
     def batched() -> None:
         step(stacked.params, stacked.buffers, x, y).sum().backward()

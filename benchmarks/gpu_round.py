@@ -2,10 +2,11 @@
 
 Setting (MOON paper, section 4.1): 10 parties, Dir(0.5), 10 local epochs, simple CNN with the
 projection head, batch 64, lr 0.01, momentum 0.9, weight decay 1e-5, mu 5, tau 0.5, one negative (the
-party's own initial model, as in round 1). Data: real CIFAR-10 when `--data DIR` holds it (torchvision's
-`cifar-10-batches-py`), else random uint8 tensors of CIFAR-10's shape (50,000 x 3 x 32 x 32; the
-output says which). On a GPU the data set is resident on the device. Each mode runs in its own child
-process, so each reports its own peak memory (CUDA: max allocated; CPU: peak resident set size).
+party's own initial model, as in round 1). Data: real CIFAR-10 from `--data DIR` (torchvision's
+`cifar-10-batches-py`; a missing or unreadable folder is an error), without it random uint8 tensors
+of CIFAR-10's shape (50,000 x 3 x 32 x 32; the output says which). On a GPU the data set is resident
+on the device. Each mode runs in its own child process, so each reports its own peak memory (CUDA:
+max allocated; CPU: peak resident set size).
 The MOON paper's reference: 337 s per round on a V100.
 
 Last line:
@@ -25,6 +26,7 @@ import multiprocessing as mp
 import resource
 import sys
 import time
+from queue import Empty
 
 import torch
 
@@ -33,7 +35,7 @@ from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.config_schema import TrainArgs
 from fedml_moon.core.models import build_model
 from fedml_moon.core.partition import dirichlet_partition
-from fedml_moon.data.datasets import DataNotFoundError, DatasetTensors, load_dataset
+from fedml_moon.data.datasets import DatasetTensors, load_dataset
 from fedml_moon.data.loader import build_fedml_dataset
 
 log = logging.getLogger("gpu_round")
@@ -41,14 +43,12 @@ PARTIES = 10
 
 
 def cifar10(folder: str | None, samples: int | None) -> tuple[DatasetTensors, str]:
-    """Real CIFAR-10 from `folder`, else random tensors of its shape."""
-    try:
-        if folder:
-            data, source = load_dataset("cifar10", folder), "real"
-        else:
-            raise DataNotFoundError("no folder given")
-    except DataNotFoundError as err:
-        log.info("CIFAR-10 not found (%s): random tensors of its shape", err)
+    """Real CIFAR-10 from `folder` (an error if it is not there: a named source is never replaced),
+    else random tensors of its shape."""
+    if folder:
+        data, source = load_dataset("cifar10", folder), "real"
+    else:
+        log.info("no --data: random tensors of CIFAR-10's shape")
         g = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (50_000, 3, 32, 32), generator=g, dtype=torch.uint8)
         y = torch.randint(0, 10, (50_000,), generator=g)
@@ -95,6 +95,16 @@ def one_round(mode: str, opts: argparse.Namespace, queue: mp.Queue) -> None:
     queue.put({"seconds": seconds, "samples": samples, "peak": peak, "source": source})
 
 
+def _result(mode: str, child: mp.Process, queue: mp.Queue) -> dict:
+    """The child's report; an error naming the mode if the child died without one."""
+    while True:
+        try:
+            return queue.get(timeout=1)
+        except Empty:
+            if child.exitcode is not None:
+                raise SystemExit(f"the {mode} round failed (exit code {child.exitcode}); see above") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=None, help="folder with cifar-10-batches-py")
@@ -109,7 +119,7 @@ def main() -> None:
         queue = ctx.Queue()
         child = ctx.Process(target=one_round, args=(mode, opts, queue))
         child.start()
-        results[mode] = queue.get(timeout=3600)
+        results[mode] = _result(mode, child, queue)
         child.join()
         log.info("%s: %s", mode, json.dumps(results[mode]))
     name = torch.cuda.get_device_name(opts.device) if opts.device.startswith("cuda") else "cpu"

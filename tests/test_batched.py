@@ -17,6 +17,7 @@ from fedml_moon.algorithms.batched import PartyJob, train_parties
 from fedml_moon.config import load_config
 from fedml_moon.core.batched import StackedSGD, auto_parties
 from fedml_moon.core.models import build_model
+from fedml_moon.core.validate import tensor_leaves
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.glue.run import assemble
 from fedml_moon.registry import ALGORITHMS, load_plugins
@@ -101,20 +102,10 @@ def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path
     assert _max_diff(a, b) <= 1e-4
     store_a, store_b = seq.loop.runner.trainer.store, bat.loop.runner.trainer.store
     for party in range(5):
-        flat_a, flat_b = _tensors(store_a.get(party)), _tensors(store_b.get(party))
+        flat_a, flat_b = dict(tensor_leaves(store_a.get(party))), dict(tensor_leaves(store_b.get(party)))
         assert flat_a.keys() == flat_b.keys()
         for key in flat_a:
             assert float((flat_a[key].double() - flat_b[key].double()).abs().max()) <= 1e-4, (party, key)
-
-
-def _tensors(tree, prefix: str = "") -> dict:
-    if isinstance(tree, torch.Tensor):
-        return {prefix: tree}
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _tensors(sub, f"{prefix}/{key}").items()}
-    if isinstance(tree, list | tuple):
-        return {k: v for i, sub in enumerate(tree) for k, v in _tensors(sub, f"{prefix}/{i}").items()}
-    return {}
 
 
 def _loader(n: int, batch: int, seed: int, side: int = 16):

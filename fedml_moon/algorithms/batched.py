@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, Payload
 from fedml_moon.core.aggregation import clone_state
-from fedml_moon.core.batched import StackedModel, StackedSGD, select, stack_states, vmapped
+from fedml_moon.core.batched import StackedModel, StackedSGD, select, stack_states, tree_map, vmapped
 
 log = logging.getLogger(__name__)
 
@@ -52,54 +52,38 @@ class PartyNet:
         self.stacked, self.params, self.buffers = stacked, params, buffers
 
     def __call__(self, x: torch.Tensor) -> Any:
-        return self.stacked.forward_fn()(self.params, self.buffers, x)
+        return self.stacked.forward(self.params, self.buffers, x)
 
     def frozen(self, state: dict, x: torch.Tensor) -> Any:
         """The eval-mode output of a model with weights `state` (a teacher)."""
         return self.stacked.frozen(state, x)
 
 
-def _to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_to(v, device) for v in value]
-    return value
+def _to(tree: Any, device: torch.device) -> Any:
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, tree)
 
 
-def _signature(value: Any) -> Any:
-    """What must match for contexts to stack: structure, shapes, dtypes (and scalars' values)."""
-    if isinstance(value, torch.Tensor):
-        return ("t", tuple(value.shape), value.dtype)
-    if isinstance(value, dict):
-        return tuple((k, _signature(v)) for k, v in sorted(value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_signature(v) for v in value)
-    return ("v", value)
+def _key(tree: Any, leaf: Callable[[Any], Any]) -> Any:
+    """A hashable image of `tree`: its structure with `leaf` of every leaf."""
+    if isinstance(tree, dict):
+        return tuple((k, _key(v, leaf)) for k, v in sorted(tree.items()))
+    if isinstance(tree, list | tuple):
+        return tuple(_key(v, leaf) for v in tree)
+    return leaf(tree)
 
 
-def _shared_key(value: Any) -> Any:
-    """Parties stack only with parties given the very same shared tensors (by identity) and scalars."""
-    if isinstance(value, torch.Tensor):
-        return id(value)
-    if isinstance(value, dict):
-        return tuple((k, _shared_key(v)) for k, v in sorted(value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_shared_key(v) for v in value)
-    return value
+def _signature(leaf: Any) -> Any:
+    """What must match for contexts to stack: shapes and dtypes of tensors, values of scalars."""
+    return ("t", tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else ("v", leaf)
+
+
+def _identity(leaf: Any) -> Any:
+    """Shared entries stack only when they are the very same tensors (by identity) and scalars."""
+    return id(leaf) if isinstance(leaf, torch.Tensor) else leaf
 
 
 def _stack_context(contexts: list[Any]) -> Any:
-    first = contexts[0]
-    if isinstance(first, torch.Tensor):
-        return torch.stack(contexts)
-    if isinstance(first, dict):
-        return {k: _stack_context([c[k] for c in contexts]) for k in first}
-    if isinstance(first, list | tuple):
-        return [_stack_context([c[i] for c in contexts]) for i in range(len(first))]
-    return first
+    return tree_map(lambda *vs: torch.stack(vs) if isinstance(vs[0], torch.Tensor) else vs[0], *contexts)
 
 
 def _epochs(loader: Iterable, epochs: int) -> Iterator:
@@ -127,7 +111,7 @@ def groups(jobs: list[PartyJob]) -> list[list[PartyJob]]:
     """Jobs that can stack: the same context structure, the same shared tensors, the same lr."""
     out: dict[Any, list[PartyJob]] = {}
     for job in jobs:
-        key = (_signature(job.context["party"]), _shared_key(job.context["shared"]), job.lr)
+        key = (_key(job.context["party"], _signature), _key(job.context["shared"], _identity), job.lr)
         out.setdefault(key, []).append(job)
     return list(out.values())
 

@@ -41,21 +41,24 @@ def party_state(stacked: Mapping[str, torch.Tensor], k: int) -> OrderedDict:
     return OrderedDict((n, t[k].detach().clone()) for n, t in stacked.items())
 
 
-def select(stacked: Mapping[str, Any], idx: torch.Tensor | None) -> dict:
-    """The rows `idx` of every stacked tensor (all rows when idx is None); nested dicts/lists too."""
+def tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
+    """`fn` applied leaf by leaf across trees of the same structure (dicts, lists, tuples; tuples
+    come back as lists); the first tree gives the structure."""
+    first = trees[0]
+    if isinstance(first, Mapping):
+        return {k: tree_map(fn, *(t[k] for t in trees)) for k in first}
+    if isinstance(first, list | tuple):
+        return [tree_map(fn, *(t[i] for t in trees)) for i in range(len(first))]
+    return fn(*trees)
+
+
+def select(stacked: Any, idx: torch.Tensor | None) -> Any:
+    """The rows `idx` of every stacked tensor in a tree (the tree itself when idx is None)."""
     if idx is None:
-        return dict(stacked)
-    return {n: _select(v, idx) for n, v in stacked.items()}
-
-
-def _select(value: Any, idx: torch.Tensor) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.index_select(0, idx.to(value.device))
-    if isinstance(value, Mapping):
-        return {n: _select(v, idx) for n, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_select(v, idx) for v in value]
-    return value
+        return stacked
+    return tree_map(
+        lambda v: v.index_select(0, idx.to(v.device)) if isinstance(v, torch.Tensor) else v, stacked
+    )
 
 
 class StackedModel:
@@ -83,13 +86,9 @@ class StackedModel:
         """Party k's full state dict (parameters and buffers)."""
         return OrderedDict(**party_state(self.params, k), **party_state(self.buffers, k))
 
-    def forward_fn(self) -> Callable[[Tensors, Tensors, torch.Tensor], Any]:
-        """(params, buffers, x) -> the student's output, for one party (to be vmapped)."""
-
-        def forward(params: Tensors, buffers: Tensors, x: torch.Tensor) -> Any:
-            return functional_call(self.student, {**params, **buffers}, (x,))
-
-        return forward
+    def forward(self, params: Tensors, buffers: Tensors, x: torch.Tensor) -> Any:
+        """The student's output for one party's weights (called inside vmap)."""
+        return functional_call(self.student, {**params, **buffers}, (x,))
 
     def frozen(self, state: Mapping[str, torch.Tensor], x: torch.Tensor) -> Any:
         """The eval-mode output of a model with weights `state` (one party's, inside vmap)."""

@@ -12,13 +12,14 @@ class BadUpload(RuntimeError):
     """Uploads that cannot be used, with train_args.on_bad_upload: stop (or none usable at all)."""
 
 
-def _tensors(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
+def tensor_leaves(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Every tensor in a tree of dicts / lists / tuples, with its path ("model.w", "pool[0].b")."""
     if isinstance(tree, torch.Tensor):
         return [(path, tree)]
     if isinstance(tree, Mapping):
-        return [t for k, v in tree.items() for t in _tensors(v, f"{path}.{k}" if path else str(k))]
+        return [t for k, v in tree.items() for t in tensor_leaves(v, f"{path}.{k}" if path else str(k))]
     if isinstance(tree, (list, tuple)):
-        return [t for i, v in enumerate(tree) for t in _tensors(v, f"{path}[{i}]")]
+        return [t for i, v in enumerate(tree) for t in tensor_leaves(v, f"{path}[{i}]")]
     return []
 
 
@@ -39,7 +40,7 @@ def upload_problem(upload: Any, reference: Mapping[str, torch.Tensor]) -> str | 
                 else type(value).__name__
             )
             return f"model entry {key!r} is {got}, the server's is {tuple(ref.shape)} {ref.dtype}"
-    for path, tensor in _tensors(upload):
+    for path, tensor in tensor_leaves(upload):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return f"{path} holds NaN or Inf"
     return None

@@ -153,7 +153,6 @@ class PartyRunner:
         out: list[tuple[float, Payload]] = []
         for start in range(0, len(tasks), self.parallel):
             chunk = tasks[start : start + self.parallel]
-            self.args.round_idx = round_idx
             loaders = [self.train_local[p] for p, _ in chunk]
             uploads = self.trainer.train_many(loaders, [d for _, d in chunk], self.device, round_idx)
             if uploads is None:

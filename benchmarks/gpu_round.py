@@ -9,9 +9,11 @@ on the device. Each mode runs in its own child process, so each reports its own 
 max allocated; CPU: peak resident set size).
 The MOON paper's reference: 337 s per round on a V100.
 
-Last line:
-    device=<name> data=<real|random> sequential_s=<s> batched_s=<s> speedup=<x>
-    sequential_samples_per_s=<n> batched_samples_per_s=<n> sequential_peak_mb=<mb> batched_peak_mb=<mb>
+Three modes: parties one after another, batched (`parties_in_parallel: 10`), and batched with each
+step of full batches replayed from a CUDA graph (`cuda_graphs: true`; CUDA only). Last line:
+    device=<name> data=<real|random> sequential_s=<s> batched_s=<s> graphs_s=<s> speedup=<x>
+    graphs_speedup=<x> sequential_samples_per_s=<n> batched_samples_per_s=<n> graphs_samples_per_s=<n>
+    sequential_peak_mb=<mb> batched_peak_mb=<mb> graphs_peak_mb=<mb>
 
 Run: .venv/bin/python benchmarks/gpu_round.py [--data DIR] [--device cuda] [--epochs 10] [--samples N]
 (--samples keeps the first N training images: small runs that check the plumbing on a CPU)
@@ -68,6 +70,7 @@ def one_round(mode: str, opts: argparse.Namespace, queue: mp.Queue) -> None:
     resident = device.type == "cuda"
     loaders = build_fedml_dataset(data, parts, None, 64, 0, True, device=device, resident=resident)[5]
     train = TrainArgs(epochs=opts.epochs, batch_size=64, learning_rate=0.01, momentum=0.9, weight_decay=1e-5)
+    train.cuda_graphs = mode == "graphs"  # batched steps of full batches replayed from a CUDA graph
 
     def factory() -> torch.nn.Module:
         return build_model("simple-cnn", (3, 32, 32), 10, use_head=True, out_dim=256)
@@ -78,7 +81,7 @@ def one_round(mode: str, opts: argparse.Namespace, queue: mp.Queue) -> None:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    if mode == "batched":
+    if mode != "sequential":
         jobs = [PartyJob(p, received, {}, loaders[p]) for p in range(PARTIES)]
         train_parties(algo, factory().to(device), jobs, device, 1)
     else:
@@ -115,7 +118,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     ctx = mp.get_context("spawn")
     results = {}
-    for mode in ("sequential", "batched"):
+    modes = (
+        ("sequential", "batched", "graphs") if opts.device.startswith("cuda") else ("sequential", "batched")
+    )
+    for mode in modes:
         queue = ctx.Queue()
         child = ctx.Process(target=one_round, args=(mode, opts, queue))
         child.start()
@@ -123,14 +129,17 @@ def main() -> None:
         child.join()
         log.info("%s: %s", mode, json.dumps(results[mode]))
     name = torch.cuda.get_device_name(opts.device) if opts.device.startswith("cuda") else "cpu"
-    seq, bat = results["sequential"], results["batched"]
-    sys.stdout.write(
-        f"device={name.replace(' ', '_')} data={seq['source']} sequential_s={seq['seconds']:.2f} "
-        f"batched_s={bat['seconds']:.2f} speedup={seq['seconds'] / bat['seconds']:.2f} "
-        f"sequential_samples_per_s={seq['samples'] / seq['seconds']:.0f} "
-        f"batched_samples_per_s={bat['samples'] / bat['seconds']:.0f} "
-        f"sequential_peak_mb={seq['peak'] / 2**20:.0f} batched_peak_mb={bat['peak'] / 2**20:.0f}\n"
-    )
+    seq = results["sequential"]
+    fields = [f"device={name.replace(' ', '_')}", f"data={seq['source']}"]
+    fields += [f"{mode}_s={results[mode]['seconds']:.2f}" for mode in modes]
+    fields += [f"speedup={seq['seconds'] / results['batched']['seconds']:.2f}"]
+    if "graphs" in results:
+        fields += [f"graphs_speedup={seq['seconds'] / results['graphs']['seconds']:.2f}"]
+    fields += [
+        f"{mode}_samples_per_s={results[mode]['samples'] / results[mode]['seconds']:.0f}" for mode in modes
+    ]
+    fields += [f"{mode}_peak_mb={results[mode]['peak'] / 2**20:.0f}" for mode in modes]
+    sys.stdout.write(" ".join(fields) + "\n")
 
 
 if __name__ == "__main__":

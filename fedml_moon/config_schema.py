@@ -127,6 +127,7 @@ class TrainArgs:
     checkpoint_every: int = 5
     on_bad_upload: str = "skip"
     parties_in_parallel: int | str = 1
+    cuda_graphs: bool = False
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
@@ -135,6 +136,12 @@ class TrainArgs:
             k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 1),
             "train_args.parties_in_parallel",
             f"parties trained together: an integer >= 1 (1: one after another) or 'auto'; got {k!r}",
+        )
+        require(
+            not self.cuda_graphs or k != 1,
+            "train_args.cuda_graphs",
+            "a CUDA graph replays the step of parties trained together: set train_args.parties_in_parallel "
+            "to K > 1 or auto, or cuda_graphs to false",
         )
         require(
             1 <= self.client_num_per_round <= self.client_num_in_total,

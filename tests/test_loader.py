@@ -98,7 +98,8 @@ def test_augmented_batches_are_reproducible() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_batches_on_cuda() -> None:
-    images, labels = _indexed(10)
+    images = torch.randint(0, 256, (10, 3, 8, 8), dtype=torch.uint8)  # reflect-padding by 4: side > 4
+    labels = torch.arange(10)
     loader = PartyLoader(images, labels, np.arange(10), 4, augment="cifar10", device="cuda", shuffle=True)
     x, y = next(iter(loader))
     assert x.is_cuda and y.is_cuda

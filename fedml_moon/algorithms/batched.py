@@ -24,7 +24,15 @@ from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, Payload
 from fedml_moon.core.aggregation import clone_state
-from fedml_moon.core.batched import StackedModel, StackedSGD, select, stack_states, tree_map, vmapped
+from fedml_moon.core.batched import (
+    StackedModel,
+    StackedSGD,
+    cuda_graph,
+    select,
+    stack_states,
+    tree_map,
+    vmapped,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +109,7 @@ def prepare(
         context = algorithm.batched_context(model, job.received, job.state, round_idx, job.party)
         if context is None:
             return False
-        job.start = clone_state(model.state_dict())
+        job.start = clone_state(model.state_dict(), device)
         job.context = {"shared": context.get("shared", {}), "party": _to(context.get("party", {}), device)}
         job.lr = algorithm.learning_rate(job.received)
     return True
@@ -116,55 +124,148 @@ def groups(jobs: list[PartyJob]) -> list[list[PartyJob]]:
     return list(out.values())
 
 
+@dataclass
+class _Group:
+    """What a step of a group of stacked parties needs; `sums` holds each party's running sums of
+    its loss terms, [K] per term."""
+
+    algorithm: ClientAlgorithm
+    stacked: StackedModel
+    sgd: StackedSGD
+    step: Callable
+    party_ctx: Any
+    shared: Any
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
 def train_group(
     algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device
 ) -> None:
-    """E local epochs of the group's parties in lockstep; fills each job's final model, steps, sums."""
+    """E local epochs of the group's parties in lockstep; fills each job's final model, steps, sums.
+    With `train_args.cuda_graphs` the steps of full batches go through one `MaskedStep`."""
     train = algorithm.train_args
     stacked = StackedModel(model, [job.start for job in jobs])
-    sgd = StackedSGD(stacked.params, jobs[0].lr, train.momentum, train.weight_decay)
-    shared = _to(jobs[0].context["shared"], device)
-    party_ctx = _stack_context([job.context["party"] for job in jobs])
 
     def one_party(params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor, ctx: dict, common: dict):
         return algorithm.functional_loss(PartyNet(stacked, params, buffers), x, y, {**common, **ctx})
 
-    step = vmapped(one_party, (0, 0, 0, 0, 0, None))
+    g = _Group(
+        algorithm,
+        stacked,
+        StackedSGD(stacked.params, jobs[0].lr, train.momentum, train.weight_decay),
+        vmapped(one_party, (0, 0, 0, 0, 0, None)),
+        _stack_context([job.context["party"] for job in jobs]),
+        _to(jobs[0].context["shared"], device),
+    )
+    masked = MaskedStep(g, device) if train.cuda_graphs else None
     streams = [_epochs(job.loader, train.epochs) for job in jobs]
     while True:
         batches = [next(s, None) for s in streams]
         ready = [k for k, b in enumerate(batches) if b is not None]
         if not ready:
             break
+        for k in ready:
+            jobs[k].steps += 1
+        if masked is not None:
+            ready = masked.take(batches, ready, train.batch_size)
         for size in sorted({batches[k][1].shape[0] for k in ready}):
-            rows = [k for k in ready if batches[k][1].shape[0] == size]
-            _step(algorithm, stacked, sgd, step, batches, rows, party_ctx, shared, jobs)
+            _step(g, batches, [k for k in ready if batches[k][1].shape[0] == size])
     for k, job in enumerate(jobs):
         job.final = stacked.state(k)
+        job.sums = {key: s[k] for key, s in g.sums.items()}
 
 
-def _step(algorithm, stacked, sgd, step, batches, rows, party_ctx, shared, jobs) -> None:
+def _step(g: _Group, batches: list, rows: list[int]) -> None:
     """One SGD step of the parties `rows` on their current batches."""
+    stacked = g.stacked
     everyone = len(rows) == stacked.k
     idx = None if everyone else torch.tensor(rows, dtype=torch.long, device=stacked.params_device)
     x = torch.stack([batches[k][0] for k in rows])
     y = torch.stack([batches[k][1] for k in rows])
     params, buffers = select(stacked.params, idx), select(stacked.buffers, idx)
-    loss, terms = step(params, buffers, x, y, select(party_ctx, idx), shared)
+    loss, terms = g.step(params, buffers, x, y, select(g.party_ctx, idx), g.shared)
     loss.sum().backward()
     if not everyone:
         with torch.no_grad():
             for n, b in buffers.items():
                 stacked.buffers[n].index_copy_(0, idx, b)
-    algorithm.batched_before_step(stacked.params, party_ctx, idx)
-    sgd.step(idx)
-    algorithm.batched_after_step(stacked.params, party_ctx, idx, sgd.lr)
-    terms = {**terms, "loss": loss.detach()}
-    for i, k in enumerate(rows):
-        job = jobs[k]
-        job.steps += 1
+    g.algorithm.batched_before_step(stacked.params, g.party_ctx, idx)
+    g.sgd.step(idx)
+    g.algorithm.batched_after_step(stacked.params, g.party_ctx, idx, g.sgd.lr)
+    _accumulate(g, {**terms, "loss": loss.detach()}, idx)
+
+
+def _accumulate(g: _Group, terms: dict[str, torch.Tensor], idx: torch.Tensor | None) -> None:
+    """Adds the step's loss terms ([len(rows)] each) to the rows' running sums."""
+    with torch.no_grad():
         for key, value in terms.items():
-            job.sums[key] = job.sums[key] + value[i] if key in job.sums else value[i].clone()
+            if key not in g.sums:
+                g.sums[key] = torch.zeros(g.stacked.k, dtype=value.dtype, device=value.device)
+            if idx is None:
+                g.sums[key].add_(value)
+            else:
+                g.sums[key].index_add_(0, idx, value)
+
+
+class MaskedStep:
+    """One SGD step of every party of the group on static input tensors, of which only the rows in
+    `mask` keep the result: the others get their parameters, momentum and buffers back (torch.where,
+    so bit for bit). Fixed shapes and no host synchronisation, so on CUDA it is captured once as a
+    CUDA graph and replayed at every step of full batches (`train_args.cuda_graphs`), which removes
+    the per-kernel launch cost that dominates small models. Elsewhere it runs as it is (the same
+    arithmetic, tested on a CPU). Batches of another size take the eager step."""
+
+    def __init__(self, g: _Group, device: torch.device) -> None:
+        self.g, self.device, self.graph = g, device, None
+        self.state = [*g.stacked.params.values(), *g.sgd.bufs.values(), *g.stacked.buffers.values()]
+        self.masks: dict[tuple[int, ...], torch.Tensor] = {}
+        self.x = self.y = self.mask = torch.empty(0)
+
+    def take(self, batches: list, ready: list[int], size: int) -> list[int]:
+        """Steps the parties of `ready` whose batch holds `size` samples; returns the others."""
+        rows = [k for k in ready if batches[k][1].shape[0] == size]
+        if not rows:
+            return ready
+        self._inputs(batches, rows)
+        if self.graph is None and self.device.type == "cuda":
+            self.mask.zero_()  # warm-up steps change nothing
+            self.graph = cuda_graph(self._run, self._run, self.device)
+        self.mask.copy_(self._mask(rows))
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._run()
+        return [k for k in ready if k not in rows]
+
+    def _inputs(self, batches: list, rows: list[int]) -> None:
+        if self.mask.numel() == 0:
+            x, y, k = *batches[rows[0]], self.g.stacked.k
+            self.x, self.y = x.new_zeros((k, *x.shape)), y.new_zeros((k, *y.shape))
+            self.mask = torch.zeros(k, dtype=torch.bool, device=x.device)
+        for k in rows:
+            self.x[k].copy_(batches[k][0])
+            self.y[k].copy_(batches[k][1])
+
+    def _mask(self, rows: list[int]) -> torch.Tensor:
+        if tuple(rows) not in self.masks:
+            mask = torch.zeros(self.g.stacked.k, dtype=torch.bool)
+            mask[rows] = True
+            self.masks[tuple(rows)] = mask.to(self.mask.device)
+        return self.masks[tuple(rows)]
+
+    def _run(self) -> None:
+        g = self.g
+        saved = [t.detach().clone() for t in self.state]
+        loss, terms = g.step(g.stacked.params, g.stacked.buffers, self.x, self.y, g.party_ctx, g.shared)
+        loss.sum().backward()
+        g.algorithm.batched_before_step(g.stacked.params, g.party_ctx, None)
+        g.sgd.step(None)
+        g.algorithm.batched_after_step(g.stacked.params, g.party_ctx, None, g.sgd.lr)
+        with torch.no_grad():
+            for t, old in zip(self.state, saved, strict=True):
+                t.copy_(torch.where(self.mask.view(-1, *[1] * (t.dim() - 1)), t, old))
+            kept = {k: torch.where(self.mask, v, 0) for k, v in {**terms, "loss": loss.detach()}.items()}
+        _accumulate(g, kept, None)
 
 
 def finish(

@@ -136,6 +136,22 @@ class StackedSGD:
         p.add_(d_p, alpha=-self.lr)
 
 
+def cuda_graph(fn: Callable[[], None], warmup: Callable[[], None], device: torch.device) -> Any:
+    """`fn` captured as a `torch.cuda.CUDAGraph` (run it with `.replay()`). `warmup` runs three times
+    on a side stream first, as capture requires (cuDNN picks its kernels, autograd and the caching
+    allocator set up their buffers); it must leave the training state as it found it."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            warmup()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def activation_bytes(model: nn.Module, batch_shape: tuple[int, ...], device: torch.device) -> int:
     """Bytes autograd saves in one training forward of a batch of `batch_shape` (on a copy)."""
     probe = copy.deepcopy(model).to(device).train()

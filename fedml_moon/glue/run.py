@@ -206,6 +206,11 @@ def build_runner(base: Base, out_dir: Path) -> Any:
 def parties_in_parallel(base: Base, model: torch.nn.Module) -> int:
     """`train_args.parties_in_parallel`, with `auto` resolved from the device's free memory."""
     train = base.cfg.train_args
+    if train.cuda_graphs and base.device.type != "cuda":
+        raise ConfigError(
+            f"train_args.cuda_graphs: CUDA graphs need a CUDA device and this run trains on {base.device} "
+            "(device_args); set cuda_graphs to false"
+        )
     if train.parties_in_parallel != "auto":
         return int(train.parties_in_parallel)
     shape = (train.batch_size, *base.fed.data.input_shape)

@@ -1,0 +1,146 @@
+"""Batched parties on the run's device: two rounds of every built-in algorithm driven through the pure
+core (server half, party half, loaders built for the device with the data set resident there), batched
+against one-after-another, within 1e-4. CUDA cases run where a GPU is; the CPU case keeps the plumbing of
+this loop (resident loaders, device moves) tested everywhere. Nothing here imports FedML, so these tests
+also run on machines that have a GPU but no FedML."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fedml_moon.algorithms.batched import PartyJob, train_parties
+from fedml_moon.config import load_config
+from fedml_moon.core.models import build_model
+from fedml_moon.core.partition import dirichlet_partition
+from fedml_moon.data.datasets import DatasetTensors
+from fedml_moon.data.loader import build_fedml_dataset
+from fedml_moon.registry import get_algorithm
+
+BUILT_IN = ("fedavg", "fedprox", "fedssc", "lg", "moon", "scaffold", "solo")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+PARTIES, SAMPLED = 5, (0, 1, 3, 4)
+
+
+def _data() -> DatasetTensors:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (700, 1, 28, 28), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (700,), generator=g)
+    return DatasetTensors("fashion-mnist", x, y, x[:50], y[:50], 10, (0.28,), (0.35,), "none")
+
+
+def _round_trip(
+    algorithm: str, device: torch.device, parallel: bool, graphs: bool = False
+) -> tuple[dict, list[dict]]:
+    """Two rounds (parties 0, 1, 3, 4 sampled; partial last batches); the final global model and every
+    party's state. `graphs`: the batched steps of full batches go through the masked step."""
+    overrides = ["train_args.epochs=2", "train_args.batch_size=32", "train_args.learning_rate=0.05"]
+    if graphs:
+        overrides += ["train_args.parties_in_parallel=4", "train_args.cuda_graphs=true"]
+    cfg = load_config(f"config/fashion_mnist/{algorithm}.yaml", overrides)
+    train, m, data = cfg.train_args, cfg.model_args, _data()
+    parts = dirichlet_partition(data.y_train.numpy(), PARTIES, 0.5, seed=0)
+    loaders = build_fedml_dataset(
+        data, parts, None, 32, 0, False, device=device, resident=device.type == "cuda"
+    )
+    spec = get_algorithm(algorithm)
+
+    def factory() -> torch.nn.Module:
+        return build_model(m.model, (1, 28, 28), 10, m.use_projection_head, m.out_dim, m.output_activation)
+
+    torch.manual_seed(0)
+    model = factory().to(device)
+    client = spec.client(cfg.algorithm_args, train, factory, 0)
+    server = spec.server(cfg.algorithm_args, cfg.server_args, train, 0)
+    global_state = server.setup(copy.deepcopy(model.state_dict()))
+    states: list[dict] = [{} for _ in range(PARTIES)]
+    for round_idx in range(2):
+        jobs = [PartyJob(p, server.download(global_state, p), states[p], loaders[5][p]) for p in SAMPLED]
+        if parallel:
+            uploads = [u for _, u in train_parties(client, model, jobs, device, round_idx)]
+        else:
+            uploads = []
+            for job in jobs:
+                client.local_train(model, job.received, job.state, job.loader, device, round_idx, job.party)
+                uploads.append(client.upload(model, job.state, job.party))
+        weights = [float(len(parts[p])) for p in SAMPLED]
+        global_state = server.aggregate(global_state, list(zip(weights, uploads, strict=True)))
+    return global_state, states
+
+
+def _leaves(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{prefix}/{key}").items()}
+    if isinstance(tree, list | tuple):
+        return {k: v for i, sub in enumerate(tree) for k, v in _leaves(sub, f"{prefix}/{i}").items()}
+    return {}
+
+
+def _check(algorithm: str, device: torch.device, graphs: bool = False) -> None:
+    seq_model, seq_states = _round_trip(algorithm, device, parallel=False)
+    bat_model, bat_states = _round_trip(algorithm, device, parallel=True, graphs=graphs)
+    seq, bat = (
+        _leaves({"model": seq_model, "states": seq_states}),
+        _leaves({"model": bat_model, "states": bat_states}),
+    )
+    assert seq.keys() == bat.keys()
+    for key, a in seq.items():
+        if a.is_floating_point():
+            diff = float((a.double().cpu() - bat[key].double().cpu()).abs().max())
+            assert diff <= 1e-4, (algorithm, key, diff)
+
+
+def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
+    """On `meta` tensors (no arithmetic, real devices checks): starts, stacked weights, SGD state and
+    the parties' final models all live on the run's device, for a CPU-only check of the CUDA path."""
+    from fedml_moon.algorithms.batched import groups, prepare, train_group
+    from fedml_moon.algorithms.moon import MoonClient, MoonOptions
+    from tests.helpers import train_args
+
+    meta = torch.device("meta")
+
+    def factory() -> torch.nn.Module:
+        return build_model("simple-cnn", (1, 28, 28), 10, use_head=True, out_dim=16)
+
+    algo = MoonClient(MoonOptions(mu=1.0, temperature=0.5), train_args(epochs=1, batch_size=4), factory, 0)
+    received = {"model": {k: v.to(meta) for k, v in factory().state_dict().items()}}
+    batch = (torch.empty(4, 1, 28, 28, device=meta), torch.zeros(4, dtype=torch.long, device=meta))
+    jobs = [PartyJob(p, received, {}, [batch] * (p + 1)) for p in range(3)]
+    assert prepare(algo, factory(), jobs, meta, 0)
+    for group in groups(jobs):
+        train_group(algo, factory(), group, meta)
+    for job in jobs:
+        assert job.steps == job.party + 1
+        assert {t.device for t in [*job.start.values(), *job.final.values()]} == {meta}
+
+
+def test_batched_equals_sequential_through_the_core_loop_on_the_cpu() -> None:
+    _check("moon", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("algorithm", ["moon", "scaffold"])  # SCAFFOLD: step hooks inside the mask
+def test_the_masked_step_that_cuda_graphs_replay_gives_the_sequential_result_on_the_cpu(algorithm) -> None:
+    """Full batches through `MaskedStep` (all rows compute, finished parties are restored), the
+    partial last batches through the eager step: the arithmetic a CUDA graph replays, run directly."""
+    _check(algorithm, torch.device("cpu"), graphs=True)
+
+
+@pytest.fixture
+def no_tf32():
+    """TF32 convolutions (PyTorch's default on Ampere and later) round the sequential convolutions
+    and the batched (grouped) ones differently; the equality is checked in float32."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@CUDA
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
+@pytest.mark.parametrize("algorithm", BUILT_IN)
+def test_batched_equals_sequential_on_cuda(algorithm: str, graphs: bool, no_tf32) -> None:
+    _check(algorithm, torch.device("cuda"), graphs)

@@ -71,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--modes", help="comma-separated subset of the modes (default: all)")
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
     check.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sweep = sub.add_parser("sweep", help="run a grid of simulations (algorithms x seeds x settings)")
+    sweep.add_argument("sweep_file", help="a sweep file: base config, grid, output folder")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (threads per run: cores / jobs)")
+    sweep.add_argument("--list", action="store_true", help="print one shell command per run and stop")
+    sweep.add_argument("--output", help="the sweep's folder (default: the file's 'output')")
+    sweep.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    report = sub.add_parser("report", help="tables, curves and a summary from run folders")
+    report.add_argument("folders", nargs="+", help="run folders, or folders holding them (a sweep's)")
+    report.add_argument("--out", help="where the report goes (default: <first folder>/report)")
+    report.add_argument(
+        "--target", type=float, help="target test accuracy in [0, 1] (default: FedAvg's final)"
+    )
+    report.add_argument("--latex", action="store_true", help="also write the tables as LaTeX")
+    report.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
 
@@ -110,6 +124,25 @@ def _check(args: argparse.Namespace) -> int:
     failed = sum(not c.ok for c in checks)
     sys.stdout.write(f"{args.algorithm}: {len(checks) - failed} of {len(checks)} checks passed\n")
     return 0 if not failed else 1
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from fedml_moon import sweep
+
+    runs = sweep.load_sweep(args.sweep_file, args.output)
+    if args.list:
+        sys.stdout.write("".join(line + "\n" for line in sweep.commands(runs)))
+        return 0
+    outcome = sweep.run_sweep(runs, args.jobs)
+    log.info(
+        "sweep: %d runs, %d complete before, %d completed now, %d failed; outputs in %s",
+        len(runs),
+        len(outcome.skipped),
+        len(outcome.completed),
+        len(outcome.failed),
+        runs[0].folder.parent if runs else "-",
+    )
+    return 1 if outcome.failed else 0
 
 
 def default_output_dir(cfg: Config) -> Path:
@@ -203,6 +236,15 @@ def main(argv: list[str] | None = None) -> int:
             return _check(args)
         if args.command == "certs":
             return _certs(args)
+        if args.command == "sweep":
+            return _sweep(args)
+        if args.command == "report":
+            from fedml_moon.report import write_report
+
+            write_report(
+                [Path(f) for f in args.folders], args.out and Path(args.out), args.target, args.latex
+            )
+            return 0
         cfg = load_config(args.cf, args.overrides)
         _check_command(args.command, cfg)
         out_dir = _output_dir(args, cfg)

@@ -1,0 +1,219 @@
+"""From run folders to a paper's tables: accuracy as mean +- std over seeds (the MOON paper's Table 1),
+rounds to a target accuracy with the speed-up against FedAvg and the parameters communicated by then
+(Table 2), accuracy-per-round curves with a band over seeds, and one plain-language line per setting.
+
+Runs are grouped by what varies among them. A *setting* (a column) is a config value that differs
+between runs of the same algorithm, seeds aside (e.g. `partition_alpha`, `epochs`); a *row* is an
+algorithm, with the `algorithm_args` that differ between its runs (e.g. `moon (mu=5)`). Values that
+differ only from one algorithm to another (each algorithm's own config) belong to the algorithm.
+The std is the sample standard deviation over seeds (n - 1 in the denominator; 0 for one seed).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+NOT_SETTINGS = (
+    "tracking_args.",
+    "device_args.",
+    "comm_args.",
+    "common_args.random_seed",
+    "train_args.algorithm",
+)
+NOT_SETTINGS_KEYS = {
+    "train_args.checkpoint_every",
+    "train_args.state_store",
+    "train_args.parties_in_parallel",
+    "train_args.cuda_graphs",
+    "data_args.data_cache_dir",
+    "data_args.download",
+}
+
+
+@dataclass
+class RunData:
+    """One completed run: its folder, flat config, per-round records and summary."""
+
+    folder: Path
+    config: dict[str, Any]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+    @property
+    def algorithm(self) -> str:
+        return str(self.config.get("train_args.algorithm"))
+
+
+@dataclass
+class Cell:
+    """Runs of one row in one setting, with the statistics the tables print."""
+
+    runs: list[RunData]
+
+    def stat(self, field: str) -> tuple[float, float]:
+        """Mean and sample std over seeds of a summary field, in %."""
+        values = [100 * float(r.summary[field]) for r in self.runs if r.summary.get(field) is not None]
+        return mean_std(values)
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1; 0 for one value); NaN for none."""
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def flatten(config: dict[str, Any]) -> dict[str, Any]:
+    """{"section.key": value} from the nested config a summary holds."""
+    return {f"{s}.{k}": v for s, sec in config.items() if isinstance(sec, dict) for k, v in sec.items()}
+
+
+def find_runs(folders: list[Path]) -> list[RunData]:
+    """Every completed run under `folders` (a run folder holds summary.json and metrics.jsonl)."""
+    runs = []
+    for folder in folders:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder")
+        for path in sorted(folder.rglob("summary.json")):
+            summary = json.loads(path.read_text())
+            if summary.get("status") != "completed":
+                log.warning("%s: %s, left out", path.parent, summary.get("status"))
+                continue
+            lines = (path.parent / "metrics.jsonl").read_text().splitlines()
+            records = [json.loads(line) for line in lines if line.strip()]
+            runs.append(RunData(path.parent, flatten(summary.get("config", {})), records, summary))
+    if not runs:
+        raise FileNotFoundError(f"no completed run (summary.json with status completed) under {folders}")
+    return runs
+
+
+def _varying_within_algorithm(runs: list[RunData], keys: list[str]) -> list[str]:
+    by_algo: dict[str, list[RunData]] = defaultdict(list)
+    for run in runs:
+        by_algo[run.algorithm].append(run)
+    return [
+        k
+        for k in keys
+        if any(len({json.dumps(r.config.get(k), sort_keys=True) for r in rs}) > 1 for rs in by_algo.values())
+    ]
+
+
+def _label(run: RunData, keys: list[str]) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={run.config.get(k)}" for k in keys)
+
+
+def group(runs: list[RunData]) -> dict[str, dict[str, Cell]]:
+    """{setting label: {row label: Cell}}, settings and rows in the order the runs first show them."""
+    keys = sorted({k for r in runs for k in r.config})
+    keys = [k for k in keys if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTINGS_KEYS]
+    varying = _varying_within_algorithm(runs, keys)
+    setting_keys = [k for k in varying if not k.startswith("algorithm_args.")]
+    row_keys = [k for k in varying if k.startswith("algorithm_args.")]
+    table: dict[str, dict[str, Cell]] = {}
+    for run in runs:
+        setting = _label(run, setting_keys) or "all runs"
+        own = [k for k in row_keys if k in run.config]
+        row = run.algorithm + (f" ({_label(run, own)})" if own else "")
+        table.setdefault(setting, {}).setdefault(row, Cell([])).runs.append(run)
+    return table
+
+
+@dataclass
+class Reach:
+    """Rounds a row needs to reach the target: per seed, None where it never does."""
+
+    rounds: list[int | None]
+    params: list[int | None]
+
+    def mean_rounds(self) -> float:
+        reached = [r for r in self.rounds if r is not None]
+        return sum(reached) / len(reached) if reached else math.nan
+
+
+def rounds_to_target(cell: Cell, target: float) -> Reach:
+    """Per run: the number of rounds (1-based) after which test accuracy first is >= target, and the
+    parameters communicated (uploaded + downloaded, every party) up to then."""
+    rounds, params = [], []
+    for run in cell.runs:
+        hit = next((r for r in run.records if "test_acc" in r and r["test_acc"] >= target), None)
+        rounds.append(None if hit is None else int(hit["round"]) + 1)
+        params.append(None if hit is None else int(hit.get("params_up", 0)) + int(hit.get("params_down", 0)))
+    return Reach(rounds, params)
+
+
+def targets(table: dict[str, dict[str, Cell]], target: float | None) -> dict[str, float | None]:
+    """The target accuracy of each setting: `target`, else FedAvg's mean final accuracy there."""
+    out: dict[str, float | None] = {}
+    for setting, rows in table.items():
+        fedavg = rows.get("fedavg")
+        out[setting] = (
+            target if target is not None else (fedavg.stat("final_test_acc")[0] / 100 if fedavg else None)
+        )
+    return out
+
+
+def write_csv(table: dict[str, dict[str, Cell]], goals: dict[str, float | None], out: Path) -> None:
+    with (out / "table1.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["setting", "method", "seeds", "final_mean", "final_std", "best_mean", "best_std"])
+        for setting, rows in table.items():
+            for row, cell in rows.items():
+                final, best = cell.stat("final_test_acc"), cell.stat("best_test_acc")
+                w.writerow([setting, row, len(cell.runs), *(f"{v:.4f}" for v in (*final, *best))])
+    with (out / "table2.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            ["setting", "method", "target", "seeds", "reached", "rounds_mean", "speedup", "params_mean"]
+        )
+        for setting, rows in table.items():
+            goal = goals[setting]
+            if goal is None:
+                continue
+            base = rounds_to_target(rows["fedavg"], goal).mean_rounds() if "fedavg" in rows else math.nan
+            for row, cell in rows.items():
+                reach = rounds_to_target(cell, goal)
+                got = [p for p in reach.params if p is not None]
+                speed = base / reach.mean_rounds() if reach.mean_rounds() == reach.mean_rounds() else math.nan
+                w.writerow(
+                    [
+                        setting,
+                        row,
+                        f"{goal:.4f}",
+                        len(cell.runs),
+                        len(got),
+                        f"{reach.mean_rounds():.2f}",
+                        f"{speed:.2f}",
+                        f"{sum(got) / len(got):.0f}" if got else "nan",
+                    ]
+                )
+
+
+def write_report(folders: list[Path], out: Path | None, target: float | None, latex: bool = False) -> Path:
+    """Reads the runs under `folders`, writes report.md, table1.csv, table2.csv and the curves."""
+    from fedml_moon.report_plots import curves
+    from fedml_moon.report_text import markdown, summary_lines
+
+    runs = find_runs(folders)
+    table = group(runs)
+    out = out or folders[0] / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    goals = targets(table, target)
+    write_csv(table, goals, out)
+    pictures = curves(table, out)
+    text = markdown(table, goals, pictures, len(runs), latex, out)
+    (out / "report.md").write_text(text)
+    for line in summary_lines(table):
+        log.info("%s", line)
+    log.info("report of %d runs in %s", len(runs), out)
+    return out

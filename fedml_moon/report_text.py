@@ -1,0 +1,111 @@
+"""The report's Markdown (and LaTeX) and its plain-language summary lines."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from fedml_moon.report import Cell, rounds_to_target
+
+
+def _pm(mean: float, std: float) -> str:
+    return "n/a" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
+
+
+def _table1(table: dict[str, dict[str, Cell]], field: str) -> list[str]:
+    settings = list(table)
+    rows = list(dict.fromkeys(row for r in table.values() for row in r))
+    lines = ["| method | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
+    for row in rows:
+        cells = []
+        for s in settings:
+            cell = table[s].get(row)
+            cells.append(f"{_pm(*cell.stat(field))} (n={len(cell.runs)})" if cell else "")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _table2(rows: dict[str, Cell], goal: float) -> list[str]:
+    base = rounds_to_target(rows["fedavg"], goal).mean_rounds() if "fedavg" in rows else math.nan
+    lines = [
+        "| method | rounds to target (mean over seeds that reach it) | reached | speed-up vs FedAvg | "
+        "parameters communicated by then |",
+        "|---|---|---|---|---|",
+    ]
+    for row, cell in rows.items():
+        reach = rounds_to_target(cell, goal)
+        got = [p for p in reach.params if p is not None]
+        mean = reach.mean_rounds()
+        rounds = "never" if math.isnan(mean) else f"{mean:.1f}"
+        speed = "n/a" if math.isnan(mean) or math.isnan(base) else f"{base / mean:.2f}x"
+        params = f"{sum(got) / len(got):,.0f}" if got else "n/a"
+        lines.append(f"| {row} | {rounds} | {len(got)} of {len(cell.runs)} | {speed} | {params} |")
+    return lines
+
+
+def summary_lines(table: dict[str, dict[str, Cell]]) -> list[str]:
+    """Per setting: the leading method by mean final accuracy, and for every other method whether its
+    difference to the reference (FedAvg where present, else the leader) exceeds the seed spread, i.e.
+    the sum of both sample stds. With one seed there is no spread to compare against."""
+    out = []
+    for setting, rows in table.items():
+        stats = {row: cell.stat("final_test_acc") for row, cell in rows.items()}
+        ranked = sorted((r for r in stats if not math.isnan(stats[r][0])), key=lambda r: -stats[r][0])
+        if not ranked:
+            continue
+        ref = "fedavg" if "fedavg" in stats else ranked[0]
+        seeds = min(len(cell.runs) for cell in rows.values())
+        parts = [f"{setting}: {ranked[0]} leads with {_pm(*stats[ranked[0]])}%"]
+        for row in ranked:
+            if row == ref:
+                continue
+            delta = stats[row][0] - stats[ref][0]
+            spread = stats[row][1] + stats[ref][1]
+            if len(rows[row].runs) < 2 or len(rows[ref].runs) < 2:
+                verdict = "one seed, no spread to judge by"
+            elif abs(delta) > spread:
+                verdict = f"exceeds the seed spread ({spread:.2f})"
+            else:
+                verdict = f"within the seed spread ({spread:.2f})"
+            parts.append(f"{row} vs {ref} {delta:+.2f} points, {verdict}")
+        out.append("; ".join(parts) + f" (at least {seeds} seed(s) per method).")
+    return out
+
+
+def _latex(table: dict[str, dict[str, Cell]]) -> str:
+    settings = list(table)
+    rows = list(dict.fromkeys(row for r in table.values() for row in r))
+    lines = ["\\begin{tabular}{l" + "c" * len(settings) + "}", "method & " + " & ".join(settings) + " \\\\"]
+    for row in rows:
+        cells = [table[s][row].stat("final_test_acc") if row in table[s] else None for s in settings]
+        text = ["" if c is None else f"{c[0]:.2f} $\\pm$ {c[1]:.2f}" for c in cells]
+        lines.append(f"{row} & " + " & ".join(text) + " \\\\")
+    return "\n".join([*lines, "\\end{tabular}", ""])
+
+
+def markdown(
+    table: dict[str, dict[str, Cell]],
+    goals: dict[str, float | None],
+    pictures: dict[str, list[str]],
+    n_runs: int,
+    latex: bool,
+    out: Path,
+) -> str:
+    """The whole report.md; with `latex`, table1.tex beside it."""
+    text = [f"# Report of {n_runs} runs", "", "Test accuracy (%) as mean ± std over seeds (n: seeds).", ""]
+    text += ["## Final test accuracy", "", *_table1(table, "final_test_acc"), ""]
+    text += ["## Best test accuracy", "", *_table1(table, "best_test_acc"), ""]
+    text += ["## Rounds to target", ""]
+    for setting, rows in table.items():
+        goal = goals[setting]
+        if goal is None:
+            text += [f"{setting}: no FedAvg run and no --target, so no target.", ""]
+            continue
+        text += [f"### {setting} (target {100 * goal:.2f}%)", "", *_table2(rows, goal), ""]
+    text += ["## Summary", "", *(f"- {line}" for line in summary_lines(table)), ""]
+    text += ["## Curves", ""]
+    for setting, files in pictures.items():
+        text += [f"![{setting}]({name})" for name in files] + [""]
+    if latex:
+        (out / "table1.tex").write_text(_latex(table))
+    return "\n".join(text)

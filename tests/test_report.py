@@ -1,0 +1,114 @@
+"""The report's numbers by hand, on run folders written here: mean and sample std over seeds, settings
+as columns and algorithm options as rows, rounds to FedAvg's final accuracy with the speed-up and the
+parameters communicated by then, the plain-language verdicts, and the files it writes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedml_moon.report import find_runs, group, mean_std, rounds_to_target, targets, write_report
+from fedml_moon.report_text import summary_lines
+
+PARAMS = 100  # parameters each way per round, so round r (0-based) has communicated 2 * 100 * (r + 1)
+
+
+def _run(root: Path, algorithm: str, seed: int, alpha: float, accs: list[float], status="completed", **algo):
+    folder = root / f"{algorithm}-{seed}-{alpha}-{json.dumps(algo, sort_keys=True)}"
+    folder.mkdir(parents=True)
+    records = [
+        {"round": r, "test_acc": a, "params_up": PARAMS * (r + 1), "params_down": PARAMS * (r + 1)}
+        for r, a in enumerate(accs)
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = {
+        "common_args": {"random_seed": seed},
+        "train_args": {"algorithm": algorithm, "comm_round": len(accs)},
+        "data_args": {"partition_alpha": alpha},
+        "algorithm_args": algo,
+        "tracking_args": {"wandb_project": f"p{seed}"},  # how, not what: never a setting
+    }
+    summary = {"status": status, "final_test_acc": accs[-1], "best_test_acc": max(accs), "config": config}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    root = tmp_path / "sweep"
+    _run(root, "fedavg", 0, 0.5, [0.50, 0.60, 0.70])
+    _run(root, "fedavg", 1, 0.5, [0.50, 0.60, 0.74])
+    _run(root, "moon", 0, 0.5, [0.60, 0.72, 0.75], mu=1)
+    _run(root, "moon", 1, 0.5, [0.65, 0.73, 0.76], mu=1)
+    _run(root, "moon", 0, 0.5, [0.40, 0.50, 0.60], mu=10)
+    _run(root, "moon", 1, 0.5, [0.40, 0.50, 0.62], mu=10)
+    _run(root, "fedavg", 0, 0.1, [0.30, 0.40, 0.50])
+    _run(root, "fedavg", 1, 0.1, [0.30, 0.40, 0.50])
+    _run(root, "moon", 0, 0.1, [0.50, 0.60, 0.70], mu=1)
+    _run(root, "moon", 1, 0.1, [0.50, 0.60, 0.70], mu=1)
+    _run(root, "moon", 2, 0.1, [0.10, 0.10, 0.10], status="interrupted", mu=1)  # left out
+    return root
+
+
+def test_sample_std_by_hand():
+    assert mean_std([70.0, 74.0]) == (72.0, pytest.approx(math.sqrt(8)))
+    assert mean_std([5.0]) == (5.0, 0.0)
+    assert all(math.isnan(v) for v in mean_std([]))
+
+
+def test_settings_are_columns_and_algorithm_options_rows(runs: Path):
+    table = group(find_runs([runs]))
+    assert list(table) == ["partition_alpha=0.1", "partition_alpha=0.5"]
+    assert sorted(table["partition_alpha=0.5"]) == ["fedavg", "moon (mu=1)", "moon (mu=10)"]
+    assert len(table["partition_alpha=0.1"]["moon (mu=1)"].runs) == 2  # the interrupted run is left out
+    half = table["partition_alpha=0.5"]
+    assert half["fedavg"].stat("final_test_acc") == (pytest.approx(72.0), pytest.approx(math.sqrt(8)))
+    assert half["moon (mu=1)"].stat("final_test_acc") == (pytest.approx(75.5), pytest.approx(math.sqrt(0.5)))
+    assert half["moon (mu=1)"].stat("best_test_acc") == (pytest.approx(75.5), pytest.approx(math.sqrt(0.5)))
+
+
+def test_rounds_to_fedavgs_final_accuracy_with_speedup_and_parameters(runs: Path):
+    table = group(find_runs([runs]))
+    goal = targets(table, None)["partition_alpha=0.5"]
+    assert goal == pytest.approx(0.72)  # FedAvg's mean final accuracy in the same setting
+    fedavg = rounds_to_target(table["partition_alpha=0.5"]["fedavg"], goal)
+    moon = rounds_to_target(table["partition_alpha=0.5"]["moon (mu=1)"], goal)
+    assert fedavg.rounds == [None, 3] and fedavg.params == [None, 600]  # seed 0 ends at 0.70
+    assert moon.rounds == [2, 2] and moon.params == [400, 400]
+    assert fedavg.mean_rounds() / moon.mean_rounds() == 1.5
+    assert targets(table, 0.55)["partition_alpha=0.1"] == 0.55
+
+
+def test_the_summary_says_which_differences_exceed_the_seed_spread(runs: Path):
+    lines = summary_lines(group(find_runs([runs])))
+    tenth, half = lines
+    # +3.5 points against a spread of 2.83 + 0.71 = 3.54: within; mu=10: -11 points: beyond
+    assert "moon (mu=1) vs fedavg +3.50 points, within the seed spread (3.54)" in half
+    assert "moon (mu=10) vs fedavg -11.00 points, exceeds the seed spread" in half
+    assert tenth.startswith("partition_alpha=0.1: moon (mu=1) leads with 70.00 ± 0.00%")
+    assert "moon (mu=1) vs fedavg +20.00 points, within the seed spread (0.00)" not in tenth
+    assert "exceeds the seed spread (0.00)" in tenth
+
+
+def test_the_report_files(runs: Path, tmp_path: Path):
+    out = write_report([runs], tmp_path / "report", None, latex=True)
+    text = (out / "report.md").read_text()
+    assert "| fedavg | 50.00 ± 0.00 (n=2) | 72.00 ± 2.83 (n=2) |" in text
+    assert "| moon (mu=1) | 2.0 | 2 of 2 | 1.50x | 400 |" in text
+    rows = list(csv.DictReader((out / "table1.csv").open()))
+    assert {r["method"] for r in rows} == {"fedavg", "moon (mu=1)", "moon (mu=10)"}
+    moon = next(r for r in rows if r["setting"] == "partition_alpha=0.5" and r["method"] == "moon (mu=1)")
+    assert (moon["seeds"], moon["final_mean"], moon["final_std"]) == ("2", "75.5000", "0.7071")
+    reach = list(csv.DictReader((out / "table2.csv").open()))
+    fedavg = next(r for r in reach if r["setting"] == "partition_alpha=0.5" and r["method"] == "fedavg")
+    assert (fedavg["reached"], fedavg["rounds_mean"], fedavg["params_mean"]) == ("1", "3.00", "600")
+    for name in ("curves_partition_alpha_0.5.png", "curves_partition_alpha_0.1.png", "table1.tex"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_no_completed_run_is_an_error_naming_the_folder(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="no completed run"):
+        find_runs([tmp_path])

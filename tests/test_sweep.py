@@ -1,0 +1,122 @@
+"""Sweeps through the command line: a 2 x 2 grid of tiny Fashion-MNIST runs stopped mid-way and run
+again ends with exactly 4 completed runs, none run twice (the stopped one continues from its
+checkpoint); `--list` prints commands that, run by hand, give the same results; bad sweep files are
+refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+
+ROOT = Path(__file__).resolve().parent.parent
+FEDML_MOON = [sys.executable, "-m", "fedml_moon"]
+needs_fmnist = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+SWEEP = """
+base: {root}/config/fashion_mnist/{{algorithm}}.yaml
+output: {out}
+set:
+  data_args.max_train_samples: 600
+  data_args.max_test_samples: 200
+  train_args.client_num_in_total: 3
+  train_args.client_num_per_round: 3
+  train_args.comm_round: {rounds}
+  train_args.epochs: 1
+  train_args.batch_size: 32
+  train_args.learning_rate: 0.05
+  train_args.checkpoint_every: 1
+  tracking_args.enable_wandb: false
+grid:
+  train_args.algorithm: [moon, fedavg]
+  common_args.random_seed: [0, 1]
+"""
+
+
+def _sweep_file(tmp_path: Path, rounds: int = 4) -> tuple[Path, Path]:
+    out = tmp_path / "out"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SWEEP.format(root=ROOT, out=out, rounds=rounds))
+    return path, out
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+
+
+def _status(folder: Path) -> str | None:
+    path = folder / "summary.json"
+    return json.loads(path.read_text())["status"] if path.is_file() else None
+
+
+def _results(folder: Path) -> list[dict]:
+    timing = ("round_time_s",)
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in lines]
+
+
+def test_a_bad_sweep_file_is_refused_naming_the_run_and_key(tmp_path):
+    path, out = _sweep_file(tmp_path)
+    path.write_text(path.read_text().replace("train_args.epochs: 1", "train_args.epochs: two"))
+    done = subprocess.run(
+        [*FEDML_MOON, "sweep", str(path)], capture_output=True, text=True, env=_env(tmp_path)
+    )
+    assert done.returncode == 2
+    assert "sweep run algorithm=moon,random_seed=0: train_args.epochs: must be an integer" in done.stderr
+    assert not out.exists()
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_a_stopped_sweep_run_again_completes_each_run_exactly_once_and_its_list_reproduces(tmp_path):
+    path, out = _sweep_file(tmp_path)
+    listed = subprocess.run(
+        [*FEDML_MOON, "sweep", str(path), "--list"], env=_env(tmp_path), capture_output=True, text=True
+    ).stdout.splitlines()
+    assert len(listed) == 4 and all(line.startswith("fedml-moon simulate --cf ") for line in listed)
+    assert not out.exists()  # --list runs nothing
+    sweep = subprocess.Popen(
+        [*FEDML_MOON, "sweep", str(path)], env=_env(tmp_path), stderr=subprocess.PIPE, start_new_session=True
+    )
+    first, second = out / "algorithm=moon,random_seed=0", out / "algorithm=moon,random_seed=1"
+    deadline = time.monotonic() + 240
+    try:  # stop it while the second run is between checkpoints 1 and the end
+        while not ((second / "checkpoint" / "LATEST").is_file() and _status(first) == "completed"):
+            assert sweep.poll() is None and time.monotonic() < deadline, "the sweep ended or stalled"
+            time.sleep(0.2)
+        sweep.send_signal(signal.SIGTERM)
+        assert sweep.wait(timeout=60) == 143
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert _status(second) != "completed"
+    again = subprocess.run(
+        [*FEDML_MOON, "sweep", str(path)], env=_env(tmp_path), capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "4 runs, 1 complete before, 3 completed now, 0 failed" in again.stderr
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert [p.name for p in folders] == sorted(
+        f"algorithm={a},random_seed={s}" for a in ("moon", "fedavg") for s in (0, 1)
+    )
+    for folder in folders:
+        assert _status(folder) == "completed"
+        starts = sum(line.startswith("$ ") for line in (folder / "run.log").read_text().splitlines())
+        assert starts == (2 if folder == second else 1), folder.name  # the stopped run continued once
+        assert [r["round"] for r in _results(folder)] == list(range(4))  # every round exactly once
+    assert "--resume" in (second / "run.log").read_text()
+    argv = shlex.split(listed[2])  # fedavg, seed 0, run by hand elsewhere: the sweep's results
+    by_hand = tmp_path / "by_hand"
+    argv[argv.index("--output-dir") + 1] = str(by_hand)
+    assert subprocess.run([*FEDML_MOON, *argv[1:]], env=_env(tmp_path), capture_output=True).returncode == 0
+    assert _results(by_hand) == _results(out / "algorithm=fedavg,random_seed=0")

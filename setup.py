@@ -25,6 +25,7 @@ setup(
         "paho-mqtt<2",
         "boto3",
         "cryptography",
+        "scikit-learn",
     ],
     extras_require={
         "mpi": ["mpi4py"],

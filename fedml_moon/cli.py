@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--latex", action="store_true", help="also write the tables as LaTeX")
     report.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    tsne = sub.add_parser("tsne", help="t-SNE of test-set representations: global and a party's model")
+    tsne.add_argument("run_dir", help="a run folder (final_model.pt; party_models/ for --party)")
+    tsne.add_argument("--party", type=int, help="also a party's local model (train_args.save_party_models)")
+    tsne.add_argument("--samples", type=int, default=2000, help="test images embedded")
+    tsne.add_argument("--out", help="the PNG (default: RUN_DIR/tsne.png)")
+    tsne.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
 

@@ -128,6 +128,7 @@ class TrainArgs:
     on_bad_upload: str = "skip"
     parties_in_parallel: int | str = 1
     cuda_graphs: bool = False
+    save_party_models: bool = False
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")

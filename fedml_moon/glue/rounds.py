@@ -57,6 +57,7 @@ class ServerRounds:
         personalized: bool,
         new_test_method: str = "average",
         on_bad_upload: str = "skip",
+        save_party_models: bool = False,
     ) -> None:
         self.aggregator, self.recorder = aggregator, recorder
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
@@ -64,6 +65,7 @@ class ServerRounds:
         self.test_global, self.device, self.args = test_global, device, args
         self.party_eval, self.personalized, self.new_test_method = party_eval, personalized, new_test_method
         self.on_bad_upload = on_bad_upload
+        self.save_party_models = save_party_models
         self.rejected: dict[int, str] = {}
         self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
         self.eval_totals = {"eval_bytes_up": 0, "eval_bytes_down": 0}
@@ -107,6 +109,8 @@ class ServerRounds:
         for _, upload in ordered:
             self.totals["bytes_up"] += payload_nbytes(upload)
             self.totals["params_up"] += payload_numel(upload)
+        if self.save_party_models:
+            self.save_uploads({p: results[p][1] for p in reporters if p not in self.rejected})
         uploads, _ = self.aggregator.on_before_aggregation(ordered)
         new_state = self.aggregator.aggregate(uploads)
         new_state = self.aggregator.on_after_aggregation(new_state)
@@ -205,6 +209,16 @@ class ServerRounds:
         self.eval_totals.update({k: int(v) for k, v in state["eval_totals"].items()})
         self.recorder.restore(state["records"])
         return int(state["round"]) + 1
+
+    def save_uploads(self, uploads: dict[int, Payload]) -> None:
+        """`train_args.save_party_models`: each party's latest uploaded model, written as it arrives
+        (party_models/party_<id>.pt), so a stopped run keeps them too."""
+        folder = self.recorder.out_dir / "party_models"
+        folder.mkdir(exist_ok=True)
+        for party, upload in uploads.items():
+            path = folder / f"party_{party}.pt"
+            torch.save(dict(upload["model"]), path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").replace(path)
 
     # --- the run --------------------------------------------------------------------------------
     def finish(self, status: str) -> dict[str, Any]:

@@ -188,6 +188,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
         personalized=base.spec.client.personalized,
         new_test_method=getattr(cfg.algorithm_args, "new_test_method", "average"),
         on_bad_upload=train.on_bad_upload,
+        save_party_models=train.save_party_models,
     )
 
 

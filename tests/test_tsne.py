@@ -1,0 +1,56 @@
+"""t-SNE of a run's representations from the models it saved: the final global model and, with
+`train_args.save_party_models`, each party's latest upload (written as it arrives)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedml_moon.config import load_config
+from fedml_moon.config_schema import ConfigError
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.glue.run import assemble
+from fedml_moon.tsne import embed, tsne
+
+needs_fmnist = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+TINY = [
+    "data_args.max_train_samples=400",
+    "data_args.max_test_samples=120",
+    "train_args.client_num_in_total=3",
+    "train_args.client_num_per_round=2",
+    "train_args.comm_round=2",
+    "train_args.epochs=1",
+    "tracking_args.enable_wandb=false",
+    "device_args.torch_threads=1",
+]
+
+
+@needs_fmnist
+def test_tsne_of_the_global_and_a_partys_saved_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config("config/fashion_mnist/moon.yaml", [*TINY, "train_args.save_party_models=true"])
+    run = assemble(cfg, tmp_path / "run")
+    run.loop.run()
+    saved = sorted(p.name for p in (tmp_path / "run" / "party_models").iterdir())
+    sampled = {p for r in range(2) for p in run.loop.server.parties(r)}
+    assert saved == sorted(f"party_{p}.pt" for p in sampled)  # every party that uploaded, no more
+    party = min(sampled)
+    state = torch.load(tmp_path / "run" / "party_models" / f"party_{party}.pt", weights_only=True)
+    assert state.keys() == run.loop.aggregator.model.state_dict().keys()
+    path = tsne(tmp_path / "run", party, samples=100)
+    assert path == tmp_path / "run" / "tsne.png" and path.stat().st_size > 10_000
+    with pytest.raises(ConfigError, match="save_party_models: true"):
+        tsne(tmp_path / "run", 99, samples=50)
+
+
+def test_the_embedding_separates_what_is_separate():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(40, 16, generator=g).numpy()
+    b = a + 50.0  # two far-apart clusters stay apart in 2-d
+    points = embed(np.concatenate([a, b]), seed=0)
+    assert points.shape == (80, 2)
+    gap = abs(points[:40].mean(0) - points[40:].mean(0)).max()
+    assert gap > 3 * max(points[:40].std(0).max(), points[40:].std(0).max())

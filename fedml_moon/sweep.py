@@ -3,12 +3,15 @@ own `fedml-moon simulate` process.
 
 A sweep file (YAML):
 
-    base: ../fashion_mnist/{algorithm}.yaml    # relative to the sweep file; {algorithm}: the run's
-    output: outputs/sweeps/fmnist              # train_args.algorithm (each has its own options)
+    base: ../paper/{dataset}_{algorithm}.yaml  # relative to the sweep file; {name}: the value of
+    output: outputs/sweeps/table1              # the grid key or override whose last part is name
     set: {train_args.comm_round: 20}           # the same for every run
     grid:                                      # every combination, in this order
-      train_args.algorithm: [moon, fedavg]
-      data_args.partition_alpha: [0.5, 0.1]
+      dataset: [cifar10, cifar100]             # no dot: only names a value for `base`
+      method:                                  # a mapping: several overrides at once
+        - {train_args.algorithm: moon, algorithm_args.mu: 1}
+        - {train_args.algorithm: fedavg}
+      data_args.partition_alpha: [0.5, 0.1]    # a config key: one override
       common_args.random_seed: [0, 1, 2]
 
 A run's folder is named by its grid values (`algorithm=moon,partition_alpha=0.5,random_seed=0`). A
@@ -88,10 +91,33 @@ def _value_text(value: Any) -> str:
     return "".join(c if c.isalnum() or c in "._-+" else "_" for c in text)
 
 
-def _config_path(base: str, sweep_dir: Path, values: dict[str, Any]) -> Path:
-    algorithm = values.get("train_args.algorithm", "")
-    path = Path(base.replace("{algorithm}", str(algorithm)))
-    return path if path.is_absolute() else (sweep_dir / path)
+def _config_path(base: str, sweep_dir: Path, names: dict[str, Any]) -> Path:
+    for short, value in names.items():
+        base = base.replace("{" + short + "}", str(value))
+    path = Path(base)
+    return path if path.is_absolute() else Path(os.path.normpath(sweep_dir / path))
+
+
+def _point(values: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """A grid point's folder name, its overrides and the names `base` may use. A grid key with a dot
+    is a config key; a value that is a mapping sets several keys at once (a "method": an algorithm
+    with its options); a key without a dot only names a value for `base` (e.g. {dataset})."""
+    overrides: dict[str, Any] = {}
+    names: dict[str, Any] = {}
+    parts = []
+    for key, value in values.items():
+        short = key.rsplit(".", 1)[-1]
+        if isinstance(value, dict):
+            overrides.update(value)
+            text = "_".join(f"{k.rsplit('.', 1)[-1]}-{v}" for k, v in value.items())
+        else:
+            if "." in key:
+                overrides[key] = value
+            names[short] = value
+            text = value
+        parts.append(f"{short}={_value_text(text)}")
+    names.update({k.rsplit(".", 1)[-1]: v for k, v in overrides.items()})
+    return ",".join(parts) or "run", overrides, names
 
 
 def load_sweep(path: str | Path, output: str | Path | None = None) -> list[Run]:
@@ -111,10 +137,9 @@ def load_sweep(path: str | Path, output: str | Path | None = None) -> list[Run]:
     out = Path(output or raw.get("output") or f"outputs/sweeps/{path.stem}")
     runs = []
     for combo in itertools.product(*grid.values()):
-        values = dict(zip(grid, combo, strict=True))
-        name = ",".join(f"{k.rsplit('.', 1)[-1]}={_value_text(v)}" for k, v in values.items()) or "run"
+        name, values, names = _point(dict(zip(grid, combo, strict=True)))
         overrides = (*fixed, *(_override(k, v) for k, v in values.items()))
-        config = _config_path(str(raw["base"]), path.parent, values)
+        config = _config_path(str(raw["base"]), path.parent, names)
         try:
             load_config(config, list(overrides))
         except ConfigError as err:

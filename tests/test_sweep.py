@@ -120,3 +120,42 @@ def test_a_stopped_sweep_run_again_completes_each_run_exactly_once_and_its_list_
     argv[argv.index("--output-dir") + 1] = str(by_hand)
     assert subprocess.run([*FEDML_MOON, *argv[1:]], env=_env(tmp_path), capture_output=True).returncode == 0
     assert _results(by_hand) == _results(out / "algorithm=fedavg,random_seed=0")
+
+
+SHIPPED = {
+    "fashion_mnist": 36,
+    "moon_table1": 45,
+    "moon_local_epochs": 60,
+    "moon_parties_50": 15,
+    "moon_parties_100": 15,
+    "moon_beta": 45,
+    "moon_loss": 72,
+    "moon_mu": 45,
+    "moon_pool": 48,
+    "fedssc_table1": 9,
+    "lg_table1": 6,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_sweep_loads_with_every_run_config_valid(name):
+    from fedml_moon.sweep import load_sweep
+
+    runs = load_sweep(ROOT / "config" / "sweeps" / f"{name}.yaml")
+    assert len(runs) == SHIPPED[name]
+    assert sorted(p.stem for p in (ROOT / "config" / "sweeps").glob("*.yaml")) == sorted(SHIPPED)
+
+
+def test_a_method_sets_several_keys_and_a_bare_key_only_names_the_config():
+    from fedml_moon.sweep import load_sweep
+
+    runs = load_sweep(ROOT / "config" / "sweeps" / "moon_loss.yaml")
+    run = runs[3]  # cifar10, l2 with mu 0.001, seed 0
+    assert run.name == "dataset=cifar10,method=algorithm-moon_representation_loss-l2_mu-0.001,random_seed=0"
+    assert run.config == ROOT / "config" / "paper" / "cifar10_moon.yaml"
+    assert run.overrides == (
+        "train_args.algorithm=moon",
+        "algorithm_args.representation_loss=l2",
+        "algorithm_args.mu=0.001",
+        "common_args.random_seed=0",
+    )

@@ -112,3 +112,17 @@ def test_the_report_files(runs: Path, tmp_path: Path):
 def test_no_completed_run_is_an_error_naming_the_folder(tmp_path: Path):
     with pytest.raises(FileNotFoundError, match="no completed run"):
         find_runs([tmp_path])
+
+
+def test_personalised_runs_get_local_and_new_test_against_parameters(tmp_path: Path):
+    root = tmp_path / "lg"
+    for seed in (0, 1):
+        _run(root, "lg", seed, 0.5, [0.5, 0.6])
+        metrics = root / f"lg-{seed}-0.5-{{}}" / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        for r in records:
+            r.update(local_test_acc=0.9, new_test_acc=0.7)
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = write_report([root], tmp_path / "out", None)
+    assert (out / "personal_all_runs.png").stat().st_size > 0
+    assert "personal_all_runs.png" in (out / "report.md").read_text()

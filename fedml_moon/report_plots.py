@@ -42,46 +42,50 @@ def _draw(ax, xs: list[float], means: list[float], stds: list[float], label: str
         ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2)
 
 
-def curves(table: dict[str, dict[str, Cell]], out: Path) -> dict[str, list[str]]:
-    """Draws the PNGs into `out`; returns their file names per setting."""
+def _figure(
+    path: Path, lines: list[tuple[list, list, list, str]], xlabel: str, ylabel: str, title: str
+) -> None:
+    """One PNG of mean curves with their bands."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for xs, means, stds, label in lines:
+        _draw(ax, xs, means, stds, label)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def curves(table: dict[str, dict[str, Cell]], out: Path) -> dict[str, list[str]]:
+    """Draws the PNGs into `out`; returns their file names per setting."""
     files: dict[str, list[str]] = {}
     for setting, rows in table.items():
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for row, cell in rows.items():
-            _draw(ax, *_series(cell, "test_acc", None), f"{row} (n={len(cell.runs)})")
-        ax.set(xlabel="round", ylabel="global test accuracy (%)", title=setting)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
         name = f"curves_{_safe(setting)}.png"
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
+        lines = [
+            (*_series(cell, "test_acc", None), f"{row} (n={len(cell.runs)})") for row, cell in rows.items()
+        ]
+        _figure(out / name, lines, "round", "global test accuracy (%)", setting)
         files[setting] = [name]
-        personal = {
-            row: cell
+        personal = [
+            (*_series(cell, field, "params"), f"{row} {what} test")
             for row, cell in rows.items()
             if any("local_test_acc" in r for r in cell.runs[0].records)
-        }
+            for field, what in (("local_test_acc", "local"), ("new_test_acc", "new"))
+        ]
         if personal:
-            fig, ax = plt.subplots(figsize=(7, 4.5))
-            for row, cell in personal.items():
-                for field, what in (("local_test_acc", "local"), ("new_test_acc", "new")):
-                    _draw(ax, *_series(cell, field, "params"), f"{row} {what} test")
-            ax.set(
-                xlabel="parameters communicated",
-                ylabel="test accuracy (%)",
-                title=f"{setting}: local and new test",
-            )
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
             name = f"personal_{_safe(setting)}.png"
-            fig.tight_layout()
-            fig.savefig(out / name, dpi=110)
-            plt.close(fig)
+            _figure(
+                out / name,
+                personal,
+                "parameters communicated",
+                "test accuracy (%)",
+                f"{setting}: local and new test",
+            )
             files[setting].append(name)
     return files

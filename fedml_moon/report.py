@@ -33,6 +33,7 @@ NOT_SETTINGS_KEYS = {
     "train_args.state_store",
     "train_args.parties_in_parallel",
     "train_args.cuda_graphs",
+    "train_args.save_party_models",
     "data_args.data_cache_dir",
     "data_args.download",
 }
@@ -115,11 +116,12 @@ def _label(run: RunData, keys: list[str]) -> str:
 
 def group(runs: list[RunData]) -> dict[str, dict[str, Cell]]:
     """{setting label: {row label: Cell}}, settings and rows in the order the runs first show them."""
-    keys = sorted({k for r in runs for k in r.config})
-    keys = [k for k in keys if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTINGS_KEYS]
+    common = set.intersection(*(set(r.config) for r in runs))  # a key a newer release added is no setting
+    keys = sorted(k for k in common if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTINGS_KEYS)
     varying = _varying_within_algorithm(runs, keys)
     setting_keys = [k for k in varying if not k.startswith("algorithm_args.")]
-    row_keys = [k for k in varying if k.startswith("algorithm_args.")]
+    options = sorted({k for r in runs for k in r.config if k.startswith("algorithm_args.")})
+    row_keys = _varying_within_algorithm(runs, options)  # each algorithm's own options
     table: dict[str, dict[str, Cell]] = {}
     for run in runs:
         setting = _label(run, setting_keys) or "all runs"

@@ -126,3 +126,11 @@ def test_personalised_runs_get_local_and_new_test_against_parameters(tmp_path: P
     out = write_report([root], tmp_path / "out", None)
     assert (out / "personal_all_runs.png").stat().st_size > 0
     assert "personal_all_runs.png" in (out / "report.md").read_text()
+
+
+def test_a_key_only_newer_runs_have_is_no_setting(runs: Path):
+    newer = next(runs.glob("moon-1-0.5-*mu*1}"))
+    summary = json.loads((newer / "summary.json").read_text())
+    summary["config"]["train_args"]["an_option_added_later"] = False
+    (newer / "summary.json").write_text(json.dumps(summary))
+    assert list(group(find_runs([runs]))) == ["partition_alpha=0.1", "partition_alpha=0.5"]

@@ -64,6 +64,25 @@ class Cell:
         values = [100 * float(r.summary[field]) for r in self.runs if r.summary.get(field) is not None]
         return mean_std(values)
 
+    def last(self, field: str) -> tuple[float, float]:
+        """Mean and sample std over seeds of a per-round field at the last round that has it, in %
+        (a personalised run's local_test_acc and new_test_acc, which summary.json does not hold)."""
+        values = []
+        for run in self.runs:
+            hit = next((r[field] for r in reversed(run.records) if r.get(field) is not None), None)
+            if hit is not None:
+                values.append(100 * float(hit))
+        return mean_std(values)
+
+
+PERSONAL = (("local_test_acc", "local test"), ("new_test_acc", "new test"))
+
+
+def is_personalised(table: dict[str, dict[str, Cell]]) -> bool:
+    """Whether any run recorded a local test accuracy (validation_args.local_test)."""
+    cells = (cell for rows in table.values() for cell in rows.values())
+    return any("local_test_acc" in r for cell in cells for run in cell.runs for r in run.records)
+
 
 def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (n - 1; 0 for one value); NaN for none."""
@@ -168,11 +187,16 @@ def targets(table: dict[str, dict[str, Cell]], target: float | None) -> dict[str
 def write_csv(table: dict[str, dict[str, Cell]], goals: dict[str, float | None], out: Path) -> None:
     with (out / "table1.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["setting", "method", "seeds", "final_mean", "final_std", "best_mean", "best_std"])
+        personal = [f"{field[:-4]}_{m}" for field, _ in PERSONAL for m in ("mean", "std")]
+        personal = personal if is_personalised(table) else []
+        w.writerow(
+            ["setting", "method", "seeds", "final_mean", "final_std", "best_mean", "best_std", *personal]
+        )
         for setting, rows in table.items():
             for row, cell in rows.items():
-                final, best = cell.stat("final_test_acc"), cell.stat("best_test_acc")
-                w.writerow([setting, row, len(cell.runs), *(f"{v:.4f}" for v in (*final, *best))])
+                stats = [*cell.stat("final_test_acc"), *cell.stat("best_test_acc")]
+                stats += [v for field, _ in PERSONAL for v in cell.last(field)] if personal else []
+                w.writerow([setting, row, len(cell.runs), *(f"{v:.4f}" for v in stats)])
     with (out / "table2.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(

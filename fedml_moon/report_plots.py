@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fedml_moon.report import Cell, mean_std
+from fedml_moon.report import PERSONAL, Cell, mean_std
 
 
 def _safe(name: str) -> str:
@@ -73,11 +73,12 @@ def curves(table: dict[str, dict[str, Cell]], out: Path) -> dict[str, list[str]]
         _figure(out / name, lines, "round", "global test accuracy (%)", setting)
         files[setting] = [name]
         personal = [
-            (*_series(cell, field, "params"), f"{row} {what} test")
+            (*_series(cell, field, "params"), f"{row} {what}")
             for row, cell in rows.items()
             if any("local_test_acc" in r for r in cell.runs[0].records)
-            for field, what in (("local_test_acc", "local"), ("new_test_acc", "new"))
+            for field, what in PERSONAL
         ]
+        personal = [line for line in personal if line[0]]  # a field no round has (FedAvg's new test)
         if personal:
             name = f"personal_{_safe(setting)}.png"
             _figure(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fedml_moon.report import Cell, rounds_to_target
+from fedml_moon.report import PERSONAL, Cell, is_personalised, rounds_to_target
 
 
 def _pm(mean: float, std: float) -> str:
@@ -21,6 +21,20 @@ def _table1(table: dict[str, dict[str, Cell]], field: str) -> list[str]:
         for s in settings:
             cell = table[s].get(row)
             cells.append(f"{_pm(*cell.stat(field))} (n={len(cell.runs)})" if cell else "")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _personal(table: dict[str, dict[str, Cell]]) -> list[str]:
+    """Final local and new test accuracy: columns are setting x (local test, new test)."""
+    columns = [(s, field, f"{s}: {what}") for s in table for field, what in PERSONAL]
+    rows = list(dict.fromkeys(row for r in table.values() for row in r))
+    lines = ["| method | " + " | ".join(c[2] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for row in rows:
+        cells = []
+        for setting, field, _ in columns:
+            cell = table[setting].get(row)
+            cells.append(f"{_pm(*cell.last(field))} (n={len(cell.runs)})" if cell else "")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines
 
@@ -95,6 +109,14 @@ def markdown(
     text = [f"# Report of {n_runs} runs", "", "Test accuracy (%) as mean ± std over seeds (n: seeds).", ""]
     text += ["## Final test accuracy", "", *_table1(table, "final_test_acc"), ""]
     text += ["## Best test accuracy", "", *_table1(table, "best_test_acc"), ""]
+    if is_personalised(table):
+        text += ["## Personalised test accuracy, last evaluated round", ""]
+        text += [
+            "local test: the mean over parties of each party's model on its own test split; new test: the"
+            " global test set, the parties' models combined (LG-FedAvg).",
+            "",
+        ]
+        text += [*_personal(table), ""]
     text += ["## Rounds to target", ""]
     for setting, rows in table.items():
         goal = goals[setting]

@@ -120,12 +120,27 @@ def test_personalised_runs_get_local_and_new_test_against_parameters(tmp_path: P
         _run(root, "lg", seed, 0.5, [0.5, 0.6])
         metrics = root / f"lg-{seed}-0.5-{{}}" / "metrics.jsonl"
         records = [json.loads(line) for line in metrics.read_text().splitlines()]
-        for r in records:
-            r.update(local_test_acc=0.9, new_test_acc=0.7)
+        records[0].update(local_test_acc=0.1, new_test_acc=0.1)  # not the last round: not reported
+        records[1].update(local_test_acc=0.9 - seed / 10, new_test_acc=0.7)
         metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = write_report([root], tmp_path / "out", None)
     assert (out / "personal_all_runs.png").stat().st_size > 0
-    assert "personal_all_runs.png" in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert "personal_all_runs.png" in text
+    # local test 90 and 80 over the two seeds: mean 85, sample std sqrt(50) = 7.07
+    assert "| lg | 85.00 ± 7.07 (n=2) | 70.00 ± 0.00 (n=2) |" in text
+    (row,) = csv.DictReader((out / "table1.csv").open())
+    assert (row["local_test_mean"], row["local_test_std"], row["new_test_mean"]) == (
+        "85.0000",
+        "7.0711",
+        "70.0000",
+    )
+
+
+def test_runs_without_local_test_have_no_personalised_table(runs: Path, tmp_path: Path):
+    out = write_report([runs], tmp_path / "report", None)
+    assert "Personalised" not in (out / "report.md").read_text()
+    assert "local_test_mean" not in (out / "table1.csv").read_text()
 
 
 def test_a_key_only_newer_runs_have_is_no_setting(runs: Path):

@@ -12,31 +12,28 @@ def _pm(mean: float, std: float) -> str:
     return "n/a" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
 
 
-def _table1(table: dict[str, dict[str, Cell]], field: str) -> list[str]:
-    settings = list(table)
+def _grid(table: dict[str, dict[str, Cell]], columns: list[tuple[str, str, str, bool]]) -> list[str]:
+    """A method x column table; a column is (setting, header, field, per-round field?): a summary.json
+    field by Cell.stat, a per-round field at its last round by Cell.last."""
     rows = list(dict.fromkeys(row for r in table.values() for row in r))
-    lines = ["| method | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
+    lines = ["| method | " + " | ".join(c[1] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for row in rows:
         cells = []
-        for s in settings:
-            cell = table[s].get(row)
-            cells.append(f"{_pm(*cell.stat(field))} (n={len(cell.runs)})" if cell else "")
+        for setting, _, field, per_round in columns:
+            cell = table[setting].get(row)
+            stat = (cell.last if per_round else cell.stat)(field) if cell else None
+            cells.append(f"{_pm(*stat)} (n={len(cell.runs)})" if cell else "")
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _table1(table: dict[str, dict[str, Cell]], field: str) -> list[str]:
+    return _grid(table, [(s, s, field, False) for s in table])
 
 
 def _personal(table: dict[str, dict[str, Cell]]) -> list[str]:
     """Final local and new test accuracy: columns are setting x (local test, new test)."""
-    columns = [(s, field, f"{s}: {what}") for s in table for field, what in PERSONAL]
-    rows = list(dict.fromkeys(row for r in table.values() for row in r))
-    lines = ["| method | " + " | ".join(c[2] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for row in rows:
-        cells = []
-        for setting, field, _ in columns:
-            cell = table[setting].get(row)
-            cells.append(f"{_pm(*cell.last(field))} (n={len(cell.runs)})" if cell else "")
-        lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    return lines
+    return _grid(table, [(s, f"{s}: {what}", field, True) for s in table for field, what in PERSONAL])
 
 
 def _table2(rows: dict[str, Cell], goal: float) -> list[str]:

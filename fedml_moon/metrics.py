@@ -14,7 +14,12 @@ log = logging.getLogger(__name__)
 
 
 class RunRecorder:
-    """Writes each record as soon as it exists, so an interrupted run keeps what it computed."""
+    """Writes each record as soon as it exists, so an interrupted run keeps what it computed.
+
+    metrics.jsonl is first written by the first `log_round` (a new run: the file starts empty),
+    `restore` (a resumed run: the checkpoint's records) or `finish` (a run that recorded nothing):
+    building a recorder changes no file, so a run refused before it starts leaves the records of the
+    run before it as they were."""
 
     def __init__(self, out_dir: Path, config: dict[str, Any], wandb_run: WandbRun | None = None) -> None:
         self.out_dir = Path(out_dir)
@@ -24,13 +29,21 @@ class RunRecorder:
         self.records: list[dict[str, Any]] = []
         self.started = time.perf_counter()
         self.metrics_path = self.out_dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
+        self._written = False  # whether metrics.jsonl holds this run's records yet
+
+    def _rewrite(self) -> None:
+        """metrics.jsonl := exactly `records` (from here on, records are appended)."""
+        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self._written = True
 
     def log_round(self, record: dict[str, Any]) -> None:
         """Append one round's record (every round; test fields only where evaluated) and log it."""
         self.records.append(record)
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        if not self._written:
+            self._rewrite()
+        else:
+            with self.metrics_path.open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "round"}, record["round"])
         test = (
@@ -51,7 +64,7 @@ class RunRecorder:
         """Start again from a checkpoint: metrics.jsonl holds exactly `records` (rounds recorded after
         the checkpoint, before a crash, are dropped; they are computed again)."""
         self.records = [dict(r) for r in records]
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self._rewrite()
 
     def summary(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         evaluated = [r for r in self.records if "test_acc" in r]
@@ -78,6 +91,8 @@ class RunRecorder:
         return out
 
     def finish(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        if not self._written:  # nothing recorded: metrics.jsonl says so too
+            self._rewrite()
         summary = self.summary(status, extra)
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         try:

@@ -118,6 +118,28 @@ def test_another_config_is_refused_with_the_keys_named(tmp_path):
         check_config(saved, load_config(FEDSSC, ["comm_args.backend=MPI"]), tmp_path)
 
 
+@needs_fmnist
+def test_a_refused_resume_changes_nothing_in_the_run_folder(tmp_path, monkeypatch):
+    """Another config is refused (exit 2, the key named) before anything is built: the finished run's
+    records, summary and partition stay byte for byte, and no W&B run starts."""
+    from fedml_moon import cli
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    tiny = [*conformance.TINY, "train_args.comm_round=2", "train_args.checkpoint_every=1"]
+    sets = [x for o in tiny for x in ("--set", o)]
+    assert cli.main(["simulate", "--cf", str(FEDSSC), *sets, "--output-dir", str(out)]) == 0
+    files = ("metrics.jsonl", "summary.json", "partition.json", "final_model.pt")
+    before = {name: (out / name).read_bytes() for name in files}
+    assert before["metrics.jsonl"].count(b"\n") == 2
+    started = []
+    monkeypatch.setattr("fedml_moon.glue.run.WandbRun", lambda *a, **k: started.append(a))
+    other = [*sets, "--set", "train_args.learning_rate=0.1", "--set", "tracking_args.enable_wandb=true"]
+    assert cli.main(["simulate", "--cf", str(FEDSSC), *other, "--resume", str(out)]) == 2
+    assert {name: (out / name).read_bytes() for name in files} == before
+    assert not started and not list(out.glob("model_at_*.pt"))
+
+
 def test_a_write_that_dies_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     write_checkpoint(tmp_path, 3, {"server": {"w": torch.ones(2)}, "parties": {"p": 1}})
     real = checkpoint._write_file

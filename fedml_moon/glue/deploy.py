@@ -21,7 +21,7 @@ from typing import Any
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.checkpoint import read_checkpoint
-from fedml_moon.glue.resume import check_config, checkpoint_root, flat_config, resume_round
+from fedml_moon.glue.resume import check_config, check_resumable, checkpoint_root, flat_config, resume_round
 from fedml_moon.glue.run import build_base, build_runner, build_server
 
 log = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def build_process(
     where = placement(cfg, workers)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
     if resume and rank == 0:
-        resume_round(folder)  # no checkpoint: say so before anything is overwritten
+        check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs)
     base.args.rank = rank
     transport = make_transport(cfg, rank, workers, comm)

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import ConfigError
-from fedml_moon.core.checkpoint import latest
+from fedml_moon.core.checkpoint import latest, read_checkpoint
 
 CHECKPOINT_DIR = "checkpoint"
 FREE_PREFIXES = ("tracking_args.", "device_args.", "comm_args.")  # how and where, not what
@@ -62,3 +62,14 @@ def resume_round(out_dir: Path) -> int:
             "give the output directory of a run that wrote one (train_args.checkpoint_every)"
         )
     return found
+
+
+def check_resumable(out_dir: Path, cfg: Config) -> int:
+    """Whether the run in `out_dir` can go on with `cfg`, decided before anything of it is built or
+    written: the round of its newest checkpoint, whose saved config (its `config` part, the same in
+    the standalone and the distributed server's checkpoints) `check_config` accepts; else a
+    ConfigError (no checkpoint; the keys that differ) and nothing in `out_dir` has changed."""
+    round_idx = resume_round(out_dir)
+    saved = read_checkpoint(checkpoint_root(out_dir), round_idx, ("config",))["config"]
+    check_config(saved, cfg, out_dir)
+    return round_idx

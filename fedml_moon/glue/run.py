@@ -223,11 +223,11 @@ def parties_in_parallel(base: Base, model: torch.nn.Module) -> int:
 def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:
     """A standalone run: both sides in this process, driven by StandaloneSimulation; with `resume`,
     from the newest checkpoint in `out_dir`."""
-    from fedml_moon.glue.resume import resume_round
+    from fedml_moon.glue.resume import check_resumable
     from fedml_moon.glue.simulation import StandaloneSimulation
 
-    if resume:
-        resume_round(out_dir)  # no checkpoint: say so before anything is built or overwritten
+    if resume:  # no checkpoint, or another config: say so before anything is built or overwritten
+        check_resumable(out_dir, cfg)
     base = build_base(cfg, out_dir)
     server, runner = build_server(base, out_dir), build_runner(base, out_dir)
     loop = StandaloneSimulation(server, runner, cfg.train_args.checkpoint_every)

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from fedml_moon.config import Config
 from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
 from fedml_moon.core.personal import BestSoFar
-from fedml_moon.glue.resume import check_config, checkpoint_root, due, flatten, resume_round
+from fedml_moon.glue.resume import check_resumable, checkpoint_root, due, flatten
 from fedml_moon.glue.rounds import ServerRounds
 from fedml_moon.glue.trainer import PartyRunner
 
@@ -85,10 +85,9 @@ class StandaloneSimulation:
 
     def resume(self, cfg: Config) -> int:
         """Load the newest checkpoint of this run's output directory; returns the next round."""
-        root = checkpoint_root(self.server.recorder.out_dir)
-        round_idx = resume_round(self.server.recorder.out_dir)
-        saved = read_checkpoint(root, round_idx, ("config", "server", "parties", "best_so_far"))
-        check_config(saved["config"], cfg, self.server.recorder.out_dir)
+        out_dir = self.server.recorder.out_dir
+        round_idx = check_resumable(out_dir, cfg)
+        saved = read_checkpoint(checkpoint_root(out_dir), round_idx, ("server", "parties", "best_so_far"))
         self.start_round = self.server.load_state(saved["server"])
         self.runner.load_state(saved["parties"])
         best = saved["best_so_far"]["best"]

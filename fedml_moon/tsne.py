@@ -1,10 +1,11 @@
 """t-SNE pictures of a run's representations (the MOON paper's Figure 2): the encoder output h of test
 images under the final global model and under a party's final local model, coloured by class.
 
-The global model is the run's final_model.pt; a party's model is party_models/party_<id>.pt, which a
-run writes with `train_args.save_party_models: true` (each party's latest upload). Both load with
-`weights_only=True`. The test images come from the run's own config (dataset, normalisation,
-max_test_samples), so a picture is drawn from what the run saw.
+The global model is the model file the run's summary.json names (`model_file`: final_model.pt, or
+model_at_<status>.pt for a run that did not complete, drawn with a warning); a party's model is
+party_models/party_<id>.pt, which a run writes with `train_args.save_party_models: true` (each party's
+latest upload). Both load with `weights_only=True`. The test images come from the run's own config
+(dataset, normalisation, max_test_samples), so a picture is drawn from what the run saw.
 """
 
 from __future__ import annotations
@@ -58,12 +59,16 @@ def tsne(run_dir: Path, party: int | None, samples: int = 2000, out: Path | None
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no summary.json)")
-    cfg = config_from_dict(json.loads(summary_path.read_text())["config"])
+    summary = json.loads(summary_path.read_text())
+    cfg = config_from_dict(summary["config"])
+    model_file = summary.get("model_file", "final_model.pt")
+    if summary.get("status", "completed") != "completed":
+        log.warning("%s: the run ended %s; its model then (%s)", run_dir, summary["status"], model_file)
     seed, m = cfg.common_args.random_seed, cfg.model_args
     data = load_data(cfg.data_args, seed)
     loader = build_fedml_dataset(data, [np.arange(len(data.y_train))], None, 64, seed)[3]
     models = {
-        "global model": _state(run_dir / "final_model.pt", "final model", "the run did not finish a round")
+        "global model": _state(run_dir / model_file, "model", "the model file summary.json names is gone")
     }
     if party is not None:
         hint = "run with train_args.save_party_models: true (and that party sampled at least once)"

@@ -17,6 +17,7 @@ import torch
 
 from fedml_moon.algorithms.base import Payload
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
+from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.personal import new_test
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
@@ -222,7 +223,28 @@ class ServerRounds:
 
     # --- the run --------------------------------------------------------------------------------
     def finish(self, status: str) -> dict[str, Any]:
-        """Save the final model and write summary.json (whatever the status)."""
-        torch.save(self.aggregator.global_state, self.recorder.out_dir / "final_model.pt")
-        self.summary = self.recorder.finish(status, {**self.totals, **self.eval_totals})
+        """Save the model and write summary.json (whatever the status), with the model's file and its
+        digest (`state_dict_sha256`). Only a completed run's model is `final_model.pt`; a failed or
+        interrupted run's is `model_at_<status>.pt`. Any other model file a run before this one left
+        in the folder (a stale final_model.pt, the model_at_failed.pt of a run since resumed) goes."""
+        state = self.aggregator.global_state
+        name = model_file(status)
+        out = self.recorder.out_dir
+        torch.save(state, out / f".{name}.tmp")
+        (out / f".{name}.tmp").replace(out / name)
+        for stale in [out / FINAL_MODEL, *out.glob("model_at_*.pt")]:
+            if stale.name != name:
+                stale.unlink(missing_ok=True)
+        digest = state_dict_sha256(state)
+        log.info("final model sha256 %s (%s)", digest, name)
+        extra = {**self.totals, **self.eval_totals, "model_file": name, "final_model_sha256": digest}
+        self.summary = self.recorder.finish(status, extra)
         return self.summary
+
+
+FINAL_MODEL = "final_model.pt"
+
+
+def model_file(status: str) -> str:
+    """Where a run that ended with `status` saves its model: final_model.pt only when completed."""
+    return FINAL_MODEL if status == "completed" else f"model_at_{status}.pt"

@@ -1,6 +1,8 @@
 """Nothing lost: a run killed with SIGKILL at a random moment and resumed with --resume ends with the
 same final model and the same metrics.jsonl (timings aside) as a run never interrupted. Checkpoints
-are written atomically and read without pickle; another config is refused with its keys named."""
+are written atomically and read without pickle; another config is refused with its keys named, before
+anything of the run is touched. (In-process stops and resumes of each algorithm:
+tests/test_resume_algorithms.py; a checkpoint write dying at each step: tests/test_checkpoint.py.)"""
 
 from __future__ import annotations
 
@@ -89,10 +91,12 @@ def test_standalone_killed_at_a_random_moment_and_resumed_is_the_same_run(tmp_pa
 @needs_fmnist
 @pytest.mark.slow
 def test_mpi_simulation_killed_and_resumed_is_the_same_run(tmp_path):
-    ref = conformance.run_mode("standalone", FEDSSC, RUN, tmp_path / "ref")
+    """With the memory store: the workers' party states live only in their checkpoints."""
+    memory = [*RUN, "train_args.state_store=memory"]
+    ref = conformance.run_mode("standalone", FEDSSC, memory, tmp_path / "ref")
     assert ref.ok, ref.tail()
     out, env = tmp_path / "killed", conformance.process_env(tmp_path)
-    sim = [*RUN, "comm_args.backend=MPI", "comm_args.timeout_s=60"]
+    sim = [*memory, "comm_args.backend=MPI", "comm_args.timeout_s=60"]
     cmd = conformance.mpirun_command(3, conformance.cli_command("simulate", FEDSSC, sim, out))
     proc = conformance.spawn(cmd, tmp_path / "first.log", env, tmp_path)
     _kill_when(proc, out, 3, random.uniform(0.0, 1.0))

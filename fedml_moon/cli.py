@@ -6,6 +6,10 @@ fedml-moon simulate --cf FILE [--set SECTION.KEY=VALUE ...] [--output-dir DIR]
 fedml-moon run --cf FILE [--rank R] [--role server|client] [--set ...] [--output-dir DIR]
     one process of a cross-silo run (common_args.training_type: cross_silo): the server (rank 0) or a
     silo; over MPI the rank comes from mpirun
+fedml-moon certs | check | sweep | report | tsne ...
+    test certificates, the conformance suite, sweeps, reports and t-SNE pictures (`--help` of each)
+
+Every subcommand takes -v (debug logging).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from fedml_moon.core.validate import BadUpload
 log = logging.getLogger("fedml_moon")
 
 
-class Terminated(Exception):
+class Terminated(BaseException):  # like KeyboardInterrupt: no handler may swallow it
     """SIGTERM (mpirun sends it to every rank when one of them dies)."""
 
 
@@ -44,6 +48,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="go on from the newest checkpoint of the run in DIR (its output directory)",
     )
+    _verbose(parser)
+
+
+def _verbose(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -64,19 +72,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", action="append", default=[], help="an address or name of the server (repeatable)"
     )
     certs.add_argument("--days", type=int, default=825, help="validity")
+    _verbose(certs)
     check = sub.add_parser("check", help="run an algorithm through the conformance suite (every mode)")
     check.add_argument("algorithm", help="a registered algorithm name (train_args.algorithm)")
     check.add_argument("--cf", required=True, help="a config to start from (its algorithm is replaced)")
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     check.add_argument("--modes", help="comma-separated subset of the modes (default: all)")
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
-    check.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    _verbose(check)
     sweep = sub.add_parser("sweep", help="run a grid of simulations (algorithms x seeds x settings)")
     sweep.add_argument("sweep_file", help="a sweep file: base config, grid, output folder")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (threads per run: cores / jobs)")
     sweep.add_argument("--list", action="store_true", help="print one shell command per run and stop")
     sweep.add_argument("--output", help="the sweep's folder (default: the file's 'output')")
-    sweep.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sweep.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value in every run of the sweep (repeatable; after the file's 'set')",
+    )
+    _verbose(sweep)
     report = sub.add_parser("report", help="tables, curves and a summary from run folders")
     report.add_argument("folders", nargs="+", help="run folders, or folders holding them (a sweep's)")
     report.add_argument("--out", help="where the report goes (default: <first folder>/report)")
@@ -84,13 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--target", type=float, help="target test accuracy in [0, 1] (default: FedAvg's final)"
     )
     report.add_argument("--latex", action="store_true", help="also write the tables as LaTeX")
-    report.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    _verbose(report)
     tsne = sub.add_parser("tsne", help="t-SNE of test-set representations: global and a party's model")
     tsne.add_argument("run_dir", help="a run folder (final_model.pt; party_models/ for --party)")
     tsne.add_argument("--party", type=int, help="also a party's local model (train_args.save_party_models)")
     tsne.add_argument("--samples", type=int, default=2000, help="test images embedded")
     tsne.add_argument("--out", help="the PNG (default: RUN_DIR/tsne.png)")
-    tsne.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    _verbose(tsne)
     return parser
 
 
@@ -135,7 +152,7 @@ def _check(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from fedml_moon import sweep
 
-    runs = sweep.load_sweep(args.sweep_file, args.output)
+    runs = sweep.load_sweep(args.sweep_file, args.output, args.overrides)
     if args.list:
         sys.stdout.write("".join(line + "\n" for line in sweep.commands(runs)))
         return 0
@@ -199,6 +216,23 @@ def _rank_of(args: argparse.Namespace, cfg: Config) -> tuple[int, int | None, ob
     return args.rank, None, None
 
 
+def mpi_ranks(argv: list[str]) -> int:
+    """How many MPI ranks `fedml-moon ARGV` needs (run/mpirun.sh without NP): a cross-silo run over
+    MPI has one silo per party plus the server, train_args.client_num_in_total + 1 after --set."""
+    args = build_parser().parse_args(argv)
+    if args.command != "run":
+        raise ConfigError(
+            f"`{args.command}` under mpirun: give the number of ranks, e.g. 3 (a server, 2 workers)"
+        )
+    cfg = load_config(args.cf, args.overrides)
+    if (cfg.common_args.training_type, cfg.comm_args.backend) != ("cross_silo", "MPI"):
+        raise ConfigError(
+            f"{args.cf}: training_type {cfg.common_args.training_type} / backend {cfg.comm_args.backend} "
+            "does not run under mpirun; cross-silo over MPI needs cross_silo / MPI"
+        )
+    return cfg.train_args.client_num_in_total + 1
+
+
 def _check_command(command: str, cfg: Config) -> None:
     kind = cfg.common_args.training_type
     if command == "simulate" and kind != "simulation":
@@ -244,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
             return _certs(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "tsne":
+            from fedml_moon.tsne import tsne
+
+            path = tsne(Path(args.run_dir), args.party, args.samples, args.out and Path(args.out))
+            log.info("t-SNE picture: %s", path)
+            return 0
         if args.command == "report":
             from fedml_moon.report import write_report
 

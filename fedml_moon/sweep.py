@@ -120,8 +120,11 @@ def _point(values: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]
     return ",".join(parts) or "run", overrides, names
 
 
-def load_sweep(path: str | Path, output: str | Path | None = None) -> list[Run]:
-    """The sweep's runs, each config loaded once to check it (a bad key fails before anything runs)."""
+def load_sweep(
+    path: str | Path, output: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> list[Run]:
+    """The sweep's runs, each config loaded once to check it (a bad key fails before anything runs).
+    `overrides` (`--set` of the command line) apply to every run, after the file's `set`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file {path}: no such file")
@@ -133,7 +136,15 @@ def load_sweep(path: str | Path, output: str | Path | None = None) -> list[Run]:
             f"'set' and 'grid' (key: [values]); unknown: {', '.join(sorted(unknown)) or 'none'}"
         )
     grid: dict[str, list] = {k: v if isinstance(v, list) else [v] for k, v in (raw.get("grid") or {}).items()}
-    fixed = [_override(k, v) for k, v in (raw.get("set") or {}).items()]
+    grid_keys = {k for k in grid if "." in k} | {
+        key for values in grid.values() for v in values if isinstance(v, dict) for key in v
+    }
+    clash = sorted(grid_keys & {item.split("=", 1)[0].strip() for item in overrides})
+    if clash:
+        raise ConfigError(
+            f"--set {', '.join(clash)}: the sweep's grid sets it; change the sweep file instead"
+        )
+    fixed = [*(_override(k, v) for k, v in (raw.get("set") or {}).items()), *overrides]
     out = Path(output or raw.get("output") or f"outputs/sweeps/{path.stem}")
     runs = []
     for combo in itertools.product(*grid.values()):

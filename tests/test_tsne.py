@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import logging
+import signal
+
 import numpy as np
 import pytest
 import torch
 
+from fedml_moon.cli import main
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
@@ -29,7 +33,7 @@ TINY = [
 
 
 @needs_fmnist
-def test_tsne_of_the_global_and_a_partys_saved_model(tmp_path, monkeypatch):
+def test_tsne_of_the_global_and_a_partys_saved_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cfg = load_config("config/fashion_mnist/moon.yaml", [*TINY, "train_args.save_party_models=true"])
     run = assemble(cfg, tmp_path / "run")
@@ -40,10 +44,27 @@ def test_tsne_of_the_global_and_a_partys_saved_model(tmp_path, monkeypatch):
     party = min(sampled)
     state = torch.load(tmp_path / "run" / "party_models" / f"party_{party}.pt", weights_only=True)
     assert state.keys() == run.loop.aggregator.model.state_dict().keys()
-    path = tsne(tmp_path / "run", party, samples=100)
-    assert path == tmp_path / "run" / "tsne.png" and path.stat().st_size > 10_000
+    # through the command line: `fedml-moon tsne RUN_DIR --party K`
+    argv = ["tsne", str(tmp_path / "run"), "--party", str(party), "--samples", "100"]
+    assert _main(argv) == 0
+    assert (tmp_path / "run" / "tsne.png").stat().st_size > 10_000
+    capsys.readouterr()
+    assert _main(["tsne", str(tmp_path / "run"), "--party", "99", "--samples", "50"]) == 2
+    assert "save_party_models: true" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="save_party_models: true"):
         tsne(tmp_path / "run", 99, samples=50)
+
+
+def _main(argv: list[str]) -> int:
+    """fedml_moon.cli.main, with what it sets process-wide (logging, SIGTERM) put back."""
+    root = logging.getLogger()
+    handlers, level, sigterm = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
+    try:
+        return main(argv)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        signal.signal(signal.SIGTERM, sigterm)
 
 
 def test_the_embedding_separates_what_is_separate():

@@ -1,0 +1,98 @@
+"""Subcommands through the real entry point, `fedml_moon.cli.main`: every one takes -v, `certs` writes
+its files, `sweep --set` reaches every run of a sweep; `run/mpirun.sh` adds the flags mpirun needs
+and counts a cross-silo run's ranks."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fedml_moon.cli import build_parser, main, mpi_ranks
+from fedml_moon.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli():
+    """main(), with what it sets process-wide (root logger, SIGTERM handler) put back afterwards."""
+    root = logging.getLogger()
+    handlers, level, sigterm = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
+    try:
+        yield main
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        signal.signal(signal.SIGTERM, sigterm)
+
+
+def test_every_subcommand_takes_verbose():
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == {"simulate", "run", "certs", "check", "sweep", "report", "tsne"}
+    for name, command in sub.choices.items():
+        assert any(a.option_strings == ["-v", "--verbose"] for a in command._actions), name
+
+
+def test_certs_through_main(cli, tmp_path):
+    folder = tmp_path / "certs"
+    assert cli(["certs", str(folder), "--silos", "2", "--host", "127.0.0.1", "-v"]) == 0
+    names = {p.name for p in folder.iterdir()}
+    assert {"ca.pem", "server.pem", "server.key", "silo-1.pem", "silo-2.key", "silo-2.token"} <= names
+    assert "server-tokens.json" in names
+
+
+def test_sweep_set_applies_to_every_run(cli, tmp_path, capsys):
+    sweep = str(ROOT / "config/sweeps/fashion_mnist_lg.yaml")
+    argv = ["sweep", sweep, "--list", "--output", str(tmp_path), "--set", "train_args.comm_round=2"]
+    assert cli([*argv, "--set", "data_args.max_train_samples=1000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 6
+    for line in lines:  # after the file's own `set`, so they win
+        assert "--set train_args.comm_round=2 --set data_args.max_train_samples=1000" in line
+        assert line.index("tracking_args.enable_wandb=false") < line.index("train_args.comm_round=2")
+    # a key of the grid cannot be set for every run
+    assert cli([*argv, "--set", "common_args.random_seed=4"]) == 2
+    assert "the sweep's grid sets it" in capsys.readouterr().err
+
+
+def _mpirun_sh(tmp_path: Path, *args: str) -> list[str]:
+    """What run/mpirun.sh hands mpirun (a stand-in mpirun that prints its arguments)."""
+    fake = tmp_path / "bin" / "mpirun"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/sh\necho "$@"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(
+        ["bash", "run/mpirun.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+def test_mpirun_script_adds_root_and_oversubscribe_flags(tmp_path):
+    program = str(ROOT / ".venv/bin/fedml-moon")
+    few = _mpirun_sh(tmp_path, "1", "simulate", "--cf", "x.yaml")
+    assert ("--allow-run-as-root" in few) == (os.geteuid() == 0)
+    assert "--oversubscribe" not in few  # 1 rank fits any machine
+    assert few[few.index("-np") :] == ["-np", "1", program, "simulate", "--cf", "x.yaml"]
+    many = _mpirun_sh(tmp_path, "1000", "run", "--cf", "x.yaml", "--set", "a.b=c")
+    assert "--oversubscribe" in many
+    assert many[many.index("-np") :] == ["-np", "1000", program, "run", "--cf", "x.yaml", "--set", "a.b=c"]
+
+
+def test_mpi_ranks_of_a_cross_silo_run():
+    config = str(ROOT / "config/modes/moon_cross_silo_mpi.yaml")
+    assert mpi_ranks(["run", "--cf", config]) == 11
+    sets = ["--set", "train_args.client_num_in_total=4", "--set", "train_args.client_num_per_round=2"]
+    assert mpi_ranks(["run", "--cf", config, *sets]) == 5
+    with pytest.raises(ConfigError, match="give the number of ranks"):
+        mpi_ranks(["simulate", "--cf", str(ROOT / "config/modes/moon_mpi_simulation.yaml")])
+    with pytest.raises(ConfigError, match="does not run under mpirun"):
+        mpi_ranks(["run", "--cf", str(ROOT / "config/modes/moon_cross_silo_grpc.yaml")])

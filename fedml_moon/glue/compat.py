@@ -14,7 +14,12 @@ The defects, all on the path `fedml.init(...)` -> `fedml.FedMLRunner(...).run()`
   FedML's root-level `logging.info` calls run `logging.basicConfig` when the root logger has no
   handlers; `init_fedml` passes `should_init_logs=False` and restores anything still changed.
 * `check_env=True` runs `collect_env()` (prints, probes the network) for non-simulation runs;
-  `init_fedml` passes `check_env=False`. FedML's `print` calls during init go to a debug log.
+  `init_fedml` passes `check_env=False`. FedML's `print` calls during init go to a debug log, and so
+  does its root-level `args.rank = 0, args.worker_num = ...` line (every process initialises FedML as
+  a one-process simulation, so a silo would announce rank 0).
+* Importing FedML warns that `pkg_resources` is deprecated, and importing `requests` (which FedML
+  does) warns that its urllib3 / chardet versions are not the ones it was tested with, in every
+  process. `quiet_import_warnings` (run when `fedml_moon` is imported) ignores exactly these two.
 
 `import fedml` takes seconds, so FedML is imported inside functions only.
 """
@@ -29,6 +34,7 @@ import logging
 import os
 import platform
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +69,32 @@ duplicate-OpenMP-runtime abort; a process setting, not FedML configuration)."""
 
 _FEDML_HOME_NAME = ".fedml"
 _MISSING = object()
+
+IGNORED_IMPORT_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
+    # requests' RequestsDependencyWarning (its class cannot be named without importing requests)
+    (r"urllib3 \(.*\) or chardet \(.*\)/charset_normalizer \(.*\) doesn't match", Warning, r"requests\Z"),
+    # FedML's `from pkg_resources import parse_version` (setuptools' deprecation notice)
+    (r"pkg_resources is deprecated as an API", UserWarning, r"fedml(\.|\Z)"),
+)
+"""(message, category, module) regular expressions of the warnings `quiet_import_warnings` ignores."""
+
+
+def quiet_import_warnings() -> None:
+    """Ignore the two warnings every process printed on importing FedML (IGNORED_IMPORT_WARNINGS);
+    must run before `requests` and `fedml` are imported (`fedml_moon/__init__.py` does it)."""
+    for message, category, module in IGNORED_IMPORT_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+
+
+class _RankLineToDebug(logging.Filter):
+    """On the root logger during `fedml.init`: its `args.rank = ...` info line goes to a debug log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("args.rank = ") and f"{os.sep}fedml{os.sep}" in record.pathname:
+            log.debug("fedml.init logged: %s", message)
+            return False
+        return True
 
 
 class _HomeRedirect:
@@ -239,10 +271,13 @@ def init_fedml(args: argparse.Namespace, fedml_home: Path) -> argparse.Namespace
     state = _ProcessState.capture()
     environ = dict(os.environ)
     printed = io.StringIO()
+    rank_line = _RankLineToDebug()
+    state.root.addFilter(rank_line)
     try:
         with contextlib.redirect_stdout(printed):
             fedml_args = fedml.init(args, check_env=False, should_init_logs=False)
     finally:
+        state.root.removeFilter(rank_line)
         changed = state.restore()
         restored_env = _restore_environ(environ)
     if changed:

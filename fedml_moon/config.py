@@ -173,7 +173,7 @@ def _mode_checks(cfg: Config) -> None:
     )
     reports = cfg.comm_args.min_reports
     require(
-        reports is None or reports <= cfg.train_args.client_num_per_round,
+        isinstance(reports, str) or reports <= cfg.train_args.client_num_per_round,
         "comm_args.min_reports",
         f"{reports} is more than the {cfg.train_args.client_num_per_round} parties sampled per round",
     )

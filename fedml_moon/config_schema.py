@@ -208,7 +208,7 @@ class CommArgs:
     backend: str = "sp"
     timeout_s: float = 1800.0
     round_timeout_s: float | None = None
-    min_reports: int | None = None
+    min_reports: int | str | None = "half"
     heartbeat_s: float = 5.0
     grpc_ipconfig_path: str | None = None
     grpc_max_message_mb: int = 1024
@@ -240,10 +240,14 @@ class CommArgs:
             "comm_args.round_timeout_s",
             "must be > 0 seconds, or null to wait for every sampled party (up to comm_args.timeout_s)",
         )
+        if self.min_reports is None:  # the meaning of null before "half" became the default
+            self.min_reports = "all"
         require(
-            self.min_reports is None or self.min_reports >= 1,
+            self.min_reports in ("half", "all")
+            or (isinstance(self.min_reports, int) and self.min_reports >= 1),
             "comm_args.min_reports",
-            "must be >= 1, or null to require every sampled party",
+            "half (a round goes on once at least half of its sampled parties reported and the others are "
+            "dead or late), all (every sampled party: exact), or an integer >= 1",
         )
         require(self.heartbeat_s > 0, "comm_args.heartbeat_s", "must be > 0 seconds")
         if isinstance(self.tls, bool):

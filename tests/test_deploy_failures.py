@@ -73,7 +73,9 @@ def test_a_silo_with_another_config_is_refused_and_a_missing_one_named(tmp_path)
 
 
 def test_a_silo_killed_mid_run_stops_the_others_with_its_rank_named(tmp_path):
-    cmd, out = _grpc(tmp_path, 3, "train_args.comm_round=50", "comm_args.timeout_s=8")
+    cmd, out = _grpc(
+        tmp_path, 3, "train_args.comm_round=50", "comm_args.timeout_s=8", "comm_args.min_reports=all"
+    )
     server, log = _start(cmd, 0, tmp_path)
     silos = [_start(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
     _wait_for(log, "round 1:", 150)

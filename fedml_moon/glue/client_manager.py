@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from fedml_moon.glue.managers import (
     FINISH,
     HELLO,
     HELLO_EVERY_S,
+    REJOIN,
     REPORT,
     RESULT,
     TICK,
@@ -28,38 +32,75 @@ from fedml_moon.glue.managers import (
     WELCOME,
     _Manager,
     config_differences,
+    config_digest,
 )
 from fedml_moon.glue.trainer import PartyRunner
-from fedml_moon.glue.transport.base import QueueTransport
+from fedml_moon.glue.transport.base import QueueTransport, TransportError
 
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class Built:
+    """What a worker builds from the run's config: its parties' runner, their ids, the shared config."""
+
+    runner: PartyRunner
+    parties: list[int]
+    config: dict
+
+
+@dataclass
+class Local:
+    """What a worker knows before the server welcomes it: its own config's shared settings, the keys it
+    set itself (`--set`), the parties it expects to hold and those without stored state."""
+
+    config: dict
+    explicit: list[str]
+    parties: list[int]
+    fresh: Callable[[], list[int]]
+
+
 class PluginClientManager(_Manager):
-    """A worker (MPI simulation) or silo: trains and evaluates the parties it holds when asked."""
+    """A worker (MPI simulation) or silo: trains and evaluates the parties it holds when asked.
+
+    It builds its data and parties from the config the server's WELCOME hands it (`build`), once. When
+    the server falls silent it does not stop: it says HELLO again every few seconds, for up to
+    `comm_args.timeout_s`, and a WELCOME from a new server session (a restarted server) makes it load
+    its own checkpoint of the round that server resumes from (or start its parties afresh when the
+    server starts the run anew)."""
 
     def __init__(
         self,
         args: Any,
         transport: QueueTransport,
-        runner: PartyRunner,
-        parties: list[int],
+        local: Local,
+        build: Callable[[dict], Built],
         rank: int,
-        config: dict,
         comm: CommArgs,
         checkpoint_dir: Path,
+        server_address: str = "",
     ) -> None:
-        self.runner, self.parties, self.config, self.timeout_s = (
-            runner,
-            sorted(parties),
-            config,
-            comm.timeout_s,
-        )
-        self.welcomed, self.last_hello, self.restored = False, 0.0, False
+        self.local, self.build = local, build
+        self.built: Built | None = None
+        self.timeout_s, self.server_address = comm.timeout_s, server_address
+        self.welcomed, self.session, self.digest = False, None, None
+        self.trained_since_welcome = False
+        self.initial_state: dict | None = None
         self.checkpoint_dir = checkpoint_dir
-        self.started = time.monotonic()
+        self.waiting_since = self.last_wait_log = time.monotonic()
+        self.last_hello = 0.0
+        self.process = secrets.token_hex(8)  # this process: a restarted worker is told its work again
         self.reason = ""
         super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
+
+    @property
+    def runner(self) -> PartyRunner:
+        assert self.built is not None, "the server's WELCOME builds the parties first"
+        return self.built.runner
+
+    @property
+    def parties(self) -> list[int]:
+        return self.built.parties if self.built is not None else self.local.parties
 
     def peers(self) -> list[int]:
         return [0] if self.welcomed else []
@@ -72,6 +113,7 @@ class PluginClientManager(_Manager):
             (FINISH, self.on_finish),
             (ABORT, self.on_abort),
             (CHECKPOINT, self.on_checkpoint),
+            (REJOIN, self.on_rejoin),
             (TICK, self.on_tick),
         ):
             self.register_message_receive_handler(msg_type, self._guarded(handler))
@@ -80,64 +122,145 @@ class PluginClientManager(_Manager):
         def run(msg: Message) -> None:
             try:
                 handler(msg)
+            except TransportError as err:  # the server cannot be reached: telling it is pointless
+                self.reason = f"the server cannot be reached: {err}"
+                log.error("rank %d stops: %s", self.rank, self.reason)
+                self.stop("failed")
             except Exception as err:
                 log.exception("rank %d failed", self.rank)
                 self.reason = f"{type(err).__name__}: {err}"
                 try:
                     self.send(ERROR, 0, reason=self.reason)
+                except Exception as send_err:
+                    log.info("rank %d could not tell the server: %s", self.rank, send_err)
                 finally:
                     self.stop("failed")
 
         return run
 
     def hello(self) -> None:
-        """Say which parties this process holds, with the config and the parties that hold no state
-        yet (a silo that lost its state; the server then treats them as new)."""
+        """Say which parties this process holds, its config and the settings it set itself, and the
+        parties that hold no state (a silo that lost its state; the server then treats them as new)."""
         self.last_hello = time.monotonic()
-        fresh = [p for p in self.parties if not self.runner.trainer.store.get(p)]
-        self.send(HELLO, 0, parties=self.parties, config=self.config, fresh_parties=fresh)
+        config = self.built.config if self.built is not None else self.local.config
+        fresh = (
+            [p for p in self.parties if not self.runner.trainer.store.get(p)]
+            if self.built is not None
+            else self.local.fresh()
+        )
+        self.send(
+            HELLO,
+            0,
+            parties=self.parties,
+            config=config,
+            explicit=self.local.explicit,
+            fresh_parties=fresh,
+            process=self.process,
+        )
 
+    # --- waiting for the server, losing it, finding it again ----------------------------------------
     def on_tick(self, msg: Message) -> None:
         now = time.monotonic()
-        if not self.welcomed and now - self.last_hello >= HELLO_EVERY_S:
-            self.hello()
-        if not self.welcomed and now - self.started >= self.timeout_s:
-            self.reason = (
-                f"no answer from the server (rank 0) for {now - self.started:.0f} s (comm_args.timeout_s)"
-            )
-        elif self.welcomed and self.is_dead(0):
-            self.reason = (
-                f"the server (rank 0) sent no heartbeat for {self.silent_for(0):.0f} s; it is taken for dead"
-            )
-        else:
+        if self.welcomed and self.is_dead(0):
+            self.lose_server(now)
+        if self.welcomed:
             return
-        log.error("rank %d stops: %s", self.rank, self.reason)
-        self.stop("failed")
+        waited = now - self.waiting_since
+        if waited >= self.timeout_s:
+            self.reason = f"no answer from the server (rank 0) for {waited:.0f} s (comm_args.timeout_s)"
+            log.error("rank %d stops: %s", self.rank, self.reason)
+            self.stop("failed")
+            return
+        if now - self.last_wait_log >= self.wait_log_every_s:
+            self.last_wait_log = now
+            log.info(
+                "rank %d is waiting for the server (rank 0%s): %.0f s of comm_args.timeout_s = %g",
+                self.rank,
+                self._at(),
+                waited,
+                self.timeout_s,
+            )
+        if now - self.last_hello >= HELLO_EVERY_S:
+            self.hello()
+
+    def on_rejoin(self, msg: Message) -> None:
+        """A server process that has not welcomed this worker (a restarted server) asks for a HELLO."""
+        if self.welcomed:
+            self.lose_server(time.monotonic(), "a new server process asked it to say hello again")
+        self.hello()
+
+    def lose_server(self, now: float, why: str = "") -> None:
+        """The server's heartbeats stopped: keep saying hello until a server welcomes this worker again."""
+        why = why or f"the server (rank 0) sent no heartbeat for {self.silent_for(0):.0f} s"
+        log.warning(
+            "rank %d: %s; waiting up to %g s (comm_args.timeout_s) for a server to welcome it (restart a "
+            "dead server with --resume to go on from its checkpoint)",
+            self.rank,
+            why,
+            self.timeout_s,
+        )
+        self.welcomed = False
+        self.last_seen.pop(0, None)
+        self.waiting_since = self.last_wait_log = now
+        self.last_hello = 0.0
 
     def on_welcome(self, msg: Message) -> None:
-        """The server goes on from its checkpoint of round `resume_from`: restore ours of that round."""
-        self.welcomed = True
+        """Build the parties from the server's config (the first time), then follow the server's session:
+        a new session that resumes from round r restores this worker's checkpoint of round r."""
+        config, digest, session = msg.get("config"), msg.get("config_sha256"), msg.get("session")
+        if not isinstance(config, dict) or config_digest(config) != digest:
+            raise ValueError("the server's WELCOME carries a config that does not match its SHA-256")
+        if self.built is None:
+            self.build_from(config)
+        elif digest != self.digest:
+            differs = config_differences(self.built.config, config)
+            raise ValueError(f"the server's config changed since this worker joined: {', '.join(differs)}")
+        self.welcomed, self.waiting_since = True, time.monotonic()
+        if session == self.session:
+            return  # a repeated WELCOME of the same server
+        if self.session is not None:
+            log.info("rank %d: a new server session (%s) welcomed it", self.rank, session)
+        self.session = session
         resume_from = msg.get("resume_from")
-        if resume_from is None or self.restored:
-            return
-        saved = read_checkpoint(self.checkpoint_dir, int(resume_from), ("config", "parties"))
-        differs = config_differences(self.config, saved["config"])
-        if differs:
-            raise ValueError(
-                f"its checkpoint of round {resume_from} has another config: {', '.join(differs)}"
+        if resume_from is not None:
+            self.restore(int(resume_from))
+        elif self.trained_since_welcome:  # the server started the run anew: so do this worker's parties
+            log.warning(
+                "rank %d: the server started the run again from round 0; its parties start afresh", self.rank
             )
-        self.runner.load_state(saved["parties"])
-        self.restored = True
-        log.info("rank %d resumed its parties from the checkpoint of round %s", self.rank, resume_from)
+            self.runner.load_state(self.initial_state)
+        self.trained_since_welcome = False
 
+    def build_from(self, config: dict) -> None:
+        self.built = self.build(config)
+        self.digest = config_digest(self.built.config)
+        if self.digest != config_digest(config):
+            differs = config_differences(config, self.built.config)
+            raise ValueError(f"this worker could not take the server's config: {', '.join(differs)} differ")
+        start = self.runner.state(self.parties)  # the loaders' first streams; no party state
+        self.initial_state = {p: {"state": {}, "rng": saved["rng"]} for p, saved in start.items()}
+        log.info("rank %d holds parties %s (config sha256 %s)", self.rank, self.parties, self.digest[:12])
+
+    def restore(self, round_idx: int) -> None:
+        saved = read_checkpoint(self.checkpoint_dir, round_idx, ("config", "parties"))
+        differs = config_differences(self.built.config, saved["config"])
+        if differs:
+            raise ValueError(f"its checkpoint of round {round_idx} has another config: {', '.join(differs)}")
+        self.runner.load_state(saved["parties"])
+        log.info("rank %d resumed its parties from the checkpoint of round %s", self.rank, round_idx)
+
+    # --- work ------------------------------------------------------------------------------------
     def on_checkpoint(self, msg: Message) -> None:
         round_idx = int(msg.get("round"))
-        parts = {"config": self.config, "parties": self.runner.state(self.parties)}
+        parts = {"config": self.built.config, "parties": self.runner.state(self.parties)}
         write_checkpoint(self.checkpoint_dir, round_idx, parts, keep=2)  # the server may still need the older
         self.send(CHECKPOINTED, 0, round=round_idx)
 
     def on_train(self, msg: Message) -> None:
-        self.welcomed = True
+        if self.built is None:
+            log.warning("rank %d dropped a task sent before its WELCOME", self.rank)
+            return
+        self.welcomed, self.trained_since_welcome = True, True
         round_idx, tasks = int(msg.get("round")), msg.get("tasks")
         trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
         results = [
@@ -159,9 +282,12 @@ class PluginClientManager(_Manager):
         self.stop("failed")
 
     def run(self) -> None:
-        log.info("rank %d holds parties %s; saying hello to the server", self.rank, self.parties)
+        log.info("rank %d: saying hello to the server (rank 0%s)", self.rank, self._at())
         self.hello()
         super().run()
+
+    def _at(self) -> str:
+        return f" at {self.server_address}" if self.server_address else ""
 
     def stop(self, status: str) -> None:
         self.status = status

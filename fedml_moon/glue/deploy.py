@@ -4,10 +4,11 @@ Modes (`common_args.training_type` x `comm_args.backend`):
   simulation + MPI       MPI simulation: W = size - 1 workers simulate N parties, party p on rank
                          1 + p % W (a fixed map: a party's state and data never leave its worker)
   cross_silo + MPI       one process per silo: party p is rank p + 1 (W = N)
-  cross_silo + GRPC      the same over gRPC; ranks and the server's address from the ipconfig CSV
+  cross_silo + GRPC      the same over gRPC; the server's address from the ipconfig CSV (its rank-0 row)
   cross_silo + MQTT_S3   the same over an MQTT broker and an S3-compatible store
-Every process loads and partitions the data identically from the seed; the server keeps the test set
-for the global model, each worker its parties' loaders.
+The run's config is the server's: a worker builds its data and parties from the shared settings the
+server's WELCOME hands it (see managers.py), so every process loads and partitions the data identically
+from the seed; the server keeps the test set for the global model, each worker its parties' loaders.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.config import Config, config_to_dict
+from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_overrides
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.checkpoint import read_checkpoint
+from fedml_moon.core.state import make_store
+from fedml_moon.glue.managers import config_differences
 from fedml_moon.glue.resume import check_config, check_resumable, checkpoint_root, flat_config, resume_round
-from fedml_moon.glue.run import build_base, build_runner, build_server
+from fedml_moon.glue.run import build_args, build_base, build_runner, build_server
 
 log = logging.getLogger(__name__)
 PARTY_KEYS = ("common_args.random_seed", "data_args", "model_args", "train_args", "algorithm_args")
@@ -41,14 +44,38 @@ def shared_config(cfg: Config) -> dict[str, Any]:
     return out
 
 
+def with_shared(cfg: Config, shared: dict[str, Any]) -> Config:
+    """`cfg` (a worker's own config) with the run's shared settings (the server's `shared_config`) in
+    place of its own; its local settings (comm_args, device, data folder, state store, W&B) stay."""
+    full = config_to_dict(cfg)
+    full["algorithm_args"] = {}  # the server's algorithm decides which options exist
+    for key, value in shared.items():
+        section, _, name = key.partition(".")
+        full.setdefault(section, {})[name] = value
+    merged = config_from_dict(full)
+    merged.passthrough = cfg.passthrough
+    return merged
+
+
+def explicit_keys(overrides: list[str], cfg: Config) -> list[str]:
+    """The shared settings among a process's own `--set` overrides (they must agree with the server's)."""
+    shared = shared_config(cfg)
+    return sorted(
+        f"{section}.{key}"
+        for section, values in parse_overrides(overrides).items()
+        for key in values
+        if f"{section}.{key}" in shared
+    )
+
+
 def placement(cfg: Config, workers: int) -> dict[int, int]:
     """party -> rank: the MPI simulation spreads parties round-robin, cross-silo has one per silo."""
     n = cfg.train_args.client_num_in_total
     if cfg.common_args.training_type == "cross_silo":
-        if workers != n:
+        if workers != n:  # over MPI, mpirun's -np decides
             raise ConfigError(
                 f"train_args.client_num_in_total: cross-silo runs one silo per party, so {n} parties need "
-                f"{n} silos; this run has {workers} (start {n} silo ranks, or set "
+                f"{n} silos; mpirun started {workers} (use mpirun -np {n + 1}, or set "
                 f"client_num_in_total: {workers})"
             )
         return {p: p + 1 for p in range(n)}
@@ -58,7 +85,8 @@ def placement(cfg: Config, workers: int) -> dict[int, int]:
 
 
 def read_ipconfig(path: str) -> dict[int, tuple[str, int, str]]:
-    """rank -> (grpc_server_ip, grpc_server_port, ingress_ip) from FedML 0.9.6's ipconfig CSV."""
+    """rank -> (grpc_server_ip, grpc_server_port, ingress_ip) from FedML 0.9.6's ipconfig CSV. Only the
+    server's row (rank 0) is used: silos dial it; rows of other ranks may be there (FedML's layout)."""
     with open(Path(path).expanduser(), newline="") as fh:
         rows = list(csv.DictReader(fh))
     need = {"eid", "rank", "grpc_server_ip", "grpc_server_port"}
@@ -77,12 +105,9 @@ def read_ipconfig(path: str) -> dict[int, tuple[str, int, str]]:
 
 
 def worker_count(cfg: Config, size: int | None) -> int:
-    """Workers of this run: MPI's size - 1, the silo rows of the ipconfig, or N (MQTT_S3)."""
-    backend = cfg.comm_args.backend
-    if backend == "MPI":
+    """Workers of this run: MPI's size - 1, else one silo per party (train_args.client_num_in_total)."""
+    if cfg.comm_args.backend == "MPI":
         return int(size) - 1
-    if backend == "GRPC":
-        return len(read_ipconfig(cfg.comm_args.grpc_ipconfig_path)) - 1
     return cfg.train_args.client_num_in_total
 
 
@@ -106,10 +131,6 @@ def make_transport(cfg: Config, rank: int, workers: int, comm: Any = None) -> An
                     "the address to listen on, or set comm_args.bind_all: true"
                 )
             return GrpcServerTransport(ip, port, c.grpc_max_message_mb, workers, grpc_security(c, 0, ip))
-        if rank not in table:
-            raise ConfigError(
-                f"comm_args.grpc_ipconfig_path: rank {rank} has no row in {c.grpc_ipconfig_path}"
-            )
         security = grpc_security(c, rank, ingress)
         return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s, security)
     from fedml_moon.glue.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
@@ -162,38 +183,79 @@ def build_process(
     comm: Any = None,
     local_procs: int = 1,
     resume: bool = False,
+    explicit: list[str] | None = None,
 ) -> DistributedProcess:
     """Build rank `rank` of a distributed run (the server writes the run records to `out_dir`, a
     worker its own files to `out_dir/rank-<rank>`). With `resume` the server goes on from its newest
-    checkpoint and tells the workers which of theirs to load."""
-    from fedml_moon.glue.client_manager import PluginClientManager
+    checkpoint and tells the workers which of theirs to load. `explicit`: the shared settings this
+    process was given with --set (a worker's must agree with the server's)."""
     from fedml_moon.glue.server_manager import PluginServerManager
 
     workers = worker_count(cfg, size)
-    where = placement(cfg, workers)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
+    if rank != 0:
+        return _build_worker(cfg, folder, rank, size, comm, local_procs, list(explicit or []))
     if resume and rank == 0:
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs)
     base.args.rank = rank
     transport = make_transport(cfg, rank, workers, comm)
-    shared = shared_config(cfg)
-    if rank == 0:
-        rounds = build_server(base, folder)
-        start = _resume_server(rounds, cfg, folder) if resume else 0
-        ranks = list(range(1, workers + 1))
-        ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
-        manager = PluginServerManager(
-            base.args, transport, rounds, where, ranks, shared, cfg.comm_args, ckpt, start
-        )
-        return DistributedProcess(manager, rank, rounds)
-    parties = [p for p, r in where.items() if r == rank]
-    runner = build_runner(base, folder)
-    ckpt_dir = checkpoint_root(folder)
+    rounds = build_server(base, folder)
+    start = _resume_server(rounds, cfg, folder) if resume else 0
+    ranks = list(range(1, workers + 1))
+    ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
+    manager = PluginServerManager(
+        base.args,
+        transport,
+        rounds,
+        placement(cfg, workers),
+        ranks,
+        shared_config(cfg),
+        cfg.comm_args,
+        ckpt,
+        start,
+    )
+    return DistributedProcess(manager, rank, rounds)
+
+
+def _build_worker(
+    cfg: Config, folder: Path, rank: int, size: int | None, comm: Any, local_procs: int, explicit: list[str]
+) -> DistributedProcess:
+    """A worker or silo: its transport now; its data and parties when the server's WELCOME names the
+    run's config (`with_shared`)."""
+    from fedml_moon.glue.client_manager import Built, Local, PluginClientManager
+
+    transport = make_transport(cfg, rank, worker_count(cfg, size), comm)
+    args = build_args(cfg, folder, rank, local_procs)
+    store = make_store(cfg.train_args.state_store, folder / "party_state")
+    expected = [p for p, r in placement(cfg, worker_count(cfg, size)).items() if r == rank]
+    local = Local(shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store])
+
+    def build(shared: dict[str, Any]) -> Built:
+        run_cfg = with_shared(cfg, shared)
+        taken = config_differences(shared_config(cfg), shared)
+        if taken:
+            log.info("rank %d takes %d settings from the server: %s", rank, len(taken), ", ".join(taken))
+        base = build_base(run_cfg, folder, rank, local_procs, args=args)
+        base.args.rank = rank
+        parties = [p for p, r in placement(run_cfg, worker_count(run_cfg, size)).items() if r == rank]
+        return Built(build_runner(base, folder, store), parties, shared_config(run_cfg))
+
     manager = PluginClientManager(
-        base.args, transport, runner, parties, rank, shared, cfg.comm_args, ckpt_dir
+        args, transport, local, build, rank, cfg.comm_args, checkpoint_root(folder), server_address(cfg)
     )
     return DistributedProcess(manager, rank)
+
+
+def server_address(cfg: Config) -> str:
+    """Where a silo finds its server, for its log lines ("" under MPI)."""
+    c = cfg.comm_args
+    if c.backend == "GRPC":
+        ip, port, ingress = read_ipconfig(c.grpc_ipconfig_path)[0]
+        return f"{ingress}:{port}"
+    if c.backend == "MQTT_S3":
+        return f"the MQTT broker {c.mqtt_host}:{c.mqtt_port}"
+    return ""
 
 
 def _resume_server(rounds: Any, cfg: Config, folder: Path) -> int:
@@ -206,7 +268,13 @@ def _resume_server(rounds: Any, cfg: Config, folder: Path) -> int:
 
 
 def run_process(
-    cfg: Config, out_dir: Path, rank: int, size: int | None = None, comm: Any = None, resume: bool = False
+    cfg: Config,
+    out_dir: Path,
+    rank: int,
+    size: int | None = None,
+    comm: Any = None,
+    resume: bool = False,
+    explicit: list[str] | None = None,
 ) -> str:
     """Build and run one process through FedML's `FedMLRunner(..., algorithm_flow=...)`; its status."""
     import fedml
@@ -216,7 +284,7 @@ def run_process(
         from mpi4py import MPI
 
         local_procs = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume)
+    proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit)
     base_args = proc.manager.args
     fedml.FedMLRunner(base_args, None, None, None, algorithm_flow=proc).run()
     return proc.status

@@ -1,23 +1,34 @@
 """The protocol of the plugin's FedML managers (FedMLCommManager subclasses in server_manager.py and
 client_manager.py), one for every distributed mode: MPI simulation, cross-silo over MPI or gRPC, MQTT + S3.
 
-    worker/silo -> server   HELLO {parties, config}        (repeated until WELCOME)
+    worker/silo -> server   HELLO {parties, config, explicit, fresh_parties}   (repeated until WELCOME)
+    server -> worker        WELCOME {config, config_sha256, session, resume_from}
     server -> worker        TRAIN {round, tasks: [{party, payload}]}
     worker -> server        RESULT {round, results: [{party, n, upload}]}
     server -> worker        EVAL {round, payload}           (evaluation rounds that need the parties)
     worker -> server        REPORT {round, reports: [...]}
     server -> worker        CHECKPOINT {round} (rounds that are due) ... worker -> server CHECKPOINTED
     server -> worker        FINISH (after the last round) / ABORT {reason}
+    server -> worker        REJOIN (to a worker that is not one of its own yet, e.g. after a restart)
     worker -> server        BYE, or ERROR {reason}
 
 The server's side of a round is `ServerRounds`, the parties' side `PartyRunner`: the same objects the
 standalone loop drives. A timer posts TICK messages into each process's own queue; handlers run in
 the main thread only. `comm_args.timeout_s` bounds every wait: the server names the ranks it waits for,
 a worker names the silent server.
+
+The run's config is the server's: WELCOME hands every worker the server's shared settings (the keys of
+`deploy.shared_config`) with their SHA-256; a worker builds its data and parties from them, so `--set`
+values given to the server need not be repeated. Settings a worker sets itself with `--set` must agree
+with the server's, or it is refused with the keys named. `session` names one server process: a worker
+that lost its server keeps saying HELLO (within `comm_args.timeout_s`) and, welcomed by a new session,
+loads its checkpoint of the round the resumed server goes on from.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -32,8 +43,10 @@ log = logging.getLogger(__name__)
 HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
 FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
 CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
+REJOIN = "rejoin"  # server -> a worker it has not welcomed (a restarted server): say HELLO now
 DEAD_AFTER_BEATS = 3  # a peer silent for this many heartbeat periods is taken for dead
 HELLO_EVERY_S = 2.0
+WAIT_LOG_MIN_S = 5.0  # a process that waits says so every max(this, 6 heartbeat periods)
 
 
 class _Manager(FedMLCommManager):
@@ -58,6 +71,10 @@ class _Manager(FedMLCommManager):
     def peers(self) -> list[int]:
         """The ranks this process sends heartbeats to."""
         return []
+
+    @property
+    def wait_log_every_s(self) -> float:
+        return max(WAIT_LOG_MIN_S, 6 * self.heartbeat_s)
 
     def silent_for(self, rank: int) -> float:
         return time.monotonic() - self.last_seen.get(rank, 0.0)
@@ -129,3 +146,25 @@ def config_differences(ours: dict, theirs: dict) -> list[str]:
     """Dotted keys whose values differ between two `shared_config` dicts (sorted)."""
     keys = set(ours) | set(theirs)
     return sorted(k for k in keys if ours.get(k) != theirs.get(k))
+
+
+def described_differences(ours: dict, theirs: dict, keys: list[str]) -> str:
+    """`key (A here, B on the server)` for each of `keys`."""
+    return ", ".join(f"{k} ({theirs.get(k)!r} here, {ours.get(k)!r} on the server)" for k in keys)
+
+
+def config_digest(shared: dict) -> str:
+    """SHA-256 of a `shared_config` dict in canonical JSON (sorted keys): equal digests, equal settings."""
+    text = json.dumps(shared, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def quorum(min_reports: int | str, sampled: int) -> int:
+    """How many of a round's `sampled` parties must report for it to go on without the others:
+    `half` (the default) = ceil(sampled / 2), `all` = every one, an integer = that many (at most
+    `sampled`)."""
+    if min_reports == "all":
+        return sampled
+    if min_reports == "half":
+        return max(1, (sampled + 1) // 2)
+    return min(int(min_reports), sampled)

@@ -129,13 +129,23 @@ def _model_factory(cfg: Config, fed: FederatedData):
     return factory
 
 
-def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) -> Base:
-    """Load and partition the data, build the initial model (from the seed), initialise FedML.
+def build_args(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) -> Any:
+    """PyTorch's threads and FedML's initialised args for a process of this run (no data yet)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(torch_threads(cfg.device_args.torch_threads, local_procs))
+    return compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
+
+
+def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, args: Any = None) -> Base:
+    """Load and partition the data, build the initial model (from the seed), initialise FedML (or, with
+    `args` from `build_args`, bring those args up to `cfg`).
 
     Every process of a run does this identically, so every process holds the same partition."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if args is None:
+        args = build_args(cfg, out_dir, rank, local_procs)
+    else:
+        vars(args).update(vars(fedml_args(cfg, out_dir)))
     seed, train = cfg.common_args.random_seed, cfg.train_args
-    torch.set_num_threads(torch_threads(cfg.device_args.torch_threads, local_procs))
     np.random.seed(seed)
     device = select_device(cfg, rank)
     fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)
@@ -159,7 +169,6 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) 
             f"model_args.model: {err} ({fed.data.name} images are {fed.data.input_shape}); choose a model "
             "that takes them (resnet50 and mlp take any size)"
         ) from None
-    args = compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
     return Base(cfg, args, device, fed, dataset, model, factory, get_algorithm(train.algorithm))
 
 
@@ -192,13 +201,14 @@ def build_server(base: Base, out_dir: Path) -> Any:
     )
 
 
-def build_runner(base: Base, out_dir: Path) -> Any:
-    """The parties' side: the algorithm's party half, the per-party store, PluginClientTrainer."""
+def build_runner(base: Base, out_dir: Path, store: Any = None) -> Any:
+    """The parties' side: the algorithm's party half, the per-party store (`train_args.state_store`
+    unless given), PluginClientTrainer."""
     from fedml_moon.glue.trainer import PartyRunner, PluginClientTrainer
 
     cfg, train = base.cfg, base.cfg.train_args
     client = base.spec.client(cfg.algorithm_args, train, base.factory, base.seed)
-    store = make_store(train.state_store, out_dir / "party_state")
+    store = store if store is not None else make_store(train.state_store, out_dir / "party_state")
     trainer = PluginClientTrainer(copy.deepcopy(base.model).to(base.device), base.args, client, store)
     parallel = parties_in_parallel(base, trainer.model)
     return PartyRunner(trainer, base.dataset, base.device, base.args, parallel)

@@ -4,6 +4,7 @@ them, collects their results and reports, and records the round through ServerRo
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -20,6 +21,8 @@ from fedml_moon.glue.managers import (
     EVAL,
     FINISH,
     HELLO,
+    HELLO_EVERY_S,
+    REJOIN,
     REPORT,
     RESULT,
     TICK,
@@ -27,6 +30,9 @@ from fedml_moon.glue.managers import (
     WELCOME,
     _Manager,
     config_differences,
+    config_digest,
+    described_differences,
+    quorum,
 )
 from fedml_moon.glue.resume import checkpoint_root, due
 from fedml_moon.glue.rounds import ServerRounds
@@ -41,10 +47,12 @@ class PluginServerManager(_Manager):
     A round waits for every worker it sent work to, but no longer than `comm_args.round_timeout_s`
     (default: `timeout_s`), and not for a worker whose heartbeats stopped: when the ranks still
     pending are all dead or the deadline has passed, the round goes on with the parties that
-    reported if there are at least `comm_args.min_reports` of them (default: all), the others named
-    in the log and in `missing_parties`; below that it waits for the deadline, then stops (the last
-    checkpoint stays for --resume). A worker that comes back gets the current model with its next
-    task; results of an earlier round are dropped.
+    reported if there are at least `comm_args.min_reports` of them (default `half`: half of the
+    sampled parties, rounded up; `all`: every one), the others named in the log and in
+    `missing_parties`; below that it waits for the deadline, then stops (the last checkpoint stays
+    for --resume). A worker that comes back gets the current model with its next task; results of
+    an earlier round are dropped. While it waits, it names the ranks it waits for every
+    `wait_log_every_s` seconds.
     """
 
     def __init__(
@@ -71,12 +79,30 @@ class PluginServerManager(_Manager):
         self.reports: dict[int, Any] = {}
         self.ordered: list = []
         self.missing: list[int] = []
-        self.phase_started = time.monotonic()
+        self.phase_started = self.last_wait_log = time.monotonic()
         self.last_checkpoint: int | None = self.resume_from
+        self.welcomed_at: dict[int, float] = {}
+        self.rejoin_asked: dict[int, float] = {}
+        self.process_of: dict[int, str] = {}  # rank -> the worker process that said HELLO last
+        self.assigned: dict[int, tuple[str, dict]] = {}  # rank -> its work of the current phase
+        self.session = secrets.token_hex(8)  # this server process; a restarted server has another
+        self.digest = config_digest(config)
         super().__init__(args, transport, 0, len(workers) + 1, comm.backend, comm.heartbeat_s)
 
     def peers(self) -> list[int]:
         return sorted(self.seen)
+
+    def receive_message(self, msg_type: Any, msg_params: Message) -> None:
+        """A worker that talks to this server without having said HELLO to it (it was welcomed by a
+        server process before this one) is asked to say HELLO now, rather than after its heartbeat
+        timeout."""
+        rank = msg_params.get_sender_id()
+        if msg_type not in (HELLO, TICK) and rank in self.workers and rank not in self.seen:
+            now = time.monotonic()
+            if now - self.rejoin_asked.get(rank, -1e9) >= HELLO_EVERY_S:
+                self.rejoin_asked[rank] = now
+                self.send(REJOIN, rank)
+        super().receive_message(msg_type, msg_params)
 
     def register_message_receive_handlers(self) -> None:
         for msg_type, handler in (
@@ -90,27 +116,68 @@ class PluginServerManager(_Manager):
         ):
             self.register_message_receive_handler(msg_type, handler)
 
+    def assign(self, rank: int, msg_type: str, **params: Any) -> None:
+        """Send a rank its work of this phase, and keep it: a restarted worker gets it again."""
+        self.assigned[rank] = (msg_type, params)
+        self.send(msg_type, rank, **params)
+
     def _phase(self, phase: str, pending: set[int]) -> None:
-        self.phase, self.pending, self.phase_started = phase, set(pending), time.monotonic()
+        self.phase, self.pending = phase, set(pending)
+        self.phase_started = self.last_wait_log = time.monotonic()
 
     # --- start ---------------------------------------------------------------------------------
     def on_hello(self, msg: Message) -> None:
+        """Welcome a worker of this run with the run's config (and, before round one of a resumed
+        run, the round whose checkpoint it loads); refuse one that set other values itself."""
         rank = msg.get_sender_id()
         if rank not in self.workers:
-            log.warning("HELLO from rank %s, which is not a worker of this run (%s)", rank, self.workers)
+            reason = (
+                f"rank {rank} is not a worker of this run (ranks {self.workers[0]}..{self.workers[-1]}: "
+                "train_args.client_num_in_total on the server)"
+            )
+            log.warning("HELLO refused: %s", reason)
+            self.send(ABORT, rank, reason=reason)
             return
-        differs = config_differences(self.config, msg.get("config") or {})
+        theirs = msg.get("config") if isinstance(msg.get("config"), dict) else {}
+        explicit = [k for k in msg.get("explicit") or [] if isinstance(k, str)]
+        differs = [k for k in config_differences(self.config, theirs) if k in explicit]
         if differs:
-            reason = f"rank {rank}'s config differs from the server's in {', '.join(differs)}"
+            reason = (
+                f"rank {rank}'s config differs from the server's in {', '.join(differs)}: "
+                f"{described_differences(self.config, theirs, differs)}; leave these --set out on the "
+                "silo (it takes the run's config from the server) or give the server the same values"
+            )
             log.error("%s; it is refused", reason)
             self.send(ABORT, rank, reason=reason)
             return
         started = self.phase != "hello"
-        self.send(WELCOME, rank, resume_from=None if started else self.resume_from)
+        repeat = time.monotonic() - self.welcomed_at.get(rank, -1e9) <= 4 * HELLO_EVERY_S  # queued HELLOs
+        self.welcomed_at[rank] = time.monotonic()
+        self.send(
+            WELCOME,
+            rank,
+            resume_from=None if started else self.resume_from,
+            config=self.config,
+            config_sha256=self.digest,
+            session=self.session,
+        )
+        process, before = msg.get("process"), self.process_of.get(rank)
+        self.process_of[rank] = process
         if started:  # a worker that was gone is back: its next task brings it the current model
-            log.info("rank %d is back (round %d)", rank, self.round_idx)
+            if not repeat:
+                log.info("rank %d is back (round %d)", rank, self.round_idx)
             for party in msg.get("fresh_parties") or []:
-                self.rounds.aggregator.algorithm.party_reset(int(party))
+                if isinstance(party, int) and self.placement.get(party) == rank:
+                    self.rounds.aggregator.algorithm.party_reset(party)
+            if before is not None and process != before and rank in self.pending and rank in self.assigned:
+                msg_type, params = self.assigned[rank]  # a restarted worker lost it: send it again
+                log.info(
+                    "rank %d restarted during the %s phase of round %d; sent its work again",
+                    rank,
+                    self.phase,
+                    self.round_idx,
+                )
+                self.send(msg_type, rank, **params)
         if rank not in self.seen:
             self.seen.add(rank)
             log.info("rank %d is ready (%d of %d)", rank, len(self.seen), len(self.workers))
@@ -125,7 +192,7 @@ class PluginServerManager(_Manager):
             tasks.setdefault(self.placement[party], []).append({"party": party, "payload": payload})
         self._phase("train", set(tasks))
         for rank, items in sorted(tasks.items()):
-            self.send(TRAIN, rank, round=round_idx, tasks=items)
+            self.assign(rank, TRAIN, round=round_idx, tasks=items)
 
     def on_result(self, msg: Message) -> None:
         if not self._expected(msg, "train"):
@@ -147,7 +214,7 @@ class PluginServerManager(_Manager):
         self.reports = {}
         download = self.rounds.eval_download()
         for rank in alive:
-            self.send(EVAL, rank, round=self.round_idx, payload=download)
+            self.assign(rank, EVAL, round=self.round_idx, payload=download)
 
     def on_report(self, msg: Message) -> None:
         if not self._expected(msg, "eval"):
@@ -170,7 +237,7 @@ class PluginServerManager(_Manager):
             alive = [r for r in self.workers if not self.is_dead(r)]
             self._phase("checkpoint", set(alive))
             for rank in alive:  # the workers first: the server's LATEST then implies theirs
-                self.send(CHECKPOINT, rank, round=self.round_idx)
+                self.assign(rank, CHECKPOINT, round=self.round_idx)
             if not alive:
                 self.write_checkpoint()
             return
@@ -210,7 +277,11 @@ class PluginServerManager(_Manager):
         self.fail(f"rank {msg.get_sender_id()} failed: {msg.get('reason')}")
 
     def on_tick(self, msg: Message) -> None:
-        waited = time.monotonic() - self.phase_started
+        now = time.monotonic()
+        waited = now - self.phase_started
+        if self.phase != "done" and now - self.last_wait_log >= self.wait_log_every_s:
+            self.last_wait_log = now
+            self._say_waiting(waited)
         if self.phase == "hello":
             if waited > self.comm_args.timeout_s:
                 missing = sorted(set(self.workers) - self.seen)
@@ -226,6 +297,27 @@ class PluginServerManager(_Manager):
             return
         self.give_up_on(sorted(self.pending), sorted(dead), waited)
 
+    def _say_waiting(self, waited: float) -> None:
+        """Name the ranks this phase still waits for, and for how long (periodically)."""
+        ranks = sorted(set(self.workers) - self.seen) if self.phase == "hello" else sorted(self.pending)
+        if not ranks:
+            return
+        where = (
+            "to say hello"
+            if self.phase == "hello"
+            else f"in the {self.phase} phase of round {self.round_idx}"
+        )
+        dead = [r for r in ranks if self.is_dead(r)]
+        log.info(
+            "waiting for rank(s) %s %s: %.0f s so far (comm_args.%s = %g)%s",
+            ranks,
+            where,
+            waited,
+            "timeout_s" if self.phase == "hello" else "round_timeout_s",
+            self.comm_args.timeout_s if self.phase == "hello" else self.deadline_s,
+            f"; no heartbeat from {dead}" if dead else "",
+        )
+
     def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
         """The ranks still pending are dead, or the deadline has passed: go on without them if the
         phase allows it, else (too few reports) wait for the deadline, then stop."""
@@ -233,7 +325,7 @@ class PluginServerManager(_Manager):
             "stopped sending heartbeats" if dead == ranks else f"silent for {waited:.0f} s"
         )
         if self.phase == "train":
-            need = self.comm_args.min_reports or len(self.rounds.parties(self.round_idx))
+            need = quorum(self.comm_args.min_reports, len(self.rounds.parties(self.round_idx)))
             if len(self.results) < need:
                 if waited <= self.deadline_s:
                     return  # a dead worker may still come back before the deadline

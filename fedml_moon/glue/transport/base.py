@@ -15,6 +15,10 @@ log = logging.getLogger(__name__)
 _STOP = object()
 
 
+class TransportError(ConnectionError):
+    """A peer cannot be reached within the transport's time limit (the message was not delivered)."""
+
+
 def message_bytes(msg: Message) -> bytes:
     """A FedML Message as codec bytes (its params: type, sender, receiver and payload trees)."""
     return encode(dict(msg.get_params()))

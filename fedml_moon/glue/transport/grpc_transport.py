@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import grpc
 
 from fedml_moon.core.codec import CodecError
-from fedml_moon.glue.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.glue.transport.base import QueueTransport, TransportError, message_from_bytes
 from fedml_moon.security import check_token, rank_of_common_name
 
 log = logging.getLogger(__name__)
@@ -240,25 +240,55 @@ class GrpcClientTransport(QueueTransport):
     def send_bytes(self, receiver: int, data: bytes) -> None:
         if receiver != 0:
             raise ValueError(f"a silo sends to the server (rank 0) only, not to rank {receiver}")
-        self._send(data, timeout=self.timeout_s, wait_for_ready=True, metadata=self.metadata)
+        deadline, pause = time.monotonic() + self.timeout_s, RETRY_S[0]
+        while True:  # a call cut by a server that went away fails at once, whatever wait_for_ready says
+            left = deadline - time.monotonic()
+            call = self._send.future(
+                data, timeout=max(left, 0.01), wait_for_ready=True, metadata=self.metadata
+            )
+            try:
+                while True:  # in short waits, so that a signal (Ctrl-C, SIGTERM) is handled meanwhile
+                    try:
+                        call.result(timeout=0.5)
+                        return
+                    except grpc.FutureTimeoutError:
+                        continue
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                if time.monotonic() + pause >= deadline:
+                    raise TransportError(
+                        f"the server at {self.server_address} did not take a message within "
+                        f"{self.timeout_s:g} s ({err.code().name})"
+                    ) from None
+            except BaseException:  # SIGTERM or Ctrl-C while waiting: do not leave the call behind
+                call.cancel()
+                raise
+            time.sleep(pause)  # a duplicate of a message the server did get is dropped there as late
+            pause = min(2 * pause, RETRY_S[1])
 
     def _receive_loop(self) -> None:
-        pause = RETRY_S[0]
+        """Subscribe, and subscribe again whenever the stream breaks (a restarted server): the first
+        break is logged, the retries quietly, and the first frame after them again."""
+        pause, broken = RETRY_S[0], False
         while self.running:
             self._stream = self._subscribe(_RANK.pack(self.rank), wait_for_ready=True, metadata=self.metadata)
             try:
                 for frame in self._stream:
-                    pause = RETRY_S[0]
+                    if broken:
+                        log.info("rank %d: subscribed to %s again", self.rank, self.server_address)
+                    pause, broken = RETRY_S[0], False
                     self.deliver(frame)
             except grpc.RpcError as err:
                 if not self.running:
                     return
-                log.info(
-                    "rank %d: the subscription to %s ended (%s); retrying",
+                (log.debug if broken else log.warning)(
+                    "rank %d: the subscription to %s ended (%s); subscribing again until it answers",
                     self.rank,
                     self.server_address,
-                    err.code(),
+                    err.code().name,
                 )
+                broken = True
             time.sleep(pause)
             pause = min(2 * pause, RETRY_S[1])
 

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass
 
 from fedml_moon.core.codec import CodecError
-from fedml_moon.glue.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.glue.transport.base import QueueTransport, TransportError, message_from_bytes
 
 log = logging.getLogger(__name__)
 S3_REF = b"FMS3:"
@@ -146,7 +146,7 @@ class MqttS3Transport(QueueTransport):
         info = self.client.publish(self.topic(receiver, self.rank), data, qos=1)
         info.wait_for_publish(timeout=self.timeout_s)
         if not info.is_published():
-            raise ConnectionError(f"the MQTT broker did not acknowledge a message to rank {receiver}")
+            raise TransportError(f"the MQTT broker did not acknowledge a message to rank {receiver}")
 
     def close(self) -> None:
         self._frames.put(None)

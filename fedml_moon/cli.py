@@ -136,9 +136,11 @@ def _check(args: argparse.Namespace) -> int:
         )
     overrides = [*args.overrides, f"train_args.algorithm={args.algorithm}"]
     load_config(args.cf, overrides)  # a config mistake stops here, with the key named
-    folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fedml-moon-check-"))
+    # the check's processes run elsewhere: paths are resolved here, once, against this directory
+    config = Path(args.cf).resolve()
+    folder = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="fedml-moon-check-"))
     try:
-        checks = conformance.check_algorithm(args.cf, overrides, folder, modes)
+        checks = conformance.check_algorithm(config, overrides, folder, modes)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
@@ -242,13 +244,14 @@ def _check_command(command: str, cfg: Config) -> None:
 
 
 def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
-    from fedml_moon.glue.deploy import run_process
+    from fedml_moon.glue.deploy import explicit_keys, run_process
 
     rank, size, comm = _rank_of(args, cfg)
     if getattr(args, "role", None) and args.role != ("server" if rank == 0 else "client"):
         raise ConfigError(f"--role {args.role} disagrees with rank {rank} (rank 0 is the server)")
     _setup_logging(args.verbose, rank)
-    status = run_process(cfg, out_dir, rank, size, comm, resume=bool(args.resume))
+    explicit = explicit_keys(args.overrides, cfg)  # a silo's own --set must agree with the server's
+    status = run_process(cfg, out_dir, rank, size, comm, resume=bool(args.resume), explicit=explicit)
     log.info("rank %d finished: %s", rank, status)
     return 0 if status == "completed" else 1
 

@@ -32,20 +32,6 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
             ("simulate", "--cf", "config/modes/moon_mpi_simulation.yaml"),
             "runs under mpirun with 2 or more ranks",
         ),
-        (
-            (
-                "run",
-                "--cf",
-                "config/modes/moon_cross_silo_grpc.yaml",
-                "--rank",
-                "1",
-                "--set",
-                "train_args.client_num_in_total=4",
-                "--set",
-                "train_args.client_num_per_round=4",
-            ),
-            "cross-silo runs one silo per party, so 4 parties need 4 silos; this run has 10",
-        ),
     ],
 )
 def test_mode_mistakes_are_named(tmp_path, args, message):

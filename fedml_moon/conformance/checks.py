@@ -91,7 +91,7 @@ def check_algorithm(
 ) -> list[Check]:
     """The conformance suite: payloads carry only tensors and JSON values, a seed gives the same run
     twice, and every mode gives the standalone loop's final model, metrics and per-party states."""
-    overrides = [*TINY, *overrides]
+    overrides, folder = [*TINY, *overrides], Path(folder).resolve()
     checks = []
     problems = payload_problems(config, overrides, folder)
     checks.append(

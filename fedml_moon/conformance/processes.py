@@ -200,7 +200,11 @@ def run_mode(
     svc: Services | None = None,
     timeout_s: float = 300.0,
 ) -> RunResult:
-    """Run `config` in `mode`; outputs under folder/mode. Silos start before their server."""
+    """Run `config` in `mode`; outputs under folder/mode. Silos start before their server.
+
+    The processes run in this process's working directory, so a relative path (the config, an
+    override, a path inside the config) means what it means here."""
+    config, folder = Path(config).resolve(), Path(folder).resolve()
     out, home = folder / mode, folder / "home"
     out.mkdir(parents=True, exist_ok=True)
     env, n = process_env(home), _parties(config, overrides)
@@ -235,7 +239,7 @@ def run_mode(
     logs = [out / f"process-{i}.log" for i in range(len(cmds))]
     procs = []
     for i, (cmd, log_path) in enumerate(zip(cmds, logs, strict=True)):
-        procs.append(spawn(cmd, log_path, env, out))
+        procs.append(spawn(cmd, log_path, env, Path.cwd()))
         if i == len(cmds) - 2 and len(cmds) > 1:
             time.sleep(1.0)  # the silos are up (or starting) before the server
     return RunResult(mode, out / "run", wait_all(procs, timeout_s), logs)

@@ -1,0 +1,465 @@
+"""Every command the README shows, run as written from the repository root, at tiny scale.
+
+`readme_commands()` collects them: each line of the README's ```bash blocks and every inline `...`
+span that starts with `.venv/bin/`, `bash run/` or `mpirun`. Each must be a key of COMMANDS, which
+says how this file runs it; a command the README gains without an entry here fails
+`test_the_readme_shows_only_commands_this_file_runs`, and so does an entry the README lost.
+
+A run appends only tiny-scale `--set` values (TINY; a key the command sets itself keeps its value)
+and an output folder under tmp; placeholders are substituted (RANK, R, RUN_DIR, `...`, `edge.yaml`,
+`certs/`, the sweeps' `outputs/sweeps/...`). Single-process commands run through
+`fedml_moon.cli.main` in this process (the `fedml-moon` entry point, without paying for a Python and
+FedML start-up each), everything else as real processes. Not run inside the suite, checked instead:
+`bash run/main.sh` and `bash run/test.sh` (they install, then run the main job / the whole suite:
+their contents are checked and the command main.sh execs is run), the pip installs (setup.sh runs
+them; the packages imported are this tree's), the benchmarks (measurements, minutes each at full
+scale, some for a GPU: each script exists, compiles and takes the options shown) and the
+conformance check (run as written by tests/test_contributor_kit.py). The two sweeps run with all
+but three of their runs already complete (copies of a tiny run, so the sweep skips them): the
+commands, the skip logic and the report run for real, 3 tiny runs instead of 42.
+
+Every process started here runs on 127.0.0.1, has its wait bounded and is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import runpy
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedml_moon import conformance
+from fedml_moon.cli import main
+from fedml_moon.config import config_to_dict, load_config
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.sweep import load_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PREFIXES = (".venv/bin/", "bash run/", "mpirun")
+needs_fmnist = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+
+TINY = [
+    "data_args.max_train_samples=100",
+    "data_args.max_test_samples=50",
+    "train_args.client_num_in_total=2",
+    "train_args.client_num_per_round=2",
+    "train_args.comm_round=1",
+    "train_args.epochs=1",
+    "train_args.batch_size=16",
+    "device_args.torch_threads=1",
+    "tracking_args.enable_wandb=false",
+]
+"""Appended to every run (smaller than conformance.TINY: this file only asks whether a command runs)."""
+
+NOISE = ("RequestsDependencyWarning", "pkg_resources is deprecated", "args.rank = ")
+"""What FedML's start-up used to print in every process (tests `fedml_moon.glue.compat`)."""
+LOG_LINE = re.compile(r"\d\d:\d\d:\d\d( rank \d+)? [A-Z]+ \S+: ")
+
+MAIN_JOB = "bash run/main.sh --set train_args.comm_round=5"
+STANDALONE = ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml"
+SYNOPSIS = (
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
+    "[--set SECTION.KEY=VALUE ...] [--output-dir DIR] [-v]"
+)
+PYTHON_M = ".venv/bin/python -m fedml_moon simulate --cf ..."
+HEADPROX = ".venv/bin/fedml-moon simulate --cf examples/headprox/headprox.yaml"
+CERTS = ".venv/bin/fedml-moon certs certs/ --silos 10 --host server.example.org --host 203.0.113.5"
+MPI_SIMULATION = "bash run/mpirun.sh 3 simulate --cf config/modes/moon_mpi_simulation.yaml"
+MPI_CROSS_SILO = "bash run/mpirun.sh run --cf config/modes/moon_cross_silo_mpi.yaml"
+GRPC_SERVER = "bash run/run_server.sh"
+GRPC_SILO = "bash run/run_client.sh RANK"
+EDGE = ".venv/bin/fedml-moon run --cf config/modes/moon_edge_mqtt_s3.yaml --rank R"
+EDGE_COPY = ".venv/bin/fedml-moon run --cf edge.yaml --rank R"
+MOTO = ".venv/bin/moto_server -p 5000 &"
+SWEEP = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist.yaml --jobs 2"
+SWEEP_LIST = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist.yaml --list"
+SWEEP_LIST_SET = (
+    ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist.yaml --set train_args.epochs=2 --list"
+)
+REPORT = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist"
+TSNE = ".venv/bin/fedml-moon tsne RUN_DIR --party 0"
+SWEEP_LG = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_lg.yaml --jobs 2"
+REPORT_LG = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_lg"
+
+COMMANDS: dict[str, str] = {
+    "bash run/main.sh": "script",
+    "bash run/test.sh": "script",
+    MAIN_JOB: "single",
+    SYNOPSIS: "single",
+    PYTHON_M: "single",
+    STANDALONE: "single",
+    HEADPROX: "single",
+    CERTS: "single",
+    SWEEP: "single",
+    SWEEP_LIST: "single",
+    SWEEP_LIST_SET: "single",
+    REPORT: "single",
+    TSNE: "single",
+    SWEEP_LG: "single",
+    REPORT_LG: "single",
+    MPI_SIMULATION: "mpi",
+    MPI_CROSS_SILO: "mpi",
+    GRPC_SERVER: "grpc",
+    GRPC_SILO: "grpc",
+    EDGE: "mqtt",
+    EDGE_COPY: "mqtt",
+    MOTO: "mqtt",
+    ".venv/bin/fedml-moon check fedprox_head --cf examples/headprox/headprox.yaml": "contributor-kit",
+    ".venv/bin/pip install -e .": "install",
+    ".venv/bin/pip install -e examples/headprox": "install",
+    ".venv/bin/python benchmarks/transport_cost.py": "benchmark",
+    ".venv/bin/python benchmarks/round_time.py --repeats 3": "benchmark",
+    ".venv/bin/python benchmarks/gpu_round.py": "benchmark",
+    ".venv/bin/python benchmarks/modes.py": "benchmark",
+    ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
+    # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
+    "bash run/mpirun.sh [NP] ARGS...": "synopsis",
+    "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",
+    "mpirun -np W+1": "fragment",  # prose: the MPI simulation's rank count
+    "mpirun": "fragment",  # prose: the Tests section names the tool
+}
+"""Every README command -> the test that runs (or checks) it."""
+
+
+def readme_commands(text: str) -> list[str]:
+    """The README's commands, whitespace normalised, in order, each once."""
+    found: list[str] = []
+    blocks = re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M)
+    for block in blocks:
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = re.sub(r"(^|\s)#.*$", "", line).strip()
+            if line:
+                found.append(" ".join(line.split()))
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        if span.startswith(PREFIXES):
+            found.append(" ".join(span.split()))
+    return list(dict.fromkeys(found))
+
+
+def test_the_readme_shows_only_commands_this_file_runs():
+    commands = readme_commands(README.read_text())
+    unknown = [c for c in commands if c not in COMMANDS]
+    assert not unknown, f"README commands this file cannot run (add them to COMMANDS): {unknown}"
+    gone = [c for c in COMMANDS if c not in commands]
+    assert not gone, f"COMMANDS the README no longer shows (remove them): {gone}"
+
+
+def _script(name: str) -> list[str]:
+    return [line.strip() for line in (ROOT / "run" / name).read_text().splitlines()]
+
+
+def _exec_line() -> str:
+    """The command run/main.sh execs, "$@" left out."""
+    (line,) = [x for x in _script("main.sh") if x.startswith("exec ")]
+    assert line.endswith(' "$@"'), line
+    return line.removeprefix("exec ").removesuffix(' "$@"')
+
+
+def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
+    # run/main.sh and run/test.sh install first (README: "installs, then ...")
+    main_sh, test_sh = _script("main.sh"), _script("test.sh")
+    assert main_sh.index("bash run/setup.sh") < main_sh.index(f'exec {_exec_line()} "$@"')
+    assert _exec_line() == STANDALONE  # the main job is the standalone row's command, run below
+    setup = test_sh.index("bash run/setup.sh || exit 1")
+    steps = [
+        ".venv/bin/ruff check fedml_moon tests benchmarks examples || exit 1",
+        ".venv/bin/ruff format --check fedml_moon tests benchmarks examples || exit 1",
+        '.venv/bin/python -m pytest -q "$@"',  # the whole suite, slow tests included
+    ]
+    assert setup < test_sh.index(steps[0]) < test_sh.index(steps[1]) < test_sh.index(steps[2])
+    # the pip installs: run/setup.sh runs them, and the packages imported are this tree's
+    setup_sh = "\n".join(_script("setup.sh"))
+    assert '.venv/bin/python -m pip install -q -e ".[test]"' in setup_sh
+    assert ".venv/bin/python -m pip install -q -e examples/headprox" in setup_sh
+    import fedml_moon_headprox
+
+    import fedml_moon
+
+    assert Path(fedml_moon.__file__).resolve().parent == ROOT / "fedml_moon"
+    assert Path(fedml_moon_headprox.__file__).resolve().is_relative_to(ROOT / "examples" / "headprox")
+    # benchmarks: the script exists, compiles and takes every option the README gives it
+    for command in (c for c, kind in COMMANDS.items() if kind == "benchmark"):
+        words = shlex.split(command)
+        source = (ROOT / words[1]).read_text()
+        compile(source, words[1], "exec")
+        for option in (w for w in words[2:] if w.startswith("--")):
+            assert f'"{option}"' in source, f"{command}: {words[1]} has no {option}"
+    # the conformance check runs, as written, in tests/test_contributor_kit.py
+    from tests import test_contributor_kit
+
+    (check,) = [c for c, kind in COMMANDS.items() if kind == "contributor-kit"]
+    assert test_contributor_kit.CHECK_COMMAND == check
+
+
+# --- helpers for the runs -------------------------------------------------------------------------
+
+
+def _sets(command: str) -> list[str]:
+    """`--set` arguments of TINY, leaving out keys the command sets itself."""
+    words = shlex.split(command)
+    own = {words[i + 1].split("=", 1)[0] for i, w in enumerate(words[:-1]) if w == "--set"}
+    return [a for item in TINY if item.split("=", 1)[0] not in own for a in ("--set", item)]
+
+
+def _env(home: Path) -> dict[str, str]:
+    """The environment of a shell: no mpirun root permission here (run/mpirun.sh must add it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    env.update(HOME=str(home), PYTHONUNBUFFERED="1", AWS_ACCESS_KEY_ID="testing")
+    env.update(AWS_SECRET_ACCESS_KEY="testing")  # moto takes any
+    return env
+
+
+def _quiet(log_path: Path) -> str:
+    """The process's output: its first line is the plugin's own log, and FedML's noise is gone (a
+    sweep's run.log starts with the `$ command` line the sweep writes)."""
+    text = re.sub(r"\A\$ .*\n", "", log_path.read_text(errors="replace"))
+    assert text and LOG_LINE.match(text), f"{log_path.name} starts with: {text[:300]!r}"
+    noise = [s for s in NOISE if s in text]
+    assert not noise, f"{log_path.name} prints {noise}"
+    return text
+
+
+def _run_all(cmds: list[list[str]], folder: Path, home: Path, timeout_s: float) -> list[Path]:
+    """Start the commands from the repository root (a second apart, in order), wait for all (bounded),
+    stop every one; assert each exited 0. Returns their logs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    logs = [folder / f"process-{i}.log" for i in range(len(cmds))]
+    procs = []
+    try:
+        for i, (cmd, log_path) in enumerate(zip(cmds, logs, strict=True)):
+            if i:
+                time.sleep(1.0)
+            procs.append(conformance.spawn(cmd, log_path, _env(home), ROOT))
+        codes = conformance.wait_all(procs, timeout_s)
+    finally:
+        for proc in procs:
+            conformance.stop(proc)
+    tails = "\n".join(
+        f"--- {p.name}: {c}\n{p.read_text(errors='replace')[-3000:]}"
+        for p, c in zip(logs, codes, strict=True)
+    )
+    assert codes == [0] * len(cmds), tails
+    return logs
+
+
+def _completed(out_dir: Path, rounds: int) -> dict:
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == rounds, summary
+    return summary
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    """One HOME for every process here (matplotlib builds its font cache once)."""
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture
+def cli(monkeypatch, home):
+    """`fedml_moon.cli.main` from the repository root; what main() sets process-wide is put back."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HOME", str(home))
+    root = logging.getLogger()
+    handlers, level, sigterm = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
+    try:
+        yield main
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        signal.signal(signal.SIGTERM, sigterm)
+
+
+def _entry_point(command: str) -> list[str]:
+    """The arguments of a `.venv/bin/fedml-moon` command (given to main())."""
+    words = shlex.split(command)
+    assert words[0] == ".venv/bin/fedml-moon", command
+    return words[1:]
+
+
+# --- single-process commands ----------------------------------------------------------------------
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
+    done: set[str] = set()
+    started = time.monotonic()
+
+    # the main job: what `bash run/main.sh --set train_args.comm_round=5` execs, as a real process
+    # (also the standalone row's command); its output starts with the plugin's own lines
+    args = shlex.split(MAIN_JOB)[2:]
+    job = [*shlex.split(_exec_line()), *args, *_sets(MAIN_JOB), "--output-dir", str(tmp_path / "job")]
+    _quiet(_run_all([job], tmp_path / "job-logs", home, 300)[0])
+    template = tmp_path / "job"
+    assert len((template / "metrics.jsonl").read_text().splitlines()) == 5
+    _completed(template, 5)
+    done |= {MAIN_JOB, STANDALONE}
+
+    # the synopsis, every option given
+    synopsis = SYNOPSIS.replace("[--set SECTION.KEY=VALUE ...]", shlex.join(_sets(STANDALONE)))
+    synopsis = synopsis.replace("[--output-dir DIR]", f"--output-dir {tmp_path / 'synopsis'}")
+    assert cli(_entry_point(synopsis.replace("[-v]", "-v"))) == 0
+    _completed(tmp_path / "synopsis", 1)
+    done.add(SYNOPSIS)
+
+    # `python -m fedml_moon`, `...` being the config above
+    words = shlex.split(PYTHON_M.replace("...", "config/fashion_mnist/moon.yaml"))
+    assert words[:3] == [".venv/bin/python", "-m", "fedml_moon"]
+    out = tmp_path / "python-m"
+    monkeypatch.setattr(sys, "argv", ["fedml_moon", *words[3:], *_sets(PYTHON_M), "--output-dir", str(out)])
+    with pytest.raises(SystemExit) as exit_code:
+        runpy.run_module("fedml_moon", run_name="__main__", alter_sys=True)
+    assert exit_code.value.code == 0
+    _completed(out, 1)
+    done.add(PYTHON_M)
+
+    # the example algorithm
+    assert cli([*_entry_point(HEADPROX), *_sets(HEADPROX), "--output-dir", str(tmp_path / "headprox")]) == 0
+    assert _completed(tmp_path / "headprox", 1)["config"]["train_args"]["algorithm"] == "fedprox_head"
+    done.add(HEADPROX)
+
+    # certificates for 10 silos
+    assert cli([str(tmp_path / "certs") if w == "certs/" else w for w in _entry_point(CERTS)]) == 0
+    written = {p.name for p in (tmp_path / "certs").iterdir()}
+    assert {"ca.pem", "server.pem", "silo-10.pem", "silo-10.token", "server-tokens.json"} <= written
+    done.add(CERTS)
+
+    # `--list`, as written (they write nothing)
+    capsys.readouterr()
+    assert cli(_entry_point(SWEEP_LIST)) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 36 and all(line.startswith("fedml-moon simulate --cf ") for line in listed)
+    assert cli(_entry_point(SWEEP_LIST_SET)) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 36 and all("--set train_args.epochs=2" in line for line in listed)
+    done |= {SWEEP_LIST, SWEEP_LIST_SET}
+
+    # the sweeps, all but `real` of their runs already complete (copies of the main job's tiny run),
+    # then their reports and a t-SNE picture of a real run
+    shards = ["train_args.client_num_in_total=5", "train_args.client_num_per_round=5"]  # 10 classes
+    for sweep, report, real, extra in ((SWEEP, REPORT, (0, 3), []), (SWEEP_LG, REPORT_LG, (0,), shards)):
+        words = _entry_point(sweep)
+        output = tmp_path / "sweeps" / Path(words[1]).stem
+        extra = [*extra, "train_args.save_party_models=true"]
+        sets = [*_sets(sweep), *(a for item in extra for a in ("--set", item))]
+        runs = load_sweep(words[1], output, sets[1::2])
+        for i, run in enumerate(runs):
+            if i not in real:
+                config = config_to_dict(load_config(run.config, list(run.overrides)))
+                _complete_copy(template, run.folder, config)
+        assert cli([*words, *sets, "--output", str(output)]) == 0
+        ran = sorted(r.name for r in runs if (r.folder / "run.log").is_file())
+        assert ran == sorted(runs[i].name for i in real)
+        for i in real:
+            _quiet(runs[i].folder / "run.log")
+            _completed(runs[i].folder, 1)
+        report_words = _entry_point(report)
+        assert report_words[1] == f"outputs/sweeps/{output.name}"  # the sweep's own output folder
+        assert cli([report_words[0], str(output)]) == 0
+        assert (output / "report" / "report.md").is_file()
+        done |= {sweep, report}
+        if sweep == SWEEP:
+            run_dir = runs[real[0]].folder
+            assert cli([str(run_dir) if w == "RUN_DIR" else w for w in _entry_point(TSNE)]) == 0
+            assert (run_dir / "tsne.png").stat().st_size > 10_000
+            done.add(TSNE)
+
+    assert done == {c for c, kind in COMMANDS.items() if kind == "single"}
+    print(f"single-process README commands: {time.monotonic() - started:.1f} s")
+
+
+def _complete_copy(template: Path, folder: Path, config: dict) -> None:
+    """A completed run folder for a sweep to skip: the template's records under this run's config."""
+    folder.mkdir(parents=True)
+    shutil.copy(template / "metrics.jsonl", folder / "metrics.jsonl")
+    summary = json.loads((template / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "config": config}))
+
+
+# --- distributed commands -------------------------------------------------------------------------
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_mpi_commands(tmp_path, home):
+    """run/mpirun.sh adds what mpirun needs here (root, 2 cores); the cross-silo run takes its rank
+    count from the config (2 silos at tiny scale: 3 ranks)."""
+    started = time.monotonic()
+    cmds, outs = [], []
+    for i, command in enumerate((MPI_SIMULATION, MPI_CROSS_SILO)):
+        outs.append(tmp_path / f"run-{i}")
+        cmds.append([*shlex.split(command), *_sets(command), "--output-dir", str(outs[-1])])
+    for log_path in _run_all(cmds, tmp_path / "logs", home, 420):
+        text = _quiet(log_path)
+        assert {"rank 0", "rank 1", "rank 2"} <= set(re.findall(r"rank \d+", text)), text[-2000:]
+    for out in outs:
+        _completed(out, 1)
+    print(f"MPI README commands: {time.monotonic() - started:.1f} s")
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_grpc_commands(tmp_path, home):
+    """The server gets the run's --set values; each silo only its comm settings (and its threads):
+    the number of silos comes from train_args.client_num_in_total, the ipconfig CSV holds only the
+    server's row, and silos take the run's config from the server."""
+    started = time.monotonic()
+    ipconfig = tmp_path / "ipconfig.csv"
+    port = conformance.free_port()
+    ipconfig.write_text(
+        f"eid,rank,grpc_server_ip,grpc_server_port,ingress_ip\n0,0,127.0.0.1,{port},127.0.0.1\n"
+    )
+    out = tmp_path / "run"
+    comm = ["--set", f"comm_args.grpc_ipconfig_path={ipconfig}", "--set", "comm_args.timeout_s=120"]
+    comm += ["--output-dir", str(out)]
+    silos = [
+        [*shlex.split(GRPC_SILO.replace("RANK", str(r))), *comm, "--set", "device_args.torch_threads=1"]
+        for r in (1, 2)
+    ]
+    server = [*shlex.split(GRPC_SERVER), *_sets(GRPC_SERVER), *comm]
+    for log_path in _run_all([*silos, server], tmp_path / "logs", home, 420):
+        _quiet(log_path)
+    _completed(out, 1)
+    print(f"gRPC README commands: {time.monotonic() - started:.1f} s")
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_mqtt_s3_commands(tmp_path, home):
+    """Server and silo 1 from the shipped config with the local broker and S3 given by --set; silo 2
+    from a copy of the config with them written in (`edge.yaml`, as the README describes)."""
+    started = time.monotonic()
+    with conformance.services(tmp_path / "services") as svc:
+        moto = svc.procs[1].args
+        assert moto[0] == str(ROOT / ".venv/bin/moto_server") and "-p" in moto  # the README's moto_server
+        run_id = f"readme-{conformance.free_port()}"
+        comm = [*svc.overrides, f"comm_args.run_id={run_id}", "comm_args.timeout_s=120"]
+        edge = yaml.safe_load((ROOT / "config/modes/moon_edge_mqtt_s3.yaml").read_text())
+        s3 = f"http://127.0.0.1:{svc.s3_port}"
+        edge["comm_args"].update(mqtt_port=svc.mqtt_port, s3_endpoint=s3, run_id=run_id, timeout_s=120)
+        (tmp_path / "edge.yaml").write_text(yaml.safe_dump(edge))
+        out = tmp_path / "run"
+        cmds = []
+        for rank, command, extra in ((1, EDGE, comm), (2, EDGE_COPY, []), (0, EDGE, comm)):
+            words = [str(tmp_path / "edge.yaml") if w == "edge.yaml" else w for w in shlex.split(command)]
+            words = [str(rank) if w == "R" else w for w in words]
+            sets = [a for item in extra for a in ("--set", item)]
+            cmds.append([*words, *_sets(command), *sets, "--output-dir", str(out)])
+        for log_path in _run_all(cmds, tmp_path / "logs", home, 420):
+            _quiet(log_path)
+    _completed(out, 1)
+    print(f"MQTT + S3 README commands: {time.monotonic() - started:.1f} s")

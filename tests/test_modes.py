@@ -1,10 +1,12 @@
 """One implementation, every mode: the same seed gives the same final model and the same metrics in
 the standalone loop, the MPI simulation (3 parties on 2 workers, 2 sampled per round), cross-silo over
 MPI, cross-silo over gRPC (silos started before the server) and MQTT + S3 (a real mosquitto and a
-moto S3 endpoint on 127.0.0.1). Real processes through the real command line."""
+moto S3 endpoint on 127.0.0.1), down to the final model's digest in summary.json. Real processes
+through the real command line."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,7 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
     ref = conformance.run_mode("standalone", ROOT / config, overrides, tmp_path)
     assert ref.ok, ref.tail()
     ref_states = conformance.party_states(ref.out_dir)
+    ref_digest = json.loads((ref.out_dir / "summary.json").read_text())["final_model_sha256"]
     trained = {p for parties in sample_schedule(3, 2, 3, seed=0) for p in parties}
     assert sorted(ref_states) == sorted(f"party_{p}.pt" for p in trained)
     for mode in conformance.MODES[1:]:
@@ -52,6 +55,8 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
         diff, problems = conformance.compare(ref, run)
         assert diff <= 1e-5, f"{mode}: final models differ by {diff}"
         assert not problems, f"{mode}: {problems[:5]}"
+        digest = json.loads((run.out_dir / "summary.json").read_text())["final_model_sha256"]
+        assert digest == ref_digest, f"{mode}: another final model digest in summary.json"
         states = conformance.party_states(run.out_dir)  # each party's state, wherever its worker kept it
         assert states.keys() == ref_states.keys(), mode
         assert all(conformance.same_tree(ref_states[k], states[k]) for k in states), (

@@ -125,6 +125,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/gpu_round.py": "benchmark",
     ".venv/bin/python benchmarks/modes.py": "benchmark",
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
+    ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
     "bash run/mpirun.sh [NP] ARGS...": "synopsis",
     "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",

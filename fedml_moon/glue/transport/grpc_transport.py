@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 SERVICE = "fedml_moon.Transport"
 _RANK = struct.Struct("<q")
 _END = object()
-RETRY_S = (0.2, 5.0)
+RETRY_S = (0.2, 2.0)  # back-off of a silo reconnecting to its server (seconds)
 
 
 RANK_HEADER = "x-fedml-moon-rank"

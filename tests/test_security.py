@@ -15,7 +15,7 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
 from fedml_moon.config import ConfigError, load_config
-from fedml_moon.glue.transport.base import message_bytes
+from fedml_moon.glue.transport.base import TransportError, message_bytes
 from fedml_moon.glue.transport.grpc_transport import (
     SERVICE,
     GrpcClientTransport,
@@ -97,9 +97,9 @@ def test_mutual_tls_lets_the_silo_in_and_another_cas_certificate_out(creds, capl
         _wait(inbox, 1)
         assert [m.get_sender_id() for m in inbox.got] == [1]
         stranger = GrpcClientTransport(2, server.address, 16, 3, _sec(other, "silo-2", "mtls"))
-        with pytest.raises(grpc.RpcError) as err:  # the handshake fails: the CAs differ both ways
+        # the handshake fails (the CAs differ both ways): the silo retries until its timeout, then says so
+        with pytest.raises(TransportError, match="did not take a message within 3 s"):
             stranger.send_message(_msg(2))
-        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         impostor = GrpcClientTransport(2, server.address, 16, 20, _sec(folder, "silo-1", "mtls"))
         with pytest.raises(grpc.RpcError) as err:  # silo 1's certificate cannot speak for rank 2
             impostor.send_message(_msg(2))

@@ -67,11 +67,13 @@ class Refused(Exception):
         self.code = code
 
 
-def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
+def channel_options(max_message_mb: int, receive_bytes: int | None = None) -> list[tuple[str, int]]:
+    """gRPC's limits: `max_message_mb` both ways, or `receive_bytes` for what comes in (gRPC refuses
+    a larger frame as it arrives, before the handler or anything else sees it)."""
     size = min(int(max_message_mb) * 1024 * 1024, 2**31 - 1)
     return [
         ("grpc.max_send_message_length", size),
-        ("grpc.max_receive_message_length", size),
+        ("grpc.max_receive_message_length", min(size, receive_bytes or size)),
         ("grpc.enable_http_proxy", 0),
     ]
 
@@ -86,6 +88,7 @@ class GrpcServerTransport(QueueTransport):
         max_message_mb: int,
         workers: int,
         security: GrpcSecurity | None = None,
+        max_frame_bytes: int | None = None,
     ) -> None:
         super().__init__(0)
         self.security = security or GrpcSecurity()
@@ -97,7 +100,7 @@ class GrpcServerTransport(QueueTransport):
             "Subscribe": grpc.unary_stream_rpc_method_handler(self._on_subscribe),
         }
         pool = futures.ThreadPoolExecutor(max_workers=max(4, 2 * workers + 2))
-        self.server = grpc.server(pool, options=channel_options(max_message_mb))
+        self.server = grpc.server(pool, options=channel_options(max_message_mb, max_frame_bytes))
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         self.address = f"{host}:{port}"
         if self._bind() == 0:
@@ -259,7 +262,7 @@ class GrpcClientTransport(QueueTransport):
                 if time.monotonic() + pause >= deadline:
                     raise TransportError(
                         f"the server at {self.server_address} did not take a message within "
-                        f"{self.timeout_s:g} s ({err.code().name})"
+                        f"{self.timeout_s:g} s ({err.code().name}: {str(err.details())[:300]})"
                     ) from None
             except BaseException:  # SIGTERM or Ctrl-C while waiting: do not leave the call behind
                 call.cancel()

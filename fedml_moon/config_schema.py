@@ -212,6 +212,7 @@ class CommArgs:
     heartbeat_s: float = 5.0
     grpc_ipconfig_path: str | None = None
     grpc_max_message_mb: int = 1024
+    max_message_mb: float | None = None  # the largest message the server takes; None: from the model
     mqtt_host: str = "127.0.0.1"
     mqtt_port: int = 1883
     mqtt_inline_kb: int = 64
@@ -267,6 +268,11 @@ class CommArgs:
         )
         require(0 < self.mqtt_port < 65536, "comm_args.mqtt_port", "must be a TCP port (1883 is MQTT's)")
         require(self.mqtt_inline_kb >= 1, "comm_args.mqtt_inline_kb", "must be >= 1")
+        require(
+            self.max_message_mb is None or self.max_message_mb > 0,
+            "comm_args.max_message_mb",
+            "must be > 0 (MB), or null: four times the model's size plus 1 MB, at least 8 MB",
+        )
         require(
             bool(self.run_id) and all(c.isalnum() or c in "-_" for c in self.run_id),
             "comm_args.run_id",

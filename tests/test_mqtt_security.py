@@ -14,8 +14,9 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
 from fedml_moon.glue.transport.base import message_bytes
-from fedml_moon.glue.transport.mqtt_s3 import MqttS3Transport, MqttSecurity, ensure_bucket
+from fedml_moon.glue.transport.mqtt_s3 import S3_REF, MqttS3Transport, MqttSecurity, ensure_bucket
 from fedml_moon.security import make_certs
+from tests.test_codec import huge_int_frame
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +52,7 @@ def secure_broker(tmp_path, monkeypatch):
         port, endpoint = svc.mqtt_port, f"http://127.0.0.1:{svc.s3_port}"
         ensure_bucket(endpoint, "sec")
 
-        def connect(rank: int, password: str | None = None) -> MqttS3Transport:
+        def connect(rank: int, password: str | None = None, **kw) -> MqttS3Transport:
             user = "server" if rank == 0 else f"silo-{rank}"
             sec = MqttSecurity(
                 tls=True, ca=str(certs / "ca.pem"), username=user, password=password or passwords[user]
@@ -65,6 +66,7 @@ def secure_broker(tmp_path, monkeypatch):
                 bucket="sec",
                 timeout_s=10,
                 security=sec,
+                **kw,
             )
 
         yield connect
@@ -101,6 +103,40 @@ def test_tls_users_and_acl_bind_every_message_to_its_sender(secure_broker, caplo
         assert "dropped a message claiming rank 1 on from/2" in caplog.text
         with pytest.raises(ConnectionError, match="refused the connection"):
             secure_broker(1, password="not-the-token")
+    finally:
+        for t in (server, silo1, silo2):
+            t.stop_receive_message()
+
+
+def test_a_silo_cannot_touch_another_silos_objects_nor_stop_or_flood_the_receive_thread(
+    secure_broker, caplog
+):
+    """Refused before anything is read: an S3 key of another silo (the object stays), an object over
+    the size limit (asked with HEAD), a frame whose JSON holds a 5,000-digit integer; the server's
+    receive thread then still delivers the next honest message."""
+    server, silo1, silo2 = secure_broker(0, max_frame_bytes=1 << 20), secure_broker(1), secure_broker(2)
+    inbox = Inbox()
+    server.add_observer(inbox)
+    threading.Thread(target=server.handle_receive_message, daemon=True).start()
+    try:
+        theirs = "sec1/2-0-" + "a" * 32  # silo 2's upload to the server, waiting in the bucket
+        silo2.s3.put_object(Bucket="sec", Key=theirs, Body=message_bytes(_msg(2, n=2)))
+        publish = silo1.client.publish
+        publish("fedml_moon/sec1/to/0/from/1", S3_REF + theirs.encode(), qos=1).wait_for_publish(5)
+        big = "sec1/1-0-" + "b" * 32
+        silo1.s3.put_object(Bucket="sec", Key=big, Body=b"x" * (2 << 20))
+        publish("fedml_moon/sec1/to/0/from/1", S3_REF + big.encode(), qos=1).wait_for_publish(5)
+        digits = huge_int_frame()
+        publish("fedml_moon/sec1/to/0/from/1", digits, qos=1).wait_for_publish(5)
+        silo1.send_message(_msg(1, n=1))
+        deadline = time.monotonic() + 15
+        while not inbox.got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [(m.get_sender_id(), m.get("n")) for m in inbox.got] == [(1, 1)]
+        assert silo2.s3.head_object(Bucket="sec", Key=theirs)["ContentLength"] > 0  # neither read nor deleted
+        assert "refused S3 key 'sec1/2-0-" in caplog.text
+        assert "over the limit of 1048576" in caplog.text
+        assert "dropped a malformed message on from/1" in caplog.text
     finally:
         for t in (server, silo1, silo2):
             t.stop_receive_message()

@@ -116,8 +116,8 @@ def decode(data: bytes) -> Any:
         )
     try:
         head = json.loads(data[_HEADER.size : _HEADER.size + length])
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise CodecError(f"the JSON header does not parse: {err}") from None
+    except (ValueError, RecursionError) as err:  # bad UTF-8 or JSON, an integer of too many digits, ...
+        raise CodecError(f"the JSON header does not parse: {str(err)[:200]}") from None
     if not isinstance(head, dict) or head.get("v") != 1 or "tree" not in head:
         raise CodecError("the JSON header is not a version-1 payload header")
     blob = data[_HEADER.size + length :]

@@ -111,8 +111,21 @@ def worker_count(cfg: Config, size: int | None) -> int:
     return cfg.train_args.client_num_in_total
 
 
-def make_transport(cfg: Config, rank: int, workers: int, comm: Any = None) -> Any:
-    """The plugin's transport for `comm_args.backend` (see fedml_moon.glue.transport)."""
+def frame_limit(cfg: Config, model: Any) -> int:
+    """The largest message the server takes from a silo, in bytes: `comm_args.max_message_mb`, or by
+    default four times the model's tensor bytes plus 1 MB (an upload is the model and, for SCAFFOLD,
+    its control variate; LG-FedAvg's report its local layers), at least 8 MB."""
+    if cfg.comm_args.max_message_mb is not None:
+        return int(cfg.comm_args.max_message_mb * 1024 * 1024)
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return max(8 << 20, 4 * nbytes + (1 << 20))
+
+
+def make_transport(
+    cfg: Config, rank: int, workers: int, comm: Any = None, max_frame_bytes: int | None = None
+) -> Any:
+    """The plugin's transport for `comm_args.backend` (see fedml_moon.glue.transport); the server's
+    refuses frames over `max_frame_bytes` (gRPC, MQTT + S3) before reading them."""
     c = cfg.comm_args
     if c.backend == "MPI":
         from fedml_moon.glue.transport.mpi import MpiTransport
@@ -130,7 +143,8 @@ def make_transport(cfg: Config, rank: int, workers: int, comm: Any = None) -> An
                     f"comm_args.grpc_ipconfig_path: the server's row binds to {ip!r}, every interface; give "
                     "the address to listen on, or set comm_args.bind_all: true"
                 )
-            return GrpcServerTransport(ip, port, c.grpc_max_message_mb, workers, grpc_security(c, 0, ip))
+            security = grpc_security(c, 0, ip)
+            return GrpcServerTransport(ip, port, c.grpc_max_message_mb, workers, security, max_frame_bytes)
         security = grpc_security(c, rank, ingress)
         return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s, security)
     from fedml_moon.glue.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
@@ -149,6 +163,7 @@ def make_transport(cfg: Config, rank: int, workers: int, comm: Any = None) -> An
         inline_kb=c.mqtt_inline_kb,
         timeout_s=c.timeout_s,
         security=mqtt_security(c, rank),
+        max_frame_bytes=max_frame_bytes or 1 << 30,
     )
 
 
@@ -199,7 +214,7 @@ def build_process(
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs)
     base.args.rank = rank
-    transport = make_transport(cfg, rank, workers, comm)
+    transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
     rounds = build_server(base, folder)
     start = _resume_server(rounds, cfg, folder) if resume else 0
     ranks = list(range(1, workers + 1))

@@ -150,7 +150,7 @@ class ServerRounds:
             record[key] = weighted_mean(metrics, key)
         if self.evaluates(round_idx):
             record.update(self.aggregator.test(self.test_global, self.device, self.args))
-            if reports is not None:
+            if reports:  # none when no party could report (every silo gone)
                 record.update(self.party_metrics(reports))
             self.aggregator.after_evaluation(round_idx, record)
         record["round_time_s"] = time.perf_counter() - self.started

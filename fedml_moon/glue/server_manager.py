@@ -82,6 +82,7 @@ class PluginServerManager(_Manager):
         self.phase_started = self.last_wait_log = time.monotonic()
         self.last_checkpoint: int | None = self.resume_from
         self.welcomed_at: dict[int, float] = {}
+        self.gone: set[int] = set()  # ranks that said BYE or ERROR in the middle of the run
         self.rejoin_asked: dict[int, float] = {}
         self.process_of: dict[int, str] = {}  # rank -> the worker process that said HELLO last
         self.assigned: dict[int, tuple[str, dict]] = {}  # rank -> its work of the current phase
@@ -151,6 +152,7 @@ class PluginServerManager(_Manager):
             self.send(ABORT, rank, reason=reason)
             return
         started = self.phase != "hello"
+        self.gone.discard(rank)
         repeat = time.monotonic() - self.welcomed_at.get(rank, -1e9) <= 4 * HELLO_EVERY_S  # queued HELLOs
         self.welcomed_at[rank] = time.monotonic()
         self.send(
@@ -268,13 +270,25 @@ class PluginServerManager(_Manager):
             self.done("completed")
 
     def on_bye(self, msg: Message) -> None:
-        self.pending.discard(msg.get_sender_id())
-        if self.phase == "finish" and not self.pending:
-            self.done("completed")
+        rank = msg.get_sender_id()
+        if self.phase == "finish":
+            self.pending.discard(rank)
+            if not self.pending:
+                self.done("completed")
+        elif rank in self.pending:  # leaving in the middle of a round: its parties are missing
+            log.warning("rank %d said BYE in the %s phase of round %d", rank, self.phase, self.round_idx)
+            self.gone.add(rank)
 
     # --- waiting, and failures -----------------------------------------------------------------
     def on_error(self, msg: Message) -> None:
-        self.fail(f"rank {msg.get_sender_id()} failed: {msg.get('reason')}")
+        """A worker that failed before the run started stops the run; in the middle of a run its
+        parties count as missing (the quorum decides), as if it had died."""
+        rank, reason = msg.get_sender_id(), str(msg.get("reason"))[:2000]
+        if self.phase == "hello":
+            self.fail(f"rank {rank} failed: {reason}")
+            return
+        log.error("rank %d failed in the %s phase of round %d: %s", rank, self.phase, self.round_idx, reason)
+        self.gone.add(rank)
 
     def on_tick(self, msg: Message) -> None:
         now = time.monotonic()
@@ -290,12 +304,12 @@ class PluginServerManager(_Manager):
                     f"(comm_args.timeout_s = {self.comm_args.timeout_s:g})"
                 )
             return
-        if self.phase == "done" or not self.pending:
+        if self.phase == "done":
             return
-        dead = {r for r in self.pending if self.is_dead(r)}
+        dead = {r for r in self.pending if self.is_dead(r) or r in self.gone}
         if dead != self.pending and waited <= self.deadline_s:
             return
-        self.give_up_on(sorted(self.pending), sorted(dead), waited)
+        self.give_up_on(sorted(self.pending), sorted(dead), waited)  # the deadline fires whatever is pending
 
     def _say_waiting(self, waited: float) -> None:
         """Name the ranks this phase still waits for, and for how long (periodically)."""
@@ -321,8 +335,13 @@ class PluginServerManager(_Manager):
     def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
         """The ranks still pending are dead, or the deadline has passed: go on without them if the
         phase allows it, else (too few reports) wait for the deadline, then stop."""
+        gone = sorted(set(ranks) & self.gone)
         why = f"rank(s) {ranks} " + (
-            "stopped sending heartbeats" if dead == ranks else f"silent for {waited:.0f} s"
+            f"said BYE or ERROR ({gone})"
+            if gone and dead == ranks
+            else "stopped sending heartbeats"
+            if dead == ranks
+            else f"silent for {waited:.0f} s"
         )
         if self.phase == "train":
             need = quorum(self.comm_args.min_reports, len(self.rounds.parties(self.round_idx)))
@@ -330,7 +349,7 @@ class PluginServerManager(_Manager):
                 if waited <= self.deadline_s:
                     return  # a dead worker may still come back before the deadline
                 self.fail(
-                    f"no answer from rank(s) {ranks} for {waited:.0f} s in the train phase of round "
+                    f"no answer from rank(s) {ranks} ({why}) for {waited:.0f} s in the train phase of round "
                     f"{self.round_idx}: {len(self.results)} parties reported, fewer than the {need} required "
                     f"(comm_args.min_reports); {self._resume_hint()}"
                 )

@@ -9,7 +9,12 @@ one) binds every message to an authenticated sender. With `MqttSecurity`: TLS to
 A frame up to `inline_kb` travels in the MQTT message
 itself; a larger one is written to the S3 bucket under `<run_id>/<sender>-<receiver>-<uuid>` and only
 its key is published; the receiver reads the object (codec bytes: decoded without pickle) and deletes
-it. Sends wait until the broker has acknowledged the message, so a last message is not lost when
+it. A key names its sender and receiver (`<run_id>/<sender>-<receiver>-<uuid>`): a receiver fetches
+only keys of its run addressed to itself by the sender the topic names (so a silo cannot make the
+server read or delete another silo's objects), and asks the object's size first (S3 HEAD): one over
+`max_frame_bytes` is refused unread (and an inline frame over it dropped). Nothing a peer sends
+stops the receive thread: every failure is logged and the message dropped. Sends wait until the
+broker has acknowledged the message, so a last message is not lost when
 the process disconnects right after it (FedML's MQTT_S3 loses its FINISHED message that way).
 """
 
@@ -52,6 +57,7 @@ class MqttS3Transport(QueueTransport):
         inline_kb: int = 64,
         timeout_s: float = 60.0,
         security: MqttSecurity | None = None,
+        max_frame_bytes: int = 1 << 30,
     ) -> None:
         super().__init__(rank)
         import boto3
@@ -59,6 +65,7 @@ class MqttS3Transport(QueueTransport):
 
         self.run_id, self.bucket, self.timeout_s = run_id, bucket, timeout_s
         self.inline_bytes = inline_kb * 1024
+        self.max_frame_bytes = int(max_frame_bytes)
         self.s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name=region or "us-east-1")
         self._connected = threading.Event()
         self._frames: queue.Queue = queue.Queue()
@@ -97,8 +104,11 @@ class MqttS3Transport(QueueTransport):
         self._connected.set()
 
     def _on_message(self, client, userdata, message) -> None:
-        sender = message.topic.rsplit("/", 1)[-1]
-        self._frames.put((sender, bytes(message.payload)))  # S3 reads happen off the MQTT loop, in order
+        try:
+            sender = message.topic.rsplit("/", 1)[-1]
+            self._frames.put((sender, bytes(message.payload)))  # S3 reads happen off the MQTT loop, in order
+        except Exception:  # paho's loop thread must survive anything
+            log.exception("rank %d dropped an MQTT message", self.rank)
 
     def _resolve_loop(self) -> None:
         while True:
@@ -106,10 +116,22 @@ class MqttS3Transport(QueueTransport):
             if item is None:
                 return
             sender, payload = item
-            if payload.startswith(S3_REF):
-                payload = self._fetch(payload[len(S3_REF) :].decode("utf-8", errors="replace"))
-            if payload is not None:
-                self._deliver_from(sender, payload)
+            try:
+                if payload.startswith(S3_REF):
+                    payload = self._fetch(sender, payload[len(S3_REF) :].decode("utf-8", errors="replace"))
+                elif len(payload) > self.max_frame_bytes:
+                    log.warning(
+                        "rank %d dropped an inline frame of %d bytes from/%s (over %d)",
+                        self.rank,
+                        len(payload),
+                        sender,
+                        self.max_frame_bytes,
+                    )
+                    payload = None
+                if payload is not None:
+                    self._deliver_from(sender, payload)
+            except Exception:  # nothing a peer sends may stop this thread
+                log.exception("rank %d dropped a message from/%s", self.rank, sender)
 
     def _deliver_from(self, sender: str, payload: bytes) -> None:
         """Queue the message if it is one and its sender is the one its topic names."""
@@ -129,12 +151,44 @@ class MqttS3Transport(QueueTransport):
             return
         self._inbox.put(msg)
 
-    def _fetch(self, key: str) -> bytes | None:
+    def _fetch(self, sender: str, key: str) -> bytes | None:
+        """The object `key`, if the topic's sender wrote it for this rank and it is not too large."""
+        run, _, name = key.partition("/")
+        parts = name.split("-")
+        if run != self.run_id or len(parts) != 3 or parts[0] != sender or parts[1] != str(self.rank):
+            log.warning(
+                "rank %d refused S3 key %r on from/%s: not this run's, the sender's, for it",
+                self.rank,
+                key[:200],
+                sender,
+            )
+            return None
         try:
-            data = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            size = int(self.s3.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+            if size > self.max_frame_bytes:
+                log.warning(
+                    "rank %d refused s3://%s/%s: %d bytes, over the limit of %d",
+                    self.rank,
+                    self.bucket,
+                    key,
+                    size,
+                    self.max_frame_bytes,
+                )
+                self.s3.delete_object(Bucket=self.bucket, Key=key)
+                return None
+            data = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read(self.max_frame_bytes + 1)
             self.s3.delete_object(Bucket=self.bucket, Key=key)
         except Exception as err:  # a missing object or an unreachable store: name it, keep running
             log.error("rank %d could not read s3://%s/%s: %s", self.rank, self.bucket, key, err)
+            return None
+        if len(data) > self.max_frame_bytes:
+            log.warning(
+                "rank %d refused s3://%s/%s: over the limit of %d bytes",
+                self.rank,
+                self.bucket,
+                key,
+                self.max_frame_bytes,
+            )
             return None
         return data
 

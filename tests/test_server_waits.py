@@ -1,0 +1,139 @@
+"""Every wait of the server ends: a silo that says BYE or ERROR in the middle of a round counts as
+missing (the quorum decides), and a phase left with nothing to wait for moves on at the next tick.
+
+The server manager runs in this process on a tiny real run (data, model, ServerRounds); its transport
+keeps in memory what the server sends, and the test plays the three silos' messages."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from fedml.core.distributed.communication.message import Message
+
+from fedml_moon import conformance
+from fedml_moon.config import load_config
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.glue import managers as m
+from fedml_moon.glue.deploy import placement, shared_config
+from fedml_moon.glue.resume import flat_config
+from fedml_moon.glue.run import build_base, build_server
+from fedml_moon.glue.server_manager import PluginServerManager
+from fedml_moon.glue.transport.base import QueueTransport, message_from_bytes
+
+pytestmark = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+CONFIG = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "fedavg.yaml"
+
+
+class Wire(QueueTransport):
+    """The server's side of an in-memory network: every message it sends is kept, decoded."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.sent: list[Message] = []
+
+    def send_bytes(self, receiver: int, data: bytes) -> None:
+        self.sent.append(message_from_bytes(data))
+
+
+def _server(tmp_path: Path, *extra: str) -> tuple[PluginServerManager, Wire]:
+    overrides = [
+        *conformance.TINY,
+        "train_args.client_num_per_round=3",
+        "train_args.comm_round=2",
+        "common_args.training_type=cross_silo",
+        "comm_args.backend=MQTT_S3",
+        "validation_args.local_test=false",
+        *extra,
+    ]
+    cfg = load_config(CONFIG, overrides)
+    base = build_base(cfg, tmp_path)
+    wire = Wire()
+    manager = PluginServerManager(
+        base.args,
+        wire,
+        build_server(base, tmp_path),
+        placement(cfg, 3),
+        [1, 2, 3],
+        shared_config(cfg),
+        cfg.comm_args,
+        (0, flat_config(cfg)),
+    )
+    manager.register_message_receive_handlers()
+    for rank in (1, 2, 3):
+        _from(manager, rank, m.HELLO, config=shared_config(cfg), explicit=[], process=f"p{rank}")
+    return manager, wire
+
+
+def _from(manager: PluginServerManager, rank: int, kind: str, **params) -> None:
+    msg = Message(kind, rank, 0)
+    for key, value in params.items():
+        msg.add_params(key, value)
+    manager.receive_message(kind, msg)
+
+
+def _results(manager: PluginServerManager, wire: Wire, rank: int) -> None:
+    """Rank `rank` answers its TRAIN of the current round with the model it was sent."""
+    task = next(
+        t
+        for t in wire.sent
+        if t.get_type() == m.TRAIN and t.get_receiver_id() == rank and t.get("round") == manager.round_idx
+    )
+    results = [
+        {"party": t["party"], "n": 1.0, "upload": {"model": t["payload"]["model"]}} for t in task.get("tasks")
+    ]
+    _from(manager, rank, m.RESULT, round=manager.round_idx, results=results)
+
+
+@pytest.mark.parametrize("leaving", [m.BYE, m.ERROR])
+def test_a_silo_leaving_mid_round_counts_as_missing_and_the_run_completes(tmp_path, leaving):
+    manager, wire = _server(tmp_path)
+    assert manager.phase == "train" and manager.round_idx == 0
+    _results(manager, wire, 1)
+    _results(manager, wire, 2)
+    _from(manager, 3, leaving, reason="its disk is full")
+    assert manager.phase == "train"  # nothing moves inside the handler ...
+    _from(manager, 0, m.TICK)  # ... the next tick ends the wait: 2 of 3 parties meet the quorum (half)
+    records = manager.rounds.recorder.records
+    assert records[0]["missing_parties"] == [2] and records[0]["parties"] == 2
+    for _ in range(3):  # round 1 without rank 3, then the checkpoint, then FINISH
+        if manager.phase == "train":
+            _results(manager, wire, 1)
+            _results(manager, wire, 2)
+        for rank in (1, 2):
+            _from(manager, rank, m.CHECKPOINTED, round=manager.round_idx)
+        _from(manager, 0, m.TICK)
+    for rank in (1, 2):
+        _from(manager, rank, m.BYE)
+    _from(manager, 0, m.TICK)
+    assert manager.status == "completed" and manager.phase == "done"
+    assert len(records) == 2 and records[1]["missing_parties"] == [2]
+
+
+def test_below_the_quorum_a_silo_that_left_ends_the_run_at_the_deadline(tmp_path):
+    manager, wire = _server(tmp_path, "comm_args.min_reports=all", "comm_args.round_timeout_s=0.01")
+    _results(manager, wire, 1)
+    _results(manager, wire, 2)
+    _from(manager, 3, m.BYE)
+    time.sleep(0.05)  # past the deadline
+    _from(manager, 0, m.TICK)
+    assert manager.status == "failed" and manager.phase == "done"
+    aborts = [x for x in wire.sent if x.get_type() == m.ABORT]
+    assert {x.get_receiver_id() for x in aborts} == {1, 2, 3}
+    assert "fewer than the 3 required" in aborts[0].get("reason")
+
+
+def test_an_evaluation_phase_with_no_silo_alive_moves_on(tmp_path):
+    manager, wire = _server(tmp_path, "validation_args.local_test=true", "comm_args.min_reports=1")
+    _results(manager, wire, 1)
+    for rank in (2, 3):
+        _from(manager, rank, m.ERROR, reason="gone")
+    _from(manager, 0, m.TICK)  # the round goes on with party 0 only; its evaluation waits for 1, 2, 3
+    assert manager.phase == "eval"
+    _from(manager, 1, m.BYE)
+    _from(manager, 0, m.TICK)  # nobody left to report: the round is recorded without local test
+    assert manager.rounds.recorder.records[0]["round"] == 0
+    assert manager.phase in ("checkpoint", "train")

@@ -1,5 +1,10 @@
 """Small shared builders for the tests."""
 
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Iterator
+
 import torch
 
 from fedml_moon.config_schema import TrainArgs
@@ -25,3 +30,19 @@ def train_args(**kw) -> TrainArgs:
     base = dict(epochs=1, batch_size=8, learning_rate=0.05)
     base.update(kw)
     return TrainArgs(**base)
+
+
+@contextlib.contextmanager
+def restored_main() -> Iterator[Callable[[list[str]], int]]:
+    """`fedml_moon.cli.main`, with what it sets process-wide (root logger, SIGTERM handler) put back
+    afterwards."""
+    from fedml_moon.cli import main
+
+    root = logging.getLogger()
+    handlers, level, sigterm = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
+    try:
+        yield main
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        signal.signal(signal.SIGTERM, sigterm)

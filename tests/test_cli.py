@@ -5,16 +5,15 @@ and counts a cross-silo run's ranks."""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from fedml_moon.cli import build_parser, main, mpi_ranks
+from fedml_moon.cli import build_parser, mpi_ranks
 from fedml_moon.config import ConfigError
+from tests.helpers import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,14 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def cli():
     """main(), with what it sets process-wide (root logger, SIGTERM handler) put back afterwards."""
-    root = logging.getLogger()
-    handlers, level, sigterm = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
-    try:
+    with restored_main() as main:
         yield main
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        signal.signal(signal.SIGTERM, sigterm)
 
 
 def test_every_subcommand_takes_verbose():

@@ -24,13 +24,11 @@ Every process started here runs on 127.0.0.1, has its wait bounded and is stoppe
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import runpy
 import shlex
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -39,10 +37,10 @@ import pytest
 import yaml
 
 from fedml_moon import conformance
-from fedml_moon.cli import main
 from fedml_moon.config import config_to_dict, load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.sweep import load_sweep
+from tests.helpers import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -274,14 +272,8 @@ def cli(monkeypatch, home):
     """`fedml_moon.cli.main` from the repository root; what main() sets process-wide is put back."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("HOME", str(home))
-    root = logging.getLogger()
-    handlers, level, sigterm = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
-    try:
+    with restored_main() as main:
         yield main
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        signal.signal(signal.SIGTERM, sigterm)
 
 
 def _entry_point(command: str) -> list[str]:

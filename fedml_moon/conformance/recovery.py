@@ -67,8 +67,10 @@ def server_restart(
     started = [first, *silos.values()]
     try:
         wait_rounds(out, after_rounds, timeout_s)
-        time.sleep(0.3)  # into the next round
+        time.sleep(0.1)  # into the next round
         stop(first, first=signal.SIGKILL)
+        if (out / "summary.json").exists():
+            raise RuntimeError("the run ended before its server was killed: give it more rounds")
         if kill_silo is not None:
             stop(silos[kill_silo], first=signal.SIGKILL)
         before = recorded(out)

@@ -137,3 +137,32 @@ def test_an_evaluation_phase_with_no_silo_alive_moves_on(tmp_path):
     _from(manager, 0, m.TICK)  # nobody left to report: the round is recorded without local test
     assert manager.rounds.recorder.records[0]["round"] == 0
     assert manager.phase in ("checkpoint", "train")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("results", None, "field results is a NoneType"),
+        ("party", 1, "results[0].party 1 is not one of its parties this round ([0])"),
+        ("n", float("nan"), "results[0].n nan is not a positive finite number"),
+        ("n", -299, "results[0].n -299 is not a positive finite number"),
+    ],
+)
+def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_counts_as_missing(
+    tmp_path, caplog, field, value, named
+):
+    """Silo 1 may upload only for party 0, with a positive finite sample count; anything else is
+    refused whole with the field named, and the round goes on without it."""
+    manager, wire = _server(tmp_path)
+    task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == 1)
+    item = {"party": 0, "n": 1.0, "upload": {"model": task.get("tasks")[0]["payload"]["model"]}}
+    if field == "results":
+        _from(manager, 1, m.RESULT, round=0, results=value)
+    else:
+        _from(manager, 1, m.RESULT, round=0, results=[{**item, field: value}])
+    assert f"refused rank 1's result: {named}" in caplog.text
+    _results(manager, wire, 2)
+    _results(manager, wire, 3)
+    _from(manager, 0, m.TICK)
+    record = manager.rounds.recorder.records[0]
+    assert record["missing_parties"] == [0] and record["parties"] == 2

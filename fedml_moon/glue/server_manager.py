@@ -197,13 +197,37 @@ class PluginServerManager(_Manager):
             self.assign(rank, TRAIN, round=round_idx, tasks=items)
 
     def on_result(self, msg: Message) -> None:
+        """Take a worker's uploads for the parties this round gave it, and nothing else: a result
+        that is not a list of {party, n, upload} or names a party another rank trains is refused
+        whole, and the worker's parties count as missing."""
         if not self._expected(msg, "train"):
             return
-        for item in msg.get("results"):
-            self.results[int(item["party"])] = (float(item["n"]), item["upload"])
-        self.pending.discard(msg.get_sender_id())
+        rank, items = msg.get_sender_id(), msg.get("results")
+        mine = {t["party"] for t in self.assigned[rank][1]["tasks"]}
+        problem = self._result_problem(items, mine)
+        if problem is not None:
+            log.error("round %d: refused rank %d's result: %s", self.round_idx, rank, problem)
+            self.gone.add(rank)
+            return
+        for item in items:
+            self.results[item["party"]] = (float(item["n"]), item["upload"])
+        self.pending.discard(rank)
         if not self.pending:
             self.after_train()
+
+    @staticmethod
+    def _result_problem(items: Any, mine: set[int]) -> str | None:
+        if not isinstance(items, list):
+            return f"field results is a {type(items).__name__}, not a list"
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or not {"party", "n", "upload"} <= set(item):
+                return f"results[{i}] is not a {{party, n, upload}} record"
+            party, n = item["party"], item["n"]
+            if not isinstance(party, int) or isinstance(party, bool) or party not in mine:
+                return f"results[{i}].party {party!r} is not one of its parties this round ({sorted(mine)})"
+            if not isinstance(n, (int, float)) or isinstance(n, bool) or not 0 < n < float("inf"):
+                return f"results[{i}].n {n!r} is not a positive finite number"
+        return None
 
     def after_train(self) -> None:
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.results]

@@ -79,11 +79,22 @@ IGNORED_IMPORT_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
 """(message, category, module) regular expressions of the warnings `quiet_import_warnings` ignores."""
 
 
+CHILD_WARNINGS: tuple[str, ...] = (
+    "ignore:urllib3 (:Warning",
+    "ignore:pkg_resources is deprecated as an API:UserWarning",
+)
+"""The same two warnings as `PYTHONWARNINGS` entries (message prefixes), for the Python processes this
+one starts (W&B's service process imports requests and pkg_resources too)."""
+
+
 def quiet_import_warnings() -> None:
-    """Ignore the two warnings every process printed on importing FedML (IGNORED_IMPORT_WARNINGS);
-    must run before `requests` and `fedml` are imported (`fedml_moon/__init__.py` does it)."""
+    """Ignore the two warnings every process printed on importing FedML (IGNORED_IMPORT_WARNINGS), in
+    this process and, through PYTHONWARNINGS, in the Python processes it starts; must run before
+    `requests` and `fedml` are imported (`fedml_moon/__init__.py` does it)."""
     for message, category, module in IGNORED_IMPORT_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    entries = [e for e in os.environ.get("PYTHONWARNINGS", "").split(",") if e]
+    os.environ["PYTHONWARNINGS"] = ",".join(entries + [e for e in CHILD_WARNINGS if e not in entries])
 
 
 class _RankLineToDebug(logging.Filter):

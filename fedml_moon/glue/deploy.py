@@ -24,7 +24,7 @@ from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.checkpoint import read_checkpoint
 from fedml_moon.core.state import make_store
 from fedml_moon.glue.managers import config_differences
-from fedml_moon.glue.resume import check_config, check_resumable, checkpoint_root, flat_config, resume_round
+from fedml_moon.glue.resume import check_resumable, checkpoint_root, flat_config, resume_round
 from fedml_moon.glue.run import build_args, build_base, build_runner, build_server
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ def build_process(
     base.args.rank = rank
     transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
     rounds = build_server(base, folder)
-    start = _resume_server(rounds, cfg, folder) if resume else 0
+    start = _resume_server(rounds, folder) if resume else 0
     ranks = list(range(1, workers + 1))
     ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
     manager = PluginServerManager(
@@ -243,7 +243,7 @@ def _build_worker(
     transport = make_transport(cfg, rank, worker_count(cfg, size), comm)
     args = build_args(cfg, folder, rank, local_procs)
     store = make_store(cfg.train_args.state_store, folder / "party_state")
-    expected = [p for p, r in placement(cfg, worker_count(cfg, size)).items() if r == rank]
+    expected = parties_of(cfg, size, rank)
     local = Local(shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store])
 
     def build(shared: dict[str, Any]) -> Built:
@@ -253,13 +253,19 @@ def _build_worker(
             log.info("rank %d takes %d settings from the server: %s", rank, len(taken), ", ".join(taken))
         base = build_base(run_cfg, folder, rank, local_procs, args=args)
         base.args.rank = rank
-        parties = [p for p, r in placement(run_cfg, worker_count(run_cfg, size)).items() if r == rank]
-        return Built(build_runner(base, folder, store), parties, shared_config(run_cfg))
+        return Built(
+            build_runner(base, folder, store), parties_of(run_cfg, size, rank), shared_config(run_cfg)
+        )
 
     manager = PluginClientManager(
         args, transport, local, build, rank, cfg.comm_args, checkpoint_root(folder), server_address(cfg)
     )
     return DistributedProcess(manager, rank)
+
+
+def parties_of(cfg: Config, size: int | None, rank: int) -> list[int]:
+    """The parties worker `rank` holds under `cfg` (see `placement`)."""
+    return [p for p, r in placement(cfg, worker_count(cfg, size)).items() if r == rank]
 
 
 def server_address(cfg: Config) -> str:
@@ -273,11 +279,11 @@ def server_address(cfg: Config) -> str:
     return ""
 
 
-def _resume_server(rounds: Any, cfg: Config, folder: Path) -> int:
-    """Load the server's newest checkpoint; returns the first round to run."""
+def _resume_server(rounds: Any, folder: Path) -> int:
+    """Load the server's newest checkpoint (its config was checked by `check_resumable` before
+    anything was built); returns the first round to run."""
     round_idx = resume_round(folder)
-    saved = read_checkpoint(checkpoint_root(folder), round_idx, ("config", "server"))
-    check_config(saved["config"], cfg, folder)
+    saved = read_checkpoint(checkpoint_root(folder), round_idx, ("server",))
     log.info("resuming after the checkpoint of round %d", round_idx)
     return rounds.load_state(saved["server"])
 

@@ -54,16 +54,54 @@ def test_schedule_is_seeded_and_full_participation_is_everyone():
 
 
 def test_unusable_uploads_are_named_and_left_out():
+    """An upload must hold exactly what the server algorithm's spec names: every tensor with its
+    shape and dtype (the full model, not only the keys present), its party id, finite values."""
     from fedml_moon.core.validate import upload_problem
 
-    ref = {"w": torch.zeros(2, 3), "n": torch.zeros((), dtype=torch.long)}
-    assert upload_problem({"model": {"w": torch.ones(2, 3)}}, ref) is None  # a subset (LG) is fine
-    assert "NaN or Inf" in upload_problem({"model": {"w": torch.full((2, 3), float("nan"))}}, ref)
+    glob = {"w": torch.zeros(2, 3), "n": torch.zeros((), dtype=torch.long)}
+    spec = {"model": glob, "party_id": 4}
+    good = {"model": {"w": torch.ones(2, 3), "n": torch.tensor(3)}, "party_id": 4}
+    assert upload_problem(good, spec) is None
+    assert upload_problem({**good, "metrics": {"loss": 0.5, "l_con": 1}}, spec) is None
+    assert "lacks ['n']" in upload_problem({**good, "model": {"w": torch.ones(2, 3)}}, spec)
     assert "NaN or Inf" in upload_problem(
-        {"model": {"w": torch.ones(2, 3)}, "c": {"w": torch.tensor([float("inf")])}}, ref
+        {**good, "model": {**good["model"], "w": torch.full((2, 3), 1e400)}}, spec
     )
-    assert "is (3, 2) torch.float32, the server's is (2, 3)" in upload_problem(
-        {"model": {"w": torch.ones(3, 2)}}, ref
+    assert (
+        upload_problem(
+            {**good, "model": {**good["model"], "w": torch.full((2, 3), float("nan"))}}, spec, finite=False
+        )
+        is None
     )
-    assert "not in the server's model" in upload_problem({"model": {"x": torch.ones(1)}}, ref)
-    assert upload_problem({"weights": 1}, ref) == "it has no model"
+    assert "upload.model.w is (3, 2) torch.float32, the server's is (2, 3)" in upload_problem(
+        {**good, "model": {**good["model"], "w": torch.ones(3, 2)}}, spec
+    )
+    assert "upload.model.n is (3,) torch.int64" in upload_problem(
+        {**good, "model": {**good["model"], "n": torch.ones(3, dtype=torch.long)}}, spec
+    )
+    assert "has unexpected ['x']" in upload_problem(
+        {**good, "model": {**good["model"], "x": torch.ones(1)}}, spec
+    )
+    assert "upload.party_id is 5, not 4" in upload_problem({**good, "party_id": 5}, spec)
+    assert "upload.party_id is '4', not 4" in upload_problem({**good, "party_id": "4"}, spec)
+    assert "has unexpected ['c']" in upload_problem({**good, "c": {"w": torch.ones(2, 3)}}, spec)
+    assert "metrics.loss is nan" in upload_problem({**good, "metrics": {"loss": float("nan")}}, spec)
+    assert "not a name" in upload_problem({**good, "metrics": {"a b": 1.0}}, spec)
+    assert upload_problem({"weights": 1}, spec) == "it has no model"
+
+
+def test_reports_are_bound_to_their_party_and_range():
+    from fedml_moon.core.validate import report_problem
+
+    assert report_problem({"party_id": 2, "local_test_acc": 0.5}, 2, None) is None
+    assert "party_id 3 is not 2" in report_problem({"party_id": 3, "local_test_acc": 0.5}, 2, None)
+    assert "not a number in [0, 1]" in report_problem({"party_id": 2, "local_test_acc": 7.0}, 2, None)
+    assert "are not" in report_problem({"party_id": 2, "local_test_acc": 0.5, "personal": None}, 2, None)
+    local = {"head.w": torch.zeros(2)}
+    assert report_problem({"party_id": 2, "local_test_acc": 0.5, "personal": None}, 2, local) is None
+    ok = {"party_id": 2, "local_test_acc": 0.5, "personal": {"head.w": torch.ones(2)}}
+    assert report_problem(ok, 2, local) is None
+    assert "lacks ['head.w']" in report_problem({**ok, "personal": {}}, 2, local)
+    assert "NaN or Inf" in report_problem(
+        {**ok, "personal": {"head.w": torch.full((2,), float("inf"))}}, 2, local
+    )

@@ -182,6 +182,9 @@ class ServerAlgorithm:
         self.train_args = train
         self.seed = seed
         self.round_idx = 0
+        self.trainable: list[
+            str
+        ] = []  # the model's trainable parameters by state-dict name (the aggregator's)
         self.momentum = (
             ServerMomentum(server.server_momentum, server.server_momentum_style, server.server_lr)
             if server.server_momentum > 0 or server.server_lr != 1.0
@@ -190,6 +193,17 @@ class ServerAlgorithm:
 
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         """Called once with the initial global state; may validate it or replace it (e.g. a checkpoint)."""
+        return global_state
+
+    def upload_spec(self, global_state: OrderedDict, party_id: int) -> dict:
+        """What party `party_id`'s upload must hold this round, exactly (`core.validate.upload_problem`:
+        tensors by name, shape and dtype, other fields by value): every entry of the global model and
+        the party's id. The server refuses an upload that differs in any of them."""
+        return {"model": global_state, "party_id": int(party_id)}
+
+    def personal_spec(self, global_state: OrderedDict) -> dict:
+        """The personal state a party of a personalised algorithm reports on evaluation rounds (as
+        `upload_spec`): the whole model unless overridden (LG-FedAvg: its local layers)."""
         return global_state
 
     def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:

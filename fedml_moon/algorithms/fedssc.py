@@ -174,6 +174,14 @@ class FedSSCServer(ServerAlgorithm):
             payload["prototypes"], payload["present"] = self.prototypes, self.present
         return payload
 
+    def upload_spec(self, global_state: OrderedDict, party_id: int) -> dict:
+        """The model, a prototype per class [C, D] (float32) and which classes it holds [C] (bool)."""
+        spec = super().upload_spec(global_state, party_id)
+        classes, dim = global_state["classifier.weight"].shape
+        spec["prototypes"] = torch.empty(classes, dim, device="meta")
+        spec["present"] = torch.empty(classes, dtype=torch.bool, device="meta")
+        return spec
+
     def state(self) -> dict:
         extra = {"prototypes": self.prototypes, "present": self.present, "rng": self.rng.bit_generator.state}
         return {**super().state(), **extra}

@@ -170,6 +170,16 @@ class LGServer(ServerAlgorithm):
             self.served.add(int(party_id))
         return payload
 
+    def upload_spec(self, global_state: OrderedDict, party_id: int) -> dict:
+        """The whole model in the warm-up, the global layers in the LG phase."""
+        if self.phase == "fedavg":
+            return super().upload_spec(global_state, party_id)
+        return {"model": split_state(global_state, self.global_keys), "party_id": int(party_id)}
+
+    def personal_spec(self, global_state: OrderedDict) -> dict | None:
+        """A party's local layers."""
+        return split_state(global_state, self.local_keys)
+
     def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         weights = [1.0 if self.options.uniform_average else n for n, _ in uploads]
         averaged = weighted_average([p["model"] for _, p in uploads], weights)

@@ -155,6 +155,12 @@ class ScaffoldServer(ServerAlgorithm):
         super().__init__(*args, **kwargs)
         self.c: Tensors = {}  # filled from the first uploads' delta_c names (parameters, not buffers)
 
+    def upload_spec(self, global_state: OrderedDict, party_id: int) -> dict:
+        """The model, and delta_c for every trainable parameter."""
+        spec = super().upload_spec(global_state, party_id)
+        spec["delta_c"] = {n: global_state[n] for n in self.trainable}
+        return spec
+
     def state(self) -> dict:
         return {**super().state(), "c": dict(self.c)}
 

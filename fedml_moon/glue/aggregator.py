@@ -22,6 +22,7 @@ class PluginServerAggregator(ServerAggregator):
     def __init__(self, model: nn.Module, args: Any, algorithm: ServerAlgorithm) -> None:
         super().__init__(model, args)
         self.algorithm = algorithm
+        algorithm.trainable = [n for n, p in model.named_parameters() if p.requires_grad]
         self.global_state: OrderedDict = algorithm.setup(clone_state(model.state_dict()))
         model.load_state_dict(self.global_state)
 

@@ -96,9 +96,10 @@ class ServerRounds:
         that did not report, or whose upload is unusable (NaN / Inf, a misshapen tensor: named in the
         log and in `rejected_parties`), is left out; the weights renormalise over the rest."""
         reporters = [p for p in self.parties(round_idx) if p in results]
-        glob = self.aggregator.global_state
         self.rejected = {
-            p: why for p in reporters if (why := upload_problem(results[p][1], glob)) is not None
+            p: why
+            for p in reporters
+            if (why := upload_problem(results[p][1], self.upload_spec(p))) is not None
         }
         for party, why in self.rejected.items():
             log.error("round %d: party %d's upload is left out: %s", round_idx, party, why)
@@ -117,6 +118,16 @@ class ServerRounds:
         new_state = self.aggregator.on_after_aggregation(new_state)
         self.aggregator.set_model_params(new_state)
         return ordered
+
+    def upload_spec(self, party: int) -> dict:
+        """What `party`'s upload must hold this round (the server algorithm's `upload_spec`)."""
+        return self.aggregator.algorithm.upload_spec(self.aggregator.global_state, party)
+
+    def personal_spec(self) -> dict | None:
+        """The personal state a party's report may carry (personalised algorithms), or None."""
+        if not self.personalized:
+            return None
+        return self.aggregator.algorithm.personal_spec(self.aggregator.global_state)
 
     def evaluates(self, round_idx: int) -> bool:
         """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
@@ -146,7 +157,7 @@ class ServerRounds:
             record["rejected_parties"] = sorted(self.rejected)
         metrics = [(n, p.get("metrics", {})) for n, p in results]
         record["train_loss"] = weighted_mean(metrics, "loss")
-        for key in sorted({k for _, m in metrics for k in m} - {"loss"}):  # ce, l_con, l_glob, prox, ...
+        for key in sorted({k for _, m in metrics for k in m} - {"loss"} - set(record)):  # ce, l_con, ...
             record[key] = weighted_mean(metrics, key)
         if self.evaluates(round_idx):
             record.update(self.aggregator.test(self.test_global, self.device, self.args))

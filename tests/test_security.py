@@ -154,6 +154,48 @@ def test_forged_calls_are_refused_and_the_server_keeps_running(creds, caplog):
         server.stop_receive_message()
 
 
+def test_the_token_is_checked_before_the_frame_is_read(creds, caplog):
+    """A caller without a valid token cannot make the server take in a frame: with a 1 MB frame limit,
+    its 4 MB frame is answered UNAUTHENTICATED (gRPC never read it, or it would say RESOURCE_EXHAUSTED),
+    while the genuine silo's oversize frame is RESOURCE_EXHAUSTED and its small message gets through."""
+    folder, _ = creds
+    tokens = load_token_table(folder / "server-tokens.json")
+    security = _sec(folder, "server", "token", tokens=tokens)
+    server = GrpcServerTransport("127.0.0.1", conformance.free_port(), 16, 2, security, max_frame_bytes=2**20)
+    inbox = Inbox()
+    server.add_observer(inbox)
+    threading.Thread(target=server.handle_receive_message, daemon=True).start()
+    token = (folder / "silo-1.token").read_text()
+    channel = grpc.secure_channel(
+        server.address, grpc.ssl_channel_credentials((folder / "ca.pem").read_bytes())
+    )
+    send = channel.unary_unary(f"/{SERVICE}/Send")
+    subscribe = channel.unary_stream(f"/{SERVICE}/Subscribe")
+    auth = (("x-fedml-moon-rank", "1"), ("authorization", f"Bearer {token}"))
+    wrong = (("x-fedml-moon-rank", "1"), ("authorization", "Bearer wrong"))
+    oversize = bytes(4 * 2**20)
+    try:
+        for metadata in (wrong, (), (("x-fedml-moon-rank", "1"),), auth[1:]):
+            with pytest.raises(grpc.RpcError) as err:
+                send(oversize, metadata=metadata, timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            list(subscribe((1).to_bytes(8, "little"), metadata=wrong, timeout=10))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            send(oversize, metadata=auth, timeout=10)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        small = message_bytes(_msg(1))
+        send(small, metadata=auth, timeout=10)
+        _wait(inbox, 1)
+        assert [m.get_sender_id() for m in inbox.got] == [1]
+        assert server.bytes_received == len(small)  # the refused frames were never taken in
+        assert caplog.text.count("refused a call from") >= 5
+    finally:
+        channel.close()
+        server.stop_receive_message()
+
+
 def test_off_loopback_a_run_needs_tls_and_silo_authentication(creds, tmp_path):
     folder, _ = creds
     comm = load_config("config/modes/moon_cross_silo_grpc.yaml").comm_args

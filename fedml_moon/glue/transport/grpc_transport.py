@@ -13,6 +13,8 @@ CA; silos authenticate with mutual TLS (certificate common name `silo-<rank>`) o
 refuses, and logs with the peer's address, any call that does not authenticate, any frame that is not
 a message, any message whose sender is not the authenticated rank or not a rank of this run, and any
 subscription to another rank's frames; oversized frames are refused by gRPC itself. It keeps running.
+A token is checked from the call's headers before any of its frame is read (`_TokenGate`, a server
+interceptor), so a caller without one cannot make the server take in a frame of up to its limit.
 """
 
 from __future__ import annotations
@@ -78,6 +80,44 @@ def channel_options(max_message_mb: int, receive_bytes: int | None = None) -> li
     ]
 
 
+def token_rank(tokens: dict[int, str], metadata) -> int:
+    """The rank a call's headers (`x-fedml-moon-rank`, `authorization: Bearer ...`) authenticate as;
+    Refused (UNAUTHENTICATED) when they do not."""
+    meta = dict(metadata or ())
+    claimed, bearer = meta.get(RANK_HEADER, ""), meta.get("authorization", "")
+    token = bearer[len("Bearer ") :] if bearer.startswith("Bearer ") else ""
+    if not (claimed.isascii() and claimed.isdigit()) or not check_token(tokens, int(claimed), token):
+        raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"bad or missing token for rank {claimed!r}")
+    return int(claimed)
+
+
+class _TokenGate(grpc.ServerInterceptor):
+    """With `auth: token`, checks a call's token from its headers as the call arrives, before its
+    request is read: a call that does not authenticate gets a request-streaming handler that refuses
+    without taking a message (gRPC's Python server starts receiving a unary request before its
+    handler runs, and a streaming one only when the handler iterates over it)."""
+
+    def __init__(self, server: GrpcServerTransport) -> None:
+        self.server = server
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None  # no such method: gRPC answers UNIMPLEMENTED, reading nothing either
+        try:
+            token_rank(self.server.security.tokens or {}, handler_call_details.invocation_metadata)
+            return handler
+        except Refused as err:
+            refused = err
+
+        def refuse(_requests, context):  # never iterates `_requests`: no request bytes are read
+            self.server._refuse(context, refused)
+
+        if handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(refuse)
+        return grpc.stream_unary_rpc_method_handler(refuse)
+
+
 class GrpcServerTransport(QueueTransport):
     """Rank 0: serves Send (frames in) and Subscribe (one outgoing frame queue per silo rank)."""
 
@@ -100,7 +140,10 @@ class GrpcServerTransport(QueueTransport):
             "Subscribe": grpc.unary_stream_rpc_method_handler(self._on_subscribe),
         }
         pool = futures.ThreadPoolExecutor(max_workers=max(4, 2 * workers + 2))
-        self.server = grpc.server(pool, options=channel_options(max_message_mb, max_frame_bytes))
+        gate = [_TokenGate(self)] if self.security.auth == "token" else []
+        self.server = grpc.server(
+            pool, options=channel_options(max_message_mb, max_frame_bytes), interceptors=gate
+        )
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         self.address = f"{host}:{port}"
         if self._bind() == 0:
@@ -136,13 +179,8 @@ class GrpcServerTransport(QueueTransport):
             if rank is None:
                 raise Refused(grpc.StatusCode.UNAUTHENTICATED, "no silo certificate of this run")
             return rank
-        if sec.auth == "token":
-            meta = dict(context.invocation_metadata())
-            claimed, bearer = meta.get(RANK_HEADER, ""), meta.get("authorization", "")
-            token = bearer[len("Bearer ") :] if bearer.startswith("Bearer ") else ""
-            if not claimed.isdigit() or not check_token(sec.tokens or {}, int(claimed), token):
-                raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"bad or missing token for rank {claimed!r}")
-            return int(claimed)
+        if sec.auth == "token":  # already checked by _TokenGate before the request was read
+            return token_rank(sec.tokens or {}, context.invocation_metadata())
         return None
 
     def _refuse(self, context: grpc.ServicerContext, err: Refused) -> None:

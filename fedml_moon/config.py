@@ -187,8 +187,37 @@ def _mode_checks(cfg: Config) -> None:
         )
 
 
+def _robust_checks(cfg: Config) -> None:
+    """server_args.robust_aggregation against the algorithm and the parties sampled per round."""
+    server, algorithm = cfg.server_args, cfg.train_args.algorithm
+    if server.robust_aggregation == "none":
+        return
+    require(
+        getattr(get_algorithm(algorithm).server, "averages", True),
+        "server_args.robust_aggregation",
+        f"{algorithm} averages nothing (each party keeps its own model), so a robust rule does not apply; "
+        "set none",
+    )
+    if server.robust_aggregation != "krum":
+        return
+    n, f = cfg.train_args.client_num_per_round, server.krum_byzantine
+    require(
+        n > 2 * f + 2,
+        "server_args.krum_byzantine",
+        f"Krum needs more than 2 * krum_byzantine + 2 = {2 * f + 2} uploads per round and "
+        f"train_args.client_num_per_round is {n}; lower krum_byzantine or sample more parties",
+    )
+    require(
+        server.krum_select <= n - f,
+        "server_args.krum_select",
+        f"Multi-Krum averages at most client_num_per_round - krum_byzantine = {n - f} uploads; got "
+        f"{server.krum_select}",
+    )
+
+
 def _cross_checks(cfg: Config) -> None:
     _mode_checks(cfg)
+    _robust_checks(cfg)
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:
         require(

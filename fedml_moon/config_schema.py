@@ -307,6 +307,11 @@ class ServerArgs:
     server_momentum: float = 0.0
     server_momentum_style: str = "moon"
     server_lr: float = 1.0
+    robust_aggregation: str = "none"
+    trim_ratio: float = 0.1
+    krum_byzantine: int = 1
+    krum_select: int = 1
+    clip_norm: float | None = None
 
     def check(self) -> None:
         require(
@@ -318,6 +323,38 @@ class ServerArgs:
             f"choose one of {', '.join(MOMENTUM_STYLES)}",
         )
         require(self.server_lr > 0, "server_args.server_lr", "must be > 0")
+        self.check_robust()
+
+    def check_robust(self) -> None:
+        """The robust aggregation keys (`fedml_moon.core.robust`; README, Robust aggregation)."""
+        from fedml_moon.core.robust import RULES
+
+        require(
+            self.robust_aggregation in RULES,
+            "server_args.robust_aggregation",
+            f"{self.robust_aggregation!r} is unknown; choose one of {', '.join(RULES)} (none: the weighted "
+            "average)",
+        )
+        require(
+            0 <= self.trim_ratio < 0.5,
+            "server_args.trim_ratio",
+            f"the fraction trimmed at each end must be in [0, 0.5); got {self.trim_ratio}",
+        )
+        require(
+            self.krum_byzantine >= 0,
+            "server_args.krum_byzantine",
+            f"f, the Byzantine uploads Krum tolerates, must be >= 0; got {self.krum_byzantine}",
+        )
+        require(
+            self.krum_select >= 1,
+            "server_args.krum_select",
+            f"m must be >= 1 (1: Krum, m > 1: Multi-Krum averages the m best); got {self.krum_select}",
+        )
+        require(
+            self.clip_norm is None or self.clip_norm > 0,
+            "server_args.clip_norm",
+            f"M must be > 0, or null for the median of each round's update norms; got {self.clip_norm}",
+        )
 
 
 SECTIONS: dict[str, type] = {

@@ -7,6 +7,7 @@ Payloads are plain dicts: {"model": state_dict, ...extra tensors...}, plus a few
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,10 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedml_moon.config_schema import ServerArgs, TrainArgs
-from fedml_moon.core.aggregation import ServerMomentum, clone_state, weighted_average
+from fedml_moon.core.aggregation import ServerMomentum, clone_state
+from fedml_moon.core.robust import RobustMean, RobustOptions
 from fedml_moon.core.split import merge_states
 
 Payload = dict[str, Any]
+log = logging.getLogger(__name__)
 ModelFactory = Callable[[], nn.Module]
 
 
@@ -174,8 +177,29 @@ class ClientAlgorithm:
         return {k: float(v) / max(batches, 1) for k, v in sums.items()}
 
 
+def robust_mean(server: ServerArgs) -> RobustMean:
+    """The upload average of `server_args` (robust_aggregation and its keys; see `core.robust`)."""
+    options = RobustOptions(
+        server.robust_aggregation,
+        server.trim_ratio,
+        server.krum_byzantine,
+        server.krum_select,
+        server.clip_norm,
+    )
+    if options.rule != "none":
+        log.info("server_args.robust_aggregation: %s (%s)", options.rule, options)
+    return RobustMean(options)
+
+
 class ServerAlgorithm:
-    """The server side: what it sends, how it combines what it receives."""
+    """The server side: what it sends, how it combines what it receives.
+
+    Wherever it averages uploads it calls `self.mean(states, weights, reference)` (or `self.mean.total`
+    / `self.mean.rows`), the rule of `server_args.robust_aggregation` (`core.robust`; `none`: the
+    sample-weighted average). A server that averages nothing sets `averages = False`, and then a
+    robust rule is a config error."""
+
+    averages: ClassVar[bool] = True
 
     def __init__(self, options: Any, server: ServerArgs, train: TrainArgs, seed: int = 0) -> None:
         self.options = options
@@ -190,6 +214,7 @@ class ServerAlgorithm:
             if server.server_momentum > 0 or server.server_lr != 1.0
             else None
         )
+        self.mean = robust_mean(server)
 
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         """Called once with the initial global state; may validate it or replace it (e.g. a checkpoint)."""
@@ -211,8 +236,9 @@ class ServerAlgorithm:
         return {"model": global_state}
 
     def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
-        """Sample-count weighted average of the uploaded models (MOON Algorithm 1, line 7)."""
-        return weighted_average([p["model"] for _, p in uploads], [n for n, _ in uploads])
+        """Sample-count weighted average of the uploaded models (MOON Algorithm 1, line 7), or the
+        `server_args.robust_aggregation` rule's combination of them around the current global state."""
+        return self.mean([p["model"] for _, p in uploads], [n for n, _ in uploads], global_state)
 
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         """New global state from this round's uploads, with server momentum when configured."""

@@ -92,6 +92,8 @@ class SoloClient(ClientAlgorithm):
 class SoloServer(ServerAlgorithm):
     """Keeps each party's latest model; evaluation reports the mean and std over parties."""
 
+    averages = False  # nothing is averaged: server_args.robust_aggregation does not apply
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.party_models: dict[int, OrderedDict] = {}

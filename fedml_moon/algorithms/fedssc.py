@@ -21,6 +21,7 @@ from fedml_moon.algorithms.base import Payload, ServerAlgorithm
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.config_schema import require
 from fedml_moon.core.losses import prototype_contrastive_loss
+from fedml_moon.core.robust import RobustMean
 from fedml_moon.core.seeds import rng
 
 PROTOTYPE_MODES = ("random-k", "mean")
@@ -144,18 +145,28 @@ class FedSSCClient(MoonClient):
 
 
 def build_prototypes(
-    uploads: list[tuple[torch.Tensor, torch.Tensor]], mode: str, k: int, rng: np.random.Generator
+    uploads: list[tuple[torch.Tensor, torch.Tensor]],
+    mode: str,
+    k: int,
+    rng: np.random.Generator,
+    mean: RobustMean | None = None,
+    previous: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per class: mean of the prototypes of k random parties that sent it (all if fewer), or of all."""
+    """Per class: mean of the prototypes of k random parties that sent it (all if fewer), or of all.
+
+    `mean`: the server's upload average (`server_args.robust_aggregation`; None: the plain mean), given
+    the class's previous prototype (from `previous`, prototypes and mask) where there is one."""
     protos = torch.stack([p for p, _ in uploads])  # [P, C, D]
     present = torch.stack([m for _, m in uploads])  # [P, C]
+    average = mean.rows if mean is not None else (lambda x, _: x.mean(dim=0))
     out = torch.zeros(protos.shape[1:])
     for c in range(protos.shape[1]):
         parties = torch.nonzero(present[:, c]).flatten().tolist()
         if mode == "random-k" and len(parties) > k:
             parties = sorted(rng.choice(parties, size=k, replace=False).tolist())
         if parties:
-            out[c] = protos[parties, c].mean(dim=0)
+            before = previous[0][c] if previous is not None and bool(previous[1][c]) else None
+            out[c] = average(protos[parties, c], before)
     return out, present.any(dim=0)
 
 
@@ -193,7 +204,9 @@ class FedSSCServer(ServerAlgorithm):
 
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         pairs = [(p["prototypes"], p["present"]) for _, p in uploads]
+        opts = self.options
+        previous = None if self.prototypes is None else (self.prototypes, self.present)
         self.prototypes, self.present = build_prototypes(
-            pairs, self.options.prototype_mode, self.options.prototype_k, self.rng
+            pairs, opts.prototype_mode, opts.prototype_k, self.rng, self.mean, previous
         )
         return super().aggregate(global_state, uploads)

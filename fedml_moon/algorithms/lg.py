@@ -19,7 +19,7 @@ from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
 from fedml_moon.config_schema import ConfigError, require
-from fedml_moon.core.aggregation import clone_state, weighted_average
+from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.split import SplitError, merge_states, resolve_split, split_state
 
 NEW_TEST_METHODS = ("average", "ensemble")
@@ -181,8 +181,11 @@ class LGServer(ServerAlgorithm):
         return split_state(global_state, self.local_keys)
 
     def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
+        """The global layers' average (uniform or by samples; or the robust rule's, around the
+        current global layers); the local layers stay as they are."""
         weights = [1.0 if self.options.uniform_average else n for n, _ in uploads]
-        averaged = weighted_average([p["model"] for _, p in uploads], weights)
+        states = [p["model"] for _, p in uploads]
+        averaged = self.mean(states, weights, {k: global_state[k] for k in states[0]})
         return merge_states(global_state, averaged)
 
     def state(self) -> dict:

@@ -176,12 +176,12 @@ class ScaffoldServer(ServerAlgorithm):
         """x <- x + eta_g (avg_S(y_i) - x) (line 16, eta_g = server_args.server_lr, applied by the base
         class with any server momentum) and c <- c + |S|/N mean_S(delta c_i) (line 17)."""
         averaged = super().aggregate(global_state, uploads)
-        deltas = [p["delta_c"] for _, p in uploads]
+        deltas = [{n: t.detach().cpu() for n, t in p["delta_c"].items()} for _, p in uploads]
         paper = self.options.c_update == "paper"
         n_total = float(self.train_args.client_num_in_total if paper else len(deltas))
+        totals = self.mean.total(deltas)  # sum_S delta c_i; robust: |S| x the rule's mean_S
         new_c: Tensors = {}
-        for name in deltas[0]:
-            total = sum(d[name].detach().cpu() for d in deltas)  # paper: |S|/N * mean_S == sum_S / N
+        for name, total in totals.items():  # paper: |S|/N * mean_S == sum_S / N
             old = self.c.get(name)
             new_c[name] = total / n_total if old is None else old + total / n_total
         self.c = new_c  # a new dict: payloads already sent keep the c they were given

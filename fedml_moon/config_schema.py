@@ -213,6 +213,7 @@ class CommArgs:
     grpc_ipconfig_path: str | None = None
     grpc_max_message_mb: int = 1024
     max_message_mb: float | None = None  # the largest message the server takes; None: from the model
+    max_party_samples: int = 10_000_000  # the largest sample count (averaging weight) a party may have
     mqtt_host: str = "127.0.0.1"
     mqtt_port: int = 1883
     mqtt_inline_kb: int = 64
@@ -272,6 +273,11 @@ class CommArgs:
             self.max_message_mb is None or self.max_message_mb > 0,
             "comm_args.max_message_mb",
             "must be > 0 (MB), or null: four times the model's size plus 1 MB, at least 8 MB",
+        )
+        require(
+            type(self.max_party_samples) is int and self.max_party_samples >= 1,
+            "comm_args.max_party_samples",
+            "must be an integer >= 1 (a party's training samples, its weight in the average)",
         )
         require(
             bool(self.run_id) and all(c.isalnum() or c in "-_" for c in self.run_id),

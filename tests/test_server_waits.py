@@ -64,7 +64,8 @@ def _server(tmp_path: Path, *extra: str) -> tuple[PluginServerManager, Wire]:
     )
     manager.register_message_receive_handlers()
     for rank in (1, 2, 3):
-        _from(manager, rank, m.HELLO, config=shared_config(cfg), explicit=[], process=f"p{rank}")
+        hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
+        _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
     return manager, wire
 
 
@@ -82,10 +83,13 @@ def _results(manager: PluginServerManager, wire: Wire, rank: int) -> None:
         for t in wire.sent
         if t.get_type() == m.TRAIN and t.get_receiver_id() == rank and t.get("round") == manager.round_idx
     )
-    results = [
-        {"party": t["party"], "n": 1.0, "upload": {"model": t["payload"]["model"]}} for t in task.get("tasks")
-    ]
+    results = [_item(manager, t["party"], t["payload"]["model"]) for t in task.get("tasks")]
     _from(manager, rank, m.RESULT, round=manager.round_idx, results=results)
+
+
+def _item(manager: PluginServerManager, party: int, model: dict) -> dict:
+    """An honest record of a RESULT: the party's fixed sample count, an upload as the spec says."""
+    return {"party": party, "n": manager.rounds.samples[party], "upload": {"model": model, "party_id": party}}
 
 
 @pytest.mark.parametrize("leaving", [m.BYE, m.ERROR])
@@ -94,7 +98,7 @@ def test_a_silo_leaving_mid_round_counts_as_missing_and_the_run_completes(tmp_pa
     assert manager.phase == "train" and manager.round_idx == 0
     _results(manager, wire, 1)
     _results(manager, wire, 2)
-    _from(manager, 3, leaving, reason="its disk is full")
+    _from(manager, 3, leaving, **({"reason": "its disk is full"} if leaving == m.ERROR else {}))
     assert manager.phase == "train"  # nothing moves inside the handler ...
     _from(manager, 0, m.TICK)  # ... the next tick ends the wait: 2 of 3 parties meet the quorum (half)
     records = manager.rounds.recorder.records
@@ -142,25 +146,28 @@ def test_an_evaluation_phase_with_no_silo_alive_moves_on(tmp_path):
 @pytest.mark.parametrize(
     ("field", "value", "named"),
     [
-        ("results", None, "field results is a NoneType"),
-        ("party", 1, "results[0].party 1 is not one of its parties this round ([0])"),
-        ("n", float("nan"), "results[0].n nan is not a positive finite number"),
-        ("n", -299, "results[0].n -299 is not a positive finite number"),
+        ("results", None, "refused a result message from rank 1: field results is a NoneType, not a list"),
+        ("party", 1, "refused rank 1's result: results are for parties [1], not its parties [0]"),
+        ("n", float("nan"), "field results[0].n is a float, not an integer"),
+        ("n", -299, "field results[0].n is -299, not in [1, "),
+        ("n", 10**30, "field results[0].n is 1000000000000000000000000000000, not in [1, "),
+        ("n", 7, "refused rank 1's result: results[0].n 7 is not party 0's "),
+        ("upload", {"model": {}}, "results[0].upload lacks ['party_id']"),
     ],
 )
 def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_counts_as_missing(
     tmp_path, caplog, field, value, named
 ):
-    """Silo 1 may upload only for party 0, with a positive finite sample count; anything else is
-    refused whole with the field named, and the round goes on without it."""
+    """Silo 1 may upload only for party 0, with the party's own sample count and an upload of the
+    full model; anything else is refused whole with the field named, and the round goes on without it."""
     manager, wire = _server(tmp_path)
     task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == 1)
-    item = {"party": 0, "n": 1.0, "upload": {"model": task.get("tasks")[0]["payload"]["model"]}}
+    item = _item(manager, 0, task.get("tasks")[0]["payload"]["model"])
     if field == "results":
         _from(manager, 1, m.RESULT, round=0, results=value)
     else:
         _from(manager, 1, m.RESULT, round=0, results=[{**item, field: value}])
-    assert f"refused rank 1's result: {named}" in caplog.text
+    assert named in caplog.text
     _results(manager, wire, 2)
     _results(manager, wire, 3)
     _from(manager, 0, m.TICK)

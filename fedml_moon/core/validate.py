@@ -51,7 +51,9 @@ def spec_problem(value: Any, spec: Any, path: str) -> str | None:
             return f"{path} is a {type(value).__name__}, not a dict"
         missing, extra = [k for k in spec if k not in value], [k for k in value if k not in spec]
         if missing or extra:
-            return f"{path} lacks {missing[:5]} / has unexpected {[str(k)[:40] for k in extra[:5]]}"
+            said = [f"lacks {missing[:5]}"] if missing else []
+            said += [f"has unexpected {[str(k)[:40] for k in extra[:5]]}"] if extra else []
+            return f"{path} {' and '.join(said)}"
         for key, sub in spec.items():
             problem = spec_problem(value[key], sub, f"{path}.{key}")
             if problem is not None:

@@ -264,7 +264,8 @@ class PluginClientManager(_Manager):
         round_idx, tasks = int(msg.get("round")), msg.get("tasks")
         trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
         results = [
-            {"party": int(t["party"]), "n": n, "upload": u} for t, (n, u) in zip(tasks, trained, strict=True)
+            {"party": int(t["party"]), "n": int(n), "upload": u}
+            for t, (n, u) in zip(tasks, trained, strict=True)
         ]
         self.send(RESULT, 0, round=round_idx, results=results)
 

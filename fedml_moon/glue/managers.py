@@ -1,7 +1,7 @@
 """The protocol of the plugin's FedML managers (FedMLCommManager subclasses in server_manager.py and
 client_manager.py), one for every distributed mode: MPI simulation, cross-silo over MPI or gRPC, MQTT + S3.
 
-    worker/silo -> server   HELLO {parties, config, explicit, fresh_parties}   (repeated until WELCOME)
+    worker/silo -> server   HELLO {parties, config, explicit, fresh_parties, process}   (until WELCOME)
     server -> worker        WELCOME {config, config_sha256, session, resume_from}
     server -> worker        TRAIN {round, tasks: [{party, payload}]}
     worker -> server        RESULT {round, results: [{party, n, upload}]}
@@ -11,6 +11,10 @@ client_manager.py), one for every distributed mode: MPI simulation, cross-silo o
     server -> worker        FINISH (after the last round) / ABORT {reason}
     server -> worker        REJOIN (to a worker that is not one of its own yet, e.g. after a restart)
     worker -> server        BYE, or ERROR {reason}
+
+Every message is checked against its declaration in protocol.py before its handler runs; a message
+that does not fit is refused (logged with the sender and the field), and the server counts the silo
+as missing in that phase. `n` is the party's sample count, which must equal the server's own.
 
 The server's side of a round is `ServerRounds`, the parties' side `PartyRunner`: the same objects the
 standalone loop drives. A timer posts TICK messages into each process's own queue; handlers run in
@@ -37,13 +41,27 @@ from typing import Any
 from fedml.core.distributed.communication.message import Message
 from fedml.core.distributed.fedml_comm_manager import FedMLCommManager
 
+from fedml_moon.glue.protocol import (  # noqa: F401 (the protocol's names, for the managers)
+    ABORT,
+    BYE,
+    CHECKPOINT,
+    CHECKPOINTED,
+    ERROR,
+    EVAL,
+    FINISH,
+    HEARTBEAT,
+    HELLO,
+    REJOIN,
+    REPORT,
+    RESULT,
+    TICK,
+    TRAIN,
+    WELCOME,
+    message_problem,
+)
 from fedml_moon.glue.transport.base import QueueTransport
 
 log = logging.getLogger(__name__)
-HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
-FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
-CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
-REJOIN = "rejoin"  # server -> a worker it has not welcomed (a restarted server): say HELLO now
 DEAD_AFTER_BEATS = 3  # a peer silent for this many heartbeat periods is taken for dead
 HELLO_EVERY_S = 2.0
 WAIT_LOG_MIN_S = 5.0  # a process that waits says so every max(this, 6 heartbeat periods)
@@ -97,18 +115,31 @@ class _Manager(FedMLCommManager):
         self.com_manager.add_observer(self)
 
     def receive_message(self, msg_type: Any, msg_params: Message) -> None:
+        """Check the message against its declaration (protocol.py), then hand it to its handler."""
         sender = msg_params.get_sender_id()
+        problem = message_problem(msg_type, msg_params.get_params())
+        if problem is None and (msg_type == TICK) != (sender == self.rank):
+            problem = "only a process's own timer sends TICK, and only to itself"
+        handler = self.message_handler_dict.get(msg_type)
+        if problem is None and handler is None and msg_type != HEARTBEAT:
+            problem = f"rank {self.rank} takes no {msg_type} message"
+        if problem is not None:
+            log.warning(
+                "rank %d refused a %s message from rank %s: %s",
+                self.rank,
+                str(msg_type)[:40],
+                sender,
+                problem,
+            )
+            self.refused(sender, problem)
+            return
         if sender != self.rank:
             self.last_seen[sender] = time.monotonic()
-        if msg_type == HEARTBEAT:
-            return
-        handler = self.message_handler_dict.get(msg_type)
-        if handler is None:
-            log.warning(
-                "rank %d ignored a %r message from rank %s", self.rank, msg_type, msg_params.get_sender_id()
-            )
-            return
-        handler(msg_params)
+        if msg_type != HEARTBEAT:
+            handler(msg_params)
+
+    def refused(self, sender: int, problem: str) -> None:
+        """A message from `sender` did not fit the protocol (already logged)."""
 
     def send(self, msg_type: str, receiver: int, **params: Any) -> None:
         msg = Message(msg_type, self.rank, receiver)

@@ -59,6 +59,7 @@ class ServerRounds:
         new_test_method: str = "average",
         on_bad_upload: str = "skip",
         save_party_models: bool = False,
+        samples: dict[int, int] | None = None,
     ) -> None:
         self.aggregator, self.recorder = aggregator, recorder
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
@@ -67,6 +68,7 @@ class ServerRounds:
         self.party_eval, self.personalized, self.new_test_method = party_eval, personalized, new_test_method
         self.on_bad_upload = on_bad_upload
         self.save_party_models = save_party_models
+        self.samples = dict(samples or {})  # party -> its training samples (its weight), fixed at the start
         self.rejected: dict[int, str] = {}
         self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
         self.eval_totals = {"eval_bytes_up": 0, "eval_bytes_down": 0}

@@ -198,7 +198,22 @@ def build_server(base: Base, out_dir: Path) -> Any:
         new_test_method=getattr(cfg.algorithm_args, "new_test_method", "average"),
         on_bad_upload=train.on_bad_upload,
         save_party_models=train.save_party_models,
+        samples=party_samples(base),
     )
+
+
+def party_samples(base: Base) -> dict[int, int]:
+    """Each party's training samples under the run's partition: the weight the server gives it, and the
+    only sample count it takes from a silo. At most `comm_args.max_party_samples` each."""
+    cap = base.cfg.comm_args.max_party_samples
+    samples = {int(p): int(n) for p, n in base.dataset[4].items()}
+    over = {p: n for p, n in samples.items() if n > cap}
+    if over:
+        raise ConfigError(
+            f"comm_args.max_party_samples: parties {sorted(over)[:10]} hold more than {cap} samples "
+            f"({max(over.values())}); raise the cap if this partition is intended"
+        )
+    return samples
 
 
 def build_runner(base: Base, out_dir: Path, store: Any = None) -> Any:

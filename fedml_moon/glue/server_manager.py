@@ -6,12 +6,14 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.config_schema import CommArgs
 from fedml_moon.core.checkpoint import write_checkpoint
+from fedml_moon.core.validate import BadUpload
 from fedml_moon.glue.managers import (
     ABORT,
     BYE,
@@ -34,6 +36,7 @@ from fedml_moon.glue.managers import (
     described_differences,
     quorum,
 )
+from fedml_moon.glue.protocol import reports_problem, result_problem
 from fedml_moon.glue.resume import checkpoint_root, due
 from fedml_moon.glue.rounds import ServerRounds
 from fedml_moon.glue.transport.base import QueueTransport
@@ -83,6 +86,7 @@ class PluginServerManager(_Manager):
         self.last_checkpoint: int | None = self.resume_from
         self.welcomed_at: dict[int, float] = {}
         self.gone: set[int] = set()  # ranks that said BYE or ERROR in the middle of the run
+        self.out: set[int] = set()  # ranks whose message of this phase was refused
         self.rejoin_asked: dict[int, float] = {}
         self.process_of: dict[int, str] = {}  # rank -> the worker process that said HELLO last
         self.assigned: dict[int, tuple[str, dict]] = {}  # rank -> its work of the current phase
@@ -115,7 +119,33 @@ class PluginServerManager(_Manager):
             (ERROR, self.on_error),
             (TICK, self.on_tick),
         ):
-            self.register_message_receive_handler(msg_type, handler)
+            self.register_message_receive_handler(msg_type, self._guarded(handler))
+
+    def _guarded(self, handler: Callable[[Message], None]) -> Callable[[Message], None]:
+        """Nothing a worker sends stops the server: a handler that fails on a worker's message refuses
+        that message (the worker counts as missing in this phase). The run stops, with its reason,
+        only on the server's own failures (its timer's handler) and on `on_bad_upload: stop`."""
+
+        def run(msg: Message) -> None:
+            rank = msg.get_sender_id()
+            try:
+                handler(msg)
+            except BadUpload as err:
+                self.fail(str(err))
+            except Exception as err:
+                if rank == self.rank:
+                    log.exception("the server failed")
+                    self.fail(f"{type(err).__name__}: {err}")
+                    return
+                log.exception("refused rank %s's %s message: handling it failed", rank, msg.get_type())
+                self.refused(rank, f"{type(err).__name__}: {err}")
+
+        return run
+
+    def refused(self, sender: int, problem: str) -> None:
+        """A worker's message was refused: in a phase that waits for it, it counts as missing."""
+        if sender in self.workers and self.phase not in ("hello", "done"):
+            self.out.add(sender)
 
     def assign(self, rank: int, msg_type: str, **params: Any) -> None:
         """Send a rank its work of this phase, and keep it: a restarted worker gets it again."""
@@ -123,7 +153,7 @@ class PluginServerManager(_Manager):
         self.send(msg_type, rank, **params)
 
     def _phase(self, phase: str, pending: set[int]) -> None:
-        self.phase, self.pending = phase, set(pending)
+        self.phase, self.pending, self.out = phase, set(pending), set()
         self.phase_started = self.last_wait_log = time.monotonic()
 
     # --- start ---------------------------------------------------------------------------------
@@ -197,37 +227,23 @@ class PluginServerManager(_Manager):
             self.assign(rank, TRAIN, round=round_idx, tasks=items)
 
     def on_result(self, msg: Message) -> None:
-        """Take a worker's uploads for the parties this round gave it, and nothing else: a result
-        that is not a list of {party, n, upload} or names a party another rank trains is refused
-        whole, and the worker's parties count as missing."""
+        """Take a worker's uploads for the parties this round gave it, and nothing else: each with the
+        sample count the server fixed for the party and an upload that matches the algorithm's spec.
+        Anything else refuses the result whole; the worker's parties count as missing."""
         if not self._expected(msg, "train"):
             return
         rank, items = msg.get_sender_id(), msg.get("results")
         mine = {t["party"] for t in self.assigned[rank][1]["tasks"]}
-        problem = self._result_problem(items, mine)
+        problem = result_problem(items, mine, self.rounds.samples, self.rounds.upload_spec)
         if problem is not None:
             log.error("round %d: refused rank %d's result: %s", self.round_idx, rank, problem)
-            self.gone.add(rank)
+            self.refused(rank, problem)
             return
         for item in items:
-            self.results[item["party"]] = (float(item["n"]), item["upload"])
+            self.results[item["party"]] = (float(self.rounds.samples[item["party"]]), item["upload"])
         self.pending.discard(rank)
         if not self.pending:
             self.after_train()
-
-    @staticmethod
-    def _result_problem(items: Any, mine: set[int]) -> str | None:
-        if not isinstance(items, list):
-            return f"field results is a {type(items).__name__}, not a list"
-        for i, item in enumerate(items):
-            if not isinstance(item, dict) or not {"party", "n", "upload"} <= set(item):
-                return f"results[{i}] is not a {{party, n, upload}} record"
-            party, n = item["party"], item["n"]
-            if not isinstance(party, int) or isinstance(party, bool) or party not in mine:
-                return f"results[{i}].party {party!r} is not one of its parties this round ({sorted(mine)})"
-            if not isinstance(n, (int, float)) or isinstance(n, bool) or not 0 < n < float("inf"):
-                return f"results[{i}].n {n!r} is not a positive finite number"
-        return None
 
     def after_train(self) -> None:
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.results]
@@ -243,11 +259,19 @@ class PluginServerManager(_Manager):
             self.assign(rank, EVAL, round=self.round_idx, payload=download)
 
     def on_report(self, msg: Message) -> None:
+        """Take a worker's evaluation reports: one for each of its parties, as the algorithm declares."""
         if not self._expected(msg, "eval"):
             return
-        for report in msg.get("reports"):
-            self.reports[int(report["party_id"])] = report
-        self.pending.discard(msg.get_sender_id())
+        rank, reports = msg.get_sender_id(), msg.get("reports")
+        mine = sorted(p for p, r in self.placement.items() if r == rank)
+        problem = reports_problem(reports, mine, self.rounds.personal_spec())
+        if problem is not None:
+            log.error("round %d: refused rank %d's report: %s", self.round_idx, rank, problem)
+            self.refused(rank, problem)
+            return
+        for party, report in zip(mine, sorted(reports, key=lambda r: r["party_id"]), strict=True):
+            self.reports[party] = report
+        self.pending.discard(rank)
         if not self.pending:
             self.close_round(self.reports)
 
@@ -330,7 +354,7 @@ class PluginServerManager(_Manager):
             return
         if self.phase == "done":
             return
-        dead = {r for r in self.pending if self.is_dead(r) or r in self.gone}
+        dead = {r for r in self.pending if self.is_dead(r) or r in self.gone or r in self.out}
         if dead != self.pending and waited <= self.deadline_s:
             return
         self.give_up_on(sorted(self.pending), sorted(dead), waited)  # the deadline fires whatever is pending
@@ -359,9 +383,9 @@ class PluginServerManager(_Manager):
     def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
         """The ranks still pending are dead, or the deadline has passed: go on without them if the
         phase allows it, else (too few reports) wait for the deadline, then stop."""
-        gone = sorted(set(ranks) & self.gone)
+        gone = sorted(set(ranks) & (self.gone | self.out))
         why = f"rank(s) {ranks} " + (
-            f"said BYE or ERROR ({gone})"
+            f"said BYE or ERROR or sent what was refused ({gone})"
             if gone and dead == ranks
             else "stopped sending heartbeats"
             if dead == ranks

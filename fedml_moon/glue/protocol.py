@@ -1,0 +1,232 @@
+"""Every message of the plugin's protocol (see managers.py), declared once: its fields, their types
+and ranges. `_Manager.receive_message` checks each message against its declaration before any
+handler runs; a message that does not match is refused with the sender and the field named.
+
+What a payload's tensors must be (names, shapes, dtypes: the whole model) depends on the algorithm
+and the round, so the fields marked `payload` are checked where they are bound to a party: the server
+checks each upload against its algorithm's `upload_spec` and each report against `personal_spec`
+(`core.validate`), and that the party is one this round gave the sender, with the sample count the
+server fixed for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fedml_moon.core.validate import report_problem, upload_problem
+
+HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
+FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
+CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
+REJOIN = "rejoin"  # server -> a worker it has not welcomed (a restarted server): say HELLO now
+ENVELOPE = ("msg_type", "sender", "receiver")  # FedML's Message fields, checked by the transports
+
+Check = Callable[[Any], "str | None"]  # None, or why the value does not fit (" is ...", "[3] is ...")
+MAX_ID = 10**6  # party ids and counts of list items
+MAX_ROUND = 10**7
+MAX_TEXT = 100_000
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def integer(lo: int, hi: int) -> Check:
+    """An int (not a bool) in [lo, hi]."""
+
+    def check(value: Any) -> str | None:
+        if type(value) is not int:
+            return f" is a {_kind(value)}, not an integer"
+        return None if lo <= value <= hi else f" is {value}, not in [{lo}, {hi}]"
+
+    return check
+
+
+def number(lo: float, hi: float) -> Check:
+    """A finite int or float (not a bool) in [lo, hi]."""
+
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f" is a {_kind(value)}, not a number"
+        return None if math.isfinite(value) and lo <= value <= hi else f" is {value!r}, not in [{lo}, {hi}]"
+
+    return check
+
+
+def text(max_len: int) -> Check:
+    """A str of at most `max_len` characters."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, str):
+            return f" is a {_kind(value)}, not a string"
+        return None if len(value) <= max_len else f" has {len(value)} characters, more than {max_len}"
+
+    return check
+
+
+def optional(inner: Check) -> Check:
+    """None, or what `inner` accepts."""
+    return lambda value: None if value is None else inner(value)
+
+
+def list_of(item: Check, max_items: int = MAX_ID) -> Check:
+    """A list of at most `max_items` values that `item` accepts."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, list):
+            return f" is a {_kind(value)}, not a list"
+        if len(value) > max_items:
+            return f" has {len(value)} items, more than {max_items}"
+        for i, v in enumerate(value):
+            if (problem := item(v)) is not None:
+                return f"[{i}]{problem}"
+        return None
+
+    return check
+
+
+def record(fields: Mapping[str, Check], optional_keys: frozenset[str] = frozenset()) -> Check:
+    """A dict with exactly the keys of `fields` (those in `optional_keys` may be absent)."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, Mapping):
+            return f" is a {_kind(value)}, not a record"
+        if problem := _keys_problem(value, fields, optional_keys):
+            return problem
+        for key, inner in fields.items():
+            if key in value and (problem := inner(value[key])) is not None:
+                return f".{key}{problem}"
+        return None
+
+    return check
+
+
+def _keys_problem(value: Mapping, fields: Mapping[str, Check], optional_keys: frozenset[str]) -> str | None:
+    extra = [str(k)[:40] for k in value if k not in fields]
+    missing = [k for k in fields if k not in value and k not in optional_keys]
+    if not extra and not missing:
+        return None
+    said = [f"has unexpected fields {extra[:5]}"] if extra else []
+    return " " + " and ".join(said + ([f"lacks {missing}"] if missing else []))
+
+
+def json_value(depth: int = 6) -> Check:
+    """A JSON value (a setting): scalars, and lists / dicts of them nested at most `depth` deep."""
+
+    def check(value: Any) -> str | None:
+        if value is None or isinstance(value, (bool, int, float)):
+            return None
+        if isinstance(value, str):
+            return text(MAX_TEXT)(value)
+        if depth > 0 and isinstance(value, (list, tuple)):
+            return list_of(json_value(depth - 1), 10_000)(list(value))
+        if depth > 0 and isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+            inner = json_value(depth - 1)
+            return next((f".{k}{p}" for k, v in value.items() if (p := inner(v)) is not None), None)
+        return f" is a {_kind(value)}, not a setting's value"
+
+    return check
+
+
+def payload(value: Any) -> str | None:
+    """A dict of tensors and values; its tensors are checked against the algorithm's spec later."""
+    return None if isinstance(value, Mapping) else f" is a {_kind(value)}, not a payload"
+
+
+def settings(value: Any) -> str | None:
+    """A run's shared settings: {"section.key": value}."""
+    if not isinstance(value, Mapping) or len(value) > 10_000:
+        return f" is a {_kind(value)}, not a dict of settings"
+    for key, v in value.items():
+        if not isinstance(key, str) or len(key) > 200:
+            return f" has a key {str(key)[:40]!r} that is not a setting's name"
+        if (problem := json_value()(v)) is not None:
+            return f"[{key!r}]{problem}"
+    return None
+
+
+PARTY, ROUND = integer(0, MAX_ID), integer(0, MAX_ROUND)
+SAMPLES = integer(1, 2**53)  # the server's own count for the party is checked when the result is bound
+SESSION = text(64)
+
+SCHEMAS: dict[str, dict[str, Check]] = {
+    # worker -> server
+    HELLO: {
+        "parties": list_of(PARTY),
+        "config": settings,
+        "explicit": list_of(text(200), 10_000),
+        "fresh_parties": list_of(PARTY),
+        "process": SESSION,
+    },
+    RESULT: {"round": ROUND, "results": list_of(record({"party": PARTY, "n": SAMPLES, "upload": payload}))},
+    REPORT: {"round": ROUND, "reports": list_of(payload)},
+    CHECKPOINTED: {"round": ROUND},
+    BYE: {},
+    ERROR: {"reason": text(MAX_TEXT)},
+    HEARTBEAT: {},
+    # server -> worker
+    WELCOME: {
+        "resume_from": optional(ROUND),
+        "config": settings,
+        "config_sha256": text(64),
+        "session": SESSION,
+    },
+    TRAIN: {"round": ROUND, "tasks": list_of(record({"party": PARTY, "payload": payload}))},
+    EVAL: {"round": ROUND, "payload": payload},
+    CHECKPOINT: {"round": ROUND},
+    FINISH: {},
+    ABORT: {"reason": text(MAX_TEXT)},
+    REJOIN: {},
+    # a process's own timer
+    TICK: {},
+}
+
+
+def message_problem(msg_type: Any, params: Mapping[str, Any]) -> str | None:
+    """Why a message of `msg_type` with `params` (FedML's Message.get_params()) does not fit its
+    declaration, or None: `field results[0].n is a float, not an integer`."""
+    schema = SCHEMAS.get(msg_type) if isinstance(msg_type, str) else None
+    if schema is None:
+        return f"type {str(msg_type)[:40]!r} is not a message of this protocol"
+    fields = {k: v for k, v in params.items() if k not in ENVELOPE}
+    if problem := _keys_problem(fields, schema, frozenset()):
+        return f"the message{problem}"
+    for key, check in schema.items():
+        if (problem := check(fields[key])) is not None:
+            return f"field {key}{problem}"
+    return None
+
+
+def result_problem(
+    items: list[dict], mine: set[int], samples: Mapping[int, int], upload_spec: Callable[[int], dict]
+) -> str | None:
+    """Why a RESULT's records (of the declared types) cannot be taken, or None: one record for each
+    party of `mine` (the round's tasks of the sender), each with the party's sample count `samples`
+    (the server's own) and an upload as `upload_spec(party)` declares (NaN and Inf are checked later,
+    where a diverged party is left out of the round rather than refused)."""
+    if sorted(item["party"] for item in items) != sorted(mine):
+        return f"results are for parties {[i['party'] for i in items][:10]}, not its parties {sorted(mine)}"
+    for i, item in enumerate(items):
+        party, n = item["party"], item["n"]
+        if n != samples[party]:
+            return (
+                f"results[{i}].n {n} is not party {party}'s {samples[party]} samples (the server's "
+                "partition of the run's data: a silo whose data differs is refused)"
+            )
+        if (problem := upload_problem(item["upload"], upload_spec(party), finite=False)) is not None:
+            return f"results[{i}].{problem}"
+    return None
+
+
+def reports_problem(reports: list, mine: list[int], personal: dict | None) -> str | None:
+    """Why a REPORT's reports cannot be taken, or None: one for each party of `mine` (the sender's),
+    each as `core.validate.report_problem` with the algorithm's `personal` spec says."""
+    ids = sorted(r.get("party_id") for r in reports if type(r.get("party_id")) is int)
+    if ids != sorted(mine) or len(reports) != len(mine):
+        return f"reports are not one for each of its parties {sorted(mine)}"
+    for i, report in enumerate(reports):
+        if (problem := report_problem(report, report["party_id"], personal)) is not None:
+            return f"reports[{i}]: {problem}"
+    return None

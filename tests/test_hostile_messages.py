@@ -1,0 +1,126 @@
+"""A silo that holds valid credentials sends the server anything it likes: every message type, every
+field filled as a hostile or broken peer would fill it. The server refuses what does not fit, names
+the silo and the field, and goes on; an honest round after the attack gives the model it gives
+without one.
+
+The server manager runs in this process on a tiny real run (see test_server_waits.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedml_moon.glue import managers as m
+from fedml_moon.glue.protocol import ENVELOPE, SCHEMAS, message_problem
+from tests.test_server_waits import _from, _item, _results, _server
+
+_SHARED: dict = {}
+SILO_TYPES = [m.HELLO, m.RESULT, m.REPORT, m.CHECKPOINTED, m.BYE, m.ERROR, m.HEARTBEAT]
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**40), max_value=10**40)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+)
+trees = st.recursive(
+    scalars | st.builds(torch.randn, st.integers(0, 3)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@st.composite
+def messages(draw) -> tuple[str, dict]:
+    """A message type of the protocol (or none), with its declared fields (some replaced, dropped
+    or added to) or entirely made-up fields."""
+    kind = draw(st.sampled_from([*SCHEMAS, "bogus", ""]))
+    declared = list(SCHEMAS.get(kind, {}))
+    if declared and draw(st.booleans()):
+        fields = {k: draw(trees) for k in declared}
+        for key in draw(st.lists(st.sampled_from(declared), max_size=2)):
+            fields.pop(key, None)
+    else:
+        names = st.text(min_size=1, max_size=8).filter(lambda k: k not in ENVELOPE)  # the transport's
+        fields = draw(st.dictionaries(names, trees, max_size=3))
+    return kind, fields
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(st.tuples(st.integers(0, 4), messages()), min_size=1, max_size=6))
+def test_nothing_a_silo_sends_stops_the_server(tmp_path_factory, batch):
+    """Whatever arrives, from a silo of the run, an unknown rank or posing as the server's own timer,
+    no handler raises and the run is not stopped. One server takes every example, in the state the
+    examples before left it in."""
+    if "server" not in _SHARED:
+        _SHARED["server"] = _server(tmp_path_factory.mktemp("hostile"))[0]
+    manager = _SHARED["server"]
+    for rank, (kind, fields) in batch:
+        _from(manager, rank, kind, **fields)
+        assert manager.phase != "done", (rank, kind, fields)
+
+
+@pytest.mark.parametrize("kind", SILO_TYPES)
+def test_each_silo_message_is_declared_and_a_missing_or_extra_field_is_named(kind):
+    fields = dict.fromkeys(SCHEMAS[kind], 0)
+    for key in SCHEMAS[kind]:
+        rest = {k: v for k, v in fields.items() if k != key}
+        assert message_problem(kind, rest) == f"the message lacks [{key!r}]"
+    assert message_problem(kind, {**fields, "x": 1}).startswith("the message has unexpected fields ['x']")
+
+
+def _model_after_round_0(tmp_path, attack: list[tuple[int, str, dict]]) -> dict:
+    manager, wire = _server(tmp_path)
+    for rank, kind, fields in attack:
+        _from(manager, rank, kind, **fields)
+    for rank in (1, 2, 3):
+        _results(manager, wire, rank)
+    assert manager.round_idx == 1 or manager.phase != "train"
+    record = manager.rounds.recorder.records[0]
+    assert record["parties"] == 3 and "missing_parties" not in record
+    return manager.rounds.aggregator.global_state
+
+
+def test_the_attacks_of_a_silo_leave_the_honest_round_unchanged(tmp_path, caplog):
+    """The attacks found on the wire (NaN, 1e30 and negative weights, another silo's party, a results
+    field of None, a HELLO whose config is a list, an upload of 1 of the model's entries, a BYE from
+    a silo that is still working, a forged TICK) are each refused with the field named; the silos'
+    honest results then give bitwise the model of a round without any attack."""
+    honest = _model_after_round_0(tmp_path / "honest", [])
+    manager, wire = _server(tmp_path / "probe")
+    model = next(t for t in wire.sent if t.get_type() == m.TRAIN).get("tasks")[0]["payload"]["model"]
+    item = _item(manager, 0, model)
+    one_entry = {**item, "upload": {"model": dict(list(model.items())[:1]), "party_id": 0}}
+    constant = {k: torch.full_like(v, 7) if v.is_floating_point() else v for k, v in model.items()}
+    attacks = [
+        (1, m.RESULT, {"round": 0, "results": [{**item, "n": math.nan}]}),
+        (1, m.RESULT, {"round": 0, "results": [{**item, "n": 10**30, "upload": {"model": constant}}]}),
+        (1, m.RESULT, {"round": 0, "results": [{**item, "n": -299}]}),
+        (1, m.RESULT, {"round": 0, "results": [{**item, "party": 1}]}),
+        (1, m.RESULT, {"round": 0, "results": None}),
+        (1, m.RESULT, {"round": 0, "results": [one_entry]}),
+        (1, m.HELLO, {"parties": [0], "config": [1], "explicit": [], "fresh_parties": [], "process": "p1"}),
+        (1, m.TICK, {}),
+        (1, "bogus", {"x": 1}),
+        (1, m.BYE, {"reason": "x" * 10}),
+    ]
+    attacked = _model_after_round_0(tmp_path / "attacked", attacks)
+    assert set(attacked) == set(honest)
+    assert all(torch.equal(attacked[k], honest[k]) for k in honest)
+    for named in (
+        "field results[0].n is a float, not an integer",
+        "field results[0].n is 1000000000000000000000000000000, not in [1, ",
+        "field results[0].n is -299, not in [1, ",
+        "results are for parties [1], not its parties [0]",
+        "field results is a NoneType, not a list",
+        "results[0].upload.model lacks [",
+        "refused a hello message from rank 1: field config is a list, not a dict of settings",
+        "refused a tick message from rank 1: only a process's own timer sends TICK",
+        "refused a bogus message from rank 1: type 'bogus' is not a message of this protocol",
+        "refused a bye message from rank 1: the message has unexpected fields ['reason']",
+    ):
+        assert named in caplog.text, named

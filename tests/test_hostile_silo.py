@@ -1,0 +1,104 @@
+"""A hostile silo in a real run, over gRPC (TLS, its own valid token) and over MQTT + S3: every round
+it sends the attacks found on the wire (NaN, 1e30, negative and wrong sample counts, another party,
+a model of one entry or with NaN and an extra tensor, another party's id, a results field of None,
+a HELLO whose config is a list, a report out of range, a forged TICK, an unknown type, a 5,000-digit
+JSON integer, random bytes, a pickle). The server refuses each, names the silo and the field, counts
+the silo's party as missing, and the honest silos' run ends with bitwise the model of a run where
+that silo simply leaves each round (BYE)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fedml_moon import conformance
+from fedml_moon.security import make_certs
+from tests.test_deploy_failures import CONFIG, pytestmark  # noqa: F401 (slow, data)
+
+HOSTILE = Path(__file__).resolve().parent / "hostile_silo.py"
+BASE = [
+    *conformance.TINY,
+    "train_args.client_num_in_total=3",
+    "train_args.client_num_per_round=3",
+    "train_args.comm_round=3",
+    "validation_args.local_test=false",
+    "common_args.training_type=cross_silo",
+    "comm_args.heartbeat_s=1",
+    "comm_args.timeout_s=60",
+]
+
+
+def _grpc(tmp_path: Path) -> tuple[list[str], dict[int, list[str]], dict[int, dict]]:
+    """gRPC with TLS and tokens: the overrides, each rank's extra arguments and environment."""
+    certs = tmp_path / "certs"
+    make_certs(certs, silos=3, hosts=["127.0.0.1"])
+    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 4, conformance.free_port())
+    overrides = ["comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}", "comm_args.tls=on"]
+    overrides += ["comm_args.auth=token", f"comm_args.tls_ca={certs / 'ca.pem'}"]
+    server = [f"comm_args.tls_cert={certs / 'server.pem'}", f"comm_args.tls_key={certs / 'server.key'}"]
+    server += [f"comm_args.token_path={certs / 'server-tokens.json'}"]
+    env = {r: {"FEDML_MOON_TOKEN": (certs / f"silo-{r}.token").read_text()} for r in (1, 2, 3)}
+    return overrides, {0: server}, env
+
+
+def _run(tmp_path: Path, mode: str, overrides: list[str], extra: dict, envs: dict) -> tuple[dict, list, str]:
+    """Server and silos 1, 2 through the CLI, silo 3 hostile (`mode`); summary, records, server log."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out, settings = tmp_path / "out", [*BASE, *overrides]
+    cmd = conformance.cli_command("run", CONFIG, settings, out)
+    base_env = conformance.process_env(tmp_path)
+    procs, logs = [], [tmp_path / f"rank-{r}.log" for r in range(4)]
+    hostile = [sys.executable, str(HOSTILE), "--cf", str(CONFIG), "--rank", "3", "--mode", mode]
+    hostile += ["--out", str(tmp_path / "hostile")] + [x for s in settings for x in ("--set", s)]
+    try:
+        for rank in (0, 1, 2, 3):
+            own = [x for s in extra.get(rank, []) for x in ("--set", s)]
+            argv = hostile if rank == 3 else [*cmd, "--rank", str(rank), *own]
+            env = {**base_env, **envs.get(rank, {})}
+            procs.append(conformance.spawn(argv, logs[rank], env, tmp_path))
+        codes = conformance.wait_all(procs, 300)
+    finally:
+        for proc in procs:
+            conformance.stop(proc)
+    text = logs[0].read_text(errors="replace")
+    assert codes == [0, 0, 0, 0], (codes, "\n".join(p.read_text(errors="replace")[-1500:] for p in logs))
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return json.loads((out / "summary.json").read_text()), records, text
+
+
+REFUSALS = (
+    "refused a result message from rank 3: field results[0].n is a float, not an integer",
+    "refused a result message from rank 3: field results[0].n is 1000000000000000000000000000000, not in",
+    "refused a result message from rank 3: field results[0].n is -299, not in [1, ",
+    "refused rank 3's result: results[0].n ",  # one more than its party's samples
+    "refused rank 3's result: results are for parties [1002], not its parties [2]",
+    "refused rank 3's result: results[0].upload.model lacks [",
+    "refused rank 3's result: results[0].upload.party_id is 3, not 2",
+    "refused rank 3's result: results[0].upload has unexpected ['extra']",
+    "refused a result message from rank 3: field results is a NoneType, not a list",
+    "refused a hello message from rank 3: field config is a list, not a dict of settings",
+    "refused a tick message from rank 3: only a process's own timer sends TICK",
+    "refused a bogus message from rank 3: type 'bogus' is not a message of this protocol",
+    "refused a checkpointed message from rank 3: field round is -1, not in [0, ",
+)
+
+
+def test_a_hostile_silo_is_refused_and_the_honest_silos_model_is_unchanged(tmp_path):
+    grpc_settings, server_extra, envs = _grpc(tmp_path)
+    reference, ref_records, _ = _run(tmp_path / "bye", "bye", grpc_settings, server_extra, envs)
+    attacked, records, text = _run(tmp_path / "grpc", "attack", grpc_settings, server_extra, envs)
+    for named in REFUSALS:
+        assert named in text, named
+    assert "refused a call from" in text  # the raw frames: gRPC refuses what is not a message
+    with conformance.services(tmp_path / "services") as svc:
+        mqtt = ["comm_args.backend=MQTT_S3", f"comm_args.run_id=hostile-{svc.mqtt_port}", *svc.overrides]
+        over_mqtt, mqtt_records, mqtt_text = _run(tmp_path / "mqtt", "attack", mqtt, {}, {})
+    for named in REFUSALS:
+        assert named in mqtt_text, named
+    assert "dropped a malformed message" in mqtt_text
+    for summary, recs in ((reference, ref_records), (attacked, records), (over_mqtt, mqtt_records)):
+        assert summary["status"] == "completed" and len(recs) == 3
+        assert all(r["missing_parties"] == [2] and r["parties"] == 2 for r in recs)
+    assert attacked["final_model_sha256"] == reference["final_model_sha256"]
+    assert over_mqtt["final_model_sha256"] == reference["final_model_sha256"]

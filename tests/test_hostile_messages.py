@@ -124,3 +124,16 @@ def test_the_attacks_of_a_silo_leave_the_honest_round_unchanged(tmp_path, caplog
         "refused a bye message from rank 1: the message has unexpected fields ['reason']",
     ):
         assert named in caplog.text, named
+
+
+def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
+    from fedml_moon.config import load_config
+    from fedml_moon.config_schema import ConfigError
+    from fedml_moon.glue.run import build_base, build_server
+    from tests.test_server_waits import CONFIG
+
+    cfg = load_config(CONFIG, ["data_args.max_train_samples=800", "comm_args.max_party_samples=50"])
+    with pytest.raises(
+        ConfigError, match=r"comm_args.max_party_samples: parties \[.*\] hold more than 50 samples"
+    ):
+        build_server(build_base(cfg, tmp_path), tmp_path)

@@ -137,3 +137,25 @@ def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
         ConfigError, match=r"comm_args.max_party_samples: parties \[.*\] hold more than 50 samples"
     ):
         build_server(build_base(cfg, tmp_path), tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("reports", "named"),
+    [
+        ([{"party_id": 1, "local_test_acc": 0.5}], "reports are not one for each of its parties [0]"),
+        ([{"party_id": 0, "local_test_acc": 7.0}], "local_test_acc 7.0 is not a number in [0, 1]"),
+        ([{"party_id": 0, "local_test_acc": 0.5}] * 2, "reports are not one for each of its parties [0]"),
+        ([{"party_id": 0, "local_test_acc": 0.5, "personal": {}}], "the report's fields"),
+    ],
+)
+def test_a_report_for_another_party_or_out_of_range_is_refused(tmp_path, caplog, reports, named):
+    manager, wire = _server(tmp_path, "validation_args.local_test=true")
+    for rank in (1, 2, 3):
+        _results(manager, wire, rank)
+    assert manager.phase == "eval"
+    _from(manager, 1, m.REPORT, round=0, reports=reports)
+    assert "refused rank 1's report: " in caplog.text and named in caplog.text
+    for rank in (2, 3):
+        _from(manager, rank, m.REPORT, round=0, reports=[{"party_id": rank - 1, "local_test_acc": 0.25}])
+    _from(manager, 0, m.TICK)  # rank 1 was refused: the evaluation goes on without it
+    assert manager.rounds.recorder.records[0]["local_test_acc"] == 0.25

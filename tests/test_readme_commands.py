@@ -124,6 +124,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/modes.py": "benchmark",
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py
+    ".venv/bin/python benchmarks/robust_aggregation.py --rounds 12 --epochs 2 --samples 12000": "benchmark",
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
     "bash run/mpirun.sh [NP] ARGS...": "synopsis",
     "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",

@@ -122,6 +122,19 @@ def test_another_config_is_refused_with_the_keys_named(tmp_path):
         check_config(saved, load_config(FEDSSC, ["comm_args.backend=MPI"]), tmp_path)
 
 
+def test_a_checkpoint_older_than_a_setting_resumes_when_the_setting_is_at_its_default(tmp_path):
+    """A key added after the checkpoint was written computes what the run computed at its default;
+    any other value of it is a change, named."""
+    older = {
+        k: v for k, v in flat_config(load_config(FEDSSC)).items() if k != "server_args.robust_aggregation"
+    }
+    check_config(older, load_config(FEDSSC), tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"server_args.robust_aggregation \(None in the checkpoint, 'median' now\)"
+    ):
+        check_config(older, load_config(FEDSSC, ["server_args.robust_aggregation=median"]), tmp_path)
+
+
 @needs_fmnist
 def test_a_refused_resume_changes_nothing_in_the_run_folder(tmp_path, monkeypatch):
     """Another config is refused (exit 2, the key named) before anything is built: the finished run's

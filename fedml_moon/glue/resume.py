@@ -7,11 +7,12 @@ timeouts, the checkpoint interval); anything else is refused with the differing 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from fedml_moon.config import Config, config_to_dict
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config_schema import SECTIONS, ConfigError
 from fedml_moon.core.checkpoint import latest, read_checkpoint
 
 CHECKPOINT_DIR = "checkpoint"
@@ -44,6 +45,8 @@ def check_config(saved: dict[str, Any], cfg: Config, where: Path) -> None:
     differing = []
     for key in sorted(set(saved) | set(now)):
         free = key in FREE_KEYS or (key.startswith(FREE_PREFIXES) and key not in BOUND_KEYS)
+        if key not in saved and key in now and now[key] == _default(key):
+            continue  # a setting newer than the checkpoint, at its default: what the run computed
         if not free and saved.get(key) != now.get(key):
             differing.append(f"{key} ({saved.get(key)!r} in the checkpoint, {now.get(key)!r} now)")
     if differing:
@@ -51,6 +54,20 @@ def check_config(saved: dict[str, Any], cfg: Config, where: Path) -> None:
             f"--resume {where}: the checkpoint was written with another config: {'; '.join(differing)}. "
             "Resume with the config of the run (the same --cf and --set), or start a new run"
         )
+
+
+def _default(key: str) -> Any:
+    """The schema's default of a dotted key ("server_args.robust_aggregation"), or a marker of none."""
+    section, _, name = key.partition(".")
+    for field in dataclasses.fields(SECTIONS.get(section, _NoFields)):
+        if field.name == name and field.default is not dataclasses.MISSING:
+            return field.default
+    return _NoFields
+
+
+@dataclasses.dataclass
+class _NoFields:
+    pass
 
 
 def resume_round(out_dir: Path) -> int:

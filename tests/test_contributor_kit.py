@@ -67,6 +67,7 @@ def test_payload_check_names_a_field_no_transport_can_carry(tmp_path, monkeypatc
     overrides = [*conformance.TINY, "train_args.algorithm=kit_bad", "train_args.comm_round=1"]
     problems = conformance.payload_problems(ROOT / "config/fashion_mnist/fedavg.yaml", overrides, tmp_path)
     assert problems and "upload: cannot encode a set" in problems[0]
+    assert "upload has unexpected ['seen']" in problems[-1] and "upload_spec" in problems[-1]
 
 
 @needs_fmnist

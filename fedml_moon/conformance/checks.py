@@ -42,6 +42,7 @@ def payload_problems(config: str | Path, overrides: list[str], folder: Path) -> 
     tensors, dicts, lists and JSON values (what the transports can carry, decoded without pickle)."""
     from fedml_moon.config import load_config
     from fedml_moon.core.codec import decode, encode
+    from fedml_moon.core.validate import BadUpload
     from fedml_moon.glue.run import assemble
 
     problems: list[str] = []
@@ -75,7 +76,10 @@ def payload_problems(config: str | Path, overrides: list[str], folder: Path) -> 
         return report
 
     server.downloads, runner.train, runner.evaluate = checked_downloads, checked_train, checked_evaluate
-    run.loop.run()
+    try:
+        run.loop.run()
+    except BadUpload as err:  # what was found before it still counts, and comes first
+        problems.append(f"the server refused the uploads: {err}")
     return problems
 
 

@@ -109,7 +109,10 @@ class ServerRounds:
             raise BadUpload(f"round {round_idx}: {self.rejected} (train_args.on_bad_upload: stop)")
         ordered = [results[p] for p in reporters if p not in self.rejected]
         if not ordered:
-            raise BadUpload(f"round {round_idx}: no usable upload ({self.rejected})")
+            raise BadUpload(
+                f"round {round_idx}: no usable upload ({self.rejected}; what an upload holds is declared "
+                "by the server algorithm's upload_spec)"
+            )
         for _, upload in ordered:
             self.totals["bytes_up"] += payload_nbytes(upload)
             self.totals["params_up"] += payload_numel(upload)

@@ -68,7 +68,9 @@ def one_round(mode: str, opts: argparse.Namespace, queue: mp.Queue) -> None:
     data, source = cifar10(opts.data, opts.samples)
     parts = dirichlet_partition(data.y_train.numpy(), PARTIES, 0.5, seed=0)
     resident = device.type == "cuda"
-    loaders = build_fedml_dataset(data, parts, None, 64, 0, True, device=device, resident=resident)[5]
+    loaders = build_fedml_dataset(
+        data, parts, None, 64, 0, True, device=device, resident=resident
+    ).train_data_local_dict
     train = TrainArgs(epochs=opts.epochs, batch_size=64, learning_rate=0.01, momentum=0.9, weight_decay=1e-5)
     train.cuda_graphs = mode == "graphs"  # batched steps of full batches replayed from a CUDA graph
 

@@ -38,7 +38,7 @@ def representations(model: torch.nn.Module, loader, limit: int) -> tuple[np.ndar
     model.eval()
     feats, labels, seen = [], [], 0
     for x, y in loader:
-        feats.append(model(x)[0].float())
+        feats.append(model(x).h.float())
         labels.append(y)
         seen += len(y)
         if seen >= limit:
@@ -66,7 +66,7 @@ def tsne(run_dir: Path, party: int | None, samples: int = 2000, out: Path | None
         log.warning("%s: the run ended %s; its model then (%s)", run_dir, summary["status"], model_file)
     seed, m = cfg.common_args.random_seed, cfg.model_args
     data = load_data(cfg.data_args, seed)
-    loader = build_fedml_dataset(data, [np.arange(len(data.y_train))], None, 64, seed)[3]
+    loader = build_fedml_dataset(data, [np.arange(len(data.y_train))], None, 64, seed).test_data_global
     models = {
         "global model": _state(run_dir / model_file, "model", "the model file summary.json names is gone")
     }

@@ -57,7 +57,10 @@ def _round_trip(
     global_state = server.setup(copy.deepcopy(model.state_dict()))
     states: list[dict] = [{} for _ in range(PARTIES)]
     for round_idx in range(2):
-        jobs = [PartyJob(p, server.download(global_state, p), states[p], loaders[5][p]) for p in SAMPLED]
+        jobs = [
+            PartyJob(p, server.download(global_state, p), states[p], loaders.train_data_local_dict[p])
+            for p in SAMPLED
+        ]
         if parallel:
             uploads = [u for _, u in train_parties(client, model, jobs, device, round_idx)]
         else:

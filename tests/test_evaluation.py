@@ -3,6 +3,7 @@
 import torch
 
 from fedml_moon.core.evaluation import evaluate, evaluate_ensemble
+from fedml_moon.core.models import ModelOutput
 from fedml_moon.tracking import resolve_mode, scrub
 
 
@@ -15,7 +16,7 @@ class Fixed(torch.nn.Module):
 
     def forward(self, x):
         out = self.logits.expand(len(x), 3)
-        return out, out, out
+        return ModelOutput(out, out, out)
 
 
 def test_ensemble_averages_softmax_not_votes():

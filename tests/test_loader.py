@@ -146,6 +146,7 @@ def test_build_fedml_dataset_global_test_and_errors() -> None:
     data = _tiny_data()
     parts = iid_partition(40, 2, seed=0)
     out = build_fedml_dataset(data, parts, None, batch_size=8, seed=0)
-    assert out[6][0] is out[3] and out[6][1] is out[3]
+    assert out.test_data_local_dict[0] is out.test_data_global is out[3]  # FedML's position, named
+    assert out.test_data_local_dict[1] is out.test_data_global
     with pytest.raises(ValueError, match="2 train parts but 3 test parts"):
         build_fedml_dataset(data, parts, iid_partition(20, 3, seed=0), batch_size=8, seed=0)

@@ -73,8 +73,7 @@ class ClientAlgorithm:
 
     def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """The local loss of one batch and its named terms (floats) for metrics."""
-        _, _, logits = model(x)
-        ce = F.cross_entropy(logits, y)
+        ce = F.cross_entropy(model(x).logits, y)
         return ce, {"ce": ce.detach()}
 
     def learning_rate(self, received: Payload) -> float:

@@ -45,7 +45,7 @@ class FedProxClient(ClientAlgorithm):
 
     def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
         params = [p for p in model.parameters() if p.requires_grad]
-        return self._loss(model(x)[2], y, params, self._anchor)
+        return self._loss(model(x).logits, y, params, self._anchor)
 
     def batched_context(
         self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
@@ -55,7 +55,7 @@ class FedProxClient(ClientAlgorithm):
 
     def functional_loss(self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
         anchor = ctx["anchor"]
-        return self._loss(net(x)[2], y, [net.params[n] for n in anchor], list(anchor.values()))
+        return self._loss(net(x).logits, y, [net.params[n] for n in anchor], list(anchor.values()))
 
     def _loss(
         self, logits: torch.Tensor, y: torch.Tensor, params: list, anchor: list

@@ -76,7 +76,7 @@ def class_prototypes(
     sums: torch.Tensor | None = None
     counts = torch.zeros(num_classes, dtype=torch.long)
     for x, y in loader:
-        z = model(x)[1].float().cpu()
+        z = model(x).z.float().cpu()
         if sums is None:
             sums = torch.zeros(num_classes, z.shape[1])
         sums.index_add_(0, y.cpu(), z)

@@ -18,6 +18,7 @@ from fedml_moon.algorithms.base import ClientAlgorithm, Payload
 from fedml_moon.config_schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.losses import model_contrastive_loss, representation_l2_loss
+from fedml_moon.core.models import ModelOutput
 from fedml_moon.core.seeds import torch_seed
 
 UNSEEN_CHOICES = ("own-init", "global")
@@ -140,8 +141,8 @@ class MoonClient(ClientAlgorithm):
         """CE + mu * l_con, its named terms, and the batch's projection z."""
         out = model(x)
         with torch.no_grad():
-            z_glob = self._global(x)[1]
-            z_prev = [t(x)[1] for t in self._prev]
+            z_glob = self._global(x).z
+            z_prev = [t(x).z for t in self._prev]
         return self.combine_terms(out, z_glob, z_prev, y)
 
     def batched_context(
@@ -161,16 +162,16 @@ class MoonClient(ClientAlgorithm):
     ) -> tuple[torch.Tensor, dict, torch.Tensor]:
         """`moon_terms` inside the batched step (teachers from the context's state dicts)."""
         out = net(x)
-        z_glob = net.frozen(ctx["global"], x)[1]
-        z_prev = [net.frozen(s, x)[1] for s in ctx["prev"]]
+        z_glob = net.frozen(ctx["global"], x).z
+        z_prev = [net.frozen(s, x).z for s in ctx["prev"]]
         return self.combine_terms(out, z_glob, z_prev, y)
 
     def combine_terms(
-        self, out: tuple, z_glob: torch.Tensor, z_prev: list, y: torch.Tensor
+        self, out: ModelOutput, z_glob: torch.Tensor, z_prev: list, y: torch.Tensor
     ) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        """CE + mu * l_con from the model's output (h, z, logits) and the teachers' projections."""
-        _, z, logits = out
-        ce = F.cross_entropy(logits, y)
+        """CE + mu * l_con from the model's output and the teachers' projections."""
+        z = out.z
+        ce = F.cross_entropy(out.logits, y)
         if self.options.representation_loss == "l2":
             l_con = representation_l2_loss(z, z_glob)
         else:

@@ -11,7 +11,7 @@ from torch import nn
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device) -> tuple[float, float]:
-    """Top-1 accuracy and mean cross-entropy of `model` (forward -> (h, z, logits)) over `loader`."""
+    """Top-1 accuracy and mean cross-entropy of `model` (a `ModelOutput`) over `loader`."""
     was_training = model.training
     model.eval()
     correct = torch.zeros((), dtype=torch.long, device=device)
@@ -19,7 +19,7 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device) -> tuple[
     count = 0
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        logits = model(x)[2]
+        logits = model(x).logits
         loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
         correct += (logits.argmax(dim=1) == y).sum()
         count += y.numel()
@@ -41,7 +41,7 @@ def evaluate_ensemble(
     for i, state in enumerate(states):
         model.load_state_dict(state)
         for b, (x, _) in enumerate(batches):
-            p = torch.softmax(model(x)[2], dim=1)
+            p = torch.softmax(model(x).logits, dim=1)
             probs[b] = p if i == 0 else probs[b] + p
     model.train(was_training)
     correct, nll, count = 0, 0.0, 0

@@ -1,11 +1,13 @@
 """MOON's model family: base encoder -> projection head -> output layer on the projection.
 
-Every model's forward returns (h, z, logits): h the encoder's representation [B, d], z the
+Every model's forward returns a `ModelOutput` (h, z, logits): h the encoder's representation [B, d], z the
 projection [B, out_dim] that the contrastive losses use (z = h when the head is removed), and
 logits [B, C] computed from z (MOON paper Section 3.3.1; appendix B for the head-less variant).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torchvision
@@ -72,6 +74,16 @@ class MLPEncoder(nn.Module):
         return x
 
 
+class ModelOutput(NamedTuple):
+    """What every model of the plugin returns: the encoder's representation `h` [B, d], the
+    projection `z` [B, out_dim] (`h` itself without the head) and the classifier's output `logits`
+    [B, classes] (MOON Sec. 3.2: base encoder, projection head, output layer)."""
+
+    h: torch.Tensor
+    z: torch.Tensor
+    logits: torch.Tensor
+
+
 class MoonNet(nn.Module):
     """encoder -> (optional) projection head Linear(d, d), ReLU, Linear(d, out_dim) -> classifier.
 
@@ -102,7 +114,7 @@ class MoonNet(nn.Module):
         else:
             self.classifier = nn.Linear(d, num_classes)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor) -> ModelOutput:
         h = self.encoder(x)
         z = self.head(h) if self.use_head else h
         out = self.classifier(z)
@@ -110,7 +122,7 @@ class MoonNet(nn.Module):
             out = torch.softmax(out, dim=1)
         elif self.output_activation == "log-softmax":
             out = torch.log_softmax(out, dim=1)
-        return h, z, out
+        return ModelOutput(h, z, out)
 
 
 def build_model(

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -14,6 +15,20 @@ from fedml_moon.data.augment import augment_batch
 from fedml_moon.data.datasets import DatasetTensors
 
 logger = logging.getLogger(__name__)
+
+
+class FedMLDataset(NamedTuple):
+    """FedML's positional 8-element dataset, with names: what `FedMLRunner` and FedML's trainers take
+    (a tuple, so FedML's own code indexes it as before); the plugin reads it by name only."""
+
+    train_data_num: int
+    test_data_num: int
+    train_data_global: PartyLoader
+    test_data_global: PartyLoader
+    train_data_local_num_dict: dict[int, int]
+    train_data_local_dict: dict[int, PartyLoader]
+    test_data_local_dict: dict[int, PartyLoader]
+    class_num: int
 
 
 def _party_seed(seed: int, party_id: int | None) -> int:
@@ -135,11 +150,8 @@ def build_fedml_dataset(
     eval_batch_size: int = 256,
     device: torch.device | str | None = None,
     resident: bool = False,
-) -> list:
-    """FedML's dataset list for parties ``0..len(train_parts)-1``.
-
-    Returns ``[train_data_num, test_data_num, train_data_global, test_data_global,
-    train_data_local_num_dict, train_data_local_dict, test_data_local_dict, class_num]``. Local train
+) -> FedMLDataset:
+    """FedML's dataset for parties ``0..len(train_parts)-1`` (a `FedMLDataset`). Local train
     loaders shuffle, augment and honour ``drop_last``; test and global loaders use ``eval_batch_size``
     in fixed order without augmentation. With ``test_parts=None`` every party is evaluated on the
     global test loader.
@@ -185,4 +197,6 @@ def build_fedml_dataset(
                 data.x_test, data.y_test, test_parts[pid], eval_batch_size, party_id=pid, **norm
             )
     logger.info("%d parties, local train sizes %s", len(train_parts), list(num_dict.values()))
-    return [n_train, n_test, train_global, test_global, num_dict, train_local, test_local, data.num_classes]
+    return FedMLDataset(
+        n_train, n_test, train_global, test_global, num_dict, train_local, test_local, data.num_classes
+    )

@@ -19,7 +19,7 @@ from fedml_moon.core.batched import auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare
-from fedml_moon.data.loader import build_fedml_dataset
+from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
 from fedml_moon.glue import compat
 from fedml_moon.metrics import RunRecorder
 from fedml_moon.registry import get_algorithm
@@ -96,7 +96,7 @@ class Base:
     args: Any
     device: torch.device
     fed: FederatedData
-    dataset: list
+    dataset: FedMLDataset
     model: torch.nn.Module
     factory: Any
     spec: Any
@@ -190,7 +190,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
         rounds=train.comm_round,
         test_every=cfg.validation_args.frequency_of_the_test,
         seed=base.seed,
-        test_global=base.dataset[3],
+        test_global=base.dataset.test_data_global,
         device=base.device,
         args=base.args,
         party_eval=cfg.validation_args.local_test or base.spec.client.personalized,
@@ -206,7 +206,7 @@ def party_samples(base: Base) -> dict[int, int]:
     """Each party's training samples under the run's partition: the weight the server gives it, and the
     only sample count it takes from a silo. At most `comm_args.max_party_samples` each."""
     cap = base.cfg.comm_args.max_party_samples
-    samples = {int(p): int(n) for p, n in base.dataset[4].items()}
+    samples = {int(p): int(n) for p, n in base.dataset.train_data_local_num_dict.items()}
     over = {p: n for p, n in samples.items() if n > cap}
     if over:
         raise ConfigError(

@@ -19,6 +19,7 @@ from fedml_moon.algorithms.batched import PartyJob, train_parties
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.core.state import PartyStore
+from fedml_moon.data.loader import FedMLDataset
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +140,15 @@ class PartyRunner:
     standalone loop holds every party, a distributed worker or silo only its own."""
 
     def __init__(
-        self, trainer: PluginClientTrainer, dataset: list, device: torch.device, args: Any, parallel: int = 1
+        self,
+        trainer: PluginClientTrainer,
+        dataset: FedMLDataset,
+        device: torch.device,
+        args: Any,
+        parallel: int = 1,
     ) -> None:
-        _, _, _, _, self.num_local, self.train_local, self.test_local, _ = dataset
+        self.num_local = dataset.train_data_local_num_dict
+        self.train_local, self.test_local = dataset.train_data_local_dict, dataset.test_data_local_dict
         self.trainer, self.device, self.args = trainer, device, args
         self.parallel = parallel  # train_args.parties_in_parallel, resolved
         self._said_sequential = self._said_batched = False

@@ -45,8 +45,7 @@ class HeadProxClient(ClientAlgorithm):
         self._anchor = [p.detach().clone() for p in head_parameters(model)]
 
     def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        _, _, logits = model(x)
-        ce = F.cross_entropy(logits, y)
+        ce = F.cross_entropy(model(x).logits, y)
         prox = proximal_term(head_parameters(model), self._anchor, self.options.mu)
         return ce + prox, {"ce": ce.detach(), "prox": prox.detach()}
 

@@ -1,7 +1,8 @@
 """Parties trained together give the model the sequential path gives: the functional SGD step is
-torch.optim.SGD's; every registered algorithm, with unequal parties and sampling, ends 2 rounds within
-1e-4 of the sequential run; BatchNorm statistics stay per party; an algorithm without a batched form
-falls back to the sequential path and says so."""
+torch.optim.SGD's; every registered algorithm, with unequal parties and sampling, ends 2 rounds (MOON
+also 4, with pools of different lengths, and with its l2 term) within 1e-4 of the sequential run;
+BatchNorm statistics stay per party; an algorithm without a batched form falls back to the
+sequential path and says so."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from fedml_moon.core.batched import StackedSGD, auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.core.validate import tensor_leaves
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.data.loader import FedMLDataset
 from fedml_moon.glue.run import assemble
 from fedml_moon.registry import ALGORITHMS, load_plugins
 from tests.helpers import train_args
@@ -90,7 +92,9 @@ def _max_diff(a: dict, b: dict) -> float:
 @pytest.mark.parametrize(
     ("algorithm", "extra"),
     [(name, ()) for name in sorted({*ALGORITHMS, *load_plugins()})]
-    + [("scaffold", ("algorithm_args.correction=after-step",))],  # the default; EXTRA tests "gradient"
+    + [("scaffold", ("algorithm_args.correction=after-step",))]  # the default; EXTRA tests "gradient"
+    + [("moon", ("algorithm_args.representation_loss=l2",))]  # ||z - z_glob|| at 0: one definition
+    + [("moon", ("train_args.comm_round=4",))],  # 4 of 5 sampled: pools of lengths 0, 1 and 2 stack apart
 )
 def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path, monkeypatch, caplog):
     seq = _run(tmp_path, monkeypatch, algorithm, 1, extra)
@@ -106,6 +110,20 @@ def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path
         assert flat_a.keys() == flat_b.keys()
         for key in flat_a:
             assert float((flat_a[key].double() - flat_b[key].double()).abs().max()) <= 1e-4, (party, key)
+
+
+def test_parties_whose_shared_context_is_equal_but_copied_train_together():
+    """One copy of the server's prototypes per party (moved to the device per party) still stacks;
+    other values do not."""
+    from fedml_moon.algorithms.batched import groups
+
+    protos = torch.randn(4, 3)
+
+    def job(party: int, shared: torch.Tensor) -> PartyJob:
+        return PartyJob(party, {}, {}, [], context={"shared": {"protos": shared}, "party": {}}, lr=0.1)
+
+    jobs = [job(0, protos), job(1, protos.clone()), job(2, protos + 1), job(3, protos.clone())]
+    assert [[j.party for j in g] for g in groups(jobs)] == [[0, 1, 3], [2]]
 
 
 def _loader(n: int, batch: int, seed: int, side: int = 16):
@@ -172,7 +190,7 @@ def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(cap
         _Data([(torch.randn(4, 1, 4, 4, generator=g), torch.randint(0, 3, (4,), generator=g))], p)
         for p in range(3)
     ]
-    dataset = [None, None, None, None, [4, 4, 4], loaders, loaders, None]
+    dataset = FedMLDataset(0, 0, None, None, dict(enumerate([4, 4, 4])), loaders, loaders, 4)
 
     class _Args:
         round_idx = 0

@@ -85,9 +85,18 @@ def _signature(leaf: Any) -> Any:
     return ("t", tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else ("v", leaf)
 
 
-def _identity(leaf: Any) -> Any:
-    """Shared entries stack only when they are the very same tensors (by identity) and scalars."""
-    return id(leaf) if isinstance(leaf, torch.Tensor) else leaf
+def _same(a: Any, b: Any) -> bool:
+    """Whether two shared contexts hold the same values: the same structure, scalars and tensors
+    (shape, dtype, device and every element; the same object or two copies of it, e.g. one per
+    party moved to the device)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        same_kind = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+        return a is b or (same_kind and bool(torch.equal(a, b)))
+    return type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b
 
 
 def _stack_context(contexts: list[Any]) -> Any:
@@ -116,12 +125,17 @@ def prepare(
 
 
 def groups(jobs: list[PartyJob]) -> list[list[PartyJob]]:
-    """Jobs that can stack: the same context structure, the same shared tensors, the same lr."""
-    out: dict[Any, list[PartyJob]] = {}
+    """Jobs that can stack: the same structure of the party context, equal shared contexts (by
+    value: `_same`), the same lr; in the order the jobs come."""
+    out: dict[Any, list[list[PartyJob]]] = {}
     for job in jobs:
-        key = (_key(job.context["party"], _signature), _key(job.context["shared"], _identity), job.lr)
-        out.setdefault(key, []).append(job)
-    return list(out.values())
+        candidates = out.setdefault((_key(job.context["party"], _signature), job.lr), [])
+        group = next((g for g in candidates if _same(g[0].context["shared"], job.context["shared"])), None)
+        if group is None:
+            candidates.append([job])
+        else:
+            group.append(job)
+    return [g for buckets in out.values() for g in buckets]
 
 
 @dataclass

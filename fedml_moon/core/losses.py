@@ -56,8 +56,16 @@ def model_contrastive_loss(
     return F.cross_entropy(logits, target)
 
 
+L2_SAME = 1e-5  # relative distance at or below which z and z_glob count as equal (float32 rounding)
+
+
 def representation_l2_loss(z: torch.Tensor, z_glob: torch.Tensor) -> torch.Tensor:
     """The l2 representation term of MOON's Table 5 ablation: ||z - z_glob||_2 (MOON paper Eq. 6).
+
+    ||.|| has no gradient at 0, where every unit vector is a subgradient. A sample whose distance is
+    at most L2_SAME * max(1, ||z_glob||) counts as distance 0 with gradient 0 (the least-norm
+    subgradient): at the first step of a round z equals z_glob, exactly when computed one way and
+    up to rounding when computed another (vmapped), and rounding must not pick the direction.
 
     Args:
         z: [B, D] local projections; z_glob: [B, D] global-model projections.
@@ -69,7 +77,10 @@ def representation_l2_loss(z: torch.Tensor, z_glob: torch.Tensor) -> torch.Tenso
         raise ValueError(
             f"z and z_glob must have the same shape; got {tuple(z.shape)}, {tuple(z_glob.shape)}"
         )
-    return torch.linalg.vector_norm(z - z_glob, ord=2, dim=-1).mean()
+    diff = z - z_glob
+    scale = torch.linalg.vector_norm(z_glob.detach(), ord=2, dim=-1, keepdim=True).clamp(min=1.0)
+    same = torch.linalg.vector_norm(diff.detach(), ord=2, dim=-1, keepdim=True) <= L2_SAME * scale
+    return torch.linalg.vector_norm(torch.where(same, torch.zeros_like(diff), diff), ord=2, dim=-1).mean()
 
 
 def proximal_term(

@@ -165,12 +165,13 @@ def _mode_checks(cfg: Config) -> None:
         f"{' or '.join(MODES[kind])} (simulation: sp = standalone, MPI = MPI simulation; cross_silo: MPI, "
         "GRPC or MQTT_S3)",
     )
-    require(
-        backend == "sp" or not getattr(cfg.algorithm_args, "report_best", False),
-        "algorithm_args.report_best",
-        "the authors' best-so-far figures need every party's model beside every party's test split, which "
-        "only the standalone simulation has; use comm_args.backend: sp, or report_best: false",
-    )
+    for key in getattr(cfg.algorithm_args, "standalone_only", list)():  # the algorithm's options say
+        require(
+            backend == "sp",
+            key,
+            "needs every party's model beside every party's test split, which only the standalone "
+            "simulation has; use comm_args.backend: sp, or turn it off",
+        )
     reports = cfg.comm_args.min_reports
     require(
         isinstance(reports, str) or reports <= cfg.train_args.client_num_per_round,

@@ -107,7 +107,10 @@ def test_torch_threads_auto_is_half_the_usable_cores(monkeypatch):
 
 
 def test_report_best_is_standalone_only():
-    with pytest.raises(ConfigError, match="algorithm_args.report_best: the authors' best-so-far"):
+    with pytest.raises(
+        ConfigError,
+        match="algorithm_args.report_best: needs every party's model beside every party's test split",
+    ):
         load_config("config/lg/mnist.yaml", ["comm_args.backend=MPI"])
 
 

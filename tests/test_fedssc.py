@@ -16,6 +16,7 @@ from fedml_moon.algorithms.fedssc import (
 )
 from fedml_moon.config_schema import ServerArgs
 from fedml_moon.core.aggregation import clone_state
+from fedml_moon.core.models import ModelOutput
 from fedml_moon.losses import prototype_contrastive_loss
 from tests.helpers import tiny_batches, tiny_factory, train_args
 
@@ -57,7 +58,7 @@ def test_prototype_loss_without_prototypes_is_zero_and_gradient_reaches_z_only()
 def test_prototypes_only_for_classes_over_the_threshold():
     class Identity(torch.nn.Module):
         def forward(self, x):
-            return x, x, x
+            return ModelOutput(x, x, x)
 
     x = torch.cat([torch.full((11, 2), 1.0), torch.full((10, 2), 3.0), torch.full((12, 2), 5.0)])
     y = torch.tensor([0] * 11 + [1] * 10 + [2] * 12)

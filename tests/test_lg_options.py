@@ -17,6 +17,7 @@ from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ServerArgs
 from fedml_moon.core.aggregation import clone_state
+from fedml_moon.core.models import ModelOutput
 from fedml_moon.core.personal import BestSoFar
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.glue.run import assemble
@@ -68,7 +69,7 @@ class TwoNumbers(nn.Module):
 
     def forward(self, x):
         logits = (self.g + self.loc).expand(len(x), 2)
-        return x, x, logits
+        return ModelOutput(x, x, logits)
 
 
 def _state(g, loc):

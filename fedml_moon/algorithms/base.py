@@ -19,6 +19,7 @@ from torch import nn
 
 from fedml_moon.config_schema import ServerArgs, TrainArgs
 from fedml_moon.core.aggregation import ServerMomentum, clone_state
+from fedml_moon.core.personal import PartyFigures, new_test
 from fedml_moon.core.robust import RobustMean, RobustOptions
 from fedml_moon.core.split import merge_states
 
@@ -269,6 +270,19 @@ class ServerAlgorithm:
     def after_evaluation(self, round_idx: int, metrics: dict, global_state: OrderedDict) -> OrderedDict:
         """Called with an evaluated round's test metrics; returns the global state to go on from."""
         return global_state
+
+    def new_test(
+        self, model: nn.Module, states: list[dict], test_global: Iterable, device: torch.device
+    ) -> dict[str, float]:
+        """Personalised algorithms' new test: the parties' own models `states` combined, on the global
+        test set (a party never seen); the uniform parameter average unless overridden."""
+        acc, loss = new_test(model, states, test_global, device, "average")
+        return {"new_test_acc": acc, "new_test_loss": loss}
+
+    def party_figures(self) -> PartyFigures | None:
+        """Figures that need every party's own model beside every party's test split, which only the
+        standalone simulation holds (None: none; its options name them in `standalone_only`)."""
+        return None
 
     def models_to_evaluate(self, global_state: OrderedDict) -> dict[str, OrderedDict]:
         """Named states the server evaluates on the global test set."""

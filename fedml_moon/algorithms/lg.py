@@ -20,6 +20,7 @@ from torch import nn
 from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
 from fedml_moon.config_schema import ConfigError, require
 from fedml_moon.core.aggregation import clone_state
+from fedml_moon.core.personal import BestSoFar, new_test
 from fedml_moon.core.split import SplitError, merge_states, resolve_split, split_state
 
 NEW_TEST_METHODS = ("average", "ensemble")
@@ -76,6 +77,11 @@ class LGOptions:
             "algorithm_args.warmup_start",
             f"choose one of {', '.join(WARMUP_STARTS)} (best: the warm-up model with the best test accuracy)",
         )
+
+    def standalone_only(self) -> list[str]:
+        """The settings only the standalone simulation honours: `report_best` (the authors' figures
+        need every party's model beside every party's test split)."""
+        return ["algorithm_args.report_best"] if self.report_best else []
 
     def split(self, keys: Iterable[str]) -> tuple[list[str], list[str]]:
         """(global_keys, local_keys) for a model's state-dict keys; a ConfigError when invalid."""
@@ -142,6 +148,7 @@ class LGServer(ServerAlgorithm):
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         self.global_keys, self.local_keys = self.options.split(global_state.keys())
         self.served: set[int] = set()
+        self.figures = BestSoFar(self.global_keys) if self.options.report_best else None
         self.best_warmup: tuple[float, int, OrderedDict] | None = None
         path = self.options.warmup_checkpoint
         if path is None:
@@ -179,6 +186,17 @@ class LGServer(ServerAlgorithm):
     def personal_spec(self, global_state: OrderedDict) -> dict | None:
         """A party's local layers."""
         return split_state(global_state, self.local_keys)
+
+    def new_test(
+        self, model: nn.Module, states: list[dict], test_global: Iterable, device: torch.device
+    ) -> dict[str, float]:
+        """`new_test_method`: "average" (the authors' acc_test_avg) or "ensemble" (mean softmax)."""
+        acc, loss = new_test(model, states, test_global, device, self.options.new_test_method)
+        return {"new_test_acc": acc, "new_test_loss": loss}
+
+    def party_figures(self) -> BestSoFar | None:
+        """`report_best`: the authors' best-so-far figures (core.personal.BestSoFar)."""
+        return self.figures
 
     def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         """The global layers' average (uniform or by samples; or the robust rule's, around the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -39,6 +40,31 @@ def new_test(
         return evaluate_ensemble(model, states, test_global, device)
     model.load_state_dict(weighted_average(states, [1.0] * len(states)))
     return evaluate(model, test_global, device)
+
+
+class PartyFigures(Protocol):
+    """Figures a server algorithm reports from every party's own model beside every party's test split
+    (`ServerAlgorithm.party_figures`): only the standalone simulation holds both."""
+
+    def figures(
+        self,
+        model: nn.Module,
+        states: Sequence[State],
+        accs: Sequence[float],
+        test_local: Sequence[Iterable],
+        test_global: Iterable,
+        device: torch.device,
+    ) -> dict[str, float]:
+        """This round's figures from the parties' models `states` and their local test `accs`."""
+        ...
+
+    def state(self) -> dict | None:
+        """What a checkpoint keeps of it (tensors and JSON values)."""
+        ...
+
+    def load_state(self, state: dict | None) -> None:
+        """Restore what `state()` returned."""
+        ...
 
 
 class BestSoFar:
@@ -76,3 +102,22 @@ class BestSoFar:
         combined = [OrderedDict({**s, **shared}) for s in states]
         accs = local_test_accs(model, combined, test_local, device)
         return {"local_test_acc_best_so_far": sum(accs) / len(accs), "new_test_acc_best_so_far": new_acc}
+
+    def figures(
+        self,
+        model: nn.Module,
+        states: Sequence[State],
+        accs: Sequence[float],
+        test_local: Sequence[Iterable],
+        test_global: Iterable,
+        device: torch.device,
+    ) -> dict[str, float]:
+        """`update` with this round's models, then `evaluate` (a `PartyFigures`)."""
+        self.update(states, accs)
+        return self.evaluate(model, test_local, test_global, device)
+
+    def state(self) -> dict | None:
+        return {p: [acc, s] for p, (acc, s) in self.best.items()}
+
+    def load_state(self, state: dict | None) -> None:
+        self.best = {int(p): (float(v[0]), v[1]) for p, v in (state or {}).items()}

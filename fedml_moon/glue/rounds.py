@@ -18,7 +18,6 @@ import torch
 from fedml_moon.algorithms.base import Payload
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.digest import state_dict_sha256
-from fedml_moon.core.personal import new_test
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.validate import BadUpload, upload_problem
@@ -56,7 +55,6 @@ class ServerRounds:
         args: Any,
         party_eval: bool,
         personalized: bool,
-        new_test_method: str = "average",
         on_bad_upload: str = "skip",
         save_party_models: bool = False,
         samples: dict[int, int] | None = None,
@@ -65,7 +63,7 @@ class ServerRounds:
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
         self.schedule = sample_schedule(n_parties, per_round, rounds, seed)
         self.test_global, self.device, self.args = test_global, device, args
-        self.party_eval, self.personalized, self.new_test_method = party_eval, personalized, new_test_method
+        self.party_eval, self.personalized = party_eval, personalized
         self.on_bad_upload = on_bad_upload
         self.save_party_models = save_party_models
         self.samples = dict(samples or {})  # party -> its training samples (its weight), fixed at the start
@@ -190,9 +188,8 @@ class ServerRounds:
             glob = self.aggregator.global_state
             states = [merge_states(glob, r.get("personal") or {}) for r in ordered]
             model = self.aggregator.model
-            acc, loss = new_test(model, states, self.test_global, self.device, self.new_test_method)
+            out.update(self.aggregator.algorithm.new_test(model, states, self.test_global, self.device))
             model.load_state_dict(glob)
-            out.update(new_test_acc=acc, new_test_loss=loss)
             if self.extra_metrics is not None:
                 out.update(self.extra_metrics(states, accs))
                 model.load_state_dict(glob)

@@ -195,7 +195,6 @@ def build_server(base: Base, out_dir: Path) -> Any:
         args=base.args,
         party_eval=cfg.validation_args.local_test or base.spec.client.personalized,
         personalized=base.spec.client.personalized,
-        new_test_method=getattr(cfg.algorithm_args, "new_test_method", "average"),
         on_bad_upload=train.on_bad_upload,
         save_party_models=train.save_party_models,
         samples=party_samples(base),

@@ -15,7 +15,6 @@ from tqdm import tqdm
 
 from fedml_moon.config import Config
 from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
-from fedml_moon.core.personal import BestSoFar
 from fedml_moon.glue.resume import check_resumable, checkpoint_root, due, flatten
 from fedml_moon.glue.rounds import ServerRounds
 from fedml_moon.glue.trainer import PartyRunner
@@ -37,23 +36,20 @@ class StandaloneSimulation:
         self.rounds, self.checkpoint_every = server.rounds, checkpoint_every
         self.start_round = 0
         self.summary: dict[str, Any] = {}
-        self.best: BestSoFar | None = None
-        self._attach_best_so_far()
+        self.figures = self.aggregator.algorithm.party_figures()
+        self._attach_party_figures()
 
-    def _attach_best_so_far(self) -> None:
-        """LG-FedAvg's `report_best`: the authors' best-so-far figures need every party's test split
-        beside every party's model, which only this single process has (standalone only)."""
-        options = self.trainer.algorithm.options
-        if not getattr(options, "report_best", False):
+    def _attach_party_figures(self) -> None:
+        """The server algorithm's `party_figures` (e.g. LG-FedAvg's `report_best`) need every party's
+        test split beside every party's model, which only this single process has."""
+        figures, runner = self.figures, self.runner
+        if figures is None:
             return
-        global_keys, _ = options.split(self.aggregator.global_state.keys())
-        best, runner = BestSoFar(global_keys), self.runner
-        self.best = best
         test_local = [runner.test_local[p] for p in range(self.server.n_parties)]
 
         def extra(states: list[dict], accs: list[float]) -> dict[str, float]:
-            best.update(states, accs)
-            return best.evaluate(self.aggregator.model, test_local, self.server.test_global, runner.device)
+            model, test_global = self.aggregator.model, self.server.test_global
+            return figures.figures(model, states, accs, test_local, test_global, runner.device)
 
         self.server.extra_metrics = extra
 
@@ -74,7 +70,7 @@ class StandaloneSimulation:
     # --- checkpoints ------------------------------------------------------------------------------
     def checkpoint(self, round_idx: int, config: dict) -> None:
         """Everything this process holds after `round_idx`: the server's side and every party's."""
-        best = None if self.best is None else {p: list(v) for p, v in self.best.best.items()}
+        best = None if self.figures is None else self.figures.state()
         parts = {
             "config": config,
             "server": self.server.state(round_idx),
@@ -90,9 +86,8 @@ class StandaloneSimulation:
         saved = read_checkpoint(checkpoint_root(out_dir), round_idx, ("server", "parties", "best_so_far"))
         self.start_round = self.server.load_state(saved["server"])
         self.runner.load_state(saved["parties"])
-        best = saved["best_so_far"]["best"]
-        if self.best is not None and best is not None:
-            self.best.best = {int(p): (float(v[0]), v[1]) for p, v in best.items()}
+        if self.figures is not None:
+            self.figures.load_state(saved["best_so_far"]["best"])
         log.info("resuming after the checkpoint of round %d", round_idx)
         return self.start_round
 

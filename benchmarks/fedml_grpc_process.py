@@ -13,7 +13,7 @@ import pickle
 import sys
 from typing import Any
 
-from fedml_moon.glue import deploy
+from fedml_moon.distributed import deploy
 
 
 class _CountingPickle:

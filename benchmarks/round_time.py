@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fedml_moon.adapters.run import Assembled, assemble
 from fedml_moon.config import load_config
 from fedml_moon.core.aggregation import weighted_average
 from fedml_moon.core.losses import model_contrastive_loss
-from fedml_moon.glue.run import Assembled, assemble
 
 log = logging.getLogger("round_time")
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedml_moon.adapters.run import Assembled, assemble
 from fedml_moon.config import load_config
-from fedml_moon.glue.run import Assembled, assemble
 
 log = logging.getLogger("shared_cpu")
 CONFIG = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "moon.yaml"

@@ -152,7 +152,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from fedml_moon import sweep
+    from fedml_moon.results import sweep
 
     runs = sweep.load_sweep(args.sweep_file, args.output, args.overrides)
     if args.list:
@@ -244,7 +244,7 @@ def _check_command(command: str, cfg: Config) -> None:
 
 
 def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
-    from fedml_moon.glue.deploy import explicit_keys, run_process
+    from fedml_moon.distributed.deploy import explicit_keys, run_process
 
     rank, size, comm = _rank_of(args, cfg)
     if getattr(args, "role", None) and args.role != ("server" if rank == 0 else "client"):
@@ -282,13 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             return _sweep(args)
         if args.command == "tsne":
-            from fedml_moon.tsne import tsne
+            from fedml_moon.results.tsne import tsne
 
             path = tsne(Path(args.run_dir), args.party, args.samples, args.out and Path(args.out))
             log.info("t-SNE picture: %s", path)
             return 0
         if args.command == "report":
-            from fedml_moon.report import write_report
+            from fedml_moon.results.report import write_report
 
             write_report(
                 [Path(f) for f in args.folders], args.out and Path(args.out), args.target, args.latex
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = _output_dir(args, cfg)
         if cfg.comm_args.backend != "sp":
             return _distributed(args, cfg, out_dir)
-        from fedml_moon.glue.run import simulate
+        from fedml_moon.adapters.run import simulate
 
         summary = simulate(cfg, out_dir, resume=bool(args.resume))
     except ConfigError as err:

@@ -35,6 +35,7 @@ class CommonArgs:
         require(not self.using_mlops, "common_args.using_mlops", "FedML's cloud MLOps is not used; set false")
 
 
+AUGMENTATIONS = ("none", "cifar10", "cifar100", "crop-flip")  # data.augment implements them
 PARTITIONS = ("hetero", "homo", "shards")
 
 
@@ -54,8 +55,6 @@ class DataArgs:
     augmentation: str | None = None
 
     def check(self) -> None:
-        from fedml_moon.data.augment import AUGMENTATIONS
-
         require(
             self.partition_method in PARTITIONS,
             "data_args.partition_method",

@@ -25,10 +25,10 @@ from fedml.core.distributed.communication.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fedml_moon.adapters.run import build_base, party_samples  # noqa: E402
 from fedml_moon.config import load_config  # noqa: E402
-from fedml_moon.glue import managers as m  # noqa: E402
-from fedml_moon.glue.deploy import make_transport, shared_config, worker_count  # noqa: E402
-from fedml_moon.glue.run import build_base, party_samples  # noqa: E402
+from fedml_moon.distributed import managers as m  # noqa: E402
+from fedml_moon.distributed.deploy import make_transport, shared_config, worker_count  # noqa: E402
 from tests.test_codec import huge_int_frame  # noqa: E402
 
 log = logging.getLogger("hostile")

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from fedml_moon import registry
+from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import NoOptions, ServerAlgorithm
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.config import ConfigError, load_config
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.glue.run import assemble
 from tests.test_formats import _write_mnist
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +86,7 @@ def test_a_model_that_does_not_fit_the_data_is_named(tmp_path, monkeypatch):
         ROOT / "config/fashion_mnist/moon.yaml",
         [*SMALL, "model_args.model=simple-cnn", "data_args.dataset=fashion-mnist"],
     )
-    monkeypatch.setattr("fedml_moon.glue.run.build_model", _refuse_28)
+    monkeypatch.setattr("fedml_moon.adapters.run.build_model", _refuse_28)
     with pytest.raises(ConfigError, match=r"model_args.model: .* \(fashion-mnist images are \(1, 28, 28\)\)"):
         assemble(cfg, tmp_path / "o")
 

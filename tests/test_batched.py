@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import ClientAlgorithm
 from fedml_moon.algorithms.batched import PartyJob, train_parties
 from fedml_moon.config import load_config
@@ -21,7 +22,6 @@ from fedml_moon.core.models import build_model
 from fedml_moon.core.validate import tensor_leaves
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.loader import FedMLDataset
-from fedml_moon.glue.run import assemble
 from fedml_moon.registry import ALGORITHMS, load_plugins
 from tests.helpers import train_args
 
@@ -98,7 +98,7 @@ def _max_diff(a: dict, b: dict) -> float:
 )
 def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path, monkeypatch, caplog):
     seq = _run(tmp_path, monkeypatch, algorithm, 1, extra)
-    with caplog.at_level(logging.INFO, logger="fedml_moon.glue.trainer"):
+    with caplog.at_level(logging.INFO, logger="fedml_moon.engine.parties"):
         bat = _run(tmp_path, monkeypatch, algorithm, 4, extra)
     if algorithm in BUILT_IN:
         assert "parties trained together (batched)" in caplog.text and "no batched form" not in caplog.text
@@ -170,8 +170,9 @@ class _OwnLoss(ClientAlgorithm):
 
 
 def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(caplog):
+    from fedml_moon.adapters.trainer import PluginClientTrainer
     from fedml_moon.core.state import make_store
-    from fedml_moon.glue.trainer import PartyRunner, PluginClientTrainer
+    from fedml_moon.engine.parties import PartyRunner
 
     def factory():
         return build_model("mlp", (1, 4, 4), 3, use_head=False)
@@ -203,7 +204,7 @@ def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(cap
             factory(), _Args(), _OwnLoss(None, args, factory, 0), make_store("memory", None)
         )
         runner = PartyRunner(trainer, dataset, torch.device("cpu"), _Args(), parallel)
-        with caplog.at_level(logging.INFO, logger="fedml_moon.glue.trainer"):
+        with caplog.at_level(logging.INFO, logger="fedml_moon.engine.parties"):
             outs.append(runner.train_many([(p, start) for p in range(3)], 0))
     assert caplog.text.count("own-loss has no batched form: its parties train one after another") == 1
     for (_, a), (_, b) in zip(*outs, strict=True):

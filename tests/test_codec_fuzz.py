@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedml_moon.core.codec import CodecError, decode, encode
-from fedml_moon.glue.transport.base import message_bytes, message_from_bytes
+from fedml_moon.distributed.transport.base import message_bytes, message_from_bytes
 
 
 def _valid() -> bytes:

@@ -1,4 +1,4 @@
-"""Tests for fedml_moon.glue.compat: each test guards one FedML 0.9.6 defect the module works around."""
+"""Tests for fedml_moon.adapters.compat: each test guards one FedML 0.9.6 defect the module works around."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fedml_moon.glue import compat
+from fedml_moon.adapters import compat
 
 _NETWORK_EVENTS = frozenset({"socket.getaddrinfo", "socket.connect", "socket.gethostbyname"})
 _AUDIT: dict[str, Any] = {"installed": False, "recording": False, "events": []}
@@ -224,7 +224,7 @@ _UNPATCHED_PROBE = textwrap.dedent(
             raise NetworkAttempt(args[0])
 
     import fedml
-    from fedml_moon.glue.compat import minimal_fedml_args
+    from fedml_moon.adapters.compat import minimal_fedml_args
 
     hooks = (sys.excepthook, sys.stdout.write)
     sys.addaudithook(hook)

@@ -89,7 +89,7 @@ def test_missing_config_file():
 
 
 def test_torch_threads_auto_is_half_the_usable_cores(monkeypatch):
-    from fedml_moon.glue import run
+    from fedml_moon.adapters import run
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(run.os, "sched_getaffinity", lambda _: set(range(16)))
@@ -115,7 +115,7 @@ def test_report_best_is_standalone_only():
 
 
 def test_cuda_graphs_on_a_cpu_run_are_refused_naming_the_device(tmp_path, monkeypatch):
-    from fedml_moon.glue import run
+    from fedml_moon.adapters import run
 
     monkeypatch.setenv("HOME", str(tmp_path))
     overrides = [

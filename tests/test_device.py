@@ -67,7 +67,7 @@ def test_resident_data_lives_on_the_device_and_gives_the_same_batches():
 
 
 def _trainer(name: str, device: torch.device):
-    from fedml_moon.glue.trainer import PluginClientTrainer
+    from fedml_moon.adapters.trainer import PluginClientTrainer
 
     spec = ALGORITHMS[name]
     options = spec.options(**OPTIONS.get(name, {}))

@@ -14,8 +14,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedml_moon.glue import managers as m
-from fedml_moon.glue.protocol import ENVELOPE, SCHEMAS, message_problem
+from fedml_moon.distributed import managers as m
+from fedml_moon.distributed.protocol import ENVELOPE, SCHEMAS, message_problem
 from tests.test_server_waits import _from, _item, _results, _server
 
 _SHARED: dict = {}
@@ -127,9 +127,9 @@ def test_the_attacks_of_a_silo_leave_the_honest_round_unchanged(tmp_path, caplog
 
 
 def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
+    from fedml_moon.adapters.run import build_base, build_server
     from fedml_moon.config import load_config
     from fedml_moon.config_schema import ConfigError
-    from fedml_moon.glue.run import build_base, build_server
     from tests.test_server_waits import CONFIG
 
     cfg = load_config(CONFIG, ["data_args.max_train_samples=800", "comm_args.max_party_samples=50"])

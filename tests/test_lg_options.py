@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import NoOptions
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
@@ -20,7 +21,6 @@ from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.models import ModelOutput
 from fedml_moon.core.personal import BestSoFar
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.glue.run import assemble
 from fedml_moon.metrics import RunRecorder
 from tests.helpers import tiny_batches, tiny_factory, train_args
 

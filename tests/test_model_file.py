@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from fedml_moon import conformance
+from fedml_moon.adapters.run import assemble
 from fedml_moon.config import load_config
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.glue.run import assemble
 from fedml_moon.metrics import RunRecorder
 
 needs_fmnist = pytest.mark.skipif(
@@ -52,7 +52,7 @@ def test_a_completed_run_saves_final_model_pt_and_its_digest(tmp_path, monkeypat
     run = _run(tmp_path, monkeypatch, 1)
     out = tmp_path / "out"
     (out / "model_at_failed.pt").write_bytes(b"an earlier run's")
-    with caplog.at_level(logging.INFO, logger="fedml_moon.glue.rounds"):
+    with caplog.at_level(logging.INFO, logger="fedml_moon.engine.rounds"):
         run.loop.run()
     summary = _summary(out)
     digest = state_dict_sha256(torch.load(out / "final_model.pt", weights_only=True))

@@ -39,7 +39,7 @@ import yaml
 from fedml_moon import conformance
 from fedml_moon.config import config_to_dict, load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.sweep import load_sweep
+from fedml_moon.results.sweep import load_sweep
 from tests.helpers import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ TINY = [
 """Appended to every run (smaller than conformance.TINY: this file only asks whether a command runs)."""
 
 NOISE = ("RequestsDependencyWarning", "pkg_resources is deprecated", "args.rank = ")
-"""What FedML's start-up used to print in every process (tests `fedml_moon.glue.compat`)."""
+"""What FedML's start-up used to print in every process (tests `fedml_moon.adapters.compat`)."""
 LOG_LINE = re.compile(r"\d\d:\d\d:\d\d( rank \d+)? [A-Z]+ \S+: ")
 
 MAIN_JOB = "bash run/main.sh --set train_args.comm_round=5"

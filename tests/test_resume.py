@@ -22,7 +22,7 @@ from fedml_moon.config import ConfigError, load_config
 from fedml_moon.core import checkpoint
 from fedml_moon.core.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.glue.resume import check_config, flat_config
+from fedml_moon.engine.resume import check_config, flat_config
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDSSC = ROOT / "config" / "fashion_mnist" / "fedssc.yaml"
@@ -150,7 +150,7 @@ def test_a_refused_resume_changes_nothing_in_the_run_folder(tmp_path, monkeypatc
     before = {name: (out / name).read_bytes() for name in files}
     assert before["metrics.jsonl"].count(b"\n") == 2
     started = []
-    monkeypatch.setattr("fedml_moon.glue.run.WandbRun", lambda *a, **k: started.append(a))
+    monkeypatch.setattr("fedml_moon.adapters.run.WandbRun", lambda *a, **k: started.append(a))
     other = [*sets, "--set", "train_args.learning_rate=0.1", "--set", "tracking_args.enable_wandb=true"]
     assert cli.main(["simulate", "--cf", str(FEDSSC), *other, "--resume", str(out)]) == 2
     assert {name: (out / name).read_bytes() for name in files} == before

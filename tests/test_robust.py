@@ -264,7 +264,7 @@ OWN = {
 @pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
 @pytest.mark.parametrize("algorithm", sorted(OWN))
 def test_a_tiny_run_with_the_median_completes(algorithm, tmp_path: Path, monkeypatch):
-    from fedml_moon.glue.run import assemble
+    from fedml_moon.adapters.run import assemble
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cfg = load_config(f"config/fashion_mnist/{algorithm}.yaml", [*TINY_RUN, *OWN[algorithm]])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.config import ConfigError, load_config
-from fedml_moon.glue.deploy import explicit_keys, shared_config, with_shared
-from fedml_moon.glue.managers import config_differences, config_digest, quorum
+from fedml_moon.distributed.deploy import explicit_keys, shared_config, with_shared
+from fedml_moon.distributed.managers import config_differences, config_digest, quorum
 
 ROOT = Path(__file__).resolve().parent.parent
 GRPC = ROOT / "config" / "modes" / "moon_cross_silo_grpc.yaml"

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from fedml_moon import conformance
-from fedml_moon.glue.transport.grpc_transport import SERVICE
+from fedml_moon.distributed.transport.grpc_transport import SERVICE
 from fedml_moon.security import make_certs
 from tests.test_deploy_failures import CONFIG, _wait_for, pytestmark  # noqa: F401 (slow, data)
 

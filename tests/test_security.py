@@ -15,14 +15,14 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
 from fedml_moon.config import ConfigError, load_config
-from fedml_moon.glue.transport.base import TransportError, message_bytes
-from fedml_moon.glue.transport.grpc_transport import (
+from fedml_moon.distributed.transport.base import TransportError, message_bytes
+from fedml_moon.distributed.transport.grpc_transport import (
     SERVICE,
     GrpcClientTransport,
     GrpcSecurity,
     GrpcServerTransport,
 )
-from fedml_moon.glue.transport.policy import grpc_security
+from fedml_moon.distributed.transport.policy import grpc_security
 from fedml_moon.security import load_token_table, make_certs
 
 

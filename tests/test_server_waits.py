@@ -13,14 +13,14 @@ import pytest
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
+from fedml_moon.adapters.run import build_base, build_server
 from fedml_moon.config import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.glue import managers as m
-from fedml_moon.glue.deploy import placement, shared_config
-from fedml_moon.glue.resume import flat_config
-from fedml_moon.glue.run import build_base, build_server
-from fedml_moon.glue.server_manager import PluginServerManager
-from fedml_moon.glue.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.distributed import managers as m
+from fedml_moon.distributed.deploy import placement, shared_config
+from fedml_moon.distributed.server_manager import PluginServerManager
+from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.engine.resume import flat_config
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

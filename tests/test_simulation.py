@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fedml_moon.adapters.run import assemble
 from fedml_moon.config import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.glue.run import assemble
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

@@ -140,7 +140,7 @@ SHIPPED = {
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_every_shipped_sweep_loads_with_every_run_config_valid(name):
-    from fedml_moon.sweep import load_sweep
+    from fedml_moon.results.sweep import load_sweep
 
     runs = load_sweep(ROOT / "config" / "sweeps" / f"{name}.yaml")
     assert len(runs) == SHIPPED[name]
@@ -148,7 +148,7 @@ def test_every_shipped_sweep_loads_with_every_run_config_valid(name):
 
 
 def test_a_method_sets_several_keys_and_a_bare_key_only_names_the_config():
-    from fedml_moon.sweep import load_sweep
+    from fedml_moon.results.sweep import load_sweep
 
     runs = load_sweep(ROOT / "config" / "sweeps" / "moon_loss.yaml")
     run = runs[3]  # cifar10, l2 with mu 0.001, seed 0

@@ -16,7 +16,7 @@ import torch
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
-from fedml_moon.glue.transport.base import message_bytes, message_from_bytes
+from fedml_moon.distributed.transport.base import message_bytes, message_from_bytes
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def test_message_bytes_round_trip():
 
 
 def test_grpc_client_before_server_large_frames_and_garbage():
-    from fedml_moon.glue.transport.grpc_transport import GrpcClientTransport, GrpcServerTransport
+    from fedml_moon.distributed.transport.grpc_transport import GrpcClientTransport, GrpcServerTransport
 
     port = conformance.free_port()
     client = GrpcClientTransport(1, f"127.0.0.1:{port}", max_message_mb=128, timeout_s=30)
@@ -88,7 +88,7 @@ def test_grpc_client_before_server_large_frames_and_garbage():
 
 
 def test_mqtt_s3_inline_and_through_s3(tmp_path, monkeypatch):
-    from fedml_moon.glue.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
+    from fedml_moon.distributed.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -118,7 +118,7 @@ MPI_SCRIPT = textwrap.dedent(
     import time, torch
     from mpi4py import MPI
     from fedml.core.distributed.communication.message import Message
-    from fedml_moon.glue.transport.mpi import MpiTransport
+    from fedml_moon.distributed.transport.mpi import MpiTransport
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     t = MpiTransport(comm, rank)

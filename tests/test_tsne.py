@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from fedml_moon.adapters.run import assemble
 from fedml_moon.cli import main
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.glue.run import assemble
-from fedml_moon.tsne import embed, tsne
+from fedml_moon.results.tsne import embed, tsne
 
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

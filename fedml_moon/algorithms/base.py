@@ -1,5 +1,5 @@
 """What every algorithm is made of: a local loss, what a party sends, what it keeps, and what the
-server does with what it receives. Pure PyTorch; the FedML glue drives these objects.
+server does with what it receives. Pure PyTorch; the round engine drives these objects.
 
 Payloads are plain dicts: {"model": state_dict, ...extra tensors...}, plus a few JSON-able fields
 (`party_id`). The same payload travels unchanged in every mode.

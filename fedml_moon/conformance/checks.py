@@ -40,10 +40,10 @@ def same_tree(a: object, b: object, atol: float = 1e-5) -> bool:
 def payload_problems(config: str | Path, overrides: list[str], folder: Path) -> list[str]:
     """Run the config in this process and check that every payload, report and party state holds only
     tensors, dicts, lists and JSON values (what the transports can carry, decoded without pickle)."""
+    from fedml_moon.adapters.run import assemble
     from fedml_moon.config import load_config
     from fedml_moon.core.codec import decode, encode
     from fedml_moon.core.validate import BadUpload
-    from fedml_moon.glue.run import assemble
 
     problems: list[str] = []
 

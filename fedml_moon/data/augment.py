@@ -14,7 +14,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-AUGMENTATIONS = ("none", "cifar10", "cifar100", "crop-flip")
+from fedml_moon.config_schema import AUGMENTATIONS  # noqa: F401 (the names this module implements)
+
+
 PAD = 4
 MAX_ROTATION_DEG = 15.0
 

@@ -41,7 +41,7 @@ from typing import Any
 from fedml.core.distributed.communication.message import Message
 from fedml.core.distributed.fedml_comm_manager import FedMLCommManager
 
-from fedml_moon.glue.protocol import (  # noqa: F401 (the protocol's names, for the managers)
+from fedml_moon.distributed.protocol import (  # noqa: F401 (the protocol's names, for the managers)
     ABORT,
     BYE,
     CHECKPOINT,
@@ -59,7 +59,7 @@ from fedml_moon.glue.protocol import (  # noqa: F401 (the protocol's names, for 
     WELCOME,
     message_problem,
 )
-from fedml_moon.glue.transport.base import QueueTransport
+from fedml_moon.distributed.transport.base import QueueTransport
 
 log = logging.getLogger(__name__)
 DEAD_AFTER_BEATS = 3  # a peer silent for this many heartbeat periods is taken for dead

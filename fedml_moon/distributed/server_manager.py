@@ -14,7 +14,7 @@ from fedml.core.distributed.communication.message import Message
 from fedml_moon.config_schema import CommArgs
 from fedml_moon.core.checkpoint import write_checkpoint
 from fedml_moon.core.validate import BadUpload
-from fedml_moon.glue.managers import (
+from fedml_moon.distributed.managers import (
     ABORT,
     BYE,
     CHECKPOINT,
@@ -36,10 +36,10 @@ from fedml_moon.glue.managers import (
     described_differences,
     quorum,
 )
-from fedml_moon.glue.protocol import reports_problem, result_problem
-from fedml_moon.glue.resume import checkpoint_root, due
-from fedml_moon.glue.rounds import ServerRounds
-from fedml_moon.glue.transport.base import QueueTransport
+from fedml_moon.distributed.protocol import reports_problem, result_problem
+from fedml_moon.distributed.transport.base import QueueTransport
+from fedml_moon.engine.resume import checkpoint_root, due
+from fedml_moon.engine.rounds import ServerRounds
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedml_moon.adapters import compat
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.batched import auto_parties
@@ -20,7 +21,6 @@ from fedml_moon.core.models import build_model
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
-from fedml_moon.glue import compat
 from fedml_moon.metrics import RunRecorder
 from fedml_moon.registry import get_algorithm
 from fedml_moon.tracking import WandbRun
@@ -174,8 +174,8 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, 
 
 def build_server(base: Base, out_dir: Path) -> Any:
     """The server's side: PluginServerAggregator, run records (and W&B), ServerRounds."""
-    from fedml_moon.glue.aggregator import PluginServerAggregator
-    from fedml_moon.glue.rounds import ServerRounds
+    from fedml_moon.adapters.aggregator import PluginServerAggregator
+    from fedml_moon.engine.rounds import ServerRounds
 
     cfg, train = base.cfg, base.cfg.train_args
     server_algo = base.spec.server(cfg.algorithm_args, cfg.server_args, train, base.seed)
@@ -218,7 +218,8 @@ def party_samples(base: Base) -> dict[int, int]:
 def build_runner(base: Base, out_dir: Path, store: Any = None) -> Any:
     """The parties' side: the algorithm's party half, the per-party store (`train_args.state_store`
     unless given), PluginClientTrainer."""
-    from fedml_moon.glue.trainer import PartyRunner, PluginClientTrainer
+    from fedml_moon.adapters.trainer import PluginClientTrainer
+    from fedml_moon.engine.parties import PartyRunner
 
     cfg, train = base.cfg, base.cfg.train_args
     client = base.spec.client(cfg.algorithm_args, train, base.factory, base.seed)
@@ -247,8 +248,8 @@ def parties_in_parallel(base: Base, model: torch.nn.Module) -> int:
 def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:
     """A standalone run: both sides in this process, driven by StandaloneSimulation; with `resume`,
     from the newest checkpoint in `out_dir`."""
-    from fedml_moon.glue.resume import check_resumable
-    from fedml_moon.glue.simulation import StandaloneSimulation
+    from fedml_moon.engine.resume import check_resumable
+    from fedml_moon.engine.simulation import StandaloneSimulation
 
     if resume:  # no checkpoint, or another config: say so before anything is built or overwritten
         check_resumable(out_dir, cfg)

@@ -15,9 +15,9 @@ from tqdm import tqdm
 
 from fedml_moon.config import Config
 from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
-from fedml_moon.glue.resume import check_resumable, checkpoint_root, due, flatten
-from fedml_moon.glue.rounds import ServerRounds
-from fedml_moon.glue.trainer import PartyRunner
+from fedml_moon.engine.parties import PartyRunner
+from fedml_moon.engine.resume import check_resumable, checkpoint_root, due, flatten
+from fedml_moon.engine.rounds import ServerRounds
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ import torch
 from fedml.core import ServerAggregator
 from torch import nn
 
+from fedml_moon.adapters.trainer import as_payload
 from fedml_moon.algorithms.base import Payload, ServerAlgorithm
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.evaluation import evaluate
-from fedml_moon.glue.trainer import as_payload
 
 
 class PluginServerAggregator(ServerAggregator):

@@ -19,13 +19,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.adapters.run import build_args, build_base, build_runner, build_server
 from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_overrides
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.checkpoint import read_checkpoint
 from fedml_moon.core.state import make_store
-from fedml_moon.glue.managers import config_differences
-from fedml_moon.glue.resume import check_resumable, checkpoint_root, flat_config, resume_round
-from fedml_moon.glue.run import build_args, build_base, build_runner, build_server
+from fedml_moon.distributed.managers import config_differences
+from fedml_moon.engine.resume import check_resumable, checkpoint_root, flat_config, resume_round
 
 log = logging.getLogger(__name__)
 PARTY_KEYS = ("common_args.random_seed", "data_args", "model_args", "train_args", "algorithm_args")
@@ -124,16 +124,16 @@ def frame_limit(cfg: Config, model: Any) -> int:
 def make_transport(
     cfg: Config, rank: int, workers: int, comm: Any = None, max_frame_bytes: int | None = None
 ) -> Any:
-    """The plugin's transport for `comm_args.backend` (see fedml_moon.glue.transport); the server's
+    """The plugin's transport for `comm_args.backend` (see fedml_moon.distributed.transport); the server's
     refuses frames over `max_frame_bytes` (gRPC, MQTT + S3) before reading them."""
     c = cfg.comm_args
     if c.backend == "MPI":
-        from fedml_moon.glue.transport.mpi import MpiTransport
+        from fedml_moon.distributed.transport.mpi import MpiTransport
 
         return MpiTransport(comm, rank)
     if c.backend == "GRPC":
-        from fedml_moon.glue.transport.grpc_transport import GrpcClientTransport, GrpcServerTransport
-        from fedml_moon.glue.transport.policy import grpc_security
+        from fedml_moon.distributed.transport.grpc_transport import GrpcClientTransport, GrpcServerTransport
+        from fedml_moon.distributed.transport.policy import grpc_security
 
         table = read_ipconfig(c.grpc_ipconfig_path)
         ip, port, ingress = table[0]
@@ -147,8 +147,8 @@ def make_transport(
             return GrpcServerTransport(ip, port, c.grpc_max_message_mb, workers, security, max_frame_bytes)
         security = grpc_security(c, rank, ingress)
         return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s, security)
-    from fedml_moon.glue.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
-    from fedml_moon.glue.transport.policy import mqtt_security
+    from fedml_moon.distributed.transport.mqtt_s3 import MqttS3Transport, ensure_bucket
+    from fedml_moon.distributed.transport.policy import mqtt_security
 
     if rank == 0:
         ensure_bucket(c.s3_endpoint, c.s3_bucket, c.s3_region)
@@ -204,7 +204,7 @@ def build_process(
     worker its own files to `out_dir/rank-<rank>`). With `resume` the server goes on from its newest
     checkpoint and tells the workers which of theirs to load. `explicit`: the shared settings this
     process was given with --set (a worker's must agree with the server's)."""
-    from fedml_moon.glue.server_manager import PluginServerManager
+    from fedml_moon.distributed.server_manager import PluginServerManager
 
     workers = worker_count(cfg, size)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
@@ -238,7 +238,7 @@ def _build_worker(
 ) -> DistributedProcess:
     """A worker or silo: its transport now; its data and parties when the server's WELCOME names the
     run's config (`with_shared`)."""
-    from fedml_moon.glue.client_manager import Built, Local, PluginClientManager
+    from fedml_moon.distributed.client_manager import Built, Local, PluginClientManager
 
     transport = make_transport(cfg, rank, worker_count(cfg, size), comm)
     args = build_args(cfg, folder, rank, local_procs)

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 
 from fedml_moon.core.codec import CodecError
-from fedml_moon.glue.transport.base import QueueTransport, TransportError, message_from_bytes
+from fedml_moon.distributed.transport.base import QueueTransport, TransportError, message_from_bytes
 
 log = logging.getLogger(__name__)
 S3_REF = b"FMS3:"

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from fedml_moon.config_schema import CommArgs, ConfigError
-from fedml_moon.glue.transport.grpc_transport import GrpcSecurity
-from fedml_moon.glue.transport.mqtt_s3 import MqttSecurity
+from fedml_moon.distributed.transport.grpc_transport import GrpcSecurity
+from fedml_moon.distributed.transport.mqtt_s3 import MqttSecurity
 from fedml_moon.security import is_loopback, load_token_table
 
 TOKEN_ENV = "FEDML_MOON_TOKEN"

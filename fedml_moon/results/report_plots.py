@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fedml_moon.report import PERSONAL, Cell, mean_std
+from fedml_moon.results.tables import PERSONAL, Cell, mean_std
 
 
 def _safe(name: str) -> str:

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from fedml_moon.glue.transport.base import QueueTransport
+from fedml_moon.distributed.transport.base import QueueTransport
 
 log = logging.getLogger(__name__)
 TAG = 7113

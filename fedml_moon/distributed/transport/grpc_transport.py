@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import grpc
 
 from fedml_moon.core.codec import CodecError
-from fedml_moon.glue.transport.base import QueueTransport, TransportError, message_from_bytes
+from fedml_moon.distributed.transport.base import QueueTransport, TransportError, message_from_bytes
 from fedml_moon.security import check_token, rank_of_common_name
 
 log = logging.getLogger(__name__)

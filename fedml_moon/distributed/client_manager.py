@@ -14,7 +14,7 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.config_schema import CommArgs
 from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
-from fedml_moon.glue.managers import (
+from fedml_moon.distributed.managers import (
     ABORT,
     BYE,
     CHECKPOINT,
@@ -34,8 +34,8 @@ from fedml_moon.glue.managers import (
     config_differences,
     config_digest,
 )
-from fedml_moon.glue.trainer import PartyRunner
-from fedml_moon.glue.transport.base import QueueTransport, TransportError
+from fedml_moon.distributed.transport.base import QueueTransport, TransportError
+from fedml_moon.engine.parties import PartyRunner
 
 log = logging.getLogger(__name__)
 

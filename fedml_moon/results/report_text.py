@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fedml_moon.report import PERSONAL, Cell, is_personalised, rounds_to_target
+from fedml_moon.results.tables import PERSONAL, Cell, is_personalised, rounds_to_target
 
 
 def _pm(mean: float, std: float) -> str:

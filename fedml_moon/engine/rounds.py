@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,8 +21,10 @@ from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.validate import BadUpload, upload_problem
-from fedml_moon.glue.aggregator import PluginServerAggregator
 from fedml_moon.metrics import RunRecorder
+
+if TYPE_CHECKING:  # the FedML adapter it drives; the engine itself imports no fedml
+    from fedml_moon.adapters.aggregator import PluginServerAggregator
 
 log = logging.getLogger(__name__)
 Result = tuple[float, Payload]  # (number of samples, upload)

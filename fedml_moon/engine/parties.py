@@ -1,0 +1,94 @@
+"""The parties one process trains and evaluates: every party in the standalone loop, a worker's or
+silo's own in the distributed modes. It drives the FedML adapter's trainer (`PluginClientTrainer`)
+through FedML's ClientTrainer calls, so it needs no `fedml` import itself."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedml_moon.algorithms.base import Payload
+from fedml_moon.data.loader import FedMLDataset
+
+if TYPE_CHECKING:
+    from fedml_moon.adapters.trainer import PluginClientTrainer
+
+log = logging.getLogger(__name__)
+
+
+class PartyRunner:
+    """The parties one process trains and evaluates, through FedML's ClientTrainer calls: the
+    standalone loop holds every party, a distributed worker or silo only its own."""
+
+    def __init__(
+        self,
+        trainer: PluginClientTrainer,
+        dataset: FedMLDataset,
+        device: torch.device,
+        args: Any,
+        parallel: int = 1,
+    ) -> None:
+        self.num_local = dataset.train_data_local_num_dict
+        self.train_local, self.test_local = dataset.train_data_local_dict, dataset.test_data_local_dict
+        self.trainer, self.device, self.args = trainer, device, args
+        self.parallel = parallel  # train_args.parties_in_parallel, resolved
+        self._said_sequential = self._said_batched = False
+
+    def train_many(self, tasks: list[tuple[int, Payload]], round_idx: int) -> list[tuple[float, Payload]]:
+        """Local rounds of (party, download) tasks, `parallel` parties at a time; in task order."""
+        if self.parallel <= 1 or len(tasks) <= 1:
+            return [self.train(party, download, round_idx) for party, download in tasks]
+        out: list[tuple[float, Payload]] = []
+        for start in range(0, len(tasks), self.parallel):
+            chunk = tasks[start : start + self.parallel]
+            loaders = [self.train_local[p] for p, _ in chunk]
+            uploads = self.trainer.train_many(loaders, [d for _, d in chunk], self.device, round_idx)
+            if uploads is None:
+                self._say_sequential()
+                return out + [self.train(p, d, round_idx) for p, d in tasks[start:]]
+            if not self._said_batched and len(chunk) > 1:
+                log.info("round %d: %d parties trained together (batched)", round_idx, len(chunk))
+                self._said_batched = True
+            out += [(float(self.num_local[p]), u) for (p, _), u in zip(chunk, uploads, strict=True)]
+        return out
+
+    def _say_sequential(self) -> None:
+        if not self._said_sequential:
+            log.info(
+                "%s has no batched form: its parties train one after another (train_args.parties_in_parallel "
+                "is ignored)",
+                self.trainer.algorithm.name,
+            )
+            self._said_sequential = True
+
+    def train(self, party: int, download: Payload, round_idx: int) -> tuple[float, Payload]:
+        """One party's local round; returns (number of samples, upload)."""
+        trainer, data = self.trainer, self.train_local[party]
+        self.args.round_idx = round_idx
+        trainer.set_model_params(download)
+        trainer.update_dataset(data, self.test_local[party], self.num_local[party])
+        trainer.on_before_local_training(data, self.device, self.args)
+        trainer.train(data, self.device, self.args)
+        trainer.on_after_local_training(data, self.device, self.args)
+        return float(self.num_local[party]), trainer.get_model_params()
+
+    def state(self, parties: list[int]) -> dict[int, dict]:
+        """Each party's stored state and its loader's random stream, for checkpoints."""
+        store = self.trainer.store
+        return {p: {"state": store.get(p), "rng": self.train_local[p].generator.get_state()} for p in parties}
+
+    def load_state(self, states: dict[int, dict]) -> None:
+        """Restore `state()`: the store holds exactly the checkpoint's states for these parties."""
+        for party, saved in states.items():
+            party = int(party)
+            if saved["state"]:
+                self.trainer.store.put(party, dict(saved["state"]))
+            else:
+                self.trainer.store.drop(party)
+            self.train_local[party].generator.set_state(saved["rng"])
+
+    def evaluate(self, party: int, download: Payload) -> Payload:
+        """The party's report on an evaluation round (see PluginClientTrainer.evaluate_party)."""
+        return self.trainer.evaluate_party(party, self.test_local[party], download, self.device)

@@ -1,0 +1,87 @@
+"""What a report is made of: runs, cells of runs with their statistics over seeds, and the rounds a
+cell needs to reach a target (report.py builds them; report_text.py and report_plots.py print them)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunData:
+    """One completed run: its folder, flat config, per-round records and summary."""
+
+    folder: Path
+    config: dict[str, Any]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+    @property
+    def algorithm(self) -> str:
+        return str(self.config.get("train_args.algorithm"))
+
+
+@dataclass
+class Cell:
+    """Runs of one row in one setting, with the statistics the tables print."""
+
+    runs: list[RunData]
+
+    def stat(self, field: str) -> tuple[float, float]:
+        """Mean and sample std over seeds of a summary field, in %."""
+        values = [100 * float(r.summary[field]) for r in self.runs if r.summary.get(field) is not None]
+        return mean_std(values)
+
+    def last(self, field: str) -> tuple[float, float]:
+        """Mean and sample std over seeds of a per-round field at the last round that has it, in %
+        (a personalised run's local_test_acc and new_test_acc, which summary.json does not hold)."""
+        values = []
+        for run in self.runs:
+            hit = next((r[field] for r in reversed(run.records) if r.get(field) is not None), None)
+            if hit is not None:
+                values.append(100 * float(hit))
+        return mean_std(values)
+
+
+PERSONAL = (("local_test_acc", "local test"), ("new_test_acc", "new test"))
+
+
+def is_personalised(table: dict[str, dict[str, Cell]]) -> bool:
+    """Whether any run recorded a local test accuracy (validation_args.local_test)."""
+    cells = (cell for rows in table.values() for cell in rows.values())
+    return any("local_test_acc" in r for cell in cells for run in cell.runs for r in run.records)
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1; 0 for one value); NaN for none."""
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+@dataclass
+class Reach:
+    """Rounds a row needs to reach the target: per seed, None where it never does."""
+
+    rounds: list[int | None]
+    params: list[int | None]
+
+    def mean_rounds(self) -> float:
+        reached = [r for r in self.rounds if r is not None]
+        return sum(reached) / len(reached) if reached else math.nan
+
+
+def rounds_to_target(cell: Cell, target: float) -> Reach:
+    """Per run: the number of rounds (1-based) after which test accuracy first is >= target, and the
+    parameters communicated (uploaded + downloaded, every party) up to then."""
+    rounds, params = [], []
+    for run in cell.runs:
+        hit = next((r for r in run.records if "test_acc" in r and r["test_acc"] >= target), None)
+        rounds.append(None if hit is None else int(hit["round"]) + 1)
+        params.append(None if hit is None else int(hit.get("params_up", 0)) + int(hit.get("params_down", 0)))
+    return Reach(rounds, params)

@@ -169,6 +169,30 @@ class _OwnLoss(ClientAlgorithm):
         return ce, {"ce": ce.detach()}
 
 
+def test_moon_teachers_over_batchnorm_train_batched_as_sequentially_resnet50():
+    """MOON's teachers (the global model and a previous one, eval mode, BatchNorm from their running
+    statistics) beside a student whose BatchNorm trains per party: batched = sequential, in float64
+    (see the test above for why)."""
+    from fedml_moon.algorithms.moon import MoonClient, MoonOptions
+
+    torch.manual_seed(0)
+
+    def factory():
+        return build_model("resnet50", (3, 8, 8), 4, out_dim=32).double()
+
+    train = train_args(epochs=1, batch_size=4, learning_rate=0.01)
+    algo = MoonClient(MoonOptions(mu=1.0), train, factory, 0)
+    start, previous = factory().state_dict(), factory().state_dict()
+    loaders = [_loader(8, 4, 1, side=8), _loader(3, 4, 2, side=8)]  # 2 batches; 1 of 3 samples
+    jobs = [PartyJob(p, {"model": start}, {"pool": [previous]}, loaders[p]) for p in range(2)]
+    results = train_parties(algo, factory(), jobs, torch.device("cpu"), 1)  # round 1: the pool is used
+    for p, job in enumerate(jobs):
+        model, state = factory(), {"pool": [previous]}
+        metrics = algo.local_train(model, {"model": start}, state, loaders[p], torch.device("cpu"), 1, p)
+        assert _max_diff(model.state_dict(), job.final) <= 1e-9, p
+        assert results[p][0]["l_con"] == pytest.approx(metrics["l_con"], rel=1e-9) and metrics["l_con"] > 0
+
+
 def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(caplog):
     from fedml_moon.adapters.trainer import PluginClientTrainer
     from fedml_moon.core.state import make_store

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.results.report import find_runs, group, targets, write_report
-from fedml_moon.results.tables import mean_std, rounds_to_target
 from fedml_moon.results.report_text import summary_lines
+from fedml_moon.results.tables import mean_std, rounds_to_target
 
 PARAMS = 100  # parameters each way per round, so round r (0-based) has communicated 2 * 100 * (r + 1)
 

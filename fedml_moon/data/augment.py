@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from fedml_moon.config_schema import AUGMENTATIONS  # noqa: F401 (the names this module implements)
 
-
 PAD = 4
 MAX_ROTATION_DEG = 15.0
 

@@ -145,7 +145,8 @@ def _check(args: argparse.Namespace) -> int:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     for c in checks:
-        sys.stdout.write(f"{'PASS' if c.ok else 'FAIL'}  {c.name}" + ("" if c.ok else f": {c.detail}") + "\n")
+        said = ("" if c.ok else f": {c.detail}") + (f" ({c.note})" if c.note else "")
+        sys.stdout.write(f"{'PASS' if c.ok else 'FAIL'}  {c.name}{said}\n")
     failed = sum(not c.ok for c in checks)
     sys.stdout.write(f"{args.algorithm}: {len(checks) - failed} of {len(checks)} checks passed\n")
     return 0 if not failed else 1

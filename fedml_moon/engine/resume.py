@@ -56,18 +56,15 @@ def check_config(saved: dict[str, Any], cfg: Config, where: Path) -> None:
         )
 
 
+_NO_DEFAULT = object()
+
+
 def _default(key: str) -> Any:
-    """The schema's default of a dotted key ("server_args.robust_aggregation"), or a marker of none."""
+    """The schema's default of a dotted key ("server_args.robust_aggregation"), or `_NO_DEFAULT`."""
     section, _, name = key.partition(".")
-    for field in dataclasses.fields(SECTIONS.get(section, _NoFields)):
-        if field.name == name and field.default is not dataclasses.MISSING:
-            return field.default
-    return _NoFields
-
-
-@dataclasses.dataclass
-class _NoFields:
-    pass
+    fields = dataclasses.fields(SECTIONS[section]) if section in SECTIONS else ()
+    field = next((f for f in fields if f.name == name), None)
+    return _NO_DEFAULT if field is None or field.default is dataclasses.MISSING else field.default
 
 
 def resume_round(out_dir: Path) -> int:

@@ -38,12 +38,14 @@ SMALL = [
 
 
 class DivergesOnParty1(FedAvgClient):
-    """Party 1's training blows up in round 1 (its model turns NaN)."""
+    """Party 1's training blows up in round 1 (the model it uploads turns NaN)."""
 
-    def end_round(self, model, state, round_idx, party_id, loader):
-        if party_id == 1 and round_idx == 1:
+    def finish(self, r, ctx, done):
+        payload = super().finish(r, ctx, done)
+        if r.party == 1 and r.round_idx == 1:
             with torch.no_grad():
-                next(model.parameters()).fill_(float("nan"))
+                payload["model"][r.trainable[0]].fill_(float("nan"))
+        return payload
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from fedml_moon.algorithms.fedssc import (
 from fedml_moon.config_schema import ServerArgs
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.models import ModelOutput
+from fedml_moon.engine.batched import train_party
 from fedml_moon.losses import prototype_contrastive_loss
 from tests.helpers import tiny_batches, tiny_factory, train_args
 
@@ -123,14 +124,13 @@ def test_round_trip_sends_prototypes_and_round_zero_has_none():
     start = clone_state(model.state_dict())
     down = server.download(start)
     assert "prototypes" not in down
-    metrics = client.local_train(model, down, {}, tiny_batches(), torch.device("cpu"), 0, 0)
+    metrics, up = train_party(client, model, down, {}, tiny_batches(), torch.device("cpu"), 0, 0)
     assert metrics["l_glob"] == 0.0
-    up = client.upload(model, {}, 0)
     assert up["prototypes"].shape == (3, 8) and up["present"].dtype == torch.bool
     server.aggregate(start, [(24.0, up)])
     down = server.download(server_state := start)
     assert torch.equal(down["prototypes"], up["prototypes"]) and server_state is start
-    metrics = client.local_train(
-        tiny_factory()(), down, {"pool": [start]}, tiny_batches(), torch.device("cpu"), 1, 0
+    metrics, _ = train_party(
+        client, tiny_factory()(), down, {"pool": [start]}, tiny_batches(), torch.device("cpu"), 1, 0
     )
     assert metrics["l_glob"] > 0.0

@@ -9,6 +9,7 @@ from fedml_moon.config_schema import ConfigError, ServerArgs
 from fedml_moon.core.aggregation import clone_state, payload_numel
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.state import PartyStore
+from fedml_moon.engine.batched import train_party
 from tests.helpers import tiny_batches, tiny_factory, train_args
 
 OPTS = LGOptions(split_preset="head")  # head.* and classifier.* global, encoder.* local
@@ -26,11 +27,18 @@ def run_rounds(schedule, opts=OPTS):
         for p in parties:
             party_state = store.get(p)
             model = tiny_factory()()
-            client.local_train(
-                model, server.download(state, p), party_state, tiny_batches(seed=r * 10 + p), CPU, r, p
+            _, upload = train_party(
+                client,
+                model,
+                server.download(state, p),
+                party_state,
+                tiny_batches(seed=r * 10 + p),
+                CPU,
+                r,
+                p,
             )
             store.put(p, party_state)
-            uploads.append((24.0, client.upload(model, party_state, p)))
+            uploads.append((24.0, upload))
         state = server.aggregate(state, uploads)
     return client, server, state, store
 
@@ -61,8 +69,7 @@ def test_only_global_layers_travel_after_the_first_contact():
     first = server.download(state, 5)
     assert set(first["local_init"]) == set(server.local_keys)
     model = tiny_factory()()
-    client.local_train(model, again, {"local": first["local_init"]}, tiny_batches(), CPU, 1, 0)
-    up = client.upload(model, {}, 0)
+    _, up = train_party(client, model, again, {"local": first["local_init"]}, tiny_batches(), CPU, 1, 0)
     assert set(up["model"]) == set(server.global_keys)
     assert payload_numel(up) < sum(t.numel() for t in state.values())
 

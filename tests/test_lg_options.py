@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fedml_moon.adapters.run import assemble
-from fedml_moon.algorithms.base import NoOptions
+from fedml_moon.algorithms.base import NoOptions, PartyRound
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
 from fedml_moon.config import load_config
@@ -20,7 +20,9 @@ from fedml_moon.config_schema import ServerArgs
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.models import ModelOutput
 from fedml_moon.core.personal import BestSoFar
+from fedml_moon.core.split import split_state
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.engine.batched import train_party
 from fedml_moon.metrics import RunRecorder
 from tests.helpers import tiny_batches, tiny_factory, train_args
 
@@ -36,11 +38,19 @@ def test_warmup_lr_trains_the_warmup_at_its_own_rate():
         tiny_factory()(),
         tiny_factory()(),
     )
-    lg.local_train(lg_model, {"model": start, "phase": "fedavg"}, {}, tiny_batches(), CPU, 0, 0)
-    ref.local_train(ref_model, {"model": start}, {}, tiny_batches(), CPU, 0, 0)
+    train_party(lg, lg_model, {"model": start, "phase": "fedavg"}, {}, tiny_batches(), CPU, 0, 0)
+    train_party(ref, ref_model, {"model": start}, {}, tiny_batches(), CPU, 0, 0)
     ours, theirs = lg_model.state_dict(), ref_model.state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
-    assert lg.learning_rate({"phase": "lg"}) == train_args().learning_rate  # LG rounds: train_args'
+    global_keys, local_keys = opts.split(start.keys())
+    lg_round = PartyRound(
+        {"model": split_state(start, global_keys), "phase": "lg"},
+        {"local": split_state(start, local_keys)},
+        1,
+        0,
+        tuple(n for n, p in lg_model.named_parameters() if p.requires_grad),
+    )
+    assert lg.context(lg_round).lr == train_args().learning_rate  # LG rounds: train_args'
 
 
 def test_warm_start_from_the_best_evaluated_warmup_round():

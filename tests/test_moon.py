@@ -5,10 +5,13 @@ import math
 import pytest
 import torch
 
+from fedml_moon.algorithms.base import PartyRound
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions, push_pool
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.state import PartyStore
+from fedml_moon.engine.batched import train_party
+from fedml_moon.engine.local import ModuleNet
 from tests.helpers import tiny_batches, tiny_factory, train_args
 
 
@@ -35,7 +38,7 @@ def test_party_pool_holds_its_last_k_trained_models(k):
     state, trained = {}, []
     received = {"model": clone_state(model.state_dict())}
     for r in range(7):
-        client.local_train(model, received, state, tiny_batches(seed=r), torch.device("cpu"), r, party_id=0)
+        train_party(client, model, received, state, tiny_batches(seed=r), torch.device("cpu"), r, 0)
         trained.append(clone_state(model.state_dict()))
     assert len(state["pool"]) == min(k, 7)
     for got, want in zip(state["pool"], trained[-k:], strict=True):
@@ -45,14 +48,15 @@ def test_party_pool_holds_its_last_k_trained_models(k):
 def test_round_zero_has_no_contrastive_term():
     client = make_moon()
     model = tiny_factory()()
-    metrics = client.local_train(
+    metrics, _ = train_party(
+        client,
         model,
         {"model": clone_state(model.state_dict())},
         {},
         tiny_batches(),
         torch.device("cpu"),
         0,
-        party_id=0,
+        0,
     )
     assert metrics["l_con"] == 0.0
 
@@ -60,14 +64,15 @@ def test_round_zero_has_no_contrastive_term():
 def test_unseen_party_with_global_prev_gives_log2():
     client = make_moon(unseen_party_prev="global", mu=0.0)
     model = tiny_factory()()
-    metrics = client.local_train(
+    metrics, _ = train_party(
+        client,
         model,
         {"model": clone_state(model.state_dict())},
         {},
         tiny_batches(),
         torch.device("cpu"),
         3,
-        party_id=4,
+        4,
     )
     assert metrics["l_con"] == pytest.approx(math.log(2), abs=1e-6)
 
@@ -87,26 +92,44 @@ def test_mu_zero_trains_exactly_like_fedavg():
     models = []
     for client in (make_moon(mu=0.0), FedAvgClient(None, train_args(), factory, seed=0)):
         model = factory()
-        client.local_train(
-            model, {"model": start}, {"pool": [start]}, tiny_batches(), torch.device("cpu"), 1, 0
+        train_party(
+            client, model, {"model": start}, {"pool": [start]}, tiny_batches(), torch.device("cpu"), 1, 0
         )
         models.append(model.state_dict())
     assert states_equal(*models)
 
 
 def test_teachers_are_frozen_eval_and_get_no_gradient():
+    """The teachers (the global model and the pool's) are the engine's now (`net.frozen`): eval-mode
+    copies whose parameters take no gradient, and their outputs carry none back to the party's
+    model; the context's state dicts stay untouched by backward."""
     client = make_moon(mu=5.0)
     model = tiny_factory()()
     start = clone_state(model.state_dict())
-    client.start_round(model, {"model": start}, {"pool": [start]}, round_idx=1, party_id=0)
+    trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+    # a pool entry distinct from the global model's state: two teachers, as before
+    r = PartyRound({"model": start}, {"pool": [clone_state(start)]}, 1, 0, trainable)
+    ctx = client.context(r)
+    model.load_state_dict(ctx.start)
+    net = ModuleNet(model)
+    outputs, frozen = [], net.frozen
+
+    def recorded(state, x):
+        outputs.append(frozen(state, x))
+        return outputs[-1]
+
+    net.frozen = recorded
     x, y = tiny_batches(1)[0]
-    loss, terms = client.batch_loss(model, x, y)
+    loss, terms = client.loss(net, x, y, {**ctx.shared, **ctx.party})
     loss.backward()
-    teachers = [client._global, *client._prev]
-    assert len(teachers) == 2
+    teachers = [t for _, t in net._teachers.values()]
+    assert len(teachers) == 2 and len(outputs) == 2
     for t in teachers:
         assert not t.training
         assert all(not p.requires_grad and p.grad is None for p in t.parameters())
+    assert all(not out.z.requires_grad for out in outputs)
+    for state in (ctx.shared["global"], *ctx.party["prev"]):
+        assert all(not v.requires_grad and v.grad is None for v in state.values())
     assert all(p.grad is not None for p in model.parameters())
     assert terms["l_con"].item() == pytest.approx(math.log(2), abs=1e-5)  # z == z_glob == z_prev at start
 
@@ -121,8 +144,8 @@ def test_state_follows_party_under_sampling():
     for r, parties in enumerate(schedule):
         for p in parties:
             state = store.get(p)
-            client.local_train(
-                model, received, state, tiny_batches(seed=10 * r + p), torch.device("cpu"), r, p
+            train_party(
+                client, model, received, state, tiny_batches(seed=10 * r + p), torch.device("cpu"), r, p
             )
             store.put(p, state)
             trained[p].append(clone_state(model.state_dict()))
@@ -137,7 +160,7 @@ def _trained_pool(client, rounds_trained):
     model, state, after = tiny_factory()(), {}, {}
     received = {"model": clone_state(model.state_dict())}
     for r in rounds_trained:
-        client.local_train(model, received, state, tiny_batches(seed=r), torch.device("cpu"), r, party_id=0)
+        train_party(client, model, received, state, tiny_batches(seed=r), torch.device("cpu"), r, 0)
         after[r] = clone_state(model.state_dict())
     return state, after, received
 
@@ -174,6 +197,6 @@ def test_every_round_pool_gives_k_negatives_to_an_unseen_party():
         client = make_moon(pool_size=2, pool_update=pool_update, unseen_party_prev="global", mu=0.0)
         model = tiny_factory()()
         received = {"model": clone_state(model.state_dict())}
-        metrics = client.local_train(model, received, {}, tiny_batches(), torch.device("cpu"), 4, 7)
+        metrics, _ = train_party(client, model, received, {}, tiny_batches(), torch.device("cpu"), 4, 7)
         assert metrics["l_con"] == pytest.approx(expected, abs=1e-6), pool_update
     assert make_moon(pool_update="every-round").previous_models({}, {"model": None}, 0, 0) == []

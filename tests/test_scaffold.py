@@ -4,11 +4,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedml_moon.algorithms.base import ServerAlgorithm
+from fedml_moon.algorithms.base import Context, PartyRound, ServerAlgorithm
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.algorithms.scaffold import ScaffoldClient, ScaffoldOptions, ScaffoldServer
 from fedml_moon.config_schema import ConfigError, ServerArgs
 from fedml_moon.core.aggregation import clone_state, payload_nbytes
+from fedml_moon.engine.batched import train_party
 from tests.helpers import tiny_batches, tiny_factory, train_args
 
 CPU = torch.device("cpu")
@@ -29,13 +30,16 @@ class Toy(nn.Module):
 
 
 class Quadratic:
-    """Replaces the CE loss by the party's f_i; set `coef` to (a_i, b_i) before local training."""
+    """Replaces the CE loss by the party's f_i: party p's context carries (a_p, b_p) = (A[p], B[p])."""
 
-    coef = (1.0, 0.0)
+    def context(self, r: PartyRound) -> Context:
+        ctx = super().context(r)
+        ctx.party["coef"] = torch.tensor([A[r.party], B[r.party]], dtype=torch.float64)
+        return ctx
 
-    def batch_loss(self, model, x, y):
-        a, b = self.coef
-        loss = 0.5 * a * (model.w - b).pow(2).sum()
+    def loss(self, net, x, y, ctx):
+        a, b = ctx["coef"]
+        loss = 0.5 * a * (net.params["w"] - b).pow(2).sum()
         return loss, {}
 
 
@@ -66,10 +70,10 @@ def simulate(client, server, schedule, check=None, state=None, parties=None):
         before = {p: parties[p].get("c") for p in parties}
         uploads = []
         for p in sampled:
-            client.coef = (A[p], B[p])
-            model = Toy()
-            client.local_train(model, server.download(state, p), parties[p], dummy_loader(), CPU, r, p)
-            uploads.append((1.0, client.upload(model, parties[p], p)))
+            _, upload = train_party(
+                client, Toy(), server.download(state, p), parties[p], dummy_loader(), CPU, r, p
+            )
+            uploads.append((1.0, upload))
         state = server.aggregate(state, uploads)
         for p in set(parties) - set(sampled):
             assert parties[p].get("c") is before[p]  # not sampled: c_i untouched
@@ -141,8 +145,7 @@ def test_payload_fields_keys_and_size():
     assert server.download(clone_state(Toy().state_dict()))["c"] == {}  # zeros before any aggregation
     model, state = Toy(), {}
     start = clone_state(model.state_dict())
-    client.local_train(model, server.download(start), state, dummy_loader(), CPU, 0, 2)
-    upload = client.upload(model, state, 2)
+    _, upload = train_party(client, model, server.download(start), state, dummy_loader(), CPU, 0, 2)
     assert set(upload) == {"model", "delta_c", "party_id"} and upload["party_id"] == 2
     assert set(upload["delta_c"]) == {"w"} and set(state["c"]) == {"w"}  # not "frozen", not "count"
     server.aggregate(start, [(1.0, upload)])
@@ -159,9 +162,7 @@ def test_payload_fields_keys_and_size():
     start = {"model": clone_state(model.state_dict())}
     ups = []
     for client in (mlp_client, FedAvgClient(None, train_args(), factory, seed=0)):
-        model.load_state_dict(start["model"])
-        client.local_train(model, start, {}, tiny_batches(2), CPU, 0, 0)
-        ups.append(client.upload(model, {}, 0))
+        ups.append(train_party(client, model, start, {}, tiny_batches(2), CPU, 0, 0)[1])
     assert set(ups[0]["delta_c"]) == names and "classifier.bias" not in names
     fedavg_bytes = payload_nbytes(ups[1])
     assert payload_nbytes(ups[0]) == 2 * fedavg_bytes - 3 * 4  # twice FedAvg's, less the frozen bias
@@ -185,9 +186,9 @@ def test_server_lr_is_eta_g_and_scales_the_averaged_step():
     start = clone_state(Toy().state_dict())
     uploads = []
     for p in range(3):
-        client.coef, model = (A[p], B[p]), Toy()
-        client.local_train(model, server.download(start), {}, dummy_loader(), CPU, 0, p)
-        uploads.append((1.0, client.upload(model, {}, p)))
+        uploads.append(
+            (1.0, train_party(client, Toy(), server.download(start), {}, dummy_loader(), CPU, 0, p)[1])
+        )
     avg = plain.aggregate(start, uploads)
     half = server.aggregate(start, uploads)
     torch.testing.assert_close(half["w"], 0.5 * avg["w"])  # start is w = 0
@@ -214,8 +215,7 @@ def test_c_update_mean_is_the_authors_variant():
     moved = {}
     for mode in ("paper", "mean"):
         client, server = scaffold_pair(c_update=mode)
-        client.coef, model = (A[0], B[0]), Toy()
-        client.local_train(model, server.download(start), {}, dummy_loader(), CPU, 0, 0)
-        server.aggregate(start, [(1.0, client.upload(model, {}, 0))])
+        _, upload = train_party(client, Toy(), server.download(start), {}, dummy_loader(), CPU, 0, 0)
+        server.aggregate(start, [(1.0, upload)])
         moved[mode] = server.c["w"]
     torch.testing.assert_close(moved["mean"], 3 * moved["paper"])

@@ -32,13 +32,15 @@ from queue import Empty
 
 import torch
 
-from fedml_moon.algorithms.batched import PartyJob, train_parties
+from fedml_moon.algorithms.base import PartyRound
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.config_schema import TrainArgs
 from fedml_moon.core.models import build_model
 from fedml_moon.core.partition import dirichlet_partition
 from fedml_moon.data.datasets import DatasetTensors, load_dataset
 from fedml_moon.data.loader import build_fedml_dataset
+from fedml_moon.engine.batched import train_parties, train_party
+from fedml_moon.engine.local import PartyJob
 
 log = logging.getLogger("gpu_round")
 PARTIES = 10
@@ -84,12 +86,13 @@ def one_round(mode: str, opts: argparse.Namespace, queue: mp.Queue) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
     if mode != "sequential":
-        jobs = [PartyJob(p, received, {}, loaders[p]) for p in range(PARTIES)]
-        train_parties(algo, factory().to(device), jobs, device, 1)
+        names = tuple(n for n, p in factory().named_parameters() if p.requires_grad)
+        jobs = [PartyJob(PartyRound(received, {}, 1, p, names), loaders[p]) for p in range(PARTIES)]
+        train_parties(algo, factory().to(device), jobs, device)
     else:
         model = factory()
         for p in range(PARTIES):
-            algo.local_train(model, received, {}, loaders[p], device, 1, p)
+            train_party(algo, model, received, {}, loaders[p], device, 1, p)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)

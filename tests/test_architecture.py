@@ -51,7 +51,7 @@ def test_the_round_engine_imports_without_fedml():
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import fedml_moon.engine.rounds, fedml_moon.engine.parties, fedml_moon.engine.simulation\n"
-        "import fedml_moon.engine.resume, fedml_moon.algorithms.batched, fedml_moon.results.report\n"
+        "import fedml_moon.engine.resume, fedml_moon.engine.batched, fedml_moon.results.report\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,8 +1,8 @@
 """Parties trained together give the model the sequential path gives: the functional SGD step is
 torch.optim.SGD's; every registered algorithm, with unequal parties and sampling, ends 2 rounds (MOON
 also 4, with pools of different lengths, and with its l2 term) within 1e-4 of the sequential run;
-BatchNorm statistics stay per party; an algorithm without a batched form falls back to the
-sequential path and says so."""
+BatchNorm statistics stay per party; a contributed algorithm that writes only its loss and a step
+hook trains batched with no extra code."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from fedml_moon.adapters.run import assemble
-from fedml_moon.algorithms.base import ClientAlgorithm
-from fedml_moon.algorithms.batched import PartyJob, train_parties
+from fedml_moon.algorithms.base import ClientAlgorithm, Context, PartyRound, add_rows
 from fedml_moon.config import load_config
 from fedml_moon.core.batched import StackedSGD, auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.core.validate import tensor_leaves
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.loader import FedMLDataset
+from fedml_moon.engine.batched import PartyJob, train_parties, train_party
 from fedml_moon.registry import ALGORITHMS, load_plugins
 from tests.helpers import train_args
 
@@ -34,7 +34,6 @@ EXTRA = {
     "moon": ["algorithm_args.pool_size=2"],  # pools of different lengths under sampling
     "scaffold": ["algorithm_args.correction=gradient"],
 }
-BUILT_IN = ("fedavg", "fedprox", "fedssc", "lg", "moon", "scaffold", "solo")
 SMALL = [  # 5 parties of unequal sizes (Dir 0.5), 4 sampled per round, 2 rounds, last batches partial
     "data_args.max_train_samples=900",
     "data_args.max_test_samples=200",
@@ -100,8 +99,7 @@ def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path
     seq = _run(tmp_path, monkeypatch, algorithm, 1, extra)
     with caplog.at_level(logging.INFO, logger="fedml_moon.engine.parties"):
         bat = _run(tmp_path, monkeypatch, algorithm, 4, extra)
-    if algorithm in BUILT_IN:
-        assert "parties trained together (batched)" in caplog.text and "no batched form" not in caplog.text
+    assert "parties trained together (batched)" in caplog.text  # the plugin's too: one form, no fallback
     a, b = seq.loop.aggregator.model.state_dict(), bat.loop.aggregator.model.state_dict()
     assert _max_diff(a, b) <= 1e-4
     store_a, store_b = seq.loop.runner.trainer.store, bat.loop.runner.trainer.store
@@ -115,15 +113,19 @@ def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path
 def test_parties_whose_shared_context_is_equal_but_copied_train_together():
     """One copy of the server's prototypes per party (moved to the device per party) still stacks;
     other values do not."""
-    from fedml_moon.algorithms.batched import groups
+    from fedml_moon.engine.batched import groups
 
     protos = torch.randn(4, 3)
 
     def job(party: int, shared: torch.Tensor) -> PartyJob:
-        return PartyJob(party, {}, {}, [], context={"shared": {"protos": shared}, "party": {}}, lr=0.1)
+        return PartyJob(PartyRound({}, {}, 0, party, ()), [], Context({}, 0.1, {"protos": shared}))
 
     jobs = [job(0, protos), job(1, protos.clone()), job(2, protos + 1), job(3, protos.clone())]
     assert [[j.party for j in g] for g in groups(jobs)] == [[0, 1, 3], [2]]
+
+
+def _names(factory) -> tuple[str, ...]:
+    return tuple(n for n, p in factory().named_parameters() if p.requires_grad)
 
 
 def _loader(n: int, batch: int, seed: int, side: int = 16):
@@ -144,12 +146,12 @@ def test_batchnorm_statistics_stay_with_their_party_resnet50():
     algo = ClientAlgorithm(None, train_args(epochs=1, batch_size=4, learning_rate=0.01), factory, 0)
     start = factory().state_dict()
     loaders = [_loader(8, 4, 1), _loader(4, 4, 2), _loader(6, 4, 3)]  # 2, 1, 2 batches (one of 2 samples)
-    jobs = [PartyJob(p, {"model": start}, {}, loaders[p]) for p in range(3)]
-    results = train_parties(algo, factory(), jobs, torch.device("cpu"), 0)
+    jobs = [PartyJob(PartyRound({"model": start}, {}, 0, p, _names(factory)), loaders[p]) for p in range(3)]
+    results = train_parties(algo, factory(), jobs, torch.device("cpu"))
     finals = []
     for p, job in enumerate(jobs):
         model = factory()
-        metrics = algo.local_train(model, {"model": start}, {}, loaders[p], torch.device("cpu"), 0, p)
+        metrics, _ = train_party(algo, model, {"model": start}, {}, loaders[p], torch.device("cpu"), 0, p)
         assert job.steps == len(loaders[p]) and _max_diff(model.state_dict(), job.final) <= 1e-9
         assert results[p][0]["loss"] == pytest.approx(metrics["loss"], rel=1e-9)
         finals.append(job.final)
@@ -160,13 +162,21 @@ def test_batchnorm_statistics_stay_with_their_party_resnet50():
 
 
 class _OwnLoss(ClientAlgorithm):
-    """A contributed algorithm that changes the loss but has no batched form."""
+    """A contributed algorithm: its own loss and a step hook (decoupled weight shrinkage on the
+    classifier), nothing else; it trains batched with no extra code."""
 
     name = "own-loss"
 
-    def batch_loss(self, model, x, y):
-        ce = F.cross_entropy(model(x)[2], y) * 2
+    def context(self, r):
+        return Context(r.received["model"], self.train_args.learning_rate, {}, {"shrink": torch.tensor(0.1)})
+
+    def loss(self, net, x, y, ctx):
+        ce = F.cross_entropy(net(x).logits, y) * 2
         return ce, {"ce": ce.detach()}
+
+    def after_step(self, params, ctx, rows, lr):
+        w = params["classifier.weight"]
+        add_rows(w, w * ctx["shrink"].view(-1, 1, 1) * -lr, rows, 1.0)
 
 
 def test_moon_teachers_over_batchnorm_train_batched_as_sequentially_resnet50():
@@ -184,16 +194,20 @@ def test_moon_teachers_over_batchnorm_train_batched_as_sequentially_resnet50():
     algo = MoonClient(MoonOptions(mu=1.0), train, factory, 0)
     start, previous = factory().state_dict(), factory().state_dict()
     loaders = [_loader(8, 4, 1, side=8), _loader(3, 4, 2, side=8)]  # 2 batches; 1 of 3 samples
-    jobs = [PartyJob(p, {"model": start}, {"pool": [previous]}, loaders[p]) for p in range(2)]
-    results = train_parties(algo, factory(), jobs, torch.device("cpu"), 1)  # round 1: the pool is used
+    names = _names(factory)
+    jobs = [
+        PartyJob(PartyRound({"model": start}, {"pool": [previous]}, 1, p, names), loaders[p])
+        for p in range(2)
+    ]
+    results = train_parties(algo, factory(), jobs, torch.device("cpu"))  # round 1: the pool is used
     for p, job in enumerate(jobs):
         model, state = factory(), {"pool": [previous]}
-        metrics = algo.local_train(model, {"model": start}, state, loaders[p], torch.device("cpu"), 1, p)
+        metrics, _ = train_party(algo, model, {"model": start}, state, loaders[p], torch.device("cpu"), 1, p)
         assert _max_diff(model.state_dict(), job.final) <= 1e-9, p
         assert results[p][0]["l_con"] == pytest.approx(metrics["l_con"], rel=1e-9) and metrics["l_con"] > 0
 
 
-def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(caplog):
+def test_a_contributed_algorithm_trains_batched_as_sequentially_with_no_extra_code(caplog):
     from fedml_moon.adapters.trainer import PluginClientTrainer
     from fedml_moon.core.state import make_store
     from fedml_moon.engine.parties import PartyRunner
@@ -201,9 +215,7 @@ def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(cap
     def factory():
         return build_model("mlp", (1, 4, 4), 3, use_head=False)
 
-    args = train_args(batch_size=4)
-    assert ClientAlgorithm(None, args, factory, 0).has_batched_form()
-    assert not _OwnLoss(None, args, factory, 0).has_batched_form()
+    args = train_args(batch_size=4, epochs=2)
 
     class _Data(list):
         def __init__(self, items, party):
@@ -212,10 +224,10 @@ def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(cap
 
     g = torch.Generator().manual_seed(0)
     loaders = [
-        _Data([(torch.randn(4, 1, 4, 4, generator=g), torch.randint(0, 3, (4,), generator=g))], p)
+        _Data([(torch.randn(4, 1, 4, 4, generator=g), torch.randint(0, 3, (4,), generator=g))] * (p + 1), p)
         for p in range(3)
     ]
-    dataset = FedMLDataset(0, 0, None, None, dict(enumerate([4, 4, 4])), loaders, loaders, 4)
+    dataset = FedMLDataset(0, 0, None, None, dict(enumerate([4, 8, 12])), loaders, loaders, 4)
 
     class _Args:
         round_idx = 0
@@ -230,9 +242,11 @@ def test_an_algorithm_without_a_batched_form_trains_sequentially_and_says_so(cap
         runner = PartyRunner(trainer, dataset, torch.device("cpu"), _Args(), parallel)
         with caplog.at_level(logging.INFO, logger="fedml_moon.engine.parties"):
             outs.append(runner.train_many([(p, start) for p in range(3)], 0))
-    assert caplog.text.count("own-loss has no batched form: its parties train one after another") == 1
+    assert "3 parties trained together (batched)" in caplog.text
     for (_, a), (_, b) in zip(*outs, strict=True):
-        assert all(torch.equal(a["model"][n], b["model"][n]) for n in a["model"])
+        assert _max_diff(a["model"], b["model"]) <= 1e-6
+        assert _max_diff(a["model"], start["model"]) > 1e-3  # they trained
+        assert a["metrics"]["ce"] == pytest.approx(b["metrics"]["ce"], rel=1e-5)
 
 
 def test_auto_picks_every_party_when_memory_allows_and_fewer_when_not(monkeypatch):
@@ -262,4 +276,4 @@ def test_mpi_simulation_workers_train_their_parties_batched(tmp_path):
     diff, _ = conformance.compare(ref, run)
     assert diff <= 1e-4
     logs = "".join(path.read_text() for path in run.logs)
-    assert "parties trained together (batched)" in logs and "no batched form" not in logs
+    assert "parties trained together (batched)" in logs

@@ -11,12 +11,13 @@ import copy
 import pytest
 import torch
 
-from fedml_moon.algorithms.batched import PartyJob, train_parties
+from fedml_moon.algorithms.base import PartyRound
 from fedml_moon.config import load_config
 from fedml_moon.core.models import build_model
 from fedml_moon.core.partition import dirichlet_partition
 from fedml_moon.data.datasets import DatasetTensors
 from fedml_moon.data.loader import build_fedml_dataset
+from fedml_moon.engine.batched import PartyJob, train_parties, train_party
 from fedml_moon.registry import get_algorithm
 
 BUILT_IN = ("fedavg", "fedprox", "fedssc", "lg", "moon", "scaffold", "solo")
@@ -56,18 +57,20 @@ def _round_trip(
     server = spec.server(cfg.algorithm_args, cfg.server_args, train, 0)
     global_state = server.setup(copy.deepcopy(model.state_dict()))
     states: list[dict] = [{} for _ in range(PARTIES)]
+    names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
     for round_idx in range(2):
-        jobs = [
-            PartyJob(p, server.download(global_state, p), states[p], loaders.train_data_local_dict[p])
-            for p in SAMPLED
+        rounds = [
+            PartyRound(server.download(global_state, p), states[p], round_idx, p, names) for p in SAMPLED
         ]
+        data = [loaders.train_data_local_dict[p] for p in SAMPLED]
         if parallel:
-            uploads = [u for _, u in train_parties(client, model, jobs, device, round_idx)]
+            jobs = [PartyJob(r, d) for r, d in zip(rounds, data, strict=True)]
+            uploads = [u for _, u in train_parties(client, model, jobs, device)]
         else:
-            uploads = []
-            for job in jobs:
-                client.local_train(model, job.received, job.state, job.loader, device, round_idx, job.party)
-                uploads.append(client.upload(model, job.state, job.party))
+            uploads = [
+                train_party(client, model, r.received, r.state, d, device, round_idx, r.party)[1]
+                for r, d in zip(rounds, data, strict=True)
+            ]
         weights = [float(len(parts[p])) for p in SAMPLED]
         global_state = server.aggregate(global_state, list(zip(weights, uploads, strict=True)))
     return global_state, states
@@ -100,8 +103,8 @@ def _check(algorithm: str, device: torch.device, graphs: bool = False) -> None:
 def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
     """On `meta` tensors (no arithmetic, real devices checks): starts, stacked weights, SGD state and
     the parties' final models all live on the run's device, for a CPU-only check of the CUDA path."""
-    from fedml_moon.algorithms.batched import groups, prepare, train_group
     from fedml_moon.algorithms.moon import MoonClient, MoonOptions
+    from fedml_moon.engine.batched import groups, prepare, train_group
     from tests.helpers import train_args
 
     meta = torch.device("meta")
@@ -112,13 +115,15 @@ def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
     algo = MoonClient(MoonOptions(mu=1.0, temperature=0.5), train_args(epochs=1, batch_size=4), factory, 0)
     received = {"model": {k: v.to(meta) for k, v in factory().state_dict().items()}}
     batch = (torch.empty(4, 1, 28, 28, device=meta), torch.zeros(4, dtype=torch.long, device=meta))
-    jobs = [PartyJob(p, received, {}, [batch] * (p + 1)) for p in range(3)]
-    assert prepare(algo, factory(), jobs, meta, 0)
+    names = tuple(n for n, p in factory().named_parameters() if p.requires_grad)
+    jobs = [PartyJob(PartyRound(received, {}, 0, p, names), [batch] * (p + 1)) for p in range(3)]
+    for job in jobs:
+        prepare(algo, job, meta)
     for group in groups(jobs):
         train_group(algo, factory(), group, meta)
     for job in jobs:
         assert job.steps == job.party + 1
-        assert {t.device for t in [*job.start.values(), *job.final.values()]} == {meta}
+        assert {t.device for t in [*job.ctx.start.values(), *job.final.values()]} == {meta}
 
 
 def test_batched_equals_sequential_through_the_core_loop_on_the_cpu() -> None:

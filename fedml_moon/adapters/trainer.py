@@ -14,11 +14,11 @@ import torch
 from fedml.core import ClientTrainer
 from torch import nn
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Payload
-from fedml_moon.algorithms.batched import PartyJob, train_parties
+from fedml_moon.algorithms.base import ClientAlgorithm, PartyRound, Payload
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.core.state import PartyStore
+from fedml_moon.engine.batched import PartyJob, train_parties
 
 log = logging.getLogger(__name__)
 
@@ -82,36 +82,31 @@ class PluginClientTrainer(ClientTrainer):
         self.outgoing = None
 
     def train(self, train_data: Any, device: torch.device, args: Any) -> None:
-        party = party_of(train_data)
-        check_loader_device(train_data, device)
-        round_idx = int(getattr(args, "round_idx", 0) or 0)
+        """FedML's call: one party's local round (the party of `train_data`) from the last download."""
         if self.received is None:
             self.received = {"model": clone_state(self.model.state_dict())}
-        state = self.store.get(party)
-        self.last_metrics = self.algorithm.local_train(
-            self.model, self.received, state, train_data, device, round_idx, party
-        )
-        self.store.put(party, state)
-        self.outgoing = self.algorithm.upload(self.model, state, party)
-        self.outgoing["metrics"] = dict(self.last_metrics)
-        log.debug("round %d party %d: %s", round_idx, party, self.last_metrics)
+        round_idx = int(getattr(args, "round_idx", 0) or 0)
+        (upload,) = self.train_many([train_data], [self.received], device, round_idx)
+        self.outgoing, self.last_metrics = upload, dict(upload["metrics"])
+        log.debug("round %d party %d: %s", round_idx, upload["party_id"], self.last_metrics)
 
-    def train_many(self, loaders: list, downloads: list, device: torch.device, round_idx: int) -> list | None:
-        """Several parties' local rounds trained together (algorithms/batched.py); their uploads, or
-        None when the algorithm has no batched form (nothing has changed then)."""
-        if not self.algorithm.has_batched_form():
-            return None
+    def train_many(
+        self, loaders: list, downloads: list, device: torch.device, round_idx: int
+    ) -> list[Payload]:
+        """Parties' local rounds, trained together when there are several (`engine.batched`): their
+        uploads with their metrics, in order; each party's state goes back to the store."""
+        trainable = tuple(n for n, p in self.model.named_parameters() if p.requires_grad)
         jobs = []
         for data, download in zip(loaders, downloads, strict=True):
             check_loader_device(data, device)
             party = party_of(data)
-            jobs.append(PartyJob(party, as_payload(download), self.store.get(party), data))
-        results = train_parties(self.algorithm, self.model, jobs, device, round_idx)
-        if results is None:
-            return None
+            job_round = PartyRound(as_payload(download), self.store.get(party), round_idx, party, trainable)
+            jobs.append(PartyJob(job_round, data))
         uploads = []
-        for job, (metrics, upload) in zip(jobs, results, strict=True):
-            self.store.put(job.party, job.state)
+        for job, (metrics, upload) in zip(
+            jobs, train_parties(self.algorithm, self.model, jobs, device), strict=True
+        ):
+            self.store.put(job.party, job.round.state)
             upload["metrics"] = dict(metrics)
             uploads.append(upload)
         self.outgoing = None

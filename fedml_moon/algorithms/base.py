@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,18 +28,6 @@ log = logging.getLogger(__name__)
 ModelFactory = Callable[[], nn.Module]
 
 
-BATCHED_PAIRS = (
-    ("local_train", "batched_context"),
-    ("batch_loss", "functional_loss"),
-    ("before_step", "batched_before_step"),
-    ("after_step", "batched_after_step"),
-)
-
-
-def _defined_in(cls: type, name: str) -> type:
-    return next(c for c in cls.__mro__ if name in c.__dict__)
-
-
 @dataclass
 class NoOptions:
     """Algorithms without options of their own."""
@@ -52,8 +40,70 @@ def make_optimizer(model: nn.Module, train: TrainArgs, lr: float | None = None) 
     return torch.optim.SGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
+@dataclass(frozen=True)
+class PartyRound:
+    """One party's local round as the engine hands it to the algorithm: what the server sent, what
+    the party keeps (`finish` updates it in place), which round and party, and the model's trainable
+    parameters by state-dict name (buffers are not among them)."""
+
+    received: Payload
+    state: dict
+    round_idx: int
+    party: int
+    trainable: tuple[str, ...]
+
+
+@dataclass
+class Context:
+    """What a party's local round needs, computed once before its first step (`ClientAlgorithm.context`).
+
+    `start`: the full model state the party starts from. `lr`: its local learning rate. `shared`:
+    values equal for every party of the round (e.g. MOON's global model), `party`: the party's own
+    tensors (e.g. SCAFFOLD's c - c_i); both may nest dicts and lists, and `loss` reads them merged
+    under their keys (which must differ). Parties whose shared values are equal, whose party values
+    have the same shapes and whose learning rates are equal train stacked."""
+
+    start: Mapping[str, torch.Tensor]
+    lr: float
+    shared: dict = field(default_factory=dict)
+    party: dict = field(default_factory=dict)
+
+
+@dataclass
+class LocalResult:
+    """A party's finished local training, as `finish` receives it: the model state after the last
+    step (read it, clone what you keep), the number of SGD steps taken, a module holding that
+    state (to compute with it) and the party's training data."""
+
+    final: Mapping[str, torch.Tensor]
+    steps: int
+    model: nn.Module
+    data: Iterable
+
+
+class Net(Protocol):
+    """A party's network inside a step: `net(x)` the model's output (`core.models.ModelOutput`) in
+    train mode, `net.params` its trainable parameters by name, `net.frozen(state, x)` the eval-mode
+    output, without gradient, of the same architecture with the weights `state` (a teacher)."""
+
+    params: Mapping[str, torch.Tensor]
+
+    def __call__(self, x: torch.Tensor) -> Any: ...
+
+    def frozen(self, state: Mapping[str, torch.Tensor], x: torch.Tensor) -> Any: ...
+
+
 class ClientAlgorithm:
-    """The party side. Subclasses override `batch_loss` and, where needed, the round hooks."""
+    """The party side, written once: the engine (`engine/local.py`) runs it for one party on the
+    model itself or for K parties stacked, with or without CUDA graphs. A local round is
+
+        ctx = context(round)                         # before the first step
+        for each of E epochs, for each batch (x, y):
+            loss(net, x, y, ctx) -> backward -> before_step -> SGD(ctx.lr) -> after_step
+        upload = finish(round, ctx, result)          # updates round.state
+
+    An algorithm overrides `loss` and, where it needs them, `context`, the two step hooks, `finish`
+    and `personal_state`. Nothing of a round lives on `self`."""
 
     name: ClassVar[str] = "fedavg"
     personalized: ClassVar[bool] = False  # parties predict with their own models (local test differs)
@@ -63,34 +113,29 @@ class ClientAlgorithm:
         self.train_args = train
         self.model_factory = model_factory
         self.seed = seed
-        self.steps = 0
 
-    # --- hooks ---------------------------------------------------------------------------------
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        """Load what the server sent into `model` before local training."""
-        model.load_state_dict(received["model"])
+    def context(self, r: PartyRound) -> Context:
+        """The round's starting model, learning rate and what `loss` and the hooks read: the
+        server's model at train_args.learning_rate, nothing else."""
+        return Context(r.received["model"], self.train_args.learning_rate)
 
-    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """The local loss of one batch and its named terms (floats) for metrics."""
-        ce = F.cross_entropy(model(x).logits, y)
+    def loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+        """One batch's loss and its named terms (detached) for metrics: x [B, ...], y [B]; `ctx` the
+        context's shared and party entries (the party's own). Cross-entropy (FedAvg)."""
+        ce = F.cross_entropy(net(x).logits, y)
         return ce, {"ce": ce.detach()}
 
-    def learning_rate(self, received: Payload) -> float:
-        """The local learning rate of this training call (train_args.learning_rate by default)."""
-        return self.train_args.learning_rate
+    def before_step(self, params: dict, grads: dict, ctx: dict, rows: torch.Tensor | None) -> None:
+        """After backward, before the SGD step: `params` and `grads` [K, ...] by trainable name
+        (K = 1 on the sequential path; write into `grads` in place), `ctx` the parties' stacked party
+        entries [K, ...]; only the rows `rows` step (None: all)."""
 
-    def before_step(self, model: nn.Module) -> None:
-        """Called after backward(), before the optimiser step (e.g. to correct gradients)."""
+    def after_step(self, params: dict, ctx: dict, rows: torch.Tensor | None, lr: float) -> None:
+        """After the SGD step of the rows `rows` (as `before_step`; write into `params` in place)."""
 
-    def after_step(self, model: nn.Module) -> None:
-        """Called after each optimiser step."""
-
-    def end_round(
-        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
-    ) -> None:
-        """Update what the party keeps after local training (`loader` is the party's training data)."""
+    def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
+        """Updates what the party keeps (`r.state`) and returns its upload: the model (FedAvg)."""
+        return {"model": clone_state(done.final), "party_id": int(r.party)}
 
     def personal_state(self, state: dict) -> dict | None:
         """The entries of this party's model that are its own rather than the server's (None: none)."""
@@ -101,80 +146,13 @@ class ClientAlgorithm:
         personal = self.personal_state(state)
         return received["model"] if not personal else merge_states(received["model"], personal)
 
-    def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
-        """What the party sends to the server."""
-        return {"model": clone_state(model.state_dict()), "party_id": int(party_id)}
 
-    # --- the batched form (train_args.parties_in_parallel > 1; see algorithms/batched.py) ---------
-    # `start_round` must depend only on its arguments: the batched path calls it once per party to
-    # read the starting model and context, and again before `end_round` / `upload`.
-    def batched_context(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> dict | None:
-        """Called right after `start_round`: {"shared": {...}, "party": {...}}, the tensors (nested
-        dicts / lists allowed) `functional_loss` and the batched hooks read, the same for every party
-        or the party's own. None: this party cannot train batched this round (sequential instead)."""
-        return {"shared": {}, "party": {}}
-
-    def has_batched_form(self) -> bool:
-        """Whether each sequential member this class overrides (`local_train`, `batch_loss`,
-        `before_step`, `after_step`) has its batched counterpart defined at the same level or below;
-        a subclass that changes the loss but not `functional_loss` trains sequentially."""
-        cls = type(self)
-        return all(issubclass(_defined_in(cls, b), _defined_in(cls, s)) for s, b in BATCHED_PAIRS)
-
-    def functional_loss(
-        self, net: Any, x: torch.Tensor, y: torch.Tensor, ctx: dict
-    ) -> tuple[torch.Tensor, dict]:
-        """One party's `batch_loss` inside the vmapped step: `net(x)` is the party's model,
-        `net.params` its trainable parameters by name, `net.frozen(state, x)` an eval-mode model with
-        weights `state`; `ctx` holds the shared and the party's context entries."""
-        return self.batch_loss(net, x, y)
-
-    def batched_before_step(self, params: dict, ctx: dict, rows: torch.Tensor | None) -> None:
-        """`before_step` for stacked parameters [K, ...] (their .grad set); `ctx` the parties' stacked
-        contexts; only the parties `rows` (None: all) step."""
-
-    def batched_after_step(self, params: dict, ctx: dict, rows: torch.Tensor | None, lr: float) -> None:
-        """`after_step` for stacked parameters, after the SGD step of the parties `rows`."""
-
-    # --- the local training call ---------------------------------------------------------------
-    def local_train(
-        self,
-        model: nn.Module,
-        received: Payload,
-        state: dict,
-        loader: Iterable,
-        device: torch.device,
-        round_idx: int,
-        party_id: int,
-    ) -> dict[str, float]:
-        """E local epochs of SGD on the party's data; returns mean loss terms over the batches.
-
-        `loader` yields batches on `device` (loaders are built for the run's device, see
-        `build_fedml_dataset`), and so does every loader derived from it in `end_round`.
-        """
-        model.to(device)
-        self.start_round(model, received, state, round_idx, party_id)
-        model.train()
-        optimizer = make_optimizer(model, self.train_args, self.learning_rate(received))
-        sums: dict[str, torch.Tensor] = {}
-        batches = 0
-        for _ in range(self.train_args.epochs):
-            for x, y in loader:
-                optimizer.zero_grad(set_to_none=True)
-                loss, terms = self.batch_loss(model, x, y)
-                loss.backward()
-                self.before_step(model)
-                optimizer.step()
-                self.after_step(model)
-                terms["loss"] = loss.detach()
-                for key, value in terms.items():
-                    sums[key] = sums[key] + value if key in sums else value.clone()
-                batches += 1
-        self.steps = batches
-        self.end_round(model, state, round_idx, party_id, loader)
-        return {k: float(v) / max(batches, 1) for k, v in sums.items()}
+def add_rows(target: torch.Tensor, source: torch.Tensor, rows: torch.Tensor | None, alpha: float) -> None:
+    """target[rows] += alpha * source[rows] (every row when rows is None), in place: for step hooks."""
+    if rows is None:
+        target.add_(source, alpha=alpha)
+    else:
+        target.index_add_(0, rows, source.index_select(0, rows), alpha=alpha)
 
 
 def robust_mean(server: ServerArgs) -> RobustMean:

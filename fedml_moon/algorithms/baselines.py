@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
+from fedml_moon.algorithms.base import (
+    ClientAlgorithm,
+    Context,
+    LocalResult,
+    Net,
+    PartyRound,
+    Payload,
+    ServerAlgorithm,
+)
 from fedml_moon.config_schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.losses import proximal_term
@@ -33,35 +39,19 @@ class FedProxOptions:
 
 
 class FedProxClient(ClientAlgorithm):
-    """FedProx (Li et al. 2020): CE + mu/2 ||w - w^t||^2 over the trainable parameters."""
+    """FedProx (Li et al. 2020): CE + mu/2 ||w - w^t||^2 over the trainable parameters (Eq. 2)."""
 
     name = "fedprox"
 
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        super().start_round(model, received, state, round_idx, party_id)
-        self._anchor = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    def context(self, r: PartyRound) -> Context:
+        """The anchor w^t: the server's trainable parameters, the same for every party."""
+        anchor = {n: r.received["model"][n] for n in r.trainable}
+        return Context(r.received["model"], self.train_args.learning_rate, {"anchor": anchor})
 
-    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        params = [p for p in model.parameters() if p.requires_grad]
-        return self._loss(model(x).logits, y, params, self._anchor)
-
-    def batched_context(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> dict:
-        names = [n for n, p in model.named_parameters() if p.requires_grad]
-        return {"shared": {"anchor": {n: received["model"][n] for n in names}}, "party": {}}
-
-    def functional_loss(self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+    def loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
         anchor = ctx["anchor"]
-        return self._loss(net(x).logits, y, [net.params[n] for n in anchor], list(anchor.values()))
-
-    def _loss(
-        self, logits: torch.Tensor, y: torch.Tensor, params: list, anchor: list
-    ) -> tuple[torch.Tensor, dict]:
-        ce = F.cross_entropy(logits, y)
-        prox = proximal_term(params, anchor, self.options.mu)
+        ce = F.cross_entropy(net(x).logits, y)
+        prox = proximal_term([net.params[n] for n in anchor], list(anchor.values()), self.options.mu)
         return ce + prox, {"ce": ce.detach(), "prox": prox.detach()}
 
 
@@ -74,19 +64,18 @@ class SoloClient(ClientAlgorithm):
 
     name = "solo"
 
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        model.load_state_dict(self.eval_state(received, state))
+    def context(self, r: PartyRound) -> Context:
+        """Starts from the party's own model (the server's w^0 before its first round)."""
+        return Context(self.eval_state(r.received, r.state), self.train_args.learning_rate)
 
     def personal_state(self, state: dict) -> dict | None:
         """The party's own model (None before it first trains: it starts from the server's w^0)."""
         return state.get("model")
 
-    def end_round(
-        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
-    ) -> None:
-        state["model"] = clone_state(model.state_dict())
+    def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
+        """Keeps the trained model; sends it for evaluation."""
+        r.state["model"] = clone_state(done.final)
+        return super().finish(r, ctx, done)
 
 
 class SoloServer(ServerAlgorithm):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedml_moon.algorithms.base import Payload, ServerAlgorithm
+from fedml_moon.algorithms.base import Context, LocalResult, Net, PartyRound, Payload, ServerAlgorithm
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.config_schema import require
 from fedml_moon.core.losses import prototype_contrastive_loss
@@ -90,57 +90,38 @@ def class_prototypes(
 
 
 class FedSSCClient(MoonClient):
+    """MOON's party side plus l_glob against the server's prototypes; uploads its own prototypes."""
+
     name = "fedssc"
 
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        super().start_round(model, received, state, round_idx, party_id)
-        device = next(model.parameters()).device
-        self._protos = received.get("prototypes")
-        self._present = received.get("present")
-        if self._protos is not None:
-            self._protos, self._present = self._protos.to(device), self._present.to(device)
-        self._mu_glob = mu_glob_at(round_idx, self.train_args.comm_round, self.options)
+    def context(self, r: PartyRound) -> Context:
+        """MOON's context, and (shared) the server's prototypes [C, D] with their mask [C] (None
+        before the first aggregation) and mu_glob of the round."""
+        ctx = super().context(r)
+        mu_glob = mu_glob_at(r.round_idx, self.train_args.comm_round, self.options)
+        protos, present = r.received.get("prototypes"), r.received.get("present")
+        ctx.shared.update(protos=protos, present=present, mu_glob=mu_glob)
+        return ctx
 
-    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        moon = self.moon_terms(model, x, y)
-        ctx = {"protos": self._protos, "present": self._present, "mu_glob": self._mu_glob}
-        return self._with_glob(*moon, y, ctx, False)
-
-    def batched_context(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> dict:
-        context = super().batched_context(model, received, state, round_idx, party_id)
-        context["shared"].update(protos=self._protos, present=self._present, mu_glob=self._mu_glob)
-        return context
-
-    def functional_loss(self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
-        return self._with_glob(*self.functional_terms(net, x, y, ctx), y, ctx, True)
-
-    def _with_glob(
-        self, loss: torch.Tensor, terms: dict, z: torch.Tensor, y: torch.Tensor, ctx: dict, vmappable: bool
-    ) -> tuple[torch.Tensor, dict]:
-        """MOON's loss + mu_glob * l_glob (FedSSC Eq. 4) with the server's prototypes in `ctx`."""
+    def loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+        """MOON's loss + mu_glob * l_glob (FedSSC Eq. 5)."""
+        loss, terms, z = self.moon_terms(net, x, y, ctx)
         if ctx["protos"] is None:
             l_glob = loss.new_zeros(())
         else:
             t = self.options.temperature
-            l_glob = prototype_contrastive_loss(z, y, ctx["protos"], ctx["present"], t, vmappable)
+            l_glob = prototype_contrastive_loss(z, y, ctx["protos"], ctx["present"], t)
         terms["l_glob"] = l_glob.detach()
         return loss + ctx["mu_glob"] * l_glob, terms
 
-    def end_round(
-        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
-    ) -> None:
-        super().end_round(model, state, round_idx, party_id, loader)
-        source = loader.plain() if hasattr(loader, "plain") else loader
-        num_classes = model.classifier.out_features
-        self._upload_protos = class_prototypes(model, source, num_classes, self.options.min_class_samples)
-
-    def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
-        payload = super().upload(model, state, party_id)
-        payload["prototypes"], payload["present"] = self._upload_protos
+    def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
+        """MOON's, and the class prototypes of the final model over the party's data (Eq. 4)."""
+        payload = super().finish(r, ctx, done)
+        source = done.data.plain() if hasattr(done.data, "plain") else done.data
+        num_classes = done.model.classifier.out_features
+        payload["prototypes"], payload["present"] = class_prototypes(
+            done.model, source, num_classes, self.options.min_class_samples
+        )
         return payload
 
 

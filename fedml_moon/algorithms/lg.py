@@ -17,7 +17,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
+from fedml_moon.algorithms.base import (
+    ClientAlgorithm,
+    Context,
+    LocalResult,
+    PartyRound,
+    Payload,
+    ServerAlgorithm,
+)
 from fedml_moon.config_schema import ConfigError, require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.personal import BestSoFar, new_test
@@ -103,39 +110,26 @@ class LGClient(ClientAlgorithm):
     name = "lg"
     personalized = True
 
-    def _keys(self, model: nn.Module) -> tuple[list[str], list[str]]:
-        if not hasattr(self, "_split"):
-            self._split = self.options.split(model.state_dict().keys())
-        return self._split
-
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        self._phase = received.get("phase", "fedavg")
-        if self._phase != "lg":
-            model.load_state_dict(received["model"])
-            return
-        local = state.get("local", received.get("local_init"))
+    def context(self, r: PartyRound) -> Context:
+        """The server's model in the warm-up; in the LG phase its global layers with the party's local
+        ones (those the server sent once, before the party first trained). `warmup_lr` in the
+        warm-up rounds when set (the authors' FedAvg trains at 0.1)."""
+        if r.received.get("phase", "fedavg") != "lg":
+            lr = self.options.warmup_lr or self.train_args.learning_rate
+            return Context(r.received["model"], lr)
+        local = r.state.get("local", r.received.get("local_init"))
         if local is None:
-            raise RuntimeError(f"party {party_id} has no local layers and the server sent none")
-        model.load_state_dict(merge_states(received["model"], local))
+            raise RuntimeError(f"party {r.party} has no local layers and the server sent none")
+        return Context(merge_states(r.received["model"], local), self.train_args.learning_rate)
 
-    def learning_rate(self, received: Payload) -> float:
-        """`warmup_lr` in the FedAvg warm-up rounds when set (the authors' FedAvg trains at 0.1)."""
-        warmup = received.get("phase", "fedavg") != "lg" and self.options.warmup_lr is not None
-        return self.options.warmup_lr if warmup else self.train_args.learning_rate
-
-    def end_round(
-        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
-    ) -> None:
-        if self._phase == "lg":
-            state["local"] = split_state(clone_state(model.state_dict()), self._keys(model)[1])
-
-    def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
-        full = clone_state(model.state_dict())
-        if self._phase == "lg":
-            full = split_state(full, self._keys(model)[0])
-        return {"model": full, "party_id": int(party_id)}
+    def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
+        """In the LG phase: keeps the local layers, uploads the global ones (the whole model before)."""
+        full = clone_state(done.final)
+        if r.received.get("phase", "fedavg") != "lg":
+            return {"model": full, "party_id": int(r.party)}
+        global_keys, local_keys = self.options.split(full.keys())
+        r.state["local"] = split_state(full, local_keys)
+        return {"model": split_state(full, global_keys), "party_id": int(r.party)}
 
     def personal_state(self, state: dict) -> dict | None:
         """The party's local layers (None before it first trains in the LG phase)."""

@@ -7,18 +7,15 @@ models. What it sends and what the server does: FedAvg's.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Payload
+from fedml_moon.algorithms.base import ClientAlgorithm, Context, LocalResult, Net, PartyRound, Payload
 from fedml_moon.config_schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.losses import model_contrastive_loss, representation_l2_loss
-from fedml_moon.core.models import ModelOutput
 from fedml_moon.core.seeds import torch_seed
 
 UNSEEN_CHOICES = ("own-init", "global")
@@ -62,26 +59,10 @@ def push_pool(pool: list, item: object, k: int) -> list:
     return (list(pool) + [item])[-k:]
 
 
-def _frozen(model: nn.Module) -> nn.Module:
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
 class MoonClient(ClientAlgorithm):
+    """The party side of MOON Algorithm 1 (PartyLocalTraining)."""
+
     name = "moon"
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._teachers: list[nn.Module] = []
-        self._global: nn.Module | None = None
-        self._prev: list[nn.Module] = []
-
-    def _teacher(self, i: int, device: torch.device) -> nn.Module:
-        while len(self._teachers) <= i:
-            self._teachers.append(_frozen(self.model_factory()))
-        return self._teachers[i].to(device)
 
     def initial_model(self, party_id: int) -> dict:
         """The party's own random initialisation, reproducible from the seed and the party id."""
@@ -117,59 +98,27 @@ class MoonClient(ClientAlgorithm):
         trained = [state for state, r in zip(pool, rounds, strict=True) if r <= j]
         return trained[-1] if trained else self._unseen(received, party_id)
 
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        super().start_round(model, received, state, round_idx, party_id)
-        device = next(model.parameters()).device
-        self._global = self._teacher(0, device)
-        self._global.load_state_dict(received["model"])
-        self._prev = []
-        if self.options.representation_loss == "contrastive":
-            for i, prev in enumerate(self.previous_models(state, received, round_idx, party_id)):
-                teacher = self._teacher(i + 1, device)
-                teacher.load_state_dict(prev)
-                self._prev.append(teacher)
+    def context(self, r: PartyRound) -> Context:
+        """The global model w^t (shared: the positive's teacher) and the party's previous models (its
+        own: the negatives' teachers), as state dicts; the l2 ablation has no negatives."""
+        contrastive = self.options.representation_loss == "contrastive"
+        prev = self.previous_models(r.state, r.received, r.round_idx, r.party) if contrastive else []
+        model = r.received["model"]
+        return Context(model, self.train_args.learning_rate, {"global": model}, {"prev": list(prev)})
 
-    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        loss, terms, _ = self.moon_terms(model, x, y)
+    def loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+        """CE + mu * l_con (MOON Eq. 4)."""
+        loss, terms, _ = self.moon_terms(net, x, y, ctx)
         return loss, terms
 
     def moon_terms(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
+        self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict
     ) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        """CE + mu * l_con, its named terms, and the batch's projection z."""
-        out = model(x)
-        with torch.no_grad():
-            z_glob = self._global(x).z
-            z_prev = [t(x).z for t in self._prev]
-        return self.combine_terms(out, z_glob, z_prev, y)
-
-    def batched_context(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> dict:
-        """The global model (shared) and the party's previous models (its own), as state dicts."""
-        contrastive = self.options.representation_loss == "contrastive"
-        prev = self.previous_models(state, received, round_idx, party_id) if contrastive else []
-        return {"shared": {"global": received["model"]}, "party": {"prev": list(prev)}}
-
-    def functional_loss(self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
-        loss, terms, _ = self.functional_terms(net, x, y, ctx)
-        return loss, terms
-
-    def functional_terms(
-        self, net, x: torch.Tensor, y: torch.Tensor, ctx: dict
-    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        """`moon_terms` inside the batched step (teachers from the context's state dicts)."""
+        """CE + mu * l_con, its named terms, and the batch's projection z [B, D]: z from the party's
+        network, z_glob and z_prev from the teachers in `ctx` (eval mode, no gradient)."""
         out = net(x)
         z_glob = net.frozen(ctx["global"], x).z
         z_prev = [net.frozen(s, x).z for s in ctx["prev"]]
-        return self.combine_terms(out, z_glob, z_prev, y)
-
-    def combine_terms(
-        self, out: ModelOutput, z_glob: torch.Tensor, z_prev: list, y: torch.Tensor
-    ) -> tuple[torch.Tensor, dict, torch.Tensor]:
-        """CE + mu * l_con from the model's output and the teachers' projections."""
         z = out.z
         ce = F.cross_entropy(out.logits, y)
         if self.options.representation_loss == "l2":
@@ -178,9 +127,9 @@ class MoonClient(ClientAlgorithm):
             l_con = model_contrastive_loss(z, z_glob, z_prev, self.options.temperature)
         return ce + self.options.mu * l_con, {"ce": ce.detach(), "l_con": l_con.detach()}, z
 
-    def end_round(
-        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
-    ) -> None:
+    def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
+        """Pushes the trained model into the party's pool of k (FIFO); sends the model."""
         k = self.options.pool_size
-        state["pool"] = push_pool(state.get("pool", []), clone_state(model.state_dict()), k)
-        state["pool_rounds"] = push_pool(state.get("pool_rounds", []), int(round_idx), k)
+        r.state["pool"] = push_pool(r.state.get("pool", []), clone_state(done.final), k)
+        r.state["pool_rounds"] = push_pool(r.state.get("pool_rounds", []), int(r.round_idx), k)
+        return super().finish(r, ctx, done)

@@ -9,13 +9,19 @@ line 12. The server averages models (line 16) and updates c <- c + |S|/N * mean_
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
+from fedml_moon.algorithms.base import (
+    ClientAlgorithm,
+    Context,
+    LocalResult,
+    PartyRound,
+    Payload,
+    ServerAlgorithm,
+    add_rows,
+)
 from fedml_moon.config_schema import require
 
 CORRECTION_CHOICES = ("after-step", "gradient")
@@ -49,9 +55,21 @@ class ScaffoldOptions:
         )
 
 
-def trainable(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The parameters the control variates cover, by state-dict name."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+def variates(r: PartyRound) -> tuple[Tensors, Tensors]:
+    """(c, c_i) on the host per trainable parameter, in the model's dtype: zeros for c before the
+    first aggregation and for c_i of a party that has not trained yet."""
+    c, c_i = r.received.get("c") or {}, r.state.get("c") or {}
+    model = r.received["model"]
+    out: tuple[Tensors, Tensors] = ({}, {})
+    for n in r.trainable:
+        dtype = model[n].dtype
+        for source, target in ((c, out[0]), (c_i, out[1])):
+            target[n] = (
+                source[n].detach().cpu().to(dtype)
+                if n in source
+                else torch.zeros(model[n].shape, dtype=dtype)
+            )
+    return out
 
 
 class ScaffoldClient(ClientAlgorithm):
@@ -59,93 +77,41 @@ class ScaffoldClient(ClientAlgorithm):
 
     name = "scaffold"
 
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        """Load w^t; take c (zeros at first contact) and c_i (zeros for a new party)."""
-        super().start_round(model, received, state, round_idx, party_id)
-        c, c_i = received.get("c") or {}, state.get("c") or {}
-        self._params = trainable(model)
-        self._c, self._c_i, self._start, self._corr = {}, {}, {}, {}
-        for n, p in self._params.items():
-            zero = torch.zeros(p.shape, dtype=p.dtype)
-            self._c[n] = c[n].detach().cpu().to(p.dtype) if n in c else zero
-            self._c_i[n] = c_i[n].detach().cpu().to(p.dtype) if n in c_i else zero
-            self._start[n] = p.detach().cpu().clone()
-            self._corr[n] = (self._c[n] - self._c_i[n]).to(p.device)
-        self._delta_c: Tensors = {}
+    def context(self, r: PartyRound) -> Context:
+        """w^t, and the party's correction c - c_i per trainable parameter (its own)."""
+        c, c_i = variates(r)
+        corr = {n: c[n] - c_i[n] for n in c}
+        return Context(r.received["model"], self.train_args.learning_rate, {}, {"corr": corr})
 
-    def before_step(self, model: nn.Module) -> None:
+    def before_step(self, params: dict, grads: dict, ctx: dict, rows: torch.Tensor | None) -> None:
         """ "gradient": g <- g + c - c_i, the corrected direction of Algorithm 1 line 10."""
-        if self.options.correction != "gradient":
-            return
-        for n, p in self._params.items():
-            if p.grad is None:
-                p.grad = self._corr[n].clone()
-            else:
-                p.grad.add_(self._corr[n])
-
-    def after_step(self, model: nn.Module) -> None:
-        """ "after-step": p <- p - lr (c - c_i) after the optimiser's own step (NIID-Bench's code)."""
-        if self.options.correction != "after-step":
-            return
-        lr = self.train_args.learning_rate
-        with torch.no_grad():
-            for n, p in self._params.items():
-                p.add_(self._corr[n], alpha=-lr)
-
-    def batched_context(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> dict:
-        """The party's correction c - c_i, per trainable parameter."""
-        return {"shared": {}, "party": {"corr": dict(self._corr)}}
-
-    def batched_before_step(self, params: dict, ctx: dict, rows: torch.Tensor | None) -> None:
-        """`before_step` for the stacked parties `rows`."""
-        if self.options.correction != "gradient":
-            return
-        for n, corr in ctx["corr"].items():
-            p = params[n]
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            _add_rows(p.grad, corr, rows, 1.0)
-
-    def batched_after_step(self, params: dict, ctx: dict, rows: torch.Tensor | None, lr: float) -> None:
-        """`after_step` for the stacked parties `rows`."""
-        if self.options.correction != "after-step":
-            return
-        with torch.no_grad():
+        if self.options.correction == "gradient":
             for n, corr in ctx["corr"].items():
-                _add_rows(params[n], corr, rows, -self.train_args.learning_rate)
+                add_rows(grads[n], corr, rows, 1.0)
 
-    def end_round(
-        self, model: nn.Module, state: dict, round_idx: int, party_id: int, loader: Iterable
-    ) -> None:
-        """Option II (Algorithm 1 line 12): c_i+ = c_i - c + (w^t - y_i) / (K eta_l); keeps delta c_i."""
-        steps, lr = self.steps, self.train_args.learning_rate
-        new: Tensors = {}
-        for n, p in self._params.items():
+    def after_step(self, params: dict, ctx: dict, rows: torch.Tensor | None, lr: float) -> None:
+        """ "after-step": p <- p - lr (c - c_i) after the optimiser's own step (NIID-Bench's code)."""
+        if self.options.correction == "after-step":
+            with torch.no_grad():
+                for n, corr in ctx["corr"].items():
+                    add_rows(params[n], corr, rows, -lr)
+
+    def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
+        """Option II (Algorithm 1 line 12): c_i+ = c_i - c + (w^t - y_i) / (K eta_l), kept; uploads
+        {"model": y_i, "delta_c": c_i+ - c_i, "party_id"} (line 13)."""
+        c, c_i = variates(r)
+        steps, new = done.steps, {}
+        for n in r.trainable:
             if steps == 0:
-                new[n] = self._c_i[n].clone()
+                new[n] = c_i[n].clone()
             else:
-                drift = (self._start[n] - p.detach().cpu()) / (steps * lr)
-                new[n] = self._c_i[n] - self._c[n] + drift
-        state["c"] = new
-        self._delta_c = {n: new[n] - self._c_i[n] for n in new}  # line 13: delta c_i = c_i+ - c_i
-
-    def upload(self, model: nn.Module, state: dict, party_id: int) -> Payload:
-        """{"model": y_i, "delta_c": c_i+ - c_i, "party_id"} (Algorithm 1 line 13)."""
-        payload = super().upload(model, state, party_id)
-        payload["delta_c"] = {n: t.clone() for n, t in self._delta_c.items()}
+                start = ctx.start[n].detach().cpu().to(c_i[n].dtype)
+                drift = (start - done.final[n].detach().cpu()) / (steps * ctx.lr)
+                new[n] = c_i[n] - c[n] + drift
+        r.state["c"] = new
+        payload = super().finish(r, ctx, done)
+        payload["delta_c"] = {n: new[n] - c_i[n] for n in new}
         return payload
-
-
-def _add_rows(target: torch.Tensor, source: torch.Tensor, rows: torch.Tensor | None, alpha: float) -> None:
-    """target[rows] += alpha * source[rows] (every row when rows is None), in place."""
-    if rows is None:
-        target.add_(source, alpha=alpha)
-    else:
-        target.index_add_(0, rows, source.index_select(0, rows), alpha=alpha)
 
 
 class ScaffoldServer(ServerAlgorithm):

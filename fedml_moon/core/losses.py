@@ -110,7 +110,6 @@ def prototype_contrastive_loss(
     prototypes: torch.Tensor,
     present: torch.Tensor,
     temperature: float,
-    vmappable: bool = False,
 ) -> torch.Tensor:
     """FedSSC's global class-wise contrastive loss l_glob (FedSSC paper, Eq. 3).
 
@@ -123,7 +122,6 @@ def prototype_contrastive_loss(
         present: [C] bool mask of classes that have a prototype; absent classes are left out of the
             denominator.
         temperature: tau > 0.
-        vmappable: compute it without data-dependent branches (for torch.func.vmap); same value.
 
     Returns:
         Scalar: the sum of the per-sample losses divided by B (the batch mean). Samples whose class
@@ -138,14 +136,9 @@ def prototype_contrastive_loss(
         )
     present = present.to(torch.bool)
     contributing = present[labels]
-    if vmappable:  # the same value with no data-dependent branch or shape: absent -> a huge negative logit
-        sims = F.cosine_similarity(z.unsqueeze(1), prototypes.unsqueeze(0), dim=-1) / temperature
-        sims = sims.masked_fill(~present.unsqueeze(0), -1e30)  # exp() of it is exactly 0, like -inf's
-        per_sample = F.cross_entropy(sims, labels, reduction="none")
-        return torch.where(contributing, per_sample, torch.zeros_like(per_sample)).sum() / z.shape[0]
-    if not bool(contributing.any()):
-        return z.new_zeros(())
+    # no data-dependent branch or shape (one party or many under vmap): an absent class gets a huge
+    # negative logit, whose exp() is exactly 0 as -inf's would be
     sims = F.cosine_similarity(z.unsqueeze(1), prototypes.unsqueeze(0), dim=-1) / temperature  # [B, C]
-    sims = sims.masked_fill(~present.unsqueeze(0), float("-inf"))
-    per_sample = F.cross_entropy(sims[contributing], labels[contributing], reduction="sum")
-    return per_sample / z.shape[0]
+    sims = sims.masked_fill(~present.unsqueeze(0), -1e30)
+    per_sample = F.cross_entropy(sims, labels, reduction="none")
+    return torch.where(contributing, per_sample, torch.zeros_like(per_sample)).sum() / z.shape[0]

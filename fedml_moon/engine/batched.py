@@ -1,14 +1,12 @@
-"""Local training of several parties at once through any algorithm's batched form (pure PyTorch).
+"""Local rounds of several parties at once through any algorithm's one form (pure PyTorch).
 
-For each party, as in `ClientAlgorithm.local_train`: `start_round` loads its starting model and the
-algorithm's `batched_context` names what its loss needs (shared by all parties, or the party's own).
 The parties' models are stacked (`core.batched.StackedModel`) and step in lockstep: at step s every
 party that still has a batch draws it from its own loader (its own random stream, so the batches and
-their order are the sequential path's), one vmapped forward of `functional_loss` over all of them,
-one backward, the algorithm's batched step hooks and one masked SGD step. A party with fewer batches
-stops stepping. Afterwards each party's final model goes back through `start_round`, `end_round` and
-`upload`, as in the sequential path. Parties whose contexts differ in structure (e.g. MOON pools of
-different lengths) or in learning rate train in separate groups.
+their order are the sequential path's), one vmapped forward of the algorithm's `loss` over all of
+them, one backward, the step hooks on the stacked tensors and one masked SGD step. A party with fewer
+batches stops stepping. Parties whose contexts differ in structure (e.g. MOON pools of different
+lengths), in shared values or in learning rate train in separate groups. `train_parties` is the
+entry: one party trains on the model itself (`engine.local`), several here.
 """
 
 from __future__ import annotations
@@ -22,35 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Payload
-from fedml_moon.core.aggregation import clone_state
-from fedml_moon.core.batched import (
-    StackedModel,
-    StackedSGD,
-    cuda_graph,
-    select,
-    stack_states,
-    tree_map,
-    vmapped,
-)
+from fedml_moon.algorithms.base import ClientAlgorithm, PartyRound, Payload
+from fedml_moon.core.batched import StackedModel, StackedSGD, cuda_graph, select, tree_map, vmapped
+from fedml_moon.engine.local import PartyJob, finish, loss_context, overrides, prepare, to_device, train_one
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PartyJob:
-    """One party's local round: what the server sent, what the party keeps, its training data."""
-
-    party: int
-    received: Payload
-    state: dict
-    loader: Iterable
-    start: dict = field(default_factory=dict)
-    context: dict = field(default_factory=dict)
-    lr: float = 0.0
-    final: dict = field(default_factory=dict)
-    steps: int = 0
-    sums: dict = field(default_factory=dict)
 
 
 class PartyNet:
@@ -65,10 +39,6 @@ class PartyNet:
     def frozen(self, state: dict, x: torch.Tensor) -> Any:
         """The eval-mode output of a model with weights `state` (a teacher)."""
         return self.stacked.frozen(state, x)
-
-
-def _to(tree: Any, device: torch.device) -> Any:
-    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, tree)
 
 
 def _key(tree: Any, leaf: Callable[[Any], Any]) -> Any:
@@ -107,30 +77,13 @@ def _epochs(loader: Iterable, epochs: int) -> Iterator:
     return itertools.chain.from_iterable(loader for _ in range(epochs))
 
 
-def prepare(
-    algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device, round_idx: int
-) -> bool:
-    """Each party's starting model, loss context and learning rate; False if the algorithm has no
-    batched form (then nothing has changed)."""
-    model.to(device)
-    for job in jobs:
-        algorithm.start_round(model, job.received, job.state, round_idx, job.party)
-        context = algorithm.batched_context(model, job.received, job.state, round_idx, job.party)
-        if context is None:
-            return False
-        job.start = clone_state(model.state_dict(), device)
-        job.context = {"shared": context.get("shared", {}), "party": _to(context.get("party", {}), device)}
-        job.lr = algorithm.learning_rate(job.received)
-    return True
-
-
 def groups(jobs: list[PartyJob]) -> list[list[PartyJob]]:
     """Jobs that can stack: the same structure of the party context, equal shared contexts (by
     value: `_same`), the same lr; in the order the jobs come."""
     out: dict[Any, list[list[PartyJob]]] = {}
     for job in jobs:
-        candidates = out.setdefault((_key(job.context["party"], _signature), job.lr), [])
-        group = next((g for g in candidates if _same(g[0].context["shared"], job.context["shared"])), None)
+        candidates = out.setdefault((_key(job.ctx.party, _signature), job.ctx.lr), [])
+        group = next((g for g in candidates if _same(g[0].ctx.shared, job.ctx.shared)), None)
         if group is None:
             candidates.append([job])
         else:
@@ -158,18 +111,18 @@ def train_group(
     """E local epochs of the group's parties in lockstep; fills each job's final model, steps, sums.
     With `train_args.cuda_graphs` the steps of full batches go through one `MaskedStep`."""
     train = algorithm.train_args
-    stacked = StackedModel(model, [job.start for job in jobs])
+    stacked = StackedModel(model, [job.ctx.start for job in jobs])
 
     def one_party(params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor, ctx: dict, common: dict):
-        return algorithm.functional_loss(PartyNet(stacked, params, buffers), x, y, {**common, **ctx})
+        return algorithm.loss(PartyNet(stacked, params, buffers), x, y, loss_context(common, ctx))
 
     g = _Group(
         algorithm,
         stacked,
-        StackedSGD(stacked.params, jobs[0].lr, train.momentum, train.weight_decay),
+        StackedSGD(stacked.params, jobs[0].ctx.lr, train.momentum, train.weight_decay),
         vmapped(one_party, (0, 0, 0, 0, 0, None)),
-        _stack_context([job.context["party"] for job in jobs]),
-        _to(jobs[0].context["shared"], device),
+        _stack_context([job.ctx.party for job in jobs]),
+        to_device(jobs[0].ctx.shared, device),
     )
     masked = MaskedStep(g, device) if train.cuda_graphs else None
     streams = [_epochs(job.loader, train.epochs) for job in jobs]
@@ -203,10 +156,22 @@ def _step(g: _Group, batches: list, rows: list[int]) -> None:
         with torch.no_grad():
             for n, b in buffers.items():
                 stacked.buffers[n].index_copy_(0, idx, b)
-    g.algorithm.batched_before_step(stacked.params, g.party_ctx, idx)
-    g.sgd.step(idx)
-    g.algorithm.batched_after_step(stacked.params, g.party_ctx, idx, g.sgd.lr)
+    _hooks(g, idx)
     _accumulate(g, {**terms, "loss": loss.detach()}, idx)
+
+
+def _hooks(g: _Group, idx: torch.Tensor | None) -> None:
+    """The algorithm's step hooks around the SGD step of the rows `idx` (None: all)."""
+    algorithm, params = g.algorithm, g.stacked.params
+    detached = {n: p.detach() for n, p in params.items()}
+    if overrides(algorithm, "before_step"):
+        for p in params.values():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        algorithm.before_step(detached, {n: p.grad for n, p in params.items()}, g.party_ctx, idx)
+    g.sgd.step(idx)
+    if overrides(algorithm, "after_step"):
+        algorithm.after_step(detached, g.party_ctx, idx, g.sgd.lr)
 
 
 def _accumulate(g: _Group, terms: dict[str, torch.Tensor], idx: torch.Tensor | None) -> None:
@@ -272,9 +237,7 @@ class MaskedStep:
         saved = [t.detach().clone() for t in self.state]
         loss, terms = g.step(g.stacked.params, g.stacked.buffers, self.x, self.y, g.party_ctx, g.shared)
         loss.sum().backward()
-        g.algorithm.batched_before_step(g.stacked.params, g.party_ctx, None)
-        g.sgd.step(None)
-        g.algorithm.batched_after_step(g.stacked.params, g.party_ctx, None, g.sgd.lr)
+        _hooks(g, None)
         with torch.no_grad():
             for t, old in zip(self.state, saved, strict=True):
                 t.copy_(torch.where(self.mask.view(-1, *[1] * (t.dim() - 1)), t, old))
@@ -282,27 +245,37 @@ class MaskedStep:
         _accumulate(g, kept, None)
 
 
-def finish(
-    algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, round_idx: int
-) -> tuple[dict[str, float], Payload]:
-    """The sequential path's end of a local round for one party, from its batched result."""
-    algorithm.start_round(model, job.received, job.state, round_idx, job.party)
-    model.load_state_dict(job.final)
-    algorithm.steps = job.steps
-    algorithm.end_round(model, job.state, round_idx, job.party, job.loader)
-    metrics = {k: float(v) / max(job.steps, 1) for k, v in job.sums.items()}
-    return metrics, algorithm.upload(model, job.state, job.party)
-
-
 def train_parties(
-    algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device, round_idx: int
-) -> list[tuple[dict[str, float], Payload]] | None:
-    """Local rounds of `jobs` trained together; None when the algorithm has no batched form."""
-    if not prepare(algorithm, model, jobs, device, round_idx):
-        return None
-    for group in groups(jobs):
-        train_group(algorithm, model, group, device)
-    return [finish(algorithm, model, job, round_idx) for job in jobs]
+    algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device
+) -> list[tuple[dict[str, float], Payload]]:
+    """The local rounds of `jobs`: one job on the model itself (`engine.local`), several stacked in
+    groups, with CUDA graphs where `train_args.cuda_graphs`; (metrics, upload) per job, in order."""
+    model.to(device)
+    for job in jobs:
+        prepare(algorithm, job, device)
+    if len(jobs) == 1:
+        train_one(algorithm, model, jobs[0], device)
+    else:
+        for group in groups(jobs):
+            train_group(algorithm, model, group, device)
+    return [finish(algorithm, model, job) for job in jobs]
 
 
-__all__ = ["PartyJob", "PartyNet", "stack_states", "train_parties"]
+def train_party(
+    algorithm: ClientAlgorithm,
+    model: nn.Module,
+    received: Payload,
+    state: dict,
+    loader: Iterable,
+    device: torch.device,
+    round_idx: int,
+    party: int,
+) -> tuple[dict[str, float], Payload]:
+    """One party's local round without FedML: (metrics, upload); `state` is updated in place and
+    `model` ends holding the trained weights."""
+    trainable = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+    job = PartyJob(PartyRound(received, state, round_idx, party, trainable), loader)
+    return train_parties(algorithm, model, [job], device)[0]
+
+
+__all__ = ["PartyJob", "PartyNet", "train_parties", "train_party"]

@@ -34,7 +34,7 @@ class PartyRunner:
         self.train_local, self.test_local = dataset.train_data_local_dict, dataset.test_data_local_dict
         self.trainer, self.device, self.args = trainer, device, args
         self.parallel = parallel  # train_args.parties_in_parallel, resolved
-        self._said_sequential = self._said_batched = False
+        self._said_batched = False
 
     def train_many(self, tasks: list[tuple[int, Payload]], round_idx: int) -> list[tuple[float, Payload]]:
         """Local rounds of (party, download) tasks, `parallel` parties at a time; in task order."""
@@ -45,23 +45,11 @@ class PartyRunner:
             chunk = tasks[start : start + self.parallel]
             loaders = [self.train_local[p] for p, _ in chunk]
             uploads = self.trainer.train_many(loaders, [d for _, d in chunk], self.device, round_idx)
-            if uploads is None:
-                self._say_sequential()
-                return out + [self.train(p, d, round_idx) for p, d in tasks[start:]]
             if not self._said_batched and len(chunk) > 1:
                 log.info("round %d: %d parties trained together (batched)", round_idx, len(chunk))
                 self._said_batched = True
             out += [(float(self.num_local[p]), u) for (p, _), u in zip(chunk, uploads, strict=True)]
         return out
-
-    def _say_sequential(self) -> None:
-        if not self._said_sequential:
-            log.info(
-                "%s has no batched form: its parties train one after another (train_args.parties_in_parallel "
-                "is ignored)",
-                self.trainer.algorithm.name,
-            )
-            self._said_sequential = True
 
     def train(self, party: int, download: Payload, round_idx: int) -> tuple[float, Payload]:
         """One party's local round; returns (number of samples, upload)."""

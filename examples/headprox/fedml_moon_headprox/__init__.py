@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Payload, ServerAlgorithm
+from fedml_moon.algorithms.base import ClientAlgorithm, Context, Net, PartyRound, ServerAlgorithm
 from fedml_moon.config_schema import require
 from fedml_moon.losses import proximal_term
 from fedml_moon.registry import AlgorithmSpec
@@ -30,23 +29,18 @@ class HeadProxOptions:
         require(self.mu >= 0, "algorithm_args.mu", "the proximal weight must be >= 0")
 
 
-def head_parameters(model: nn.Module) -> list[torch.Tensor]:
-    """The trainable parameters of the projection head and the classifier, in model order."""
-    return [p for n, p in model.named_parameters() if n.startswith(HEAD) and p.requires_grad]
-
-
 class HeadProxClient(ClientAlgorithm):
     name = "fedprox_head"
 
-    def start_round(
-        self, model: nn.Module, received: Payload, state: dict, round_idx: int, party_id: int
-    ) -> None:
-        super().start_round(model, received, state, round_idx, party_id)
-        self._anchor = [p.detach().clone() for p in head_parameters(model)]
+    def context(self, r: PartyRound) -> Context:
+        """The anchor: the server's head and classifier parameters, the same for every party."""
+        anchor = {n: r.received["model"][n] for n in r.trainable if n.startswith(HEAD)}
+        return Context(r.received["model"], self.train_args.learning_rate, {"anchor": anchor})
 
-    def batch_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        ce = F.cross_entropy(model(x).logits, y)
-        prox = proximal_term(head_parameters(model), self._anchor, self.options.mu)
+    def loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
+        anchor = ctx["anchor"]
+        ce = F.cross_entropy(net(x).logits, y)
+        prox = proximal_term([net.params[n] for n in anchor], list(anchor.values()), self.options.mu)
         return ce + prox, {"ce": ce.detach(), "prox": prox.detach()}
 
 

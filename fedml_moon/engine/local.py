@@ -1,0 +1,140 @@
+"""Parties' local rounds through any algorithm's one form (`algorithms.base.ClientAlgorithm`).
+
+For each party the algorithm's `context` gives the starting model, the learning rate and what the
+loss reads; then E epochs of SGD steps (`loss`, backward, `before_step`, the step, `after_step`);
+then `finish` updates what the party keeps and makes its upload. One party trains on the model
+itself (`torch.optim.SGD`, no vmap: this module); several train stacked in lockstep
+(`engine.batched`), each on its own batches from its own loader, so both ways run the same arithmetic
+on the same batches. Pure PyTorch.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedml_moon.algorithms.base import (
+    ClientAlgorithm,
+    Context,
+    LocalResult,
+    PartyRound,
+    Payload,
+    make_optimizer,
+)
+from fedml_moon.core.batched import tree_map
+
+
+@dataclass
+class PartyJob:
+    """One party's local round: its round, its training data, and (once trained) its context, final
+    model state, number of steps and running sums of the loss terms."""
+
+    round: PartyRound
+    loader: Iterable
+    ctx: Context | None = None
+    final: dict = field(default_factory=dict)
+    steps: int = 0
+    sums: dict = field(default_factory=dict)
+
+    @property
+    def party(self) -> int:
+        return self.round.party
+
+
+def to_device(tree: Any, device: torch.device) -> Any:
+    """Every tensor of a tree (dicts, lists) on `device`."""
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, tree)
+
+
+def loss_context(shared: Mapping, party: Mapping) -> dict:
+    """What `loss` reads: the shared and the party entries under their keys."""
+    both = set(shared) & set(party)
+    if both:
+        raise ValueError(f"a context's shared and party entries share the keys {sorted(both)}; rename one")
+    return {**shared, **party}
+
+
+def overrides(algorithm: ClientAlgorithm, member: str) -> bool:
+    """Whether the algorithm defines `member` itself (the engine skips what a hook does not need)."""
+    return getattr(type(algorithm), member) is not getattr(ClientAlgorithm, member)
+
+
+class ModuleNet:
+    """One party's network on the sequential path: the module itself, and its teachers as eval-mode
+    copies loaded once per state (a state is the same object at every step of a round)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self._teachers: dict[int, tuple[Mapping, nn.Module]] = {}
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        return self.model(x)
+
+    @torch.no_grad()
+    def frozen(self, state: Mapping[str, torch.Tensor], x: torch.Tensor) -> Any:
+        """The eval-mode output of the model's architecture with the weights `state`."""
+        if id(state) not in self._teachers:
+            teacher = copy.deepcopy(self.model).eval().requires_grad_(False)
+            teacher.load_state_dict(state)
+            self._teachers[id(state)] = (state, teacher)  # the state is held, so its id stays its own
+        return self._teachers[id(state)][1](x)
+
+
+def prepare(algorithm: ClientAlgorithm, job: PartyJob, device: torch.device) -> None:
+    """The party's context, its starting state and party entries on `device` (the shared entries
+    move once per group)."""
+    ctx = algorithm.context(job.round)
+    job.ctx = Context(to_device(ctx.start, device), ctx.lr, ctx.shared, to_device(ctx.party, device))
+
+
+def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, device: torch.device) -> None:
+    """E local epochs of one party on `model` itself; the step hooks see its parameters, gradients
+    and party entries as [1, ...] views."""
+    ctx = job.ctx
+    model.load_state_dict(ctx.start)
+    model.train()
+    net = ModuleNet(model)
+    optimizer = make_optimizer(model, algorithm.train_args, ctx.lr)
+    both = loss_context(to_device(ctx.shared, device), ctx.party)
+    stacked = tree_map(lambda v: v.unsqueeze(0) if isinstance(v, torch.Tensor) else v, ctx.party)
+    params = {n: p.detach().unsqueeze(0) for n, p in net.params.items()}
+    before, after = overrides(algorithm, "before_step"), overrides(algorithm, "after_step")
+    sums: dict[str, torch.Tensor] = {}
+    for _ in range(algorithm.train_args.epochs):
+        for x, y in job.loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss, terms = algorithm.loss(net, x, y, both)
+            loss.backward()
+            if before:
+                algorithm.before_step(params, _grads(net.params), stacked, None)
+            optimizer.step()
+            if after:
+                algorithm.after_step(params, stacked, None, ctx.lr)
+            terms["loss"] = loss.detach()
+            for key, value in terms.items():
+                sums[key] = sums[key] + value if key in sums else value.clone()
+            job.steps += 1
+    job.final, job.sums = model.state_dict(), sums
+
+
+def _grads(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient as [1, ...] (zeros, then kept, where the loss did not reach it)."""
+    for p in params.values():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    return {n: p.grad.unsqueeze(0) for n, p in params.items()}
+
+
+def finish(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob) -> tuple[dict[str, float], Payload]:
+    """The party's metrics (each loss term's mean over its steps) and its upload (`finish`)."""
+    model.load_state_dict(job.final)
+    result = LocalResult(model.state_dict(), job.steps, model, job.loader)
+    upload = algorithm.finish(job.round, job.ctx, result)
+    metrics = {k: float(v) / max(job.steps, 1) for k, v in job.sums.items()}
+    return metrics, upload

@@ -106,6 +106,42 @@ def test_mpi_simulation_killed_and_resumed_is_the_same_run(tmp_path):
     again = conformance.spawn(resume, tmp_path / "resume.log", env, tmp_path)
     assert conformance.wait_all([again], 300) == [0], (tmp_path / "resume.log").read_text()[-3000:]
     _assert_same_run(ref.out_dir, out)
+    _assert_one_layout(ref.out_dir, out, 5)
+
+
+def _leaves(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{prefix}/{key}").items()}
+    if isinstance(tree, list):
+        return {k: v for i, sub in enumerate(tree) for k, v in _leaves(sub, f"{prefix}/{i}").items()}
+    return {prefix: tree}
+
+
+def _same(a, b) -> bool:
+    a, b = _leaves(a), _leaves(b)
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    )
+
+
+def _assert_one_layout(standalone: Path, distributed: Path, round_idx: int) -> None:
+    """One checkpoint layout in every mode: the standalone process holds every part in one folder;
+    the distributed server its config and server parts, each worker its config and its own parties,
+    and together they are the standalone checkpoint of the same round (timings and wire bytes aside)."""
+    whole = read_checkpoint(standalone / "checkpoint", round_idx, ("config", "server", "parties"))
+    server = read_checkpoint(distributed / "checkpoint", round_idx, ("config", "server"))
+    parties: dict = {}
+    for rank in (1, 2):
+        root = distributed / f"rank-{rank}" / "checkpoint"
+        assert not (root / f"round-{round_idx}" / "server.fmc").exists()
+        parties.update(read_checkpoint(root, round_idx, ("config", "parties"))["parties"])
+    assert not (distributed / "checkpoint" / f"round-{round_idx}" / "parties.fmc").exists()
+    assert _same(whole["parties"], parties)
+    for key in ("round", "global", "algorithm", "totals", "schedule"):
+        assert _same(whole["server"][key], server["server"][key]), key
+    free = ("comm_args.", "device_args.", "tracking_args.")
+    differ = {k for k in whole["config"] if whole["config"][k] != server["config"].get(k)}
+    assert differ and all(k.startswith(free) for k in differ)  # the same run, another transport
 
 
 def test_another_config_is_refused_with_the_keys_named(tmp_path):

@@ -12,8 +12,8 @@ from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
+from fedml_moon.config import Config
 from fedml_moon.config_schema import CommArgs
-from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
 from fedml_moon.distributed.managers import (
     ABORT,
     BYE,
@@ -36,17 +36,24 @@ from fedml_moon.distributed.managers import (
 )
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
+from fedml_moon.engine.resume import Holding, check_config, flat_config, restore, save
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Built:
-    """What a worker builds from the run's config: its parties' runner, their ids, the shared config."""
+    """What a worker builds from the run's config: its parties' runner, their ids, the shared config
+    (dotted keys) and the whole config it runs with (its own settings with the shared ones)."""
 
     runner: PartyRunner
     parties: list[int]
     config: dict
+    run_config: Config
+
+    def holding(self) -> Holding:
+        """What it checkpoints and restores: its parties."""
+        return Holding(runner=self.runner, parties=self.parties)
 
 
 @dataclass
@@ -77,7 +84,7 @@ class PluginClientManager(_Manager):
         build: Callable[[dict], Built],
         rank: int,
         comm: CommArgs,
-        checkpoint_dir: Path,
+        folder: Path,
         server_address: str = "",
     ) -> None:
         self.local, self.build = local, build
@@ -86,7 +93,7 @@ class PluginClientManager(_Manager):
         self.welcomed, self.session, self.digest = False, None, None
         self.trained_since_welcome = False
         self.initial_state: dict | None = None
-        self.checkpoint_dir = checkpoint_dir
+        self.folder = folder  # its checkpoints: <folder>/checkpoint/ (engine.resume)
         self.waiting_since = self.last_wait_log = time.monotonic()
         self.last_hello = 0.0
         self.process = secrets.token_hex(8)  # this process: a restarted worker is told its work again
@@ -242,18 +249,24 @@ class PluginClientManager(_Manager):
         log.info("rank %d holds parties %s (config sha256 %s)", self.rank, self.parties, self.digest[:12])
 
     def restore(self, round_idx: int) -> None:
-        saved = read_checkpoint(self.checkpoint_dir, round_idx, ("config", "parties"))
-        differs = config_differences(self.built.config, saved["config"])
-        if differs:
-            raise ValueError(f"its checkpoint of round {round_idx} has another config: {', '.join(differs)}")
-        self.runner.load_state(saved["parties"])
+        """Its parties from its checkpoint of `round_idx`, written with the run's shared settings."""
+        built = self.built
+        assert built is not None
+
+        def check(saved: dict) -> None:
+            check_config(saved, built.run_config, self.folder, only=built.config)
+
+        restore(self.folder, round_idx, built.holding(), check)
         log.info("rank %d resumed its parties from the checkpoint of round %s", self.rank, round_idx)
 
     # --- work ------------------------------------------------------------------------------------
     def on_checkpoint(self, msg: Message) -> None:
-        round_idx = int(msg.get("round"))
-        parts = {"config": self.built.config, "parties": self.runner.state(self.parties)}
-        write_checkpoint(self.checkpoint_dir, round_idx, parts, keep=2)  # the server may still need the older
+        round_idx, built = int(msg.get("round")), self.built
+        if built is None:
+            log.warning("rank %d dropped a checkpoint request sent before its WELCOME", self.rank)
+            return
+        config = flat_config(built.run_config)
+        save(self.folder, round_idx, config, built.holding(), keep=2)  # the server may still need the older
         self.send(CHECKPOINTED, 0, round=round_idx)
 
     def on_train(self, msg: Message) -> None:

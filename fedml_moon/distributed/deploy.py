@@ -22,10 +22,9 @@ from typing import Any
 from fedml_moon.adapters.run import build_args, build_base, build_runner, build_server
 from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_overrides
 from fedml_moon.config_schema import ConfigError
-from fedml_moon.core.checkpoint import read_checkpoint
 from fedml_moon.core.state import make_store
 from fedml_moon.distributed.managers import config_differences
-from fedml_moon.engine.resume import check_resumable, checkpoint_root, flat_config, resume_round
+from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
 
 log = logging.getLogger(__name__)
 PARTY_KEYS = ("common_args.random_seed", "data_args", "model_args", "train_args", "algorithm_args")
@@ -254,11 +253,14 @@ def _build_worker(
         base = build_base(run_cfg, folder, rank, local_procs, args=args)
         base.args.rank = rank
         return Built(
-            build_runner(base, folder, store), parties_of(run_cfg, size, rank), shared_config(run_cfg)
+            build_runner(base, folder, store),
+            parties_of(run_cfg, size, rank),
+            shared_config(run_cfg),
+            run_cfg,
         )
 
     manager = PluginClientManager(
-        args, transport, local, build, rank, cfg.comm_args, checkpoint_root(folder), server_address(cfg)
+        args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg)
     )
     return DistributedProcess(manager, rank)
 
@@ -283,9 +285,8 @@ def _resume_server(rounds: Any, folder: Path) -> int:
     """Load the server's newest checkpoint (its config was checked by `check_resumable` before
     anything was built); returns the first round to run."""
     round_idx = resume_round(folder)
-    saved = read_checkpoint(checkpoint_root(folder), round_idx, ("server",))
     log.info("resuming after the checkpoint of round %d", round_idx)
-    return rounds.load_state(saved["server"])
+    return restore(folder, round_idx, Holding(server=rounds))
 
 
 def run_process(

@@ -12,7 +12,6 @@ from typing import Any
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.config_schema import CommArgs
-from fedml_moon.core.checkpoint import write_checkpoint
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.distributed.managers import (
     ABORT,
@@ -38,7 +37,7 @@ from fedml_moon.distributed.managers import (
 )
 from fedml_moon.distributed.protocol import reports_problem, result_problem
 from fedml_moon.distributed.transport.base import QueueTransport
-from fedml_moon.engine.resume import checkpoint_root, due
+from fedml_moon.engine.resume import Holding, due, save
 from fedml_moon.engine.rounds import ServerRounds
 
 log = logging.getLogger(__name__)
@@ -301,8 +300,7 @@ class PluginServerManager(_Manager):
             self.write_checkpoint()
 
     def write_checkpoint(self) -> None:
-        parts = {"config": self.full_config, "server": self.rounds.state(self.round_idx)}
-        write_checkpoint(checkpoint_root(self.rounds.recorder.out_dir), self.round_idx, parts)
+        save(self.rounds.recorder.out_dir, self.round_idx, self.full_config, Holding(server=self.rounds))
         self.last_checkpoint = self.round_idx
         self.next_round(self.round_idx + 1)
 

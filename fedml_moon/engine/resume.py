@@ -1,4 +1,13 @@
-"""When to checkpoint, what a checkpoint must agree on, and where it lives (`<output>/checkpoint/`).
+"""When to checkpoint, what a checkpoint holds and must agree on, and where it lives.
+
+One layout and one resume path for every mode. Each process of a run writes, under its own folder's
+`checkpoint/` (`core.checkpoint`: `round-<r>/`, `LATEST`), the parts it holds (`Holding`): always
+`config` (its flat config), `server` where it runs the server's side (`ServerRounds.state`),
+`parties` where it trains parties (each party's state and loader stream, by party id) and
+`best_so_far` where it keeps party figures. The standalone simulation holds all of them in one
+folder; a distributed server `config` and `server`, a worker or silo `config` and its `parties`
+(in `<output>/rank-<k>/checkpoint/`). `save` writes them and `restore` reads and loads them, in
+every mode.
 
 A run resumed with `--resume DIR` must have the config its checkpoint was written with, except for
 settings that do not change what is computed (W&B, device and threads, network addresses and
@@ -8,12 +17,19 @@ timeouts, the checkpoint interval); anything else is refused with the differing 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import SECTIONS, ConfigError
-from fedml_moon.core.checkpoint import latest, read_checkpoint
+from fedml_moon.core.checkpoint import latest, read_checkpoint, write_checkpoint
+from fedml_moon.core.personal import PartyFigures
+
+if TYPE_CHECKING:
+    from fedml_moon.engine.parties import PartyRunner
+    from fedml_moon.engine.rounds import ServerRounds
 
 CHECKPOINT_DIR = "checkpoint"
 FREE_PREFIXES = ("tracking_args.", "device_args.", "comm_args.")  # how and where, not what
@@ -39,11 +55,15 @@ def flat_config(cfg: Config) -> dict[str, Any]:
     return flatten(config_to_dict(cfg))
 
 
-def check_config(saved: dict[str, Any], cfg: Config, where: Path) -> None:
-    """Refuse to resume with a config that would compute something else; name the keys."""
+def check_config(
+    saved: dict[str, Any], cfg: Config, where: Path, only: Collection[str] | None = None
+) -> None:
+    """Refuse to resume with a config that would compute something else; name the keys. `only`: the
+    keys that decide what this process computes (a worker's: the run's shared settings)."""
     now = flat_config(cfg)
     differing = []
-    for key in sorted(set(saved) | set(now)):
+    keys = set(saved) | set(now) if only is None else set(only)
+    for key in sorted(keys):
         free = key in FREE_KEYS or (key.startswith(FREE_PREFIXES) and key not in BOUND_KEYS)
         if key not in saved and key in now and now[key] == _default(key):
             continue  # a setting newer than the checkpoint, at its default: what the run computed
@@ -87,3 +107,48 @@ def check_resumable(out_dir: Path, cfg: Config) -> int:
     saved = read_checkpoint(checkpoint_root(out_dir), round_idx, ("config",))["config"]
     check_config(saved, cfg, out_dir)
     return round_idx
+
+
+@dataclass
+class Holding:
+    """What one process of a run holds, and so checkpoints and restores: the server's side, parties
+    (the standalone simulation: all; a worker: its own) and party figures; None where it holds none."""
+
+    server: ServerRounds | None = None
+    runner: PartyRunner | None = None
+    parties: list[int] = field(default_factory=list)
+    figures: PartyFigures | None = None
+
+    def names(self) -> tuple[str, ...]:
+        """The checkpoint parts it writes and reads."""
+        held = {"server": self.server, "parties": self.runner, "best_so_far": self.figures}
+        return ("config", *(name for name, part in held.items() if part is not None))
+
+
+def save(folder: Path, round_idx: int, config: dict[str, Any], held: Holding, keep: int = 1) -> Path:
+    """The checkpoint of `round_idx` of the process whose run folder is `folder`: `config` (its flat
+    config) and the parts `held` names; returns the checkpoint's folder."""
+    parts: dict[str, Any] = {"config": config}
+    if held.server is not None:
+        parts["server"] = held.server.state(round_idx)
+    if held.runner is not None:
+        parts["parties"] = held.runner.state(held.parties)
+    if held.figures is not None:
+        parts["best_so_far"] = {"best": held.figures.state()}
+    return write_checkpoint(checkpoint_root(folder), round_idx, parts, keep)
+
+
+def restore(
+    folder: Path, round_idx: int, held: Holding, check: Callable[[dict[str, Any]], None] | None = None
+) -> int:
+    """Load the checkpoint of `round_idx` into what `held` names, after `check(saved config)` (which
+    raises to refuse it); returns the first round still to run."""
+    saved = read_checkpoint(checkpoint_root(folder), round_idx, held.names())
+    if check is not None:
+        check(saved["config"])
+    start = round_idx + 1 if held.server is None else held.server.load_state(saved["server"])
+    if held.runner is not None:
+        held.runner.load_state(saved["parties"])
+    if held.figures is not None:
+        held.figures.load_state(saved["best_so_far"]["best"])
+    return start

@@ -14,9 +14,8 @@ from typing import Any
 from tqdm import tqdm
 
 from fedml_moon.config import Config
-from fedml_moon.core.checkpoint import read_checkpoint, write_checkpoint
 from fedml_moon.engine.parties import PartyRunner
-from fedml_moon.engine.resume import check_resumable, checkpoint_root, due, flatten
+from fedml_moon.engine.resume import Holding, check_resumable, due, flatten, restore, save
 from fedml_moon.engine.rounds import ServerRounds
 
 log = logging.getLogger(__name__)
@@ -38,6 +37,8 @@ class StandaloneSimulation:
         self.summary: dict[str, Any] = {}
         self.figures = self.aggregator.algorithm.party_figures()
         self._attach_party_figures()
+        parties = list(range(server.n_parties))
+        self.held = Holding(server, runner, parties, self.figures)  # everything: one process
 
     def _attach_party_figures(self) -> None:
         """The server algorithm's `party_figures` (e.g. LG-FedAvg's `report_best`) need every party's
@@ -70,24 +71,13 @@ class StandaloneSimulation:
     # --- checkpoints ------------------------------------------------------------------------------
     def checkpoint(self, round_idx: int, config: dict) -> None:
         """Everything this process holds after `round_idx`: the server's side and every party's."""
-        best = None if self.figures is None else self.figures.state()
-        parts = {
-            "config": config,
-            "server": self.server.state(round_idx),
-            "parties": self.runner.state(list(range(self.server.n_parties))),
-            "best_so_far": {"best": best},
-        }
-        write_checkpoint(checkpoint_root(self.server.recorder.out_dir), round_idx, parts)
+        save(self.server.recorder.out_dir, round_idx, config, self.held)
 
     def resume(self, cfg: Config) -> int:
         """Load the newest checkpoint of this run's output directory; returns the next round."""
         out_dir = self.server.recorder.out_dir
         round_idx = check_resumable(out_dir, cfg)
-        saved = read_checkpoint(checkpoint_root(out_dir), round_idx, ("server", "parties", "best_so_far"))
-        self.start_round = self.server.load_state(saved["server"])
-        self.runner.load_state(saved["parties"])
-        if self.figures is not None:
-            self.figures.load_state(saved["best_so_far"]["best"])
+        self.start_round = restore(out_dir, round_idx, self.held)
         log.info("resuming after the checkpoint of round %d", round_idx)
         return self.start_round
 

@@ -125,6 +125,8 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py
     ".venv/bin/python benchmarks/robust_aggregation.py --rounds 12 --epochs 2 --samples 12000": "benchmark",
+    # 21 recorded runs, 4 minutes; their digests are bitwise for one machine and PyTorch build
+    ".venv/bin/python tests/recorded_runs.py --check tests/recorded_runs.json": "benchmark",
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
     "bash run/mpirun.sh [NP] ARGS...": "synopsis",
     "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",

@@ -130,7 +130,7 @@ def test_batched_equals_sequential_through_the_core_loop_on_the_cpu() -> None:
     _check("moon", torch.device("cpu"))
 
 
-@pytest.mark.parametrize("algorithm", ["moon", "scaffold"])  # SCAFFOLD: step hooks inside the mask
+@pytest.mark.parametrize("algorithm", BUILT_IN)  # with no extra code; SCAFFOLD: its hooks inside the mask
 def test_the_masked_step_that_cuda_graphs_replay_gives_the_sequential_result_on_the_cpu(algorithm) -> None:
     """Full batches through `MaskedStep` (all rows compute, finished parties are restored), the
     partial last batches through the eager step: the arithmetic a CUDA graph replays, run directly."""

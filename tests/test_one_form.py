@@ -6,16 +6,25 @@ from __future__ import annotations
 
 import copy
 import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from fedml_moon.algorithms.base import ClientAlgorithm, Context, PartyRound
+from fedml_moon import registry
+from fedml_moon.algorithms.base import ClientAlgorithm, Context, PartyRound, ServerAlgorithm
 from fedml_moon.config import load_config
+from fedml_moon.config_schema import require
 from fedml_moon.core.models import build_model
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.batched import PartyJob, train_parties, train_party
-from fedml_moon.registry import ALGORITHMS, get_algorithm
-from tests.helpers import tiny_batches
+from fedml_moon.registry import ALGORITHMS, AlgorithmSpec, get_algorithm
+from tests.helpers import restored_main, tiny_batches
+
+ROOT = Path(__file__).resolve().parent.parent
 
 CONTRACT = {"context", "loss", "before_step", "after_step", "finish", "personal_state"}
 DERIVED = {"eval_state"}  # from personal_state; not for authors to write
@@ -124,3 +133,61 @@ def _fingerprint(value):
     if isinstance(value, dict | list | tuple | set):
         return (type(value).__name__, len(value))
     return repr(value)
+
+
+@dataclass
+class SmoothOptions:
+    smoothing: float = 0.1
+
+    def check(self) -> None:
+        require(0 <= self.smoothing < 1, "algorithm_args.smoothing", "must be in [0, 1)")
+
+
+class LabelSmoothing(ClientAlgorithm):
+    """A new algorithm in a few lines: a loss (cross-entropy with label smoothing) and what a party
+    keeps (how many rounds it trained) beside FedAvg's upload."""
+
+    name = "smooth_demo"
+
+    def loss(self, net, x, y, ctx):
+        ce = F.cross_entropy(net(x).logits, y, label_smoothing=self.options.smoothing)
+        return ce, {"ce": ce.detach()}
+
+    def finish(self, r, ctx, done):
+        r.state["rounds"] = int(r.state.get("rounds", 0)) + 1
+        return super().finish(r, ctx, done)
+
+
+def spec() -> AlgorithmSpec:
+    """The entry point the conformance suite's processes load (see the test below)."""
+    return AlgorithmSpec("smooth_demo", LabelSmoothing, ServerAlgorithm, SmoothOptions, "label smoothing")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
+def test_an_algorithm_written_here_passes_the_conformance_suite_batched_included(
+    tmp_path, monkeypatch, capsys
+):
+    """Registered through an entry point (a dist-info folder on the path of this process and of the
+    check's), `fedml-moon check` runs it: payloads and states, determinism, and its parties trained
+    together (K = 2 of the tiny run's sampled parties) within 1e-4 of the sequential run."""
+    site = tmp_path / "site"
+    dist = site / "smooth_demo-0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: smooth-demo\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[fedml_moon.algorithms]\nsmooth_demo = tests.test_one_form:spec\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(ROOT)]))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    config = str(ROOT / "config" / "fashion_mnist" / "fedavg.yaml")
+    with restored_main() as main:
+        code = main(["check", "smooth_demo", "--cf", config, "--modes", "standalone"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "smooth_demo: 3 of 3 checks passed" in out
+    batched = "PASS  batched (parties_in_parallel: 3): final model within 1e-4 of sequential"
+    assert f"{batched} (2 parties trained together)" in out

@@ -6,7 +6,9 @@ also run on machines that have a GPU but no FedML."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -87,17 +89,21 @@ def _leaves(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 def _check(algorithm: str, device: torch.device, graphs: bool = False) -> None:
-    seq_model, seq_states = _round_trip(algorithm, device, parallel=False)
-    bat_model, bat_states = _round_trip(algorithm, device, parallel=True, graphs=graphs)
-    seq, bat = (
-        _leaves({"model": seq_model, "states": seq_states}),
-        _leaves({"model": bat_model, "states": bat_states}),
-    )
-    assert seq.keys() == bat.keys()
-    for key, a in seq.items():
-        if a.is_floating_point():
-            diff = float((a.double().cpu() - bat[key].double().cpu()).abs().max())
-            assert diff <= 1e-4, (algorithm, key, diff)
+    seq = _round_trip(algorithm, device, parallel=False)
+    bat = _round_trip(algorithm, device, parallel=True, graphs=graphs)
+    for key, diff in _distances(seq, bat).items():
+        assert diff <= 1e-4, (algorithm, key, diff)
+
+
+def _distances(a: tuple, b: tuple) -> dict[str, float]:
+    """Max absolute difference per floating-point leaf of two (model, states) results."""
+    one, two = _leaves({"model": a[0], "states": a[1]}), _leaves({"model": b[0], "states": b[1]})
+    assert one.keys() == two.keys()
+    return {
+        key: float((t.double().cpu() - two[key].double().cpu()).abs().max())
+        for key, t in one.items()
+        if t.is_floating_point()
+    }
 
 
 def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
@@ -152,3 +158,32 @@ def no_tf32():
 @pytest.mark.parametrize("algorithm", BUILT_IN)
 def test_batched_equals_sequential_on_cuda(algorithm: str, graphs: bool, no_tf32) -> None:
     _check(algorithm, torch.device("cuda"), graphs)
+
+
+@contextlib.contextmanager
+def _tf32(on: bool) -> Iterator[None]:
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_with_tf32_batching_adds_no_error_beyond_tf32_rounding(device: str) -> None:
+    """TF32 (PyTorch's default for cuDNN convolutions on Ampere and later) rounds the sequential and
+    the batched (grouped) convolutions differently, so no fixed tolerance fits every GPU. The stated
+    tolerance is relative to TF32's own error: after two MOON rounds, the largest distance of any
+    model or party-state entry between batched-with-TF32 and the float32 sequential run is at most
+    1e-4 + 2 x the largest distance between sequential-with-TF32 and that run. On a CPU TF32 changes
+    nothing and this is the 1e-4 check of the plumbing."""
+    dev = torch.device(device)
+    with _tf32(False):
+        exact = _round_trip("moon", dev, parallel=False)
+    with _tf32(True):
+        seq = _round_trip("moon", dev, parallel=False)
+        bat = _round_trip("moon", dev, parallel=True)
+    tf32_error = max(_distances(exact, seq).values())
+    batched_error = max(_distances(exact, bat).values())
+    assert batched_error <= 1e-4 + 2 * tf32_error, (batched_error, tf32_error)

@@ -32,12 +32,12 @@ from fedml_moon.core.batched import tree_map
 @dataclass
 class PartyJob:
     """One party's local round: its round, its training data, and (once trained) its context, final
-    model state, number of steps and running sums of the loss terms."""
+    model state (None: the model holds it), number of steps and running sums of the loss terms."""
 
     round: PartyRound
     loader: Iterable
     ctx: Context | None = None
-    final: dict = field(default_factory=dict)
+    final: dict | None = None
     steps: int = 0
     sums: dict = field(default_factory=dict)
 
@@ -120,7 +120,7 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
             for key, value in terms.items():
                 sums[key] = sums[key] + value if key in sums else value.clone()
             job.steps += 1
-    job.final, job.sums = model.state_dict(), sums
+    job.final, job.sums = None, sums  # the model holds it
 
 
 def _grads(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -133,7 +133,8 @@ def _grads(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def finish(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob) -> tuple[dict[str, float], Payload]:
     """The party's metrics (each loss term's mean over its steps) and its upload (`finish`)."""
-    model.load_state_dict(job.final)
+    if job.final is not None:
+        model.load_state_dict(job.final)
     result = LocalResult(model.state_dict(), job.steps, model, job.loader)
     upload = algorithm.finish(job.round, job.ctx, result)
     metrics = {k: float(v) / max(job.steps, 1) for k, v in job.sums.items()}

@@ -26,6 +26,7 @@ setup(
         "boto3",
         "cryptography",
         "scikit-learn",
+        "dp-accounting",
     ],
     extras_require={
         "mpi": ["mpi4py"],

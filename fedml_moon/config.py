@@ -19,6 +19,7 @@ from fedml_moon.config_schema import (
     ConfigError,
     require,
 )
+from fedml_moon.privacy.options import privacy_checks
 from fedml_moon.registry import get_algorithm
 
 __all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "config_to_dict"]
@@ -219,6 +220,8 @@ def _robust_checks(cfg: Config) -> None:
 def _cross_checks(cfg: Config) -> None:
     _mode_checks(cfg)
     _robust_checks(cfg)
+    server = get_algorithm(cfg.train_args.algorithm).server
+    privacy_checks(cfg, server, getattr(server, "summed", {}))
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:
         require(

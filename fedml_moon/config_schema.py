@@ -8,15 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A config value is wrong. The message names the key and how to fix it."""
-
-
-def require(condition: bool, key: str, message: str) -> None:
-    """Raise ConfigError for `key` unless `condition` holds."""
-    if not condition:
-        raise ConfigError(f"{key}: {message}")
+from fedml_moon.errors import ConfigError, require  # noqa: F401  (ConfigError: imported from here too)
+from fedml_moon.privacy.options import PrivacyArgs
 
 
 @dataclass
@@ -372,6 +365,7 @@ SECTIONS: dict[str, type] = {
     "comm_args": CommArgs,
     "tracking_args": TrackingArgs,
     "server_args": ServerArgs,
+    "privacy_args": PrivacyArgs,
 }
 
 # Keys FedML's own example configs carry that the plugin accepts and passes to FedML untouched.
@@ -400,5 +394,6 @@ class Config:
     comm_args: CommArgs = field(default_factory=CommArgs)
     tracking_args: TrackingArgs = field(default_factory=TrackingArgs)
     server_args: ServerArgs = field(default_factory=ServerArgs)
+    privacy_args: PrivacyArgs = field(default_factory=PrivacyArgs)
     algorithm_args: Any = None
     passthrough: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -14,6 +14,7 @@ from fedml_moon.adapters.trainer import as_payload
 from fedml_moon.algorithms.base import Payload, ServerAlgorithm
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.evaluation import evaluate
+from fedml_moon.privacy.sums import Sums
 
 
 class PluginServerAggregator(ServerAggregator):
@@ -39,6 +40,10 @@ class PluginServerAggregator(ServerAggregator):
     def aggregate(self, raw_client_model_or_grad_list: list[tuple[float, Payload]]) -> OrderedDict:
         uploads = [(float(n), as_payload(p)) for n, p in raw_client_model_or_grad_list]
         return self.algorithm.aggregate(self.global_state, uploads)
+
+    def aggregate_sums(self, sums: Sums) -> OrderedDict:
+        """The new global state from the round's sums alone (`privacy_args`: the server holds no upload)."""
+        return self.algorithm.aggregate_sums(self.global_state, sums)
 
     def after_evaluation(self, round_idx: int, metrics: dict) -> None:
         """Hand an evaluated round's metrics to the server algorithm (it may change the global state)."""

@@ -176,12 +176,18 @@ def build_server(base: Base, out_dir: Path) -> Any:
     """The server's side: PluginServerAggregator, run records (and W&B), ServerRounds."""
     from fedml_moon.adapters.aggregator import PluginServerAggregator
     from fedml_moon.engine.rounds import ServerRounds
+    from fedml_moon.privacy.mod import PrivateAggregation
 
     cfg, train = base.cfg, base.cfg.train_args
     server_algo = base.spec.server(cfg.algorithm_args, cfg.server_args, train, base.seed)
     aggregator = PluginServerAggregator(copy.deepcopy(base.model).to(base.device), base.args, server_algo)
     config = config_to_dict(cfg)
     recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
+    samples, privacy, secure = party_samples(base), None, cfg.privacy_args.secure_aggregation
+    if cfg.privacy_args.on:
+        weights = {p: server_algo.sum_weight(n) for p, n in samples.items()}
+        per_round = train.client_num_per_round
+        privacy = PrivateAggregation(cfg.privacy_args, server_algo.summed, weights, per_round)
     return ServerRounds(
         aggregator,
         recorder,
@@ -193,11 +199,12 @@ def build_server(base: Base, out_dir: Path) -> Any:
         test_global=base.dataset.test_data_global,
         device=base.device,
         args=base.args,
-        party_eval=cfg.validation_args.local_test or base.spec.client.personalized,
+        party_eval=(cfg.validation_args.local_test or base.spec.client.personalized) and not secure,
         personalized=base.spec.client.personalized,
         on_bad_upload=train.on_bad_upload,
         save_party_models=train.save_party_models,
-        samples=party_samples(base),
+        samples=samples,
+        privacy=privacy,
     )
 
 

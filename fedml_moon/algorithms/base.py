@@ -22,6 +22,7 @@ from fedml_moon.core.aggregation import ServerMomentum, clone_state
 from fedml_moon.core.personal import PartyFigures, new_test
 from fedml_moon.core.robust import RobustMean, RobustOptions
 from fedml_moon.core.split import merge_states
+from fedml_moon.privacy.sums import UPDATE, Sums, apply_mean_update
 
 Payload = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -178,6 +179,9 @@ class ServerAlgorithm:
     robust rule is a config error."""
 
     averages: ClassVar[bool] = True
+    # What `privacy_args` sums of each upload, field by field: "update" (the weighted change from what
+    # the party received) or "sum" (as it is); `aggregate_sums` reads the sums back.
+    summed: ClassVar[dict[str, str]] = {"model": UPDATE}
 
     def __init__(self, options: Any, server: ServerArgs, train: TrainArgs, seed: int = 0) -> None:
         self.options = options
@@ -220,7 +224,20 @@ class ServerAlgorithm:
 
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         """New global state from this round's uploads, with server momentum when configured."""
-        averaged = self.combine(global_state, uploads)
+        return self.step(global_state, self.combine(global_state, uploads))
+
+    def sum_weight(self, samples: float) -> float:
+        """A party's weight in the sums of `summed` (its sample count; LG-FedAvg's uniform mean: 1)."""
+        return samples
+
+    def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
+        """New global state from the round's sums alone (`privacy_args`; `fedml_moon.privacy.sums`):
+        the global state moved by the weighted mean update sums["model"] / weight, then `step`."""
+        moved = apply_mean_update(global_state, sums.fields["model"], sums.weight)
+        return self.step(global_state, merge_states(global_state, moved))
+
+    def step(self, global_state: OrderedDict, averaged: OrderedDict) -> OrderedDict:
+        """The round's last move: server momentum (when configured) from the averaged state."""
         self.round_idx += 1
         if self.momentum is None:
             return averaged

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +83,7 @@ class SoloServer(ServerAlgorithm):
     """Keeps each party's latest model; evaluation reports the mean and std over parties."""
 
     averages = False  # nothing is averaged: server_args.robust_aggregation does not apply
+    summed: ClassVar[dict[str, str]] = {}  # nor does privacy_args: there is no sum
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

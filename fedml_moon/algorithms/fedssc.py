@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from fedml_moon.config_schema import require
 from fedml_moon.core.losses import prototype_contrastive_loss
 from fedml_moon.core.robust import RobustMean
 from fedml_moon.core.seeds import rng
+from fedml_moon.privacy.sums import SUM, UPDATE, Sums
 
 PROTOTYPE_MODES = ("random-k", "mean")
 
@@ -154,6 +156,8 @@ def build_prototypes(
 class FedSSCServer(ServerAlgorithm):
     """FedAvg for the model; class prototypes from the parties' uploads (none before the first round)."""
 
+    summed: ClassVar[dict[str, str]] = {"model": UPDATE, "prototypes": SUM, "present": SUM}
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.prototypes: torch.Tensor | None = None
@@ -182,6 +186,16 @@ class FedSSCServer(ServerAlgorithm):
         super().load_state(state)
         self.prototypes, self.present = state["prototypes"], state["present"]
         self.rng.bit_generator.state = dict(state["rng"])
+
+    def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
+        """Prototypes from the round's sums: per class, the sum of the prototypes of the parties that
+        hold it over their count (`prototype_mode: mean`); then the model as every algorithm."""
+        counts = sums.fields["present"]
+        present = counts > 0.5
+        protos = sums.fields["prototypes"] / counts.clamp(min=1.0).unsqueeze(1)
+        self.prototypes = torch.where(present.unsqueeze(1), protos, torch.zeros_like(protos)).float()
+        self.present = present
+        return super().aggregate_sums(global_state, sums)
 
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         pairs = [(p["prototypes"], p["present"]) for _, p in uploads]

@@ -192,6 +192,10 @@ class LGServer(ServerAlgorithm):
         """`report_best`: the authors' best-so-far figures (core.personal.BestSoFar)."""
         return self.figures
 
+    def sum_weight(self, samples: float) -> float:
+        """1 for the uniform average (`uniform_average`), else the party's sample count."""
+        return 1.0 if self.options.uniform_average else samples
+
     def combine(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
         """The global layers' average (uniform or by samples; or the robust rule's, around the
         current global layers); the local layers stay as they are."""

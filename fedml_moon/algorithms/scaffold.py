@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -23,6 +24,7 @@ from fedml_moon.algorithms.base import (
     add_rows,
 )
 from fedml_moon.config_schema import require
+from fedml_moon.privacy.sums import SUM, UPDATE, Sums
 
 CORRECTION_CHOICES = ("after-step", "gradient")
 C_UPDATE_CHOICES = ("paper", "mean")
@@ -117,6 +119,8 @@ class ScaffoldClient(ClientAlgorithm):
 class ScaffoldServer(ServerAlgorithm):
     """Sends (w, c); averages the models and moves c by the parties' mean control-variate change."""
 
+    summed: ClassVar[dict[str, str]] = {"model": UPDATE, "delta_c": SUM}
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.c: Tensors = {}  # filled from the first uploads' delta_c names (parameters, not buffers)
@@ -143,12 +147,21 @@ class ScaffoldServer(ServerAlgorithm):
         class with any server momentum) and c <- c + |S|/N mean_S(delta c_i) (line 17)."""
         averaged = super().aggregate(global_state, uploads)
         deltas = [{n: t.detach().cpu() for n, t in p["delta_c"].items()} for _, p in uploads]
+        self.move_c(self.mean.total(deltas), len(deltas))  # sum_S delta c_i; robust: |S| x the rule's mean_S
+        return averaged
+
+    def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
+        """The same two lines from the round's sums: the mean update, and sum_S delta c_i."""
+        averaged = super().aggregate_sums(global_state, sums)
+        self.move_c({n: t.float() for n, t in sums.fields["delta_c"].items()}, sums.count)
+        return averaged
+
+    def move_c(self, totals: Tensors, count: int) -> None:
+        """c <- c + sum_S delta c_i / N ("paper"), or / |S| (the mean over the parties that reported)."""
         paper = self.options.c_update == "paper"
-        n_total = float(self.train_args.client_num_in_total if paper else len(deltas))
-        totals = self.mean.total(deltas)  # sum_S delta c_i; robust: |S| x the rule's mean_S
+        n_total = float(self.train_args.client_num_in_total if paper else count)
         new_c: Tensors = {}
         for name, total in totals.items():  # paper: |S|/N * mean_S == sum_S / N
             old = self.c.get(name)
             new_c[name] = total / n_total if old is None else old + total / n_total
         self.c = new_c  # a new dict: payloads already sent keep the c they were given
-        return averaged

@@ -22,6 +22,9 @@ from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.validate import BadUpload, upload_problem
 from fedml_moon.metrics import RunRecorder
+from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
+from fedml_moon.privacy.party import party_vector
+from fedml_moon.privacy.sums import Sums
 
 if TYPE_CHECKING:  # the FedML adapter it drives; the engine itself imports no fedml
     from fedml_moon.adapters.aggregator import PluginServerAggregator
@@ -60,6 +63,7 @@ class ServerRounds:
         on_bad_upload: str = "skip",
         save_party_models: bool = False,
         samples: dict[int, int] | None = None,
+        privacy: PrivateAggregation | None = None,
     ) -> None:
         self.aggregator, self.recorder = aggregator, recorder
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
@@ -75,6 +79,18 @@ class ServerRounds:
         self.extra_metrics: ExtraMetrics | None = None  # e.g. the standalone loop's best-so-far figures
         self.started = 0.0
         self.summary: dict[str, Any] = {}
+        self.privacy = privacy  # privacy_args: the server learns sums only (fedml_moon.privacy)
+        self.sent: dict[int, Payload] = {}  # this round's downloads, by party
+        if privacy is not None:
+            self.rounds = privacy.rounds_allowed(rounds)
+            if self.rounds < rounds:
+                log.warning(
+                    "privacy_args.dp_target_epsilon: the run stops after %d of %d rounds, where epsilon "
+                    "would pass %s",
+                    self.rounds,
+                    rounds,
+                    privacy.options.dp_target_epsilon,
+                )
 
     # --- one round ------------------------------------------------------------------------------
     def parties(self, round_idx: int) -> list[int]:
@@ -90,6 +106,7 @@ class ServerRounds:
             self.totals["bytes_down"] += payload_nbytes(payload)
             self.totals["params_down"] += payload_numel(payload)
             out[party] = payload
+        self.sent = out
         return out
 
     def aggregate(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
@@ -113,9 +130,13 @@ class ServerRounds:
                 f"round {round_idx}: no usable upload ({self.rejected}; what an upload holds is declared "
                 "by the server algorithm's upload_spec)"
             )
-        for _, upload in ordered:
+        for _, upload in ordered if self.privacy is None else ():
             self.totals["bytes_up"] += payload_nbytes(upload)
             self.totals["params_up"] += payload_numel(upload)
+        if self.privacy is not None:
+            return self.aggregate_private(
+                round_idx, {p: results[p] for p in reporters if p not in self.rejected}
+            )
         if self.save_party_models:
             self.save_uploads({p: results[p][1] for p in reporters if p not in self.rejected})
         uploads, _ = self.aggregator.on_before_aggregation(ordered)
@@ -123,6 +144,30 @@ class ServerRounds:
         new_state = self.aggregator.on_after_aggregation(new_state)
         self.aggregator.set_model_params(new_state)
         return ordered
+
+    def aggregate_private(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
+        """privacy_args in this process (the standalone simulation): each party's vector
+        (`privacy.party`), their secure sum (SecAgg run among them here) or plain sum, then
+        `apply_sums`. Counted in bytes_up: each party's masked vector."""
+        privacy = self.privacy
+        vectors = {p: party_vector(u, self.sent[p], privacy.plan(p)) for p, (_, u) in results.items()}
+        if privacy.options.secure_aggregation:
+            total, parties = secure_sum(round_idx, vectors, privacy.params(len(vectors)))
+        else:
+            parties = sorted(vectors)
+            total = torch.stack([vectors[p].vector for p in parties]).sum(dim=0)
+        first = vectors[parties[0]]
+        self.totals["params_up"] += first.vector.numel() * len(vectors)
+        self.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
+        return self.apply_sums(privacy.finish(total, first.entries, first.metric_names, parties))
+
+    def apply_sums(self, sums: Sums) -> list[Result]:
+        """The new global state from the round's sums (the aggregator's `aggregate_sums`, then FedML's
+        on_after_aggregation and set); returns the summed parties' stand-ins for the round's record,
+        each holding the round's mean metrics."""
+        new_state = self.aggregator.on_after_aggregation(self.aggregator.aggregate_sums(sums))
+        self.aggregator.set_model_params(new_state)
+        return [(1.0, {"metrics": dict(sums.metrics)})] * sums.count
 
     def upload_spec(self, party: int) -> dict:
         """What `party`'s upload must hold this round (the server algorithm's `upload_spec`)."""
@@ -210,7 +255,7 @@ class ServerRounds:
             "records": list(self.recorder.records),
             "schedule": self.schedule,
             "wandb_id": getattr(getattr(wandb, "run", None), "id", None),
-        }
+        } | ({} if self.privacy is None else {"privacy": self.privacy.state()})
 
     def load_state(self, state: dict[str, Any]) -> int:
         """Restore `state()`; returns the first round still to run."""
@@ -224,6 +269,8 @@ class ServerRounds:
         self.totals.update({k: int(v) for k, v in state["totals"].items()})
         self.eval_totals.update({k: int(v) for k, v in state["eval_totals"].items()})
         self.recorder.restore(state["records"])
+        if self.privacy is not None:
+            self.privacy.load_state(state.get("privacy") or {})
         return int(state["round"]) + 1
 
     def save_uploads(self, uploads: dict[int, Payload]) -> None:
@@ -253,6 +300,8 @@ class ServerRounds:
         digest = state_dict_sha256(state)
         log.info("final model sha256 %s (%s)", digest, name)
         extra = {**self.totals, **self.eval_totals, "model_file": name, "final_model_sha256": digest}
+        if self.privacy is not None:
+            extra.update(self.privacy.summary())
         self.summary = self.recorder.finish(status, extra)
         return self.summary
 

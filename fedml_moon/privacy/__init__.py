@@ -1,0 +1,1 @@
+"""Privacy for federated rounds: secure aggregation and client-level differential privacy."""

@@ -1,0 +1,136 @@
+"""The server's side of `privacy_args`: it wraps a server algorithm's aggregation, never the algorithm.
+
+Each round the server hands every sampled party a `Plan` (what to add to the sum, its weight ratio,
+its DP noise share), and gets back one vector: the sum of the parties' vectors, which secure
+aggregation reveals and nothing else. `finish` reads the sum back (`privacy.sums`), adds DP's noise
+where no party did (secure aggregation off), composes the round in the privacy accountant, and the
+server algorithm's `aggregate_sums` makes the new global state.
+
+The standalone simulation runs the parties' and the server's sides of the protocol in this process
+(`secure_sum`); the distributed modes carry its messages (`fedml_moon.distributed`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from fedml_moon.core.fixed_point import FixedPoint
+from fedml_moon.privacy.dp import PrivacyAccountant, gaussian_noise, noise_std
+from fedml_moon.privacy.options import PrivacyArgs
+from fedml_moon.privacy.party import PartyVector, Plan
+from fedml_moon.privacy.secagg import PartySession, SecAggParams, ServerSession, neighbourhood
+from fedml_moon.privacy.sums import Entry, Sums, unflatten
+
+log = logging.getLogger(__name__)
+
+
+class PrivateAggregation:
+    """One run's privacy_args on the server: plans, the secure-aggregation parameters, the accountant."""
+
+    def __init__(
+        self, options: PrivacyArgs, summed: dict[str, str], weights: Mapping[int, float], per_round: int
+    ):
+        """`weights`: each party's `sum_weight` (every party of the run); `per_round`: parties sampled."""
+        self.options, self.summed, self.per_round = options, dict(summed), per_round
+        top = max(weights.values())
+        self.ratios = {int(p): 1.0 if options.dp else float(w) / top for p, w in weights.items()}
+        self.encoding = FixedPoint(options.secagg_clip, options.secagg_bits, options.secagg_modulus_bits)
+        self.accountant = None
+        if options.dp:
+            self.accountant = PrivacyAccountant(
+                options.dp_noise_multiplier, len(weights), per_round, options.dp_delta, options.dp_accountant
+            )
+
+    def plan(self, party: int) -> Plan:
+        """What `party` adds this round. With DP under secure aggregation every sampled party adds
+        N(0, sigma^2 C^2 / m), m = parties sampled per round, so that the sum carries N(0, sigma^2 C^2)."""
+        o = self.options
+        share = (
+            noise_std(o.dp_clip_norm, o.dp_noise_multiplier, self.per_round)
+            if o.dp and o.secure_aggregation
+            else 0.0
+        )
+        return Plan(self.summed, self.ratios[int(party)], o.dp_clip_norm, share, o.secure_aggregation)
+
+    def params(self, participants: int) -> SecAggParams:
+        """t and the SecAgg+ degree for a round of `participants` parties (`secagg_params`)."""
+        return secagg_params(self.options, participants)
+
+    def rounds_allowed(self, rounds: int) -> int:
+        """How many of `rounds` the run may train before epsilon would pass `dp_target_epsilon`."""
+        if self.accountant is None or self.options.dp_target_epsilon is None:
+            return rounds
+        return self.accountant.rounds_within(self.options.dp_target_epsilon, rounds)
+
+    def finish(
+        self, total: torch.Tensor, entries: list[Entry], metric_names: list[str], parties: list[int]
+    ) -> Sums:
+        """The round's `Sums` from the sum of `parties`' vectors (float64)."""
+        o, size = self.options, total.numel() - len(metric_names)
+        total = total.clone()
+        if o.dp and not o.secure_aggregation:  # the server adds all of the noise
+            total[:size] += gaussian_noise(total[:size], noise_std(o.dp_clip_norm, o.dp_noise_multiplier))
+        fields, metric_sums = unflatten(total, entries, metric_names)
+        ratio_total = sum(self.ratios[p] for p in parties)
+        metrics = {k: v / ratio_total for k, v in metric_sums.items()}
+        weight = float(self.per_round) if o.dp else ratio_total  # DP-FedAvg: a fixed denominator
+        if self.accountant is not None:
+            metrics["dp_epsilon"] = self.accountant.step()
+        return Sums(weight, len(parties), fields, metrics)
+
+    def word_bytes(self) -> int:
+        """Bytes per value of a masked vector on the wire (int32 up to k = 32, else int64); 8 without
+        secure aggregation (the float64 vector)."""
+        if not self.options.secure_aggregation:
+            return 8
+        return 4 if self.options.secagg_modulus_bits <= 32 else 8
+
+    def summary(self) -> dict:
+        """What summary.json says of the run's privacy: epsilon for delta after the rounds trained."""
+        out: dict = {"secure_aggregation": self.options.secure_aggregation}
+        if self.accountant is not None:
+            out.update(dp_epsilon=self.accountant.epsilon(), dp_delta=self.options.dp_delta)
+        return out
+
+    def state(self) -> dict:
+        return {"accountant": None if self.accountant is None else self.accountant.state()}
+
+    def load_state(self, state: Mapping) -> None:
+        if self.accountant is not None and state.get("accountant") is not None:
+            self.accountant.load_state(state["accountant"])
+
+
+def secagg_params(options: PrivacyArgs, participants: int) -> SecAggParams:
+    """t and the SecAgg+ degree for a round of `participants` parties: t auto is a majority of each
+    party's neighbourhood and itself (at least 2 where there are 2 or more)."""
+    size = len(neighbourhood(range(max(participants, 1)), 0, options.secagg_neighbours)) + 1
+    t = size // 2 + 1 if options.secagg_threshold == "auto" else int(options.secagg_threshold)
+    encoding = FixedPoint(options.secagg_clip, options.secagg_bits, options.secagg_modulus_bits)
+    return SecAggParams(threshold=t, neighbours=options.secagg_neighbours, encoding=encoding)
+
+
+def secure_sum(
+    round_idx: int,
+    vectors: Mapping[int, PartyVector],
+    params: SecAggParams,
+    drop: frozenset[int] = frozenset(),
+) -> tuple[torch.Tensor, list[int]]:
+    """SecAgg(+) among `vectors`' parties run in this process (the standalone simulation): every step
+    of Bonawitz et al. 2017, Fig. 4, with the parties in `drop` leaving after their masked input
+    (their self-masks are removed with the survivors' shares). Returns the decoded float64 sum of the
+    survivors' vectors and the survivors."""
+    parties = sorted(vectors)
+    length = next(iter(vectors.values())).vector.numel()
+    sessions = {p: PartySession(p, round_idx, params) for p in parties}
+    server = ServerSession(round_idx, params, length)
+    rosters = server.collect_keys({p: s.advertise() for p, s in sessions.items()})
+    inboxes = server.route({p: sessions[p].share(rosters[p]) for p in parties})
+    masked = {p: sessions[p].mask(vectors[p].vector, inboxes.get(p, {})) for p in parties}
+    survivors, _ = server.collect_masked(masked)
+    requests = server.unmask_requests()  # each survivor's (survivors, dropped) among its neighbours
+    responses = {p: sessions[p].unmask(*requests[p]) for p in survivors if p not in drop}
+    total = server.unmask(responses)
+    return server.decode(total), list(survivors)

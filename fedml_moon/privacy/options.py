@@ -1,0 +1,134 @@
+"""`privacy_args`: secure aggregation (SecAgg / SecAgg+) and client-level differential privacy
+(DP-FedAvg), off by default. The section's keys and their checks against the rest of the config.
+
+What each key does is in the README (Privacy); `fedml_moon.privacy.mod` runs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedml_moon.errors import require
+
+ACCOUNTANTS = ("rdp", "pld")
+
+
+@dataclass
+class PrivacyArgs:
+    """Secure aggregation: the server learns only the sum of the sampled parties' uploads. DP: each
+    party's update is clipped to `dp_clip_norm` and Gaussian noise of std `dp_noise_multiplier` x
+    `dp_clip_norm` is added to the sum; epsilon for `dp_delta` is reported after every round."""
+
+    secure_aggregation: bool = False
+    secagg_threshold: int | str = "auto"  # t of each party's neighbourhood + itself; auto: a majority
+    secagg_neighbours: int = 0  # SecAgg+ graph degree; 0: every other party (SecAgg)
+    secagg_clip: float = 8.0  # fixed point: values clipped to [-clip, clip] ...
+    secagg_bits: int = 22  # ... quantised to 2^bits levels ...
+    secagg_modulus_bits: int = 32  # ... summed mod 2^k
+    dp_clip_norm: float | None = None  # C; null: no DP
+    dp_noise_multiplier: float = 0.0  # sigma
+    dp_delta: float = 1e-5
+    dp_target_epsilon: float | None = None  # stop before a round would pass it
+    dp_accountant: str = "rdp"
+
+    @property
+    def dp(self) -> bool:
+        return self.dp_clip_norm is not None
+
+    @property
+    def on(self) -> bool:
+        return self.secure_aggregation or self.dp
+
+    def check(self) -> None:
+        t = self.secagg_threshold
+        require(
+            t == "auto" or (type(t) is int and t >= 1),
+            "privacy_args.secagg_threshold",
+            f"must be 'auto' (a majority of each neighbourhood) or an integer >= 1; got {t!r}",
+        )
+        require(self.secagg_neighbours >= 0, "privacy_args.secagg_neighbours", "must be >= 0 (0: all)")
+        require(self.secagg_clip > 0, "privacy_args.secagg_clip", f"must be > 0; got {self.secagg_clip}")
+        require(
+            1 <= self.secagg_bits < self.secagg_modulus_bits <= 62,
+            "privacy_args.secagg_bits",
+            f"need 1 <= secagg_bits < secagg_modulus_bits <= 62; got {self.secagg_bits} and "
+            f"{self.secagg_modulus_bits}",
+        )
+        self.check_dp()
+
+    def check_dp(self) -> None:
+        clip, sigma = self.dp_clip_norm, self.dp_noise_multiplier
+        require(clip is None or clip > 0, "privacy_args.dp_clip_norm", f"must be > 0 or null; got {clip}")
+        require(sigma >= 0, "privacy_args.dp_noise_multiplier", f"must be >= 0; got {sigma}")
+        require(
+            clip is None or sigma > 0,
+            "privacy_args.dp_noise_multiplier",
+            "must be > 0 when dp_clip_norm is set (clipping without noise gives no privacy guarantee)",
+        )
+        require(
+            sigma == 0 or clip is not None,
+            "privacy_args.dp_clip_norm",
+            "set it (the norm C each update is clipped to): the noise's scale is sigma x C",
+        )
+        require(0 < self.dp_delta < 1, "privacy_args.dp_delta", f"must be in (0, 1); got {self.dp_delta}")
+        target = self.dp_target_epsilon
+        require(target is None or target > 0, "privacy_args.dp_target_epsilon", "must be > 0 or null")
+        require(
+            target is None or clip is not None,
+            "privacy_args.dp_target_epsilon",
+            "needs DP on (dp_clip_norm and dp_noise_multiplier)",
+        )
+        require(
+            self.dp_accountant in ACCOUNTANTS,
+            "privacy_args.dp_accountant",
+            f"choose one of {', '.join(ACCOUNTANTS)}",
+        )
+
+
+def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
+    """privacy_args against the algorithm, the evaluation and the aggregation rule."""
+    p, algorithm = cfg.privacy_args, cfg.train_args.algorithm
+    if not p.on:
+        return
+    key = "privacy_args.secure_aggregation" if p.secure_aggregation else "privacy_args.dp_clip_norm"
+    require(
+        getattr(server_cls, "averages", True) and bool(summed),
+        key,
+        f"{algorithm} sums nothing (each party keeps its own model): there is no sum to protect; turn it off",
+    )
+    require(
+        cfg.server_args.robust_aggregation == "none",
+        "server_args.robust_aggregation",
+        f"{cfg.server_args.robust_aggregation!r} needs each party's upload, which privacy_args hides from "
+        "the server (it sees only their sum); set none",
+    )
+    train = cfg.train_args
+    require(
+        not p.dp or p.dp_accountant != "pld" or train.client_num_per_round == train.client_num_in_total,
+        "privacy_args.dp_accountant",
+        "pld composes rounds where every party takes part (client_num_per_round = client_num_in_total); "
+        "with sampled parties use rdp",
+    )
+    if not p.secure_aggregation:
+        return
+    require(
+        not cfg.validation_args.local_test,
+        "validation_args.local_test",
+        "each party's own test figures would reach the server in the clear under secure aggregation; "
+        "set false (README, Privacy: the metrics then unavailable)",
+    )
+    require(
+        not cfg.train_args.save_party_models,
+        "train_args.save_party_models",
+        "the server holds no party's model under secure aggregation; set false",
+    )
+    for key in getattr(cfg.algorithm_args, "standalone_only", list)():
+        require(False, key, "needs every party's own model, which secure aggregation hides; turn it off")
+    mode = getattr(cfg.algorithm_args, "prototype_mode", "mean")
+    require(
+        mode != "random-k",
+        "algorithm_args.prototype_mode",
+        f"{mode!r} picks some parties' prototypes per class, which needs each party's upload; under secure "
+        "aggregation use mean (the mean over every party that holds the class)",
+    )

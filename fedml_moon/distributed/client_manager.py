@@ -34,6 +34,8 @@ from fedml_moon.distributed.managers import (
     config_differences,
     config_digest,
 )
+from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
+from fedml_moon.distributed.secure import SecureWorker
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_config, flat_config, restore, save
@@ -67,7 +69,7 @@ class Local:
     fresh: Callable[[], list[int]]
 
 
-class PluginClientManager(_Manager):
+class PluginClientManager(SecureWorker, _Manager):
     """A worker (MPI simulation) or silo: trains and evaluates the parties it holds when asked.
 
     It builds its data and parties from the config the server's WELCOME hands it (`build`), once. When
@@ -122,6 +124,9 @@ class PluginClientManager(_Manager):
             (CHECKPOINT, self.on_checkpoint),
             (REJOIN, self.on_rejoin),
             (TICK, self.on_tick),
+            (ROSTER, self.on_sa_roster),  # secure aggregation's rounds (distributed/secure.py)
+            (MASK, self.on_sa_mask),
+            (UNMASK, self.on_sa_unmask),
         ):
             self.register_message_receive_handler(msg_type, self._guarded(handler))
 
@@ -276,6 +281,9 @@ class PluginClientManager(_Manager):
         self.welcomed, self.trained_since_welcome = True, True
         round_idx, tasks = int(msg.get("round")), msg.get("tasks")
         trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
+        if self.built.run_config.privacy_args.secure_aggregation:
+            self.secure_train(round_idx, tasks, trained)
+            return
         results = [
             {"party": int(t["party"]), "n": int(n), "upload": u}
             for t, (n, u) in zip(tasks, trained, strict=True)

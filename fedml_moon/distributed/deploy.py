@@ -27,7 +27,14 @@ from fedml_moon.distributed.managers import config_differences
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
 
 log = logging.getLogger(__name__)
-PARTY_KEYS = ("common_args.random_seed", "data_args", "model_args", "train_args", "algorithm_args")
+PARTY_KEYS = (
+    "common_args.random_seed",
+    "data_args",
+    "model_args",
+    "train_args",
+    "algorithm_args",
+    "privacy_args",
+)
 LOCAL_KEYS = {"data_args.data_cache_dir", "data_args.download", "train_args.state_store"}
 
 

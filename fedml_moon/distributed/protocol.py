@@ -15,6 +15,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from fedml_moon.core.validate import report_problem, upload_problem
 
 HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
@@ -147,9 +149,84 @@ def settings(value: Any) -> str | None:
     return None
 
 
+def hex_text(max_bytes: int) -> Check:
+    """Bytes written as a hex string of at most `max_bytes` bytes (keys, ciphertexts, share values)."""
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, str) or len(value) > 2 * max_bytes or len(value) % 2:
+            return f" is not a hex string of at most {max_bytes} bytes"
+        try:
+            bytes.fromhex(value)
+        except ValueError:
+            return " is not a hex string"
+        return None
+
+    return check
+
+
+def int_tensor(value: Any) -> str | None:
+    """A 1-D int32 or int64 tensor (a masked vector; its length is checked against the round's)."""
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.dim() != 1
+        or value.dtype not in (torch.int32, torch.int64)
+    ):
+        return f" is a {_kind(value)}, not a 1-D int32 / int64 tensor"
+    return None
+
+
 PARTY, ROUND = integer(0, MAX_ID), integer(0, MAX_ROUND)
 SAMPLES = integer(1, 2**53)  # the server's own count for the party is checked when the result is bound
 SESSION = text(64)
+
+# secure aggregation's extra rounds (fedml_moon.distributed.secure): keys, shares, masked inputs, unmasking
+KEYS, ROSTER, SHARES, MASK, MASKED, UNMASK, UNMASKED = (
+    "sa_keys",
+    "sa_roster",
+    "sa_shares",
+    "sa_mask",
+    "sa_masked",
+    "sa_unmask",
+    "sa_unmasked",
+)
+PUBLIC_KEYS = record({"party": PARTY, "c_pk": hex_text(32), "s_pk": hex_text(32), "b_commit": hex_text(32)})
+SHARE_VALUES = list_of(record({"of": PARTY, "x": integer(1, MAX_ID), "y": hex_text(16)}))
+
+SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
+    # worker -> server
+    KEYS: {"round": ROUND, "keys": list_of(PUBLIC_KEYS), "metrics": list_of(text(100), 100)},
+    SHARES: {
+        "round": ROUND,
+        "shares": list_of(record({"sender": PARTY, "receiver": PARTY, "ct": hex_text(1024)})),
+    },
+    MASKED: {"round": ROUND, "items": list_of(record({"party": PARTY, "vector": int_tensor}))},
+    UNMASKED: {
+        "round": ROUND,
+        "items": list_of(record({"party": PARTY, "b": SHARE_VALUES, "s": SHARE_VALUES})),
+    },
+    # server -> worker
+    ROSTER: {
+        "round": ROUND,
+        "participants": integer(1, MAX_ID),
+        "rosters": list_of(record({"party": PARTY, "keys": list_of(PUBLIC_KEYS)})),
+    },
+    MASK: {
+        "round": ROUND,
+        "tasks": list_of(
+            record(
+                {
+                    "party": PARTY,
+                    "plan": json_value(),
+                    "inbox": list_of(record({"sender": PARTY, "ct": hex_text(1024)})),
+                }
+            )
+        ),
+    },
+    UNMASK: {
+        "round": ROUND,
+        "requests": list_of(record({"party": PARTY, "survivors": list_of(PARTY), "dropped": list_of(PARTY)})),
+    },
+}
 
 SCHEMAS: dict[str, dict[str, Check]] = {
     # worker -> server
@@ -181,6 +258,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     REJOIN: {},
     # a process's own timer
     TICK: {},
+    **SECURE_SCHEMAS,
 }
 
 

@@ -35,7 +35,8 @@ from fedml_moon.distributed.managers import (
     described_differences,
     quorum,
 )
-from fedml_moon.distributed.protocol import reports_problem, result_problem
+from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED, reports_problem, result_problem
+from fedml_moon.distributed.secure import SecureServer
 from fedml_moon.distributed.transport.base import QueueTransport
 from fedml_moon.engine.resume import Holding, due, save
 from fedml_moon.engine.rounds import ServerRounds
@@ -43,7 +44,7 @@ from fedml_moon.engine.rounds import ServerRounds
 log = logging.getLogger(__name__)
 
 
-class PluginServerManager(_Manager):
+class PluginServerManager(SecureServer, _Manager):
     """Rank 0: hands each round's parties to the workers that hold them, collects, records.
 
     A round waits for every worker it sent work to, but no longer than `comm_args.round_timeout_s`
@@ -91,6 +92,9 @@ class PluginServerManager(_Manager):
         self.assigned: dict[int, tuple[str, dict]] = {}  # rank -> its work of the current phase
         self.session = secrets.token_hex(8)  # this server process; a restarted server has another
         self.digest = config_digest(config)
+        privacy = rounds.privacy
+        self.secure = privacy is not None and privacy.options.secure_aggregation
+        self.secure_reset()
         super().__init__(args, transport, 0, len(workers) + 1, comm.backend, comm.heartbeat_s)
 
     def peers(self) -> list[int]:
@@ -119,6 +123,14 @@ class PluginServerManager(_Manager):
             (TICK, self.on_tick),
         ):
             self.register_message_receive_handler(msg_type, self._guarded(handler))
+        if self.secure:  # secure aggregation's extra rounds (distributed/secure.py)
+            for msg_type, handler in (
+                (KEYS, self.on_sa_keys),
+                (SHARES, self.on_sa_shares),
+                (MASKED, self.on_sa_masked),
+                (UNMASKED, self.on_sa_unmasked),
+            ):
+                self.register_message_receive_handler(msg_type, self._guarded(handler))
 
     def _guarded(self, handler: Callable[[Message], None]) -> Callable[[Message], None]:
         """Nothing a worker sends stops the server: a handler that fails on a worker's message refuses
@@ -218,6 +230,7 @@ class PluginServerManager(_Manager):
     # --- rounds --------------------------------------------------------------------------------
     def start_round(self, round_idx: int) -> None:
         self.round_idx, self.results, self.missing = round_idx, {}, []
+        self.secure_reset()
         tasks: dict[int, list] = {}
         for party, payload in self.rounds.downloads(round_idx).items():
             tasks.setdefault(self.placement[party], []).append({"party": party, "payload": payload})
@@ -232,6 +245,9 @@ class PluginServerManager(_Manager):
         if not self._expected(msg, "train"):
             return
         rank, items = msg.get_sender_id(), msg.get("results")
+        if self.secure:
+            self.refused(rank, "secure aggregation is on: a party's upload is never sent in the clear")
+            return
         mine = {t["party"] for t in self.assigned[rank][1]["tasks"]}
         problem = result_problem(items, mine, self.rounds.samples, self.rounds.upload_spec)
         if problem is not None:
@@ -245,8 +261,14 @@ class PluginServerManager(_Manager):
             self.after_train()
 
     def after_train(self) -> None:
+        if self.secure:
+            self.secure_after_keys()
+            return
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.results]
         self.ordered = self.rounds.aggregate(self.round_idx, self.results)
+        self.after_aggregate()
+
+    def after_aggregate(self) -> None:
         if not self.rounds.needs_party_eval(self.round_idx):
             self.close_round(None)
             return
@@ -403,6 +425,15 @@ class PluginServerManager(_Manager):
             log.warning("round %d goes on without %s: %s", self.round_idx, self._parties_of(ranks), why)
             self.pending.clear()
             self.after_train()
+        elif self.phase in ("share", "mask", "unmask"):
+            log.warning(
+                "round %d: secure aggregation goes on without %s: %s",
+                self.round_idx,
+                self._parties_of(ranks),
+                why,
+            )
+            self.pending.clear()
+            self.secure_step()
         elif self.phase == "eval":
             log.warning("round %d is evaluated without %s: %s", self.round_idx, self._parties_of(ranks), why)
             self.pending.clear()

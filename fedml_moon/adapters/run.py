@@ -187,7 +187,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
     if cfg.privacy_args.on:
         weights = {p: server_algo.sum_weight(n) for p, n in samples.items()}
         per_round = train.client_num_per_round
-        privacy = PrivateAggregation(cfg.privacy_args, server_algo.summed, weights, per_round)
+        privacy = PrivateAggregation(cfg.privacy_args, server_algo.summed, weights, per_round, samples)
     return ServerRounds(
         aggregator,
         recorder,

@@ -177,9 +177,12 @@ class SecureServer:
         items, rank = msg.get("items"), msg.get_sender_id()
         if not self._take(msg, "mask", [i["party"] for i in items], self.sa_holds.get(rank, set())):
             return
-        k = self.sa_session.params.encoding.k
+        k, totals = self.sa_session.params.encoding.k, self.rounds.totals
         for item in items:
-            self.sa_masked[item["party"]] = unpack(item["vector"], k)
+            vector = item["vector"]
+            self.sa_masked[item["party"]] = unpack(vector, k)
+            totals["bytes_up"] += vector.numel() * vector.element_size()
+            totals["params_up"] += vector.numel()
         self._next(rank, self.after_masked)
 
     def after_masked(self) -> None:

@@ -31,12 +31,21 @@ class PrivateAggregation:
     """One run's privacy_args on the server: plans, the secure-aggregation parameters, the accountant."""
 
     def __init__(
-        self, options: PrivacyArgs, summed: dict[str, str], weights: Mapping[int, float], per_round: int
+        self,
+        options: PrivacyArgs,
+        summed: dict[str, str],
+        weights: Mapping[int, float],
+        per_round: int,
+        samples: Mapping[int, int] | None = None,
     ):
-        """`weights`: each party's `sum_weight` (every party of the run); `per_round`: parties sampled."""
+        """`weights`: each party's `sum_weight` (every party of the run); `per_round`: parties sampled;
+        `samples`: each party's sample count, its metrics' weight (default: `weights`)."""
         self.options, self.summed, self.per_round = options, dict(summed), per_round
         top = max(weights.values())
         self.ratios = {int(p): 1.0 if options.dp else float(w) / top for p, w in weights.items()}
+        samples = samples or weights
+        most = max(samples.values())
+        self.metric_ratios = {int(p): float(n) / most for p, n in samples.items()}
         self.encoding = FixedPoint(options.secagg_clip, options.secagg_bits, options.secagg_modulus_bits)
         self.accountant = None
         if options.dp:
@@ -53,7 +62,8 @@ class PrivateAggregation:
             if o.dp and o.secure_aggregation
             else 0.0
         )
-        return Plan(self.summed, self.ratios[int(party)], o.dp_clip_norm, share, o.secure_aggregation)
+        ratios = self.ratios[int(party)], self.metric_ratios[int(party)]
+        return Plan(self.summed, ratios[0], o.dp_clip_norm, share, o.secure_aggregation, ratios[1])
 
     def params(self, participants: int) -> SecAggParams:
         """t and the SecAgg+ degree for a round of `participants` parties (`secagg_params`)."""
@@ -74,8 +84,9 @@ class PrivateAggregation:
         if o.dp and not o.secure_aggregation:  # the server adds all of the noise
             total[:size] += gaussian_noise(total[:size], noise_std(o.dp_clip_norm, o.dp_noise_multiplier))
         fields, metric_sums = unflatten(total, entries, metric_names)
+        metric_total = sum(self.metric_ratios[p] for p in parties)
+        metrics = {k: v / metric_total for k, v in metric_sums.items()}
         ratio_total = sum(self.ratios[p] for p in parties)
-        metrics = {k: v / ratio_total for k, v in metric_sums.items()}
         weight = float(self.per_round) if o.dp else ratio_total  # DP-FedAvg: a fixed denominator
         if self.accountant is not None:
             metrics["dp_epsilon"] = self.accountant.step()

@@ -37,6 +37,7 @@ class Plan:
     clip: float | None = None
     noise_std: float = 0.0
     secure: bool = False
+    metric_ratio: float = 1.0  # the party's samples over the largest party's: its metrics' weight
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,10 +51,11 @@ class Plan:
             raw["clip"],
             float(raw["noise_std"]),
             bool(raw["secure"]),
+            float(raw["metric_ratio"]),
         )
         if not plan.summed or any(kind not in KINDS for kind in plan.summed.values()):
             raise PrivacyError(f"a plan's summed fields {plan.summed} are not field -> one of {KINDS}")
-        if not 0 < plan.ratio <= 1 or plan.noise_std < 0 or not math.isfinite(plan.noise_std):
+        if not (0 < plan.ratio <= 1 and 0 < plan.metric_ratio <= 1) or not 0 <= plan.noise_std < math.inf:
             raise PrivacyError(f"a plan's ratio {plan.ratio} or noise_std {plan.noise_std} is out of range")
         if plan.clip is not None and not (isinstance(plan.clip, (int, float)) and plan.clip > 0):
             raise PrivacyError(f"a plan's clip {plan.clip!r} is not a norm > 0")
@@ -71,7 +73,7 @@ class PartyVector:
 
 
 def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
-    """The party's addends, clipped and noised as `plan` says, then its metrics times the ratio."""
+    """The party's addends, clipped and noised as `plan` says, then its metrics times its sample ratio."""
     fields = contribution(upload, received, plan.summed, plan.ratio)
     entries = layout(fields)
     vector = flatten(fields, {}, plan.ratio)
@@ -83,7 +85,7 @@ def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
     if plan.noise_std > 0:
         vector = vector + gaussian_noise(vector, plan.noise_std)
     metrics = {k: float(v) for k, v in (upload.get("metrics") or {}).items() if math.isfinite(float(v))}
-    tail = torch.tensor([plan.ratio * metrics[k] for k in sorted(metrics)], dtype=torch.float64)
+    tail = torch.tensor([plan.metric_ratio * metrics[k] for k in sorted(metrics)], dtype=torch.float64)
     return PartyVector(torch.cat([vector, tail]), entries, sorted(metrics), norm)
 
 

@@ -1,0 +1,161 @@
+"""privacy_args in the standalone loop: secure aggregation gives every summing algorithm's plain result
+to within the fixed-point bound, DP-FedAvg clips and averages as written, epsilon is the accountant's,
+and what needs a single party's upload is refused with the key named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedml_moon import conformance
+from fedml_moon.adapters.run import assemble
+from fedml_moon.config import load_config
+from fedml_moon.config_schema import ConfigError
+from fedml_moon.core.fixed_point import FixedPoint
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.privacy.dp import PrivacyAccountant
+from fedml_moon.privacy.mod import PrivateAggregation
+from fedml_moon.privacy.options import PrivacyArgs
+from fedml_moon.privacy.party import Plan, party_vector
+
+CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
+TINY = [
+    *conformance.TINY,
+    "train_args.comm_round=1",
+    "data_args.max_train_samples=450",
+    "data_args.max_test_samples=100",
+    "validation_args.local_test=false",
+]
+SECURE = ["privacy_args.secure_aggregation=true"]
+needs_data = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+CASES = {  # name: (config, overrides)
+    "fedavg": ("fedavg", []),
+    "fedavgm": ("fedavg", ["server_args.server_momentum=0.9"]),
+    "moon": ("moon", []),
+    "scaffold": ("scaffold", ["data_args.partition_method=hetero"]),
+    "fedssc": ("fedssc", ["algorithm_args.prototype_mode=mean"]),
+    "lg": ("lg", ["algorithm_args.warmup_rounds=0", "data_args.partition_method=hetero"]),
+}
+
+
+def _run(tmp_path: Path, name: str, overrides: list[str], monkeypatch) -> tuple[dict, object]:
+    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    built = assemble(load_config(CONFIGS / f"{name}.yaml", overrides), tmp_path)
+    built.loop.run()
+    return torch.load(tmp_path / "final_model.pt", weights_only=True), built.loop.server
+
+
+def _far(a: dict, b: dict) -> float:
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+@needs_data
+@pytest.mark.parametrize("case", list(CASES))
+def test_secure_aggregation_gives_the_plain_round_within_the_fixed_point_bound(case, tmp_path, monkeypatch):
+    """Each of n = 2 parties adds r * update with r <= 1; each element of the decoded sum is within
+    n / (2 scale) of the true sum (FixedPoint.error_bound), so the mean update (sum / sum of r) is
+    within n / (2 scale sum r), and SCAFFOLD's c (sum / N) and FedSSC's prototypes (sum / count) within
+    n / (2 scale); float32 adds at most 1e-6 for these magnitudes."""
+    name, extra = CASES[case]
+    plain, plain_server = _run(tmp_path / "plain", name, [*TINY, *extra], monkeypatch)
+    secure, secure_server = _run(tmp_path / "secure", name, [*TINY, *extra, *SECURE], monkeypatch)
+    privacy = secure_server.privacy
+    parties = secure_server.parties(0)
+    ratio_sum = sum(privacy.ratios[p] for p in parties)
+    bound = FixedPoint().error_bound(len(parties))
+    assert 0 < _far(plain, secure) <= bound / ratio_sum + 1e-6
+    a, b = plain_server.aggregator.algorithm, secure_server.aggregator.algorithm
+    if case == "scaffold":
+        assert _far(a.c, b.c) <= bound + 1e-6
+    if case == "fedssc":
+        assert torch.equal(a.present, b.present)
+        assert float((a.prototypes - b.prototypes).abs().max()) <= bound + 1e-6
+    plain_record, secure_record = plain_server.recorder.records[0], secure_server.recorder.records[0]
+    assert secure_record["train_loss"] == pytest.approx(plain_record["train_loss"], abs=bound / ratio_sum)
+    assert secure_record["bytes_up"] == 4 * secure_record["params_up"]  # int32 words on the wire
+
+
+def test_a_partys_vector_is_its_weighted_update_clipped_then_its_weighted_metrics():
+    """Update u = [3, 4] (norm 5): clipped to C = 1 -> [0.6, 0.8]; with ratio 0.5 and no DP ->
+    [1.5, 2.0]; the metric loss 2.0 follows times the party's sample ratio: 0.5 * 2.0 = 1.0."""
+    received = {"model": {"w": torch.zeros(2)}}
+    upload = {"model": {"w": torch.tensor([3.0, 4.0])}, "metrics": {"loss": 2.0}, "party_id": 0}
+    clipped = party_vector(upload, received, Plan({"model": "update"}, ratio=1.0, clip=1.0))
+    assert clipped.vector.tolist() == pytest.approx([0.6, 0.8, 2.0]) and clipped.norm == pytest.approx(5.0)
+    weighted = party_vector(upload, received, Plan({"model": "update"}, ratio=0.5, metric_ratio=0.5))
+    assert weighted.vector.tolist() == [1.5, 2.0, 1.0] and weighted.metric_names == ["loss"]
+
+
+def test_dp_fedavg_divides_by_the_parties_sampled_and_reports_the_accountants_epsilon():
+    """DP-FedAvg's fixed denominator: the sum of 2 clipped updates over m = 4 sampled (not over the 2
+    that reported); epsilon after one round is PrivacyAccountant's for (sigma, N, m, delta)."""
+    options = PrivacyArgs(dp_clip_norm=1.0, dp_noise_multiplier=1e-9, dp_delta=1e-5)
+    weights, samples = {p: 10.0 + p for p in range(8)}, {p: 10 for p in range(8)}
+    privacy = PrivateAggregation(options, {"model": "update"}, weights, per_round=4, samples=samples)
+    total = torch.tensor([0.6, 0.8, 3.0], dtype=torch.float64)  # [0.6, 0.8] + [0, 0], metrics 1 + 2
+    sums = privacy.finish(total, [("model", "w", (2,))], ["loss"], parties=[0, 1])
+    assert sums.weight == 4.0 and sums.count == 2
+    assert sums.fields["model"]["w"].tolist() == pytest.approx([0.6, 0.8], abs=1e-6)
+    assert sums.metrics["loss"] == pytest.approx(1.5)
+    expected = PrivacyAccountant(1e-9, 8, 4, 1e-5).step()
+    assert sums.metrics["dp_epsilon"] == pytest.approx(expected)
+    assert privacy.plan(3).ratio == 1.0 and privacy.plan(3).noise_std == 0.0  # the server adds it all
+
+
+def test_under_secure_aggregation_each_party_adds_its_share_of_the_noise():
+    options = PrivacyArgs(secure_aggregation=True, dp_clip_norm=2.0, dp_noise_multiplier=1.5)
+    privacy = PrivateAggregation(options, {"model": "update"}, dict.fromkeys(range(9), 1.0), per_round=9)
+    assert privacy.plan(0).noise_std == pytest.approx(1.0)  # 1.5 * 2 / sqrt(9)
+
+
+@needs_data
+def test_a_target_epsilon_stops_the_run_before_the_round_that_would_pass_it(tmp_path, monkeypatch):
+    dp = ["privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=0.05"]
+    one = PrivacyAccountant(0.05, 3, 2, 1e-5)
+    target = (one.epsilon_after(1) + one.epsilon_after(2)) / 2
+    overrides = [*TINY, *dp, "train_args.comm_round=3", f"privacy_args.dp_target_epsilon={target}"]
+    _, server = _run(tmp_path, "fedavg", overrides, monkeypatch)
+    records = server.recorder.records
+    assert [r["round"] for r in records] == [0]
+    assert records[0]["dp_epsilon"] == pytest.approx(one.epsilon_after(1))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["dp_epsilon"] <= target
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ([*SECURE, "server_args.robust_aggregation=median"], "server_args.robust_aggregation"),
+        ([*SECURE, "validation_args.local_test=true"], "validation_args.local_test"),
+        ([*SECURE, "train_args.save_party_models=true"], "train_args.save_party_models"),
+        (["privacy_args.dp_noise_multiplier=1.0"], "privacy_args.dp_clip_norm"),
+        (["privacy_args.dp_clip_norm=1.0"], "privacy_args.dp_noise_multiplier"),
+        (["privacy_args.secagg_bits=32"], "privacy_args.secagg_bits"),
+        (
+            [
+                "privacy_args.dp_clip_norm=1",
+                "privacy_args.dp_noise_multiplier=1",
+                "privacy_args.dp_accountant=pld",
+                "train_args.client_num_per_round=2",
+            ],
+            "privacy_args.dp_accountant",
+        ),
+    ],
+)
+def test_what_privacy_cannot_keep_is_refused_with_its_key(overrides, key):
+    base = ["validation_args.local_test=false"] if "validation_args.local_test=true" not in overrides else []
+    with pytest.raises(ConfigError, match=key):
+        load_config(CONFIGS / "fedavg.yaml", [*base, *overrides])
+
+
+def test_solo_and_random_k_prototypes_are_refused_under_secure_aggregation():
+    with pytest.raises(ConfigError, match="solo sums nothing"):
+        load_config(CONFIGS / "solo.yaml", ["validation_args.local_test=false", *SECURE])
+    with pytest.raises(ConfigError, match="algorithm_args.prototype_mode"):
+        load_config(CONFIGS / "fedssc.yaml", ["validation_args.local_test=false", *SECURE])

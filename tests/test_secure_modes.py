@@ -1,0 +1,65 @@
+"""Secure aggregation over real processes: the same final model as the standalone loop (the decoded
+sum does not depend on the masks, so it is equal bit for bit), and a silo that dies after it sent its
+masked vector and before unmasking leaves a round that completes with the survivors' sum (gRPC,
+127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fedml_moon import conformance
+from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
+SECURE = ["validation_args.local_test=false", "privacy_args.secure_aggregation=true"]
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_secure_aggregation_gives_the_standalone_model_in_every_mode(tmp_path):
+    overrides = [*conformance.TINY, *SECURE, "train_args.comm_round=2"]
+    ref = conformance.run_mode("standalone", CONFIG, overrides, tmp_path)
+    assert ref.ok, ref.tail()
+    with conformance.services(tmp_path / "services") as services:
+        for mode in ("mpi-simulation", "cross-silo-grpc", "mqtt-s3"):
+            run = conformance.run_mode(mode, CONFIG, overrides, tmp_path, services)
+            assert run.ok, f"{mode}: {run.tail()}"
+            digest = _summary(run.out_dir)["final_model_sha256"]
+            assert digest == _summary(ref.out_dir)["final_model_sha256"], mode
+            records = [json.loads(x) for x in (run.out_dir / "metrics.jsonl").read_text().splitlines()]
+            assert all(r["parties"] == 2 and r["bytes_up"] > 0 for r in records), mode
+
+
+def test_a_silo_dead_after_masking_leaves_a_round_with_the_survivors_sum(tmp_path):
+    """3 silos (t = 2 of each neighbourhood of 3); silo 2 sends its masked vector, then dies when asked
+    to unmask. Its self-mask is rebuilt from the two others' shares: round 0 completes with the sum of
+    all three vectors, the same final model as the standalone run of that round."""
+    extra = [*SECURE, "train_args.comm_round=1", "comm_args.heartbeat_s=1", "comm_args.round_timeout_s=120"]
+    cmd, out = _grpc(tmp_path, 3, *extra)
+    ref = conformance.run_mode(
+        "standalone",
+        CONFIG,
+        [*conformance.TINY, *SECURE, *extra[2:3], "train_args.client_num_per_round=3"],
+        tmp_path,
+    )
+    assert ref.ok, ref.tail()
+    server, log = _start(cmd, 0, tmp_path)
+    silos = [_start(cmd, r, tmp_path)[0] for r in (1, 3)]
+    dying = [sys.executable, str(ROOT / "tests" / "dying_silo.py"), *cmd[3:]]
+    silos.append(_start(dying, 2, tmp_path)[0])
+    try:
+        codes = conformance.wait_all([server, *silos], 240)
+    finally:
+        for proc in [server, *silos]:
+            conformance.stop(proc)
+    text = log.read_text(errors="replace")
+    assert codes[0] == 0 and codes[3] == 9, f"{codes}\n{text[-3000:]}"
+    assert "secure aggregation goes on without parties [1] (rank(s) [2])" in text, text[-3000:]
+    summary = _summary(out)
+    assert summary["status"] == "completed"
+    assert summary["final_model_sha256"] == _summary(ref.out_dir)["final_model_sha256"]

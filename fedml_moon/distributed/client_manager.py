@@ -35,7 +35,7 @@ from fedml_moon.distributed.managers import (
     config_digest,
 )
 from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
-from fedml_moon.distributed.secure import SecureWorker
+from fedml_moon.distributed.secure_worker import SecureWorker
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_config, flat_config, restore, save

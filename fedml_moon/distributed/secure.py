@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fedml_moon.distributed.protocol import KEYS, MASK, MASKED, ROSTER, SHARES, UNMASK, UNMASKED
+from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
 from fedml_moon.privacy.mod import secagg_params
-from fedml_moon.privacy.party import Plan, party_vector
-from fedml_moon.privacy.secagg import PartySession, SecAggError, ServerSession, pack, unpack
+from fedml_moon.privacy.secagg import SecAggError, ServerSession, unpack
+from fedml_moon.privacy.secagg_common import check_keys, check_masked
 from fedml_moon.privacy.sums import layout
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,13 @@ class SecureServer:
         if self.sa_metrics is not None and names != self.sa_metrics:
             self.refused(rank, f"metric names {names[:5]} differ from the round's {self.sa_metrics[:5]}")
             return
+        try:
+            for item in items:
+                check_keys(self.round_idx, *keys_from_wire(item), "advertise keys")
+        except SecAggError as err:
+            log.error("round %d: refused rank %d: %s", self.round_idx, rank, err)
+            self.refused(rank, str(err))
+            return
         self.sa_metrics = names
         for item in items:
             party, keys = keys_from_wire(item)
@@ -99,7 +106,7 @@ class SecureServer:
     def _next(self, rank: int, then: Any) -> None:
         self.pending.discard(rank)
         if not self.pending:
-            then()
+            self._guard(then)
 
     def secure_after_keys(self) -> None:
         """Every party that advertised keys takes part: hand each its neighbourhood's keys."""
@@ -111,6 +118,7 @@ class SecureServer:
         params = secagg_params(self.rounds.privacy.options, len(self.sa_keys))
         self.sa_session = ServerSession(self.round_idx, params, length)
         rosters = self.sa_session.collect_keys(self.sa_keys)
+        self.sa_rosters = rosters
         self._send_each(
             "share",
             ROSTER,
@@ -140,16 +148,35 @@ class SecureServer:
     def secure_step(self) -> None:
         """Go on from the current phase with what arrived (every pending rank answered or gave up)."""
         step = {"share": self.after_shares, "mask": self.after_masked, "unmask": self.after_unmasked}
-        step[self.phase]()
+        self._guard(step[self.phase])
+
+    def _guard(self, step: Any) -> None:
+        """Run a step of the protocol; one that cannot go on (too few parties left, a share that does
+        not rebuild its secret) stops the run with the reason, and nothing is revealed."""
+        try:
+            step()
+        except SecAggError as err:
+            self.fail(f"round {self.round_idx}: secure aggregation cannot go on, no sum revealed: {err}")
 
     def on_sa_shares(self, msg: Any) -> None:
         items, rank = msg.get("shares"), msg.get_sender_id()
         senders = sorted({i["sender"] for i in items})
         if not self._take(msg, "share", senders, self.sa_holds.get(rank, set())):
             return
+        shares: dict[int, dict[int, bytes]] = {}
         for item in items:
-            ct = bytes.fromhex(item["ct"])
-            self.sa_shares.setdefault(item["sender"], {})[item["receiver"]] = ct
+            shares.setdefault(item["sender"], {})[item["receiver"]] = bytes.fromhex(item["ct"])
+        for sender, sent in shares.items():
+            expected = set(self.sa_rosters[sender]) - {sender}
+            if set(sent) != expected or sum(1 for i in items if i["sender"] == sender) != len(expected):
+                problem = (
+                    f"party {sender}'s shares go to {sorted(sent)[:10]}, not to its neighbours "
+                    f"{sorted(expected)[:10]}"
+                )
+                self.refused(rank, problem)
+                log.error("round %d: refused rank %d: %s", self.round_idx, rank, problem)
+                return
+        self.sa_shares.update(shares)
         self._next(rank, self.after_shares)
 
     def after_shares(self) -> None:
@@ -178,9 +205,19 @@ class SecureServer:
         if not self._take(msg, "mask", [i["party"] for i in items], self.sa_holds.get(rank, set())):
             return
         k, totals = self.sa_session.params.encoding.k, self.rounds.totals
+        length = self.sa_session.length
+        try:
+            checked = {
+                i["party"]: check_masked(self.round_idx, i["party"], unpack(i["vector"], k), length, k)
+                for i in items
+            }
+        except SecAggError as err:
+            log.error("round %d: refused rank %d: %s", self.round_idx, rank, err)
+            self.refused(rank, str(err))
+            return
         for item in items:
             vector = item["vector"]
-            self.sa_masked[item["party"]] = unpack(vector, k)
+            self.sa_masked[item["party"]] = checked[item["party"]]
             totals["bytes_up"] += vector.numel() * vector.element_size()
             totals["params_up"] += vector.numel()
         self._next(rank, self.after_masked)
@@ -216,11 +253,7 @@ class SecureServer:
     def after_unmasked(self) -> None:
         """Rebuild the seeds, unmask, read the sum back; a secret short of t shares stops the run."""
         session = self.sa_session
-        try:
-            total = session.decode(session.unmask(self.sa_answers))
-        except SecAggError as err:
-            self.fail(f"round {self.round_idx}: secure aggregation failed, no sum revealed: {err}")
-            return
+        total = session.decode(session.unmask(self.sa_answers))
         survivors = list(session.survivors)
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in survivors]
         sums = self.rounds.privacy.finish(total, self.sa_entries, self.sa_metrics or [], survivors)
@@ -233,73 +266,3 @@ def _numel(shape: tuple[int, ...]) -> int:
     for s in shape:
         out *= int(s)
     return out
-
-
-class SecureWorker:
-    """A worker's side of the secure-aggregation phases (mixed into PluginClientManager)."""
-
-    def secure_train(self, round_idx: int, tasks: list[dict], trained: list[tuple[float, dict]]) -> None:
-        """Keep each party's upload and what it received; advertise fresh keys for each (its session's
-        threshold is set when the roster says how many take part)."""
-        options = self.built.run_config.privacy_args
-        self.sa_round, self.sa_parties = round_idx, {}
-        keys, names = [], []
-        for task, (_, upload) in zip(tasks, trained, strict=True):
-            party = int(task["party"])
-            session = PartySession(party, round_idx, secagg_params(options, 1))
-            self.sa_parties[party] = {"upload": upload, "received": task["payload"], "session": session}
-            keys.append(keys_to_wire(party, session.advertise()))
-            names = sorted((upload.get("metrics") or {}).keys())
-        self.send(KEYS, 0, round=round_idx, keys=keys, metrics=names)
-
-    def _held(self, msg: Any, party: int) -> dict | None:
-        held = getattr(self, "sa_parties", {}).get(int(party))
-        if held is None or msg.get("round") != self.sa_round:
-            log.warning(
-                "rank %d dropped a %s message for party %s, round %s",
-                self.rank,
-                msg.get_type(),
-                party,
-                msg.get("round"),
-            )
-            return None
-        return held
-
-    def on_sa_roster(self, msg: Any) -> None:
-        out = []
-        for item in msg.get("rosters"):
-            held = self._held(msg, item["party"])
-            if held is None:
-                continue
-            session = held["session"]
-            options = self.built.run_config.privacy_args
-            session.params = secagg_params(options, int(msg.get("participants")))
-            roster = dict(keys_from_wire(k) for k in item["keys"])
-            for receiver, ct in session.share(roster).items():
-                out.append({"sender": int(item["party"]), "receiver": int(receiver), "ct": ct.hex()})
-        self.send(SHARES, 0, round=msg.get("round"), shares=out)
-
-    def on_sa_mask(self, msg: Any) -> None:
-        items = []
-        for task in msg.get("tasks"):
-            held = self._held(msg, task["party"])
-            if held is None:
-                continue
-            vector = party_vector(held["upload"], held["received"], Plan.from_dict(task["plan"]))
-            inbox = {int(i["sender"]): bytes.fromhex(i["ct"]) for i in task["inbox"]}
-            masked = held["session"].mask(vector.vector, inbox)
-            items.append(
-                {"party": int(task["party"]), "vector": pack(masked, held["session"].params.encoding.k)}
-            )
-        self.send(MASKED, 0, round=msg.get("round"), items=items)
-
-    def on_sa_unmask(self, msg: Any) -> None:
-        items = []
-        for request in msg.get("requests"):
-            held = self._held(msg, request["party"])
-            if held is None:
-                continue
-            answer = held["session"].unmask(request["survivors"], request["dropped"])
-            party = int(request["party"])
-            items.append({"party": party, "b": shares_to_wire(answer["b"]), "s": shares_to_wire(answer["s"])})
-        self.send(UNMASKED, 0, round=msg.get("round"), items=items)

@@ -262,7 +262,7 @@ class PluginServerManager(SecureServer, _Manager):
 
     def after_train(self) -> None:
         if self.secure:
-            self.secure_after_keys()
+            self._guard(self.secure_after_keys)
             return
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.results]
         self.ordered = self.rounds.aggregate(self.round_idx, self.results)

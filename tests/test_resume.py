@@ -156,6 +156,9 @@ def test_another_config_is_refused_with_the_keys_named(tmp_path):
         check_config(saved, cfg, tmp_path)
     with pytest.raises(ConfigError, match="comm_args.backend"):
         check_config(saved, load_config(FEDSSC, ["comm_args.backend=MPI"]), tmp_path)
+    with pytest.raises(ConfigError, match="this worker's checkpoint in .* restart the server") as refused:
+        check_config(saved, cfg, tmp_path, only=["train_args.learning_rate"])  # a worker's: shared keys
+    assert "--resume" not in str(refused.value)
 
 
 def test_a_checkpoint_older_than_a_setting_resumes_when_the_setting_is_at_its_default(tmp_path):

@@ -59,7 +59,8 @@ def check_config(
     saved: dict[str, Any], cfg: Config, where: Path, only: Collection[str] | None = None
 ) -> None:
     """Refuse to resume with a config that would compute something else; name the keys. `only`: the
-    keys that decide what this process computes (a worker's: the run's shared settings)."""
+    keys that decide what this process computes (a worker's: the run's shared settings, and then the
+    message speaks to the worker's operator)."""
     now = flat_config(cfg)
     differing = []
     keys = set(saved) | set(now) if only is None else set(only)
@@ -69,11 +70,18 @@ def check_config(
             continue  # a setting newer than the checkpoint, at its default: what the run computed
         if not free and saved.get(key) != now.get(key):
             differing.append(f"{key} ({saved.get(key)!r} in the checkpoint, {now.get(key)!r} now)")
-    if differing:
+    if not differing:
+        return
+    if only is not None:
         raise ConfigError(
-            f"--resume {where}: the checkpoint was written with another config: {'; '.join(differing)}. "
-            "Resume with the config of the run (the same --cf and --set), or start a new run"
+            f"this worker's checkpoint in {where} was written with another config than the run's: "
+            f"{'; '.join(differing)}. The server resumes the run with its config; restart the server "
+            "with the run's --cf and --set, or start a new run (a fresh output folder)"
         )
+    raise ConfigError(
+        f"--resume {where}: the checkpoint was written with another config: {'; '.join(differing)}. "
+        "Resume with the config of the run (the same --cf and --set), or start a new run"
+    )
 
 
 _NO_DEFAULT = object()

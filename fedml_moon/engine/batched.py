@@ -21,8 +21,18 @@ import torch
 from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, PartyRound, Payload
-from fedml_moon.core.batched import StackedModel, StackedSGD, cuda_graph, select, tree_map, vmapped
-from fedml_moon.engine.local import PartyJob, finish, loss_context, overrides, prepare, to_device, train_one
+from fedml_moon.core.batched import StackedModel, StackedSGD, cuda_graph, select, vmapped
+from fedml_moon.engine.local import (
+    PartyJob,
+    filled_grads,
+    finish,
+    loss_context,
+    overrides,
+    prepare,
+    stack_contexts,
+    to_device,
+    train_one,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +79,6 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b
 
 
-def _stack_context(contexts: list[Any]) -> Any:
-    return tree_map(lambda *vs: torch.stack(vs) if isinstance(vs[0], torch.Tensor) else vs[0], *contexts)
-
-
 def _epochs(loader: Iterable, epochs: int) -> Iterator:
     return itertools.chain.from_iterable(loader for _ in range(epochs))
 
@@ -104,6 +110,13 @@ class _Group:
     shared: Any
     sums: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """What every step's hooks reuse: which the algorithm has, and the stacked parameters detached
+        (views of the tensors the SGD step updates in place)."""
+        self.before = overrides(self.algorithm, "before_step")
+        self.after = overrides(self.algorithm, "after_step")
+        self.detached = {n: p.detach() for n, p in self.stacked.params.items()}
+
 
 def train_group(
     algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device
@@ -121,7 +134,7 @@ def train_group(
         stacked,
         StackedSGD(stacked.params, jobs[0].ctx.lr, train.momentum, train.weight_decay),
         vmapped(one_party, (0, 0, 0, 0, 0, None)),
-        _stack_context([job.ctx.party for job in jobs]),
+        stack_contexts([job.ctx.party for job in jobs]),
         to_device(jobs[0].ctx.shared, device),
     )
     masked = MaskedStep(g, device) if train.cuda_graphs else None
@@ -162,16 +175,11 @@ def _step(g: _Group, batches: list, rows: list[int]) -> None:
 
 def _hooks(g: _Group, idx: torch.Tensor | None) -> None:
     """The algorithm's step hooks around the SGD step of the rows `idx` (None: all)."""
-    algorithm, params = g.algorithm, g.stacked.params
-    detached = {n: p.detach() for n, p in params.items()}
-    if overrides(algorithm, "before_step"):
-        for p in params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        algorithm.before_step(detached, {n: p.grad for n, p in params.items()}, g.party_ctx, idx)
+    if g.before:
+        g.algorithm.before_step(g.detached, filled_grads(g.stacked.params), g.party_ctx, idx)
     g.sgd.step(idx)
-    if overrides(algorithm, "after_step"):
-        algorithm.after_step(detached, g.party_ctx, idx, g.sgd.lr)
+    if g.after:
+        g.algorithm.after_step(g.detached, g.party_ctx, idx, g.sgd.lr)
 
 
 def _accumulate(g: _Group, terms: dict[str, torch.Tensor], idx: torch.Tensor | None) -> None:

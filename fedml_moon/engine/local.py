@@ -59,6 +59,11 @@ def loss_context(shared: Mapping, party: Mapping) -> dict:
     return {**shared, **party}
 
 
+def stack_contexts(contexts: list[Any]) -> Any:
+    """The parties' contexts stacked: each tensor [K, ...] (K = 1 for one party), other values the first's."""
+    return tree_map(lambda *vs: torch.stack(vs) if isinstance(vs[0], torch.Tensor) else vs[0], *contexts)
+
+
 def overrides(algorithm: ClientAlgorithm, member: str) -> bool:
     """Whether the algorithm defines `member` itself (the engine skips what a hook does not need)."""
     return getattr(type(algorithm), member) is not getattr(ClientAlgorithm, member)
@@ -102,7 +107,7 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
     net = ModuleNet(model)
     optimizer = make_optimizer(model, algorithm.train_args, ctx.lr)
     both = loss_context(to_device(ctx.shared, device), ctx.party)
-    stacked = tree_map(lambda v: v.unsqueeze(0) if isinstance(v, torch.Tensor) else v, ctx.party)
+    stacked = stack_contexts([ctx.party])
     params = {n: p.detach().unsqueeze(0) for n, p in net.params.items()}
     before, after = overrides(algorithm, "before_step"), overrides(algorithm, "after_step")
     sums: dict[str, torch.Tensor] = {}
@@ -112,7 +117,9 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
             loss, terms = algorithm.loss(net, x, y, both)
             loss.backward()
             if before:
-                algorithm.before_step(params, _grads(net.params), stacked, None)
+                algorithm.before_step(
+                    params, {n: g.unsqueeze(0) for n, g in filled_grads(net.params).items()}, stacked, None
+                )
             optimizer.step()
             if after:
                 algorithm.after_step(params, stacked, None, ctx.lr)
@@ -123,12 +130,13 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
     job.final, job.sums = None, sums  # the model holds it
 
 
-def _grads(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each parameter's gradient as [1, ...] (zeros, then kept, where the loss did not reach it)."""
+def filled_grads(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient (zeros, then kept on the parameter, where the loss did not reach
+    it): what `before_step` may change in place, for one party or K stacked."""
     for p in params.values():
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    return {n: p.grad.unsqueeze(0) for n, p in params.items()}
+    return {n: p.grad for n, p in params.items()}
 
 
 def finish(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob) -> tuple[dict[str, float], Payload]:

@@ -9,13 +9,18 @@ silos are played here with the plugin's own party sessions (`fedml_moon.privacy.
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
+from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.distributed import protocol as p
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
+from fedml_moon.distributed.secure_worker import SecureWorker
+from fedml_moon.privacy.mod import PrivateAggregation
+from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import Plan, party_vector
 from fedml_moon.privacy.secagg import PartySession, pack
 from tests.test_server_waits import _from, _server, pytestmark  # noqa: F401 (data)
@@ -127,3 +132,44 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
         sum(samples[r - 1] * r for r in silos) / sum(samples.values()), abs=1e-5
     )
     assert torch.isfinite(torch.tensor(record["test_loss"]))
+
+
+class _Worker(SecureWorker):
+    """The worker side's handlers, on a silo holding parties 0 and 1 (what its manager would hold)."""
+
+    def __init__(self, privacy) -> None:
+        self.rank, self.sent = 1, []
+        self.built = type("Built", (), {"run_config": type("Cfg", (), {"privacy_args": privacy})()})()
+
+    def send(self, kind: str, receiver: int, **params) -> None:
+        self.sent.append((kind, params))
+
+
+def _msg(kind: str, **params) -> Message:
+    msg = Message(kind, 0, 1)
+    for key, value in params.items():
+        msg.add_params(key, value)
+    return msg
+
+
+def test_a_diverged_party_leaves_at_masking_and_the_silos_other_party_goes_on(caplog):
+    privacy = PrivacyArgs(secure_aggregation=True)
+    worker = _Worker(privacy)
+    received = {"model": {"w": torch.zeros(3)}}
+    tasks = [{"party": p, "payload": received} for p in (0, 1)]
+    uploads = [{"model": {"w": torch.full((3,), v)}, "party_id": q} for q, v in ((0, math.nan), (1, 0.5))]
+    worker.secure_train(0, tasks, [(10.0, u) for u in uploads])
+    ((kind, keys),) = worker.sent
+    assert kind == p.KEYS and [k["party"] for k in keys["keys"]] == [0, 1]
+    roster = [{"party": q, "keys": keys["keys"]} for q in (0, 1)]
+    worker.on_sa_roster(_msg(p.ROSTER, round=0, participants=2, rosters=roster))
+    shares = worker.sent[-1][1]["shares"]
+    plan = PrivateAggregation(privacy, {"model": "update"}, {0: 1.0, 1: 1.0}, 2).plan(0).to_dict()
+    inbox = {
+        q: [{"sender": s["sender"], "ct": s["ct"]} for s in shares if s["receiver"] == q] for q in (0, 1)
+    }
+    mask = [{"party": q, "plan": plan, "inbox": inbox[q]} for q in (0, 1)]
+    worker.on_sa_mask(_msg(p.MASK, round=0, tasks=mask))
+    kind, masked = worker.sent[-1]
+    assert kind == p.MASKED and [i["party"] for i in masked["items"]] == [1]
+    assert "party 0 does not mask its vector this round: the upload holds NaN or Inf" in caplog.text

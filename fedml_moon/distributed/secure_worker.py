@@ -11,8 +11,8 @@ from typing import Any
 from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.privacy.mod import secagg_params
-from fedml_moon.privacy.party import Plan, party_vector
-from fedml_moon.privacy.secagg import PartySession, pack
+from fedml_moon.privacy.party import Plan, PrivacyError, party_vector
+from fedml_moon.privacy.secagg import PartySession, SecAggError, pack
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ class SecureWorker:
             options = self.built.run_config.privacy_args
             session.params = secagg_params(options, int(msg.get("participants")))
             roster = dict(keys_from_wire(k) for k in item["keys"])
-            for receiver, ct in session.share(roster).items():
+            shares = self._refusing(item["party"], "share its keys", session.share, roster)
+            for receiver, ct in (shares or {}).items():
                 out.append({"sender": int(item["party"]), "receiver": int(receiver), "ct": ct.hex()})
         self.send(SHARES, 0, round=msg.get("round"), shares=out)
 
@@ -67,12 +68,10 @@ class SecureWorker:
             held = self._held(msg, task["party"])
             if held is None:
                 continue
-            vector = party_vector(held["upload"], held["received"], Plan.from_dict(task["plan"]))
             inbox = {int(i["sender"]): bytes.fromhex(i["ct"]) for i in task["inbox"]}
-            masked = held["session"].mask(vector.vector, inbox)
-            items.append(
-                {"party": int(task["party"]), "vector": pack(masked, held["session"].params.encoding.k)}
-            )
+            masked = self._refusing(task["party"], "mask its vector", self._masked, held, task["plan"], inbox)
+            if masked is not None:
+                items.append({"party": int(task["party"]), "vector": masked})
         self.send(MASKED, 0, round=msg.get("round"), items=items)
 
     def on_sa_unmask(self, msg: Any) -> None:
@@ -81,7 +80,26 @@ class SecureWorker:
             held = self._held(msg, request["party"])
             if held is None:
                 continue
-            answer = held["session"].unmask(request["survivors"], request["dropped"])
-            party = int(request["party"])
-            items.append({"party": party, "b": shares_to_wire(answer["b"]), "s": shares_to_wire(answer["s"])})
+            party, session = int(request["party"]), held["session"]
+            answer = self._refusing(party, "unmask", session.unmask, request["survivors"], request["dropped"])
+            if answer is not None:
+                items.append(
+                    {"party": party, "b": shares_to_wire(answer["b"]), "s": shares_to_wire(answer["s"])}
+                )
         self.send(UNMASKED, 0, round=msg.get("round"), items=items)
+
+    @staticmethod
+    def _masked(held: dict, plan: dict, inbox: dict) -> Any:
+        vector = party_vector(held["upload"], held["received"], Plan.from_dict(plan))
+        session = held["session"]
+        return pack(session.mask(vector.vector, inbox), session.params.encoding.k)
+
+    def _refusing(self, party: int, step: str, run: Any, *args: Any) -> Any:
+        """`run(*args)`, or None where the party refuses (a diverged upload, a request that would
+        reveal a secret, a share that does not decrypt): it leaves the round at this step, and the
+        silo's other parties go on."""
+        try:
+            return run(*args)
+        except (PrivacyError, SecAggError) as err:
+            log.error("rank %d: party %s does not %s this round: %s", self.rank, party, step, err)
+            return None

@@ -1,6 +1,7 @@
 """The report's numbers by hand, on run folders written here: mean and sample std over seeds, settings
 as columns and algorithm options as rows, rounds to FedAvg's final accuracy with the speed-up and the
-parameters communicated by then, the plain-language verdicts, and the files it writes."""
+parameters communicated by then, DP runs' final epsilon beside their accuracy (none for runs without
+DP), the plain-language verdicts, and the files it writes."""
 
 from __future__ import annotations
 
@@ -150,3 +151,51 @@ def test_a_key_only_newer_runs_have_is_no_setting(runs: Path):
     summary["config"]["train_args"]["an_option_added_later"] = False
     (newer / "summary.json").write_text(json.dumps(summary))
     assert list(group(find_runs([runs]))) == ["partition_alpha=0.1", "partition_alpha=0.5"]
+
+
+def _privacy(folder: Path, epsilon: float | None) -> None:
+    """Gives a run privacy_args as a run writes them: DP (C 1, sigma 0.5) with its final epsilon in
+    summary.json and each round's in metrics.jsonl, or none (no dp_epsilon anywhere)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    dp = epsilon is not None
+    summary["config"]["privacy_args"] = {
+        "dp_clip_norm": 1.0 if dp else None,
+        "dp_noise_multiplier": 0.5 if dp else 0.0,
+        "dp_delta": 1e-5,
+    }
+    if dp:
+        summary.update(dp_epsilon=epsilon, dp_delta=1e-5)
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        for r in records:
+            r["dp_epsilon"] = epsilon * (r["round"] + 1) / len(records)
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_dp_runs_show_their_final_epsilon_and_runs_without_dp_none(tmp_path: Path):
+    root = tmp_path / "dp"
+    for seed, epsilon, last in ((0, 2.0, 0.55), (1, 3.0, 0.65)):
+        for algorithm in ("fedavg", "moon"):
+            _run(root / "on", algorithm, seed, 0.5, [0.5, last])
+            _privacy(root / "on" / f"{algorithm}-{seed}-0.5-{{}}", epsilon)
+            _run(root / "off", algorithm, seed, 0.5, [0.6, 0.8])
+            _privacy(root / "off" / f"{algorithm}-{seed}-0.5-{{}}", None)
+    out = write_report([root], tmp_path / "report", None)
+    text = (out / "report.md").read_text()
+    off, on = "dp_clip_norm=None, dp_noise_multiplier=0.0", "dp_clip_norm=1.0, dp_noise_multiplier=0.5"
+    final = text.split("## Final test accuracy")[1].split("## Best test accuracy")[0]
+    assert f"| method | {off} | {off}: epsilon | {on} | {on}: epsilon |" in final
+    # epsilon 2 and 3 over the two seeds: mean 2.5; accuracy 55 and 65: 60 ± sqrt(50)
+    assert "| fedavg | 80.00 ± 0.00 (n=2) | - | 60.00 ± 7.07 (n=2) | 2.50 |" in final
+    assert "| moon | 80.00 ± 0.00 (n=2) | - | 60.00 ± 7.07 (n=2) | 2.50 |" in final
+    assert "delta = 1e-05" in final
+    best = text.split("## Best test accuracy")[1].split("##")[0]
+    assert "epsilon" not in best
+    rows = {(r["setting"], r["method"]): r for r in csv.DictReader((out / "table1.csv").open())}
+    assert rows[(on, "moon")]["epsilon_mean"] == "2.5000" and rows[(off, "moon")]["epsilon_mean"] == ""
+
+
+def test_runs_without_dp_have_no_epsilon(runs: Path, tmp_path: Path):
+    out = write_report([runs], tmp_path / "report", None)
+    assert "epsilon" not in (out / "report.md").read_text()
+    assert "epsilon" not in (out / "table1.csv").read_text()

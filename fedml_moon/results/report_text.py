@@ -3,37 +3,63 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
-from fedml_moon.results.tables import PERSONAL, Cell, is_personalised, rounds_to_target
+from fedml_moon.results.tables import PERSONAL, Cell, dp_deltas, has_dp, is_personalised, rounds_to_target
 
 
 def _pm(mean: float, std: float) -> str:
     return "n/a" if math.isnan(mean) else f"{mean:.2f} ± {std:.2f}"
 
 
-def _grid(table: dict[str, dict[str, Cell]], columns: list[tuple[str, str, str, bool]]) -> list[str]:
-    """A method x column table; a column is (setting, header, field, per-round field?): a summary.json
-    field by Cell.stat, a per-round field at its last round by Cell.last."""
+Column = tuple[str, str, Callable[[Cell], str]]  # (setting, header, text of a cell)
+
+
+def _grid(table: dict[str, dict[str, Cell]], columns: list[Column]) -> list[str]:
+    """A method x column table; a column is (setting, header, text): text(cell) for the method's runs
+    in that setting, empty where the method has none."""
     rows = list(dict.fromkeys(row for r in table.values() for row in r))
     lines = ["| method | " + " | ".join(c[1] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for row in rows:
-        cells = []
-        for setting, _, field, per_round in columns:
-            cell = table[setting].get(row)
-            stat = (cell.last if per_round else cell.stat)(field) if cell else None
-            cells.append(f"{_pm(*stat)} (n={len(cell.runs)})" if cell else "")
+        cells = [text(table[setting][row]) if row in table[setting] else "" for setting, _, text in columns]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _table1(table: dict[str, dict[str, Cell]], field: str) -> list[str]:
-    return _grid(table, [(s, s, field, False) for s in table])
+def _accuracy(field: str, per_round: bool = False) -> Callable[[Cell], str]:
+    """A summary.json field by Cell.stat, or a per-round field at its last round by Cell.last."""
+
+    def text(cell: Cell) -> str:
+        return f"{_pm(*(cell.last if per_round else cell.stat)(field))} (n={len(cell.runs)})"
+
+    return text
+
+
+def _epsilon(cell: Cell) -> str:
+    """The runs' final DP epsilon (summary.json's dp_epsilon), mean over seeds; - without DP."""
+    mean, _ = cell.stat("dp_epsilon", scale=1.0)
+    return "-" if math.isnan(mean) else f"{mean:.2f}"
+
+
+def _table1(table: dict[str, dict[str, Cell]], field: str, epsilon: bool = False) -> list[str]:
+    """Settings as columns; with `epsilon` and any DP run, each setting followed by its epsilon."""
+    eps = epsilon and has_dp(table)
+    return _grid(
+        table,
+        [
+            col
+            for s in table
+            for col in [(s, s, _accuracy(field))] + ([(s, f"{s}: epsilon", _epsilon)] if eps else [])
+        ],
+    )
 
 
 def _personal(table: dict[str, dict[str, Cell]]) -> list[str]:
     """Final local and new test accuracy: columns are setting x (local test, new test)."""
-    return _grid(table, [(s, f"{s}: {what}", field, True) for s in table for field, what in PERSONAL])
+    return _grid(
+        table, [(s, f"{s}: {what}", _accuracy(field, True)) for s in table for field, what in PERSONAL]
+    )
 
 
 def _table2(rows: dict[str, Cell], goal: float) -> list[str]:
@@ -104,7 +130,15 @@ def markdown(
 ) -> str:
     """The whole report.md; with `latex`, table1.tex beside it."""
     text = [f"# Report of {n_runs} runs", "", "Test accuracy (%) as mean ± std over seeds (n: seeds).", ""]
-    text += ["## Final test accuracy", "", *_table1(table, "final_test_acc"), ""]
+    text += ["## Final test accuracy", ""]
+    if has_dp(table):
+        deltas = ", ".join(f"{d:g}" for d in dp_deltas(table))
+        text += [
+            f"epsilon: the runs' final DP epsilon{f' for delta = {deltas}' if deltas else ''} (privacy_args; "
+            "summary.json's dp_epsilon), mean over seeds; -: runs without DP.",
+            "",
+        ]
+    text += [*_table1(table, "final_test_acc", epsilon=True), ""]
     text += ["## Best test accuracy", "", *_table1(table, "best_test_acc"), ""]
     if is_personalised(table):
         text += ["## Personalised test accuracy, last evaluated round", ""]

@@ -29,9 +29,10 @@ class Cell:
 
     runs: list[RunData]
 
-    def stat(self, field: str) -> tuple[float, float]:
-        """Mean and sample std over seeds of a summary field, in %."""
-        values = [100 * float(r.summary[field]) for r in self.runs if r.summary.get(field) is not None]
+    def stat(self, field: str, scale: float = 100.0) -> tuple[float, float]:
+        """Mean and sample std over seeds of a summary field, in % (times `scale`); runs without the
+        field are left out."""
+        values = [scale * float(r.summary[field]) for r in self.runs if r.summary.get(field) is not None]
         return mean_std(values)
 
     def last(self, field: str) -> tuple[float, float]:
@@ -52,6 +53,18 @@ def is_personalised(table: dict[str, dict[str, Cell]]) -> bool:
     """Whether any run recorded a local test accuracy (validation_args.local_test)."""
     cells = (cell for rows in table.values() for cell in rows.values())
     return any("local_test_acc" in r for cell in cells for run in cell.runs for r in run.records)
+
+
+def has_dp(table: dict[str, dict[str, Cell]]) -> bool:
+    """Whether any run reports a DP epsilon (summary.json's `dp_epsilon`, privacy_args' DP-FedAvg)."""
+    cells = (cell for rows in table.values() for cell in rows.values())
+    return any(run.summary.get("dp_epsilon") is not None for cell in cells for run in cell.runs)
+
+
+def dp_deltas(table: dict[str, dict[str, Cell]]) -> list[float]:
+    """The distinct `dp_delta` values the runs' epsilons are stated for, in order."""
+    runs = (run for rows in table.values() for cell in rows.values() for run in cell.runs)
+    return sorted({float(r.summary["dp_delta"]) for r in runs if r.summary.get("dp_delta") is not None})
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -30,6 +31,9 @@ def _suggest(word: str, choices: typing.Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(value: Any, annotation: Any, key: str) -> Any:
     """Check `value` against a field annotation (str | int | float | bool, optionally None)."""
     if isinstance(annotation, str):
@@ -50,6 +54,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         )
         return value
     if float in allowed:
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as a string
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         require(ok, key, f"must be a number; got {value!r}")
         return float(value)

@@ -76,6 +76,14 @@ def test_overrides_parse_yaml_values():
         parse_overrides(["comm_round=3"])
 
 
+def test_a_number_written_1e_5_is_a_number_where_the_key_takes_one():
+    """YAML 1.1 reads 1e-5 (no dot) as a string; a float key takes it as the number it says."""
+    cfg = load_config(FMNIST, ["privacy_args.dp_delta=1e-6", "train_args.learning_rate=5E-3"])
+    assert cfg.privacy_args.dp_delta == 1e-6 and cfg.train_args.learning_rate == 0.005
+    with pytest.raises(ConfigError, match="train_args.learning_rate: must be a number; got 'e-3'"):
+        load_config(FMNIST, ["train_args.learning_rate=e-3"])
+
+
 def test_algorithm_options_are_typed_per_algorithm():
     cfg = load_config(FMNIST, ["algorithm_args.pool_size=3"])
     assert cfg.algorithm_args.pool_size == 3 and cfg.algorithm_args.mu == 1.0

@@ -17,9 +17,9 @@ from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.privacy.dp import PrivacyAccountant
-from fedml_moon.privacy.mod import PrivateAggregation
+from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.options import PrivacyArgs
-from fedml_moon.privacy.party import Plan, party_vector
+from fedml_moon.privacy.party import PartyVector, Plan, party_vector
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 TINY = [
@@ -159,3 +159,25 @@ def test_solo_and_random_k_prototypes_are_refused_under_secure_aggregation():
         load_config(CONFIGS / "solo.yaml", ["validation_args.local_test=false", *SECURE])
     with pytest.raises(ConfigError, match="algorithm_args.prototype_mode"):
         load_config(CONFIGS / "fedssc.yaml", ["validation_args.local_test=false", *SECURE])
+
+
+@needs_data
+def test_a_target_epsilon_below_one_round_is_refused_before_anything_runs(tmp_path):
+    dp = ["privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=0.05"]
+    cfg = load_config(CONFIGS / "fedavg.yaml", [*TINY, *dp, "privacy_args.dp_target_epsilon=0.001"])
+    with pytest.raises(ConfigError, match="dp_target_epsilon: 0.001 is passed in the first round"):
+        assemble(cfg, tmp_path)
+
+
+def test_values_outside_the_fixed_point_range_are_clipped_and_said(caplog):
+    """A value of 9 with clip 8 decodes as 8 (the sum is of clipped values), with a warning."""
+    options = PrivacyArgs(secure_aggregation=True)
+    privacy = PrivateAggregation(options, {"model": "update"}, {0: 1.0, 1: 1.0, 2: 1.0}, per_round=3)
+    vectors = {
+        p: PartyVector(torch.tensor([9.0 if p == 0 else 1.0, -0.5], dtype=torch.float64), [], [])
+        for p in range(3)
+    }
+    total, survivors = secure_sum(0, vectors, privacy.params(3))
+    assert survivors == [0, 1, 2]
+    assert total.tolist() == pytest.approx([10.0, -1.5], abs=FixedPoint().error_bound(3))
+    assert "party 0: 1 of 2 values lie outside [-8, 8]" in caplog.text

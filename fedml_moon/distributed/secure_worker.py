@@ -11,7 +11,7 @@ from typing import Any
 from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.privacy.mod import secagg_params
-from fedml_moon.privacy.party import Plan, PrivacyError, party_vector
+from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, pack
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class SecureWorker:
     def _masked(held: dict, plan: dict, inbox: dict) -> Any:
         vector = party_vector(held["upload"], held["received"], Plan.from_dict(plan))
         session = held["session"]
+        warn_out_of_range(vector.vector, session.params.encoding.clip, session.party)
         return pack(session.mask(vector.vector, inbox), session.params.encoding.k)
 
     def _refusing(self, party: int, step: str, run: Any, *args: Any) -> Any:

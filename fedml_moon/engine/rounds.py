@@ -21,6 +21,7 @@ from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.validate import BadUpload, upload_problem
+from fedml_moon.errors import ConfigError
 from fedml_moon.metrics import RunRecorder
 from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.party import party_vector
@@ -83,6 +84,11 @@ class ServerRounds:
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
         if privacy is not None:
             self.rounds = privacy.rounds_allowed(rounds)
+            if self.rounds == 0:
+                raise ConfigError(
+                    f"privacy_args.dp_target_epsilon: {privacy.options.dp_target_epsilon} is passed in the "
+                    "first round already; raise it, or raise dp_noise_multiplier"
+                )
             if self.rounds < rounds:
                 log.warning(
                     "privacy_args.dp_target_epsilon: the run stops after %d of %d rounds, where epsilon "

@@ -20,7 +20,7 @@ import torch
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.privacy.dp import PrivacyAccountant, gaussian_noise, noise_std
 from fedml_moon.privacy.options import PrivacyArgs
-from fedml_moon.privacy.party import PartyVector, Plan
+from fedml_moon.privacy.party import PartyVector, Plan, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggParams, ServerSession, neighbourhood
 from fedml_moon.privacy.sums import Entry, Sums, unflatten
 
@@ -139,6 +139,8 @@ def secure_sum(
     server = ServerSession(round_idx, params, length)
     rosters = server.collect_keys({p: s.advertise() for p, s in sessions.items()})
     inboxes = server.route({p: sessions[p].share(rosters[p]) for p in parties})
+    for p in parties:
+        warn_out_of_range(vectors[p].vector, params.encoding.clip, p)
     masked = {p: sessions[p].mask(vectors[p].vector, inboxes.get(p, {})) for p in parties}
     survivors, _ = server.collect_masked(masked)
     requests = server.unmask_requests()  # each survivor's (survivors, dropped) among its neighbours

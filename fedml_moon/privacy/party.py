@@ -89,6 +89,18 @@ def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
     return PartyVector(torch.cat([vector, tail]), entries, sorted(metrics), norm)
 
 
-def out_of_range(vector: torch.Tensor, clip: float) -> int:
-    """How many values lie outside the fixed-point range [-clip, clip] (they are clipped to it)."""
-    return int((vector.abs() > clip).sum())
+def warn_out_of_range(vector: torch.Tensor, clip: float, party: int) -> int:
+    """How many values lie outside the fixed-point range [-clip, clip]; they are clipped to it, and a
+    warning says so (raise privacy_args.secagg_clip, or lower the learning rate)."""
+    count = int((vector.abs() > clip).sum())
+    if count:
+        log.warning(
+            "party %d: %d of %d values lie outside [-%g, %g] and are clipped to it before masking "
+            "(privacy_args.secagg_clip)",
+            party,
+            count,
+            vector.numel(),
+            clip,
+            clip,
+        )
+    return count

@@ -16,6 +16,7 @@ import torch
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.core.fixed_point import FixedPoint
+from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.distributed.secure_worker import SecureWorker
@@ -173,3 +174,30 @@ def test_a_diverged_party_leaves_at_masking_and_the_silos_other_party_goes_on(ca
     kind, masked = worker.sent[-1]
     assert kind == p.MASKED and [i["party"] for i in masked["items"]] == [1]
     assert "party 0 does not mask its vector this round: the upload holds NaN or Inf" in caplog.text
+
+
+def test_fewer_than_t_answers_to_unmask_stop_the_run_with_nothing_revealed(tmp_path):
+    """t = 2 of each neighbourhood of 3: when two of the three silos leave before unmasking, no seed
+    can be rebuilt; the run stops naming the threshold, and the global model is the round's start."""
+    manager, wire = _server(tmp_path, SECURE)
+    params = manager.rounds.privacy.params(3)
+    silos = {r: Silo(manager, wire, r) for r in (1, 2, 3)}
+    before = dict(manager.rounds.aggregator.global_state)
+    for step, kind, field in ((Silo.keys, p.KEYS, "keys"), (Silo.shares, p.SHARES, "shares")):
+        for rank, silo in silos.items():
+            value = step(silo, params) if step is Silo.keys else step(silo)
+            extra = {"metrics": ["loss"]} if kind == p.KEYS else {}
+            _from(manager, rank, kind, round=0, **{field: [value] if kind == p.KEYS else value}, **extra)
+    for rank, silo in silos.items():
+        _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
+    _from(manager, 1, p.UNMASKED, round=0, items=[silos[1].unmasked()])
+    for rank in (2, 3):
+        _from(manager, rank, m.BYE)
+    _from(manager, 0, m.TICK)
+    assert manager.status == "failed"
+    aborts = [x.get("reason") for x in wire.sent if x.get_type() == m.ABORT]
+    assert aborts and "secure aggregation cannot go on, no sum revealed" in aborts[0]
+    assert "fewer than the threshold t=2" in aborts[0], aborts[0]
+    after = manager.rounds.aggregator.global_state
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert manager.rounds.recorder.records == []

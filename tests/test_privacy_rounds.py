@@ -36,6 +36,7 @@ needs_data = pytest.mark.skipif(
 CASES = {  # name: (config, overrides)
     "fedavg": ("fedavg", []),
     "fedavgm": ("fedavg", ["server_args.server_momentum=0.9"]),
+    "fedprox": ("fedprox", []),
     "moon": ("moon", []),
     "scaffold": ("scaffold", ["data_args.partition_method=hetero"]),
     "fedssc": ("fedssc", ["algorithm_args.prototype_mode=mean"]),

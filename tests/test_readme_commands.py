@@ -91,6 +91,16 @@ REPORT = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist"
 TSNE = ".venv/bin/fedml-moon tsne RUN_DIR --party 0"
 SWEEP_LG = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_lg.yaml --jobs 2"
 REPORT_LG = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_lg"
+SWEEP_DP = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_dp.yaml --jobs 1"
+REPORT_DP = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_dp"
+SECURE = (
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
+    "--set privacy_args.secure_aggregation=true"
+)
+DP = (
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set privacy_args.dp_clip_norm=2.0 "
+    "--set privacy_args.dp_noise_multiplier=0.1"
+)
 
 COMMANDS: dict[str, str] = {
     "bash run/main.sh": "script",
@@ -108,6 +118,10 @@ COMMANDS: dict[str, str] = {
     TSNE: "single",
     SWEEP_LG: "single",
     REPORT_LG: "single",
+    SWEEP_DP: "single",
+    REPORT_DP: "single",
+    SECURE: "single",
+    DP: "single",
     MPI_SIMULATION: "mpi",
     MPI_CROSS_SILO: "mpi",
     GRPC_SERVER: "grpc",
@@ -125,6 +139,12 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py
     ".venv/bin/python benchmarks/robust_aggregation.py --rounds 12 --epochs 2 --samples 12000": "benchmark",
+    ".venv/bin/python benchmarks/secure_round.py": "benchmark",
+    ".venv/bin/python benchmarks/secure_round.py --samples 60000": "benchmark",
+    ".venv/bin/python benchmarks/secagg_unmask.py --parties 10 50 100 --length 100000": "benchmark",
+    ".venv/bin/python benchmarks/secagg_unmask.py --parties 10 50 100 --length 100000 --neighbours 8": (
+        "benchmark"
+    ),
     # 21 recorded runs, 4 minutes; their digests are bitwise for one machine and PyTorch build
     ".venv/bin/python tests/recorded_runs.py --check tests/recorded_runs.json": "benchmark",
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
@@ -323,6 +343,14 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     _completed(out, 1)
     done.add(PYTHON_M)
 
+    # privacy: secure aggregation, and DP with its epsilon in every round
+    for command, out in ((SECURE, tmp_path / "secure"), (DP, tmp_path / "dp")):
+        assert cli([*_entry_point(command), *_sets(command), "--output-dir", str(out)]) == 0
+        summary = _completed(out, 1)
+        assert summary["secure_aggregation"] == (command == SECURE)
+        assert (command == DP) == (summary.get("dp_epsilon", 0) > 0)
+    done |= {SECURE, DP}
+
     # the example algorithm
     assert cli([*_entry_point(HEADPROX), *_sets(HEADPROX), "--output-dir", str(tmp_path / "headprox")]) == 0
     assert _completed(tmp_path / "headprox", 1)["config"]["train_args"]["algorithm"] == "fedprox_head"
@@ -347,7 +375,12 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     # the sweeps, all but `real` of their runs already complete (copies of the main job's tiny run),
     # then their reports and a t-SNE picture of a real run
     shards = ["train_args.client_num_in_total=5", "train_args.client_num_per_round=5"]  # 10 classes
-    for sweep, report, real, extra in ((SWEEP, REPORT, (0, 3), []), (SWEEP_LG, REPORT_LG, (0,), shards)):
+    sweeps = (
+        (SWEEP, REPORT, (0, 3), []),
+        (SWEEP_LG, REPORT_LG, (0,), shards),
+        (SWEEP_DP, REPORT_DP, (3,), []),
+    )
+    for sweep, report, real, extra in sweeps:
         words = _entry_point(sweep)
         output = tmp_path / "sweeps" / Path(words[1]).stem
         extra = [*extra, "train_args.save_party_models=true"]

@@ -125,6 +125,7 @@ def test_a_stopped_sweep_run_again_completes_each_run_exactly_once_and_its_list_
 SHIPPED = {
     "fashion_mnist": 36,
     "fashion_mnist_lg": 6,
+    "fashion_mnist_dp": 18,
     "moon_table1": 45,
     "moon_local_epochs": 60,
     "moon_parties_50": 15,

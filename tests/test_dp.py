@@ -12,7 +12,8 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from fedml_moon.privacy.dp import ORDERS, PrivacyAccountant, clip_to_norm, gaussian_noise, noise_std
+from fedml_moon.privacy.accountant import ORDERS, PrivacyAccountant
+from fedml_moon.privacy.dp import clip_to_norm, gaussian_noise, noise_std
 
 DRAWS = 200_000
 

@@ -16,7 +16,7 @@ from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.privacy.dp import PrivacyAccountant
+from fedml_moon.privacy.accountant import PrivacyAccountant
 from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import PartyVector, Plan, party_vector

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import torch
 
 from fedml_moon.core.fixed_point import FixedPoint
-from fedml_moon.privacy.dp import PrivacyAccountant, gaussian_noise, noise_std
+from fedml_moon.privacy.dp import gaussian_noise, noise_std
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import PartyVector, Plan, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggParams, ServerSession, neighbourhood
@@ -49,6 +49,8 @@ class PrivateAggregation:
         self.encoding = FixedPoint(options.secagg_clip, options.secagg_bits, options.secagg_modulus_bits)
         self.accountant = None
         if options.dp:
+            from fedml_moon.privacy.accountant import PrivacyAccountant  # dp-accounting: only with DP
+
             self.accountant = PrivacyAccountant(
                 options.dp_noise_multiplier, len(weights), per_round, options.dp_delta, options.dp_accountant
             )

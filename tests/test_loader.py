@@ -8,7 +8,7 @@ import torch
 
 from fedml_moon.core.partition import iid_partition
 from fedml_moon.data.datasets import DatasetTensors
-from fedml_moon.data.loader import PartyLoader, build_fedml_dataset
+from fedml_moon.data.loader import PartyLoader, build_fedml_dataset, materialize
 
 
 def _indexed(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,6 +94,52 @@ def test_augmented_batches_are_reproducible() -> None:
     assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
     plain = images[:4].float() / 255
     assert not torch.equal(a[0], plain) and a[0].shape == plain.shape
+
+
+@pytest.mark.parametrize("kind", ["none", "cifar10", "cifar100", "crop-flip"])
+def test_several_parties_batches_made_as_one_equal_each_made_alone(kind: str) -> None:
+    """The batched path makes the step's K batches with one gather, one augmentation and one
+    normalisation (`materialize`); each party's slice is its own loader's batch, bit for bit, from the
+    same draws of its own generator, and the generators end where iterating each loader leaves them."""
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (72, 3, 32, 32), dtype=torch.uint8, generator=g)
+    labels = torch.randint(0, 100, (72,), generator=g)
+    norm = {"mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3), "augment": kind, "shuffle": True, "seed": 3}
+
+    def loaders() -> list[PartyLoader]:
+        return [PartyLoader(images, labels, np.arange(p, 72, 3), 8, party_id=p, **norm) for p in range(3)]
+
+    alone = [list(ld) for ld in loaders()]
+    together = loaders()
+    streams = [ld.plans() for ld in together]
+    for step in range(len(alone[0])):
+        x, y = materialize(together, [next(s) for s in streams])
+        assert x.shape == (3, 8, 3, 32, 32) and y.shape == (3, 8)
+        for k in range(3):
+            assert torch.equal(x[k], alone[k][step][0]) and torch.equal(y[k], alone[k][step][1])
+    fresh = loaders()
+    for ld in fresh:
+        list(ld)
+    assert all(
+        torch.equal(a.generator.get_state(), b.generator.get_state())
+        for a, b in zip(fresh, together, strict=True)
+    )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_a_resident_loader_draws_on_the_device_and_never_waits_for_it() -> None:
+    """On a GPU the party's generator, its sample indices and every batch live on the device: an
+    epoch of augmented batches runs under CUDA's sync debug mode set to error."""
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, device="cuda")
+    labels = torch.randint(0, 10, (64,), device="cuda")
+    loader = PartyLoader(images, labels, np.arange(64), 16, augment="cifar100", shuffle=True, seed=1)
+    assert loader.generator.device.type == "cuda" and loader.indices.is_cuda
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batches = list(loader)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(batches) == 4 and all(x.is_cuda and y.is_cuda for x, y in batches)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -10,6 +10,7 @@ Every random draw comes from the given ``torch.Generator``, so a seed fixes the 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,19 +30,58 @@ def _random_crop(padded: torch.Tensor, oy: torch.Tensor, ox: torch.Tensor, h: in
     return out.gather(3, cols[:, None, None, :].expand(b, c, h, w))
 
 
-def _crop_flip(x: torch.Tensor, pad_mode: str, generator: torch.Generator) -> torch.Tensor:
-    """Pad by ``PAD`` (reflect or zeros), crop back to [B,C,H,W] at a random offset, flip with p=0.5."""
-    b, _, h, w = x.shape
-    if pad_mode == "reflect":
-        padded = F.pad(x, (PAD, PAD, PAD, PAD), mode="reflect")
-    else:
-        padded = F.pad(x, (PAD, PAD, PAD, PAD), mode="constant", value=0.0)
+class Draw(NamedTuple):
+    """One batch's random draws, [B] each: crop offsets, flips, rotation angles (None unless cifar100)."""
+
+    oy: torch.Tensor
+    ox: torch.Tensor
+    flip: torch.Tensor
+    angle: torch.Tensor | None = None
+
+
+def draw(kind: str, b: int, generator: torch.Generator) -> Draw | None:
+    """The random draws of a batch of `b` samples for augmentation `kind` (None for `none`), made on
+    `generator` (on its device) in a fixed order: crop rows, crop columns, flips, then angles."""
+    if kind not in AUGMENTATIONS:
+        raise ValueError(f"unknown augmentation {kind!r}; choose one of {', '.join(AUGMENTATIONS)}")
+    if kind == "none" or b == 0:
+        return None
     gdev = generator.device
-    oy = torch.randint(0, 2 * PAD + 1, (b,), generator=generator, device=gdev).to(x.device)
-    ox = torch.randint(0, 2 * PAD + 1, (b,), generator=generator, device=gdev).to(x.device)
-    flip = (torch.rand(b, generator=generator, device=gdev) < 0.5).to(x.device)
-    out = _random_crop(padded, oy, ox, h, w)
-    return torch.where(flip[:, None, None, None], out.flip(3), out)
+    oy = torch.randint(0, 2 * PAD + 1, (b,), generator=generator, device=gdev)
+    ox = torch.randint(0, 2 * PAD + 1, (b,), generator=generator, device=gdev)
+    flip = torch.rand(b, generator=generator, device=gdev) < 0.5
+    angle = None
+    if kind == "cifar100":
+        angle = (2.0 * torch.rand(b, generator=generator, device=gdev) - 1.0) * MAX_ROTATION_DEG
+    return Draw(oy, ox, flip, angle)
+
+
+def join(draws: list[Draw | None]) -> Draw | None:
+    """Several batches' draws as one, in order (for one augmentation of the stacked batches)."""
+    if not draws or draws[0] is None:
+        return None
+    angles = [d.angle for d in draws]
+    angle = None if angles[0] is None else torch.cat(angles)
+    return Draw(
+        torch.cat([d.oy for d in draws]),
+        torch.cat([d.ox for d in draws]),
+        torch.cat([d.flip for d in draws]),
+        angle,
+    )
+
+
+def apply(x: torch.Tensor, kind: str, drawn: Draw | None) -> torch.Tensor:
+    """Augment a float batch [B,C,H,W] (values in [0, 1]) with the draws `drawn` ([B] each); each
+    sample's output depends only on that sample and its draws, so a stacked batch augments as its parts."""
+    if drawn is None:
+        return x
+    b, _, h, w = x.shape
+    mode = "reflect" if kind == "cifar10" else "constant"
+    padded = F.pad(x, (PAD, PAD, PAD, PAD), mode=mode)
+    dev = x.device
+    out = _random_crop(padded, drawn.oy.to(dev), drawn.ox.to(dev), h, w)
+    out = torch.where(drawn.flip.to(dev)[:, None, None, None], out.flip(3), out)
+    return out if drawn.angle is None else rotate_batch(out, drawn.angle)
 
 
 def rotate_batch(x: torch.Tensor, angles_deg: torch.Tensor) -> torch.Tensor:
@@ -65,14 +105,4 @@ def augment_batch(x: torch.Tensor, kind: str, generator: torch.Generator) -> tor
 
     ``kind`` is one of ``AUGMENTATIONS``; random numbers are drawn on ``generator``'s device.
     """
-    if kind not in AUGMENTATIONS:
-        raise ValueError(f"unknown augmentation {kind!r}; choose one of {', '.join(AUGMENTATIONS)}")
-    if kind == "none" or x.shape[0] == 0:
-        return x
-    if kind == "cifar10":
-        return _crop_flip(x, "reflect", generator)
-    out = _crop_flip(x, "zeros", generator)
-    if kind == "crop-flip":
-        return out
-    u = torch.rand(x.shape[0], generator=generator, device=generator.device)
-    return rotate_batch(out, (2.0 * u - 1.0) * MAX_ROTATION_DEG)
+    return apply(x, kind, draw(kind, x.shape[0], generator))

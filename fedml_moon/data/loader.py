@@ -11,10 +11,19 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from fedml_moon.data.augment import augment_batch
+from fedml_moon.data.augment import Draw, apply, draw, join
 from fedml_moon.data.datasets import DatasetTensors
 
 logger = logging.getLogger(__name__)
+
+
+class Plan(NamedTuple):
+    """One batch, before it is made: the sample indices [B] (on the images' device) and the
+    augmentation's random draws. `materialize` turns one plan, or several loaders' plans at once, into
+    tensors."""
+
+    idx: torch.Tensor
+    drawn: Draw | None
 
 
 class FedMLDataset(NamedTuple):
@@ -69,7 +78,7 @@ class PartyLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.images = images
         self.labels = labels
-        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(images.device)
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
         self.drop_last = drop_last
@@ -79,7 +88,8 @@ class PartyLoader:
         self.device = torch.device(device) if device is not None else images.device
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
         self._std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-        self.generator = torch.Generator().manual_seed(_party_seed(seed, party_id))
+        where = images.device if images.device.type == "cuda" else torch.device("cpu")
+        self.generator = torch.Generator(device=where).manual_seed(_party_seed(seed, party_id))
 
     def __len__(self) -> int:
         """Number of batches in one epoch."""
@@ -87,22 +97,42 @@ class PartyLoader:
             return self.num_samples // self.batch_size
         return math.ceil(self.num_samples / self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def plans(self) -> Iterator[Plan]:
+        """One epoch of batch plans: the order (reshuffled when ``shuffle``) and each batch's
+        augmentation draws, from the loader's generator, which lives where the images do (on a GPU
+        nothing of this reaches the host)."""
         order = self.indices
         if self.shuffle:
-            order = order[torch.randperm(self.num_samples, generator=self.generator)]
+            gen = self.generator
+            order = order[torch.randperm(self.num_samples, generator=gen, device=gen.device).to(order.device)]
         order = order.to(self.images.device)  # once per epoch: batches are gathered where the images are
         for i in range(len(self)):
             idx = order[i * self.batch_size : (i + 1) * self.batch_size]
-            yield self._batch(idx)
+            yield Plan(idx, draw(self.augment, int(idx.numel()), self.generator))
 
-    def _batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for plan in self.plans():
+            yield self._batch(plan.idx, plan.drawn)
+
+    def _batch(self, idx: torch.Tensor, drawn: Draw | None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.images.device)
         x = self.images[idx].to(self.device).float().div_(255.0)
-        x = augment_batch(x, self.augment, self.generator)
+        x = apply(x, self.augment, drawn)
         x = (x - self._mean.to(x.device)) / self._std.to(x.device)
         y = self.labels[idx.to(self.labels.device)].to(self.device)
         return x, y
+
+    def shares_data(self, other: PartyLoader) -> bool:
+        """Whether `other` makes its batches from the same images the same way (so the two loaders'
+        batches can be made as one)."""
+        return (
+            other.images is self.images
+            and other.labels is self.labels
+            and other.augment == self.augment
+            and other.device == self.device
+            and torch.equal(other._mean, self._mean)
+            and torch.equal(other._std, self._std)
+        )
 
     def plain(self, batch_size: int = 256) -> PartyLoader:
         """The same samples in a fixed order, without augmentation or dropping (for statistics)."""
@@ -138,6 +168,19 @@ class PartyLoader:
             f"PartyLoader(party_id={self.party_id}, num_samples={self.num_samples}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, augment={self.augment!r})"
         )
+
+
+def materialize(loaders: list[PartyLoader], plans: list[Plan]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Several loaders' next batches, all of one size B, made as one stacked batch: x [K,B,C,H,W],
+    y [K,B]. Loaders that share their images (`shares_data`) gather, augment and normalise their K
+    batches in single operations; the result equals making each batch alone, element for element."""
+    first = loaders[0]
+    if all(first.shares_data(other) for other in loaders[1:]):
+        k, b = len(plans), int(plans[0].idx.numel())
+        x, y = first._batch(torch.cat([p.idx for p in plans]), join([p.drawn for p in plans]))
+        return x.view(k, b, *x.shape[1:]), y.view(k, b)
+    made = [ld._batch(p.idx, p.drawn) for ld, p in zip(loaders, plans, strict=True)]
+    return torch.stack([m[0] for m in made]), torch.stack([m[1] for m in made])
 
 
 def build_fedml_dataset(

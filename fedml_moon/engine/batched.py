@@ -22,6 +22,7 @@ from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, PartyRound, Payload
 from fedml_moon.core.batched import StackedModel, StackedSGD, cuda_graph, select, vmapped
+from fedml_moon.data.loader import PartyLoader, Plan, materialize
 from fedml_moon.engine.local import (
     PartyJob,
     filled_grads,
@@ -116,6 +117,15 @@ class _Group:
         self.before = overrides(self.algorithm, "before_step")
         self.after = overrides(self.algorithm, "after_step")
         self.detached = {n: p.detach() for n, p in self.stacked.params.items()}
+        self._rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def rows(self, rows: list[int]) -> torch.Tensor:
+        """`rows` as an index tensor on the parameters' device, made once per set of rows (a copy to a
+        GPU waits for it, so the step loop must not make one per step)."""
+        key = tuple(rows)
+        if key not in self._rows:
+            self._rows[key] = torch.tensor(rows, dtype=torch.long, device=self.stacked.params_device)
+        return self._rows[key]
 
 
 def train_group(
@@ -138,30 +148,50 @@ def train_group(
         to_device(jobs[0].ctx.shared, device),
     )
     masked = MaskedStep(g, device) if train.cuda_graphs else None
-    streams = [_epochs(job.loader, train.epochs) for job in jobs]
+    loaders = [job.loader for job in jobs]
+    streams = [_stream(loader, train.epochs) for loader in loaders]
     while True:
-        batches = [next(s, None) for s in streams]
-        ready = [k for k, b in enumerate(batches) if b is not None]
+        items = [next(s, None) for s in streams]
+        ready = [k for k, item in enumerate(items) if item is not None]
         if not ready:
             break
         for k in ready:
             jobs[k].steps += 1
         if masked is not None:
-            ready = masked.take(batches, ready, train.batch_size)
-        for size in sorted({batches[k][1].shape[0] for k in ready}):
-            _step(g, batches, [k for k in ready if batches[k][1].shape[0] == size])
+            ready = masked.take(loaders, items, ready, train.batch_size)
+        for size in sorted({_size(items[k]) for k in ready}):
+            rows = [k for k in ready if _size(items[k]) == size]
+            _step(g, *_make(loaders, items, rows), rows)
     for k, job in enumerate(jobs):
         job.final = stacked.state(k)
         job.sums = {key: s[k] for key, s in g.sums.items()}
 
 
-def _step(g: _Group, batches: list, rows: list[int]) -> None:
-    """One SGD step of the parties `rows` on their current batches."""
+def _stream(loader: Iterable, epochs: int) -> Iterator:
+    """A party's items for `epochs` epochs: batch plans from a `PartyLoader` (made into tensors for
+    all the step's parties at once, `_make`), else its (x, y) batches."""
+    if isinstance(loader, PartyLoader):
+        return itertools.chain.from_iterable(loader.plans() for _ in range(epochs))
+    return _epochs(loader, epochs)
+
+
+def _size(item: Any) -> int:
+    """Samples in a stream item (a plan or an (x, y) batch)."""
+    return int(item.idx.numel()) if isinstance(item, Plan) else int(item[1].shape[0])
+
+
+def _make(loaders: list, items: list, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batches of the parties `rows`, one size, stacked: x [R, B, ...], y [R, B]."""
+    if isinstance(items[rows[0]], Plan):
+        return materialize([loaders[k] for k in rows], [items[k] for k in rows])
+    return torch.stack([items[k][0] for k in rows]), torch.stack([items[k][1] for k in rows])
+
+
+def _step(g: _Group, x: torch.Tensor, y: torch.Tensor, rows: list[int]) -> None:
+    """One SGD step of the parties `rows` on their batches x [R, B, ...], y [R, B]."""
     stacked = g.stacked
     everyone = len(rows) == stacked.k
-    idx = None if everyone else torch.tensor(rows, dtype=torch.long, device=stacked.params_device)
-    x = torch.stack([batches[k][0] for k in rows])
-    y = torch.stack([batches[k][1] for k in rows])
+    idx = None if everyone else g.rows(rows)
     params, buffers = select(stacked.params, idx), select(stacked.buffers, idx)
     loss, terms = g.step(params, buffers, x, y, select(g.party_ctx, idx), g.shared)
     loss.sum().backward()
@@ -208,12 +238,12 @@ class MaskedStep:
         self.masks: dict[tuple[int, ...], torch.Tensor] = {}
         self.x = self.y = self.mask = torch.empty(0)
 
-    def take(self, batches: list, ready: list[int], size: int) -> list[int]:
+    def take(self, loaders: list, items: list, ready: list[int], size: int) -> list[int]:
         """Steps the parties of `ready` whose batch holds `size` samples; returns the others."""
-        rows = [k for k in ready if batches[k][1].shape[0] == size]
+        rows = [k for k in ready if _size(items[k]) == size]
         if not rows:
             return ready
-        self._inputs(batches, rows)
+        self._inputs(*_make(loaders, items, rows), rows)
         if self.graph is None and self.device.type == "cuda":
             self.mask.zero_()  # warm-up steps change nothing
             self.graph = cuda_graph(self._run, self._run, self.device)
@@ -224,14 +254,19 @@ class MaskedStep:
             self._run()
         return [k for k in ready if k not in rows]
 
-    def _inputs(self, batches: list, rows: list[int]) -> None:
+    def _inputs(self, x: torch.Tensor, y: torch.Tensor, rows: list[int]) -> None:
+        """The rows' batches into the static inputs (all of them at once when every party steps)."""
         if self.mask.numel() == 0:
-            x, y, k = *batches[rows[0]], self.g.stacked.k
-            self.x, self.y = x.new_zeros((k, *x.shape)), y.new_zeros((k, *y.shape))
+            k = self.g.stacked.k
+            self.x, self.y = x.new_zeros((k, *x.shape[1:])), y.new_zeros((k, *y.shape[1:]))
             self.mask = torch.zeros(k, dtype=torch.bool, device=x.device)
-        for k in rows:
-            self.x[k].copy_(batches[k][0])
-            self.y[k].copy_(batches[k][1])
+        if len(rows) == self.g.stacked.k:
+            self.x.copy_(x)
+            self.y.copy_(y)
+        else:
+            idx = self.g.rows(rows).to(x.device)
+            self.x.index_copy_(0, idx, x)
+            self.y.index_copy_(0, idx, y)
 
     def _mask(self, rows: list[int]) -> torch.Tensor:
         if tuple(rows) not in self.masks:

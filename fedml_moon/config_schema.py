@@ -121,6 +121,7 @@ class TrainArgs:
     parties_in_parallel: int | str = 1
     cuda_graphs: bool = False
     save_party_models: bool = False
+    precision: str = "fp32"
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
@@ -157,6 +158,18 @@ class TrainArgs:
         require(0 <= self.momentum < 1, "train_args.momentum", "must be in [0, 1)")
         require(self.weight_decay >= 0, "train_args.weight_decay", "must be >= 0")
         require(self.client_optimizer == "sgd", "train_args.client_optimizer", "only 'sgd' is supported")
+        require(
+            self.precision in ("fp32", "tf32", "bf16"),
+            "train_args.precision",
+            "choose fp32 (float32), tf32 (TF32 tensor cores, CUDA) or bf16 (bfloat16 autocast); "
+            f"got {self.precision!r}",
+        )
+        require(
+            self.precision != "bf16" or k in (1, "auto"),
+            "train_args.precision",
+            "bf16 trains one party at a time (autocast does not reach inside torch.func.vmap, which stacked "
+            "parties use): set train_args.parties_in_parallel to 1 or auto, or precision to fp32 or tf32",
+        )
         require(
             self.state_store in ("memory", "disk"),
             "train_args.state_store",

@@ -113,7 +113,7 @@ def test_batched_parties_end_where_sequential_ones_do(algorithm, extra, tmp_path
 def test_parties_whose_shared_context_is_equal_but_copied_train_together():
     """One copy of the server's prototypes per party (moved to the device per party) still stacks;
     other values do not."""
-    from fedml_moon.engine.batched import groups
+    from fedml_moon.engine.grouping import groups
 
     protos = torch.randn(4, 3)
 

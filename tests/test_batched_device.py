@@ -35,7 +35,11 @@ def _data(augment: str = "none") -> DatasetTensors:
 
 
 def _round_trip(
-    algorithm: str, device: torch.device, parallel: bool, graphs: bool = False, augment: str = "none"
+    algorithm: str,
+    device: torch.device,
+    parallel: bool,
+    graphs: bool = False,
+    augment: str = "none",
 ) -> tuple[dict, list[dict]]:
     """Two rounds (parties 0, 1, 3, 4 sampled; partial last batches); the final global model and every
     party's state. `graphs`: the batched steps of full batches go through the masked step."""
@@ -110,7 +114,8 @@ def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
     """On `meta` tensors (no arithmetic, real devices checks): starts, stacked weights, SGD state and
     the parties' final models all live on the run's device, for a CPU-only check of the CUDA path."""
     from fedml_moon.algorithms.moon import MoonClient, MoonOptions
-    from fedml_moon.engine.batched import groups, prepare, train_group
+    from fedml_moon.engine.batched import prepare, train_group
+    from fedml_moon.engine.grouping import groups
     from tests.helpers import train_args
 
     meta = torch.device("meta")

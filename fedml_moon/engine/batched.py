@@ -11,9 +11,8 @@ entry: one party trains on the model itself (`engine.local`), several here.
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, PartyRound, Payload
 from fedml_moon.core.batched import StackedModel, StackedSGD, cuda_graph, select, vmapped
-from fedml_moon.data.loader import PartyLoader, Plan, materialize
+from fedml_moon.engine.grouping import groups, item_size, make, stream
 from fedml_moon.engine.local import (
     PartyJob,
     filled_grads,
@@ -34,6 +33,7 @@ from fedml_moon.engine.local import (
     to_device,
     train_one,
 )
+from fedml_moon.engine.precision import BF16_STACKED, forward_precision, summable, training_precision
 
 log = logging.getLogger(__name__)
 
@@ -50,52 +50,6 @@ class PartyNet:
     def frozen(self, state: dict, x: torch.Tensor) -> Any:
         """The eval-mode output of a model with weights `state` (a teacher)."""
         return self.stacked.frozen(state, x)
-
-
-def _key(tree: Any, leaf: Callable[[Any], Any]) -> Any:
-    """A hashable image of `tree`: its structure with `leaf` of every leaf."""
-    if isinstance(tree, dict):
-        return tuple((k, _key(v, leaf)) for k, v in sorted(tree.items()))
-    if isinstance(tree, list | tuple):
-        return tuple(_key(v, leaf) for v in tree)
-    return leaf(tree)
-
-
-def _signature(leaf: Any) -> Any:
-    """What must match for contexts to stack: shapes and dtypes of tensors, values of scalars."""
-    return ("t", tuple(leaf.shape), leaf.dtype) if isinstance(leaf, torch.Tensor) else ("v", leaf)
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether two shared contexts hold the same values: the same structure, scalars and tensors
-    (shape, dtype, device and every element; the same object or two copies of it, e.g. one per
-    party moved to the device)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        same_kind = a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-        return a is b or (same_kind and bool(torch.equal(a, b)))
-    return type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b
-
-
-def _epochs(loader: Iterable, epochs: int) -> Iterator:
-    return itertools.chain.from_iterable(loader for _ in range(epochs))
-
-
-def groups(jobs: list[PartyJob]) -> list[list[PartyJob]]:
-    """Jobs that can stack: the same structure of the party context, equal shared contexts (by
-    value: `_same`), the same lr; in the order the jobs come."""
-    out: dict[Any, list[list[PartyJob]]] = {}
-    for job in jobs:
-        candidates = out.setdefault((_key(job.ctx.party, _signature), job.ctx.lr), [])
-        group = next((g for g in candidates if _same(g[0].ctx.shared, job.ctx.shared)), None)
-        if group is None:
-            candidates.append([job])
-        else:
-            group.append(job)
-    return [g for buckets in out.values() for g in buckets]
 
 
 @dataclass
@@ -117,7 +71,14 @@ class _Group:
         self.before = overrides(self.algorithm, "before_step")
         self.after = overrides(self.algorithm, "after_step")
         self.detached = {n: p.detach() for n, p in self.stacked.params.items()}
+        self.device = self.stacked.params_device
+        self.precision = self.algorithm.train_args.precision
         self._rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The vmapped loss of the stacked parties, in the run's precision."""
+        with forward_precision(self.precision, self.device):
+            return self.step(*args)
 
     def rows(self, rows: list[int]) -> torch.Tensor:
         """`rows` as an index tensor on the parameters' device, made once per set of rows (a copy to a
@@ -149,7 +110,7 @@ def train_group(
     )
     masked = MaskedStep(g, device) if train.cuda_graphs else None
     loaders = [job.loader for job in jobs]
-    streams = [_stream(loader, train.epochs) for loader in loaders]
+    streams = [stream(loader, train.epochs) for loader in loaders]
     while True:
         items = [next(s, None) for s in streams]
         ready = [k for k, item in enumerate(items) if item is not None]
@@ -159,32 +120,12 @@ def train_group(
             jobs[k].steps += 1
         if masked is not None:
             ready = masked.take(loaders, items, ready, train.batch_size)
-        for size in sorted({_size(items[k]) for k in ready}):
-            rows = [k for k in ready if _size(items[k]) == size]
-            _step(g, *_make(loaders, items, rows), rows)
+        for size in sorted({item_size(items[k]) for k in ready}):
+            rows = [k for k in ready if item_size(items[k]) == size]
+            _step(g, *make(loaders, items, rows), rows)
     for k, job in enumerate(jobs):
         job.final = stacked.state(k)
         job.sums = {key: s[k] for key, s in g.sums.items()}
-
-
-def _stream(loader: Iterable, epochs: int) -> Iterator:
-    """A party's items for `epochs` epochs: batch plans from a `PartyLoader` (made into tensors for
-    all the step's parties at once, `_make`), else its (x, y) batches."""
-    if isinstance(loader, PartyLoader):
-        return itertools.chain.from_iterable(loader.plans() for _ in range(epochs))
-    return _epochs(loader, epochs)
-
-
-def _size(item: Any) -> int:
-    """Samples in a stream item (a plan or an (x, y) batch)."""
-    return int(item.idx.numel()) if isinstance(item, Plan) else int(item[1].shape[0])
-
-
-def _make(loaders: list, items: list, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batches of the parties `rows`, one size, stacked: x [R, B, ...], y [R, B]."""
-    if isinstance(items[rows[0]], Plan):
-        return materialize([loaders[k] for k in rows], [items[k] for k in rows])
-    return torch.stack([items[k][0] for k in rows]), torch.stack([items[k][1] for k in rows])
 
 
 def _step(g: _Group, x: torch.Tensor, y: torch.Tensor, rows: list[int]) -> None:
@@ -193,7 +134,7 @@ def _step(g: _Group, x: torch.Tensor, y: torch.Tensor, rows: list[int]) -> None:
     everyone = len(rows) == stacked.k
     idx = None if everyone else g.rows(rows)
     params, buffers = select(stacked.params, idx), select(stacked.buffers, idx)
-    loss, terms = g.step(params, buffers, x, y, select(g.party_ctx, idx), g.shared)
+    loss, terms = g.forward(params, buffers, x, y, select(g.party_ctx, idx), g.shared)
     loss.sum().backward()
     if not everyone:
         with torch.no_grad():
@@ -216,6 +157,7 @@ def _accumulate(g: _Group, terms: dict[str, torch.Tensor], idx: torch.Tensor | N
     """Adds the step's loss terms ([len(rows)] each) to the rows' running sums."""
     with torch.no_grad():
         for key, value in terms.items():
+            value = summable(value)
             if key not in g.sums:
                 g.sums[key] = torch.zeros(g.stacked.k, dtype=value.dtype, device=value.device)
             if idx is None:
@@ -240,10 +182,10 @@ class MaskedStep:
 
     def take(self, loaders: list, items: list, ready: list[int], size: int) -> list[int]:
         """Steps the parties of `ready` whose batch holds `size` samples; returns the others."""
-        rows = [k for k in ready if _size(items[k]) == size]
+        rows = [k for k in ready if item_size(items[k]) == size]
         if not rows:
             return ready
-        self._inputs(*_make(loaders, items, rows), rows)
+        self._inputs(*make(loaders, items, rows), rows)
         if self.graph is None and self.device.type == "cuda":
             self.mask.zero_()  # warm-up steps change nothing
             self.graph = cuda_graph(self._run, self._run, self.device)
@@ -278,7 +220,7 @@ class MaskedStep:
     def _run(self) -> None:
         g = self.g
         saved = [t.detach().clone() for t in self.state]
-        loss, terms = g.step(g.stacked.params, g.stacked.buffers, self.x, self.y, g.party_ctx, g.shared)
+        loss, terms = g.forward(g.stacked.params, g.stacked.buffers, self.x, self.y, g.party_ctx, g.shared)
         loss.sum().backward()
         _hooks(g, None)
         with torch.no_grad():
@@ -293,14 +235,18 @@ def train_parties(
 ) -> list[tuple[dict[str, float], Payload]]:
     """The local rounds of `jobs`: one job on the model itself (`engine.local`), several stacked in
     groups, with CUDA graphs where `train_args.cuda_graphs`; (metrics, upload) per job, in order."""
+    precision = algorithm.train_args.precision
+    if precision == "bf16" and len(jobs) > 1:
+        raise ValueError(BF16_STACKED)
     model.to(device)
     for job in jobs:
         prepare(algorithm, job, device)
-    if len(jobs) == 1:
-        train_one(algorithm, model, jobs[0], device)
-    else:
-        for group in groups(jobs):
-            train_group(algorithm, model, group, device)
+    with training_precision(precision):
+        if len(jobs) == 1:
+            train_one(algorithm, model, jobs[0], device)
+        else:
+            for group in groups(jobs):
+                train_group(algorithm, model, group, device)
     return [finish(algorithm, model, job) for job in jobs]
 
 

@@ -27,6 +27,7 @@ from fedml_moon.algorithms.base import (
     make_optimizer,
 )
 from fedml_moon.core.batched import tree_map
+from fedml_moon.engine.precision import forward_precision, summable
 
 
 @dataclass
@@ -110,11 +111,13 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
     stacked = stack_contexts([ctx.party])
     params = {n: p.detach().unsqueeze(0) for n, p in net.params.items()}
     before, after = overrides(algorithm, "before_step"), overrides(algorithm, "after_step")
+    precision = algorithm.train_args.precision
     sums: dict[str, torch.Tensor] = {}
     for _ in range(algorithm.train_args.epochs):
         for x, y in job.loader:
             optimizer.zero_grad(set_to_none=True)
-            loss, terms = algorithm.loss(net, x, y, both)
+            with forward_precision(precision, device):
+                loss, terms = algorithm.loss(net, x, y, both)
             loss.backward()
             if before:
                 algorithm.before_step(
@@ -125,6 +128,7 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
                 algorithm.after_step(params, stacked, None, ctx.lr)
             terms["loss"] = loss.detach()
             for key, value in terms.items():
+                value = summable(value)
                 sums[key] = sums[key] + value if key in sums else value.clone()
             job.steps += 1
     job.final, job.sums = None, sums  # the model holds it

@@ -1,0 +1,52 @@
+"""The arithmetic of local training (`train_args.precision`), pure PyTorch.
+
+* `fp32`: float32 throughout; TF32 is off for matrix products and cuDNN convolutions (PyTorch turns it
+  on for cuDNN by default on Ampere and later GPUs).
+* `tf32`: float32 tensors, TF32 tensor-core products and convolutions (CUDA only).
+* `bf16`: the forward passes (the student's and the teachers') under `torch.autocast` to bfloat16;
+  weights, gradients, SGD state, the loss reductions autocast keeps in float32, and the running loss
+  sums stay float32. Runs on CPUs too; one party at a time (`BF16_STACKED` says why).
+
+Evaluation is not affected: the trained weights are float32 in every setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+BF16_STACKED = (
+    "train_args.precision: bf16 trains one party at a time: autocast does not reach inside torch.func.vmap "
+    "(a linear layer's bias is added in float32, and vmap's BatchNorm rule refuses bfloat16 inputs with "
+    "float32 statistics; pytorch/pytorch#192617, #184890), so stacked parties cannot run in bf16. Set "
+    "train_args.parties_in_parallel to 1 (or auto), or precision to fp32 or tf32"
+)
+
+
+@contextlib.contextmanager
+def training_precision(kind: str) -> Iterator[None]:
+    """TF32 on (`tf32`) or off (otherwise) for the local training inside; restored after."""
+    if kind not in PRECISIONS:
+        raise ValueError(f"train_args.precision: {kind!r}; choose one of {', '.join(PRECISIONS)}")
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = kind == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def forward_precision(kind: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """What a training forward (the algorithm's `loss`) runs under: autocast to bfloat16 for `bf16`."""
+    if kind == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def summable(value: torch.Tensor) -> torch.Tensor:
+    """A loss term as the running sums keep it: half-precision values (autocast's) as float32."""
+    value = value.detach()
+    return value.float() if value.dtype in (torch.bfloat16, torch.float16) else value

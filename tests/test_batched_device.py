@@ -205,3 +205,44 @@ def test_with_tf32_batching_adds_no_error_beyond_tf32_rounding(device: str) -> N
     tf32_error = max(_distances(exact, seq).values())
     batched_error = max(_distances(exact, bat).values())
     assert batched_error <= 1e-4 + 2 * tf32_error, (batched_error, tf32_error)
+
+
+def _synchronising_calls(epochs: int, graphs: bool) -> int:
+    """CUDA's synchronising calls (sync debug mode "warn") in one MOON round of 4 resident parties."""
+    import warnings
+
+    from fedml_moon.algorithms.moon import MoonClient, MoonOptions
+    from tests.helpers import train_args
+
+    device, data = torch.device("cuda"), _data("cifar10")
+    parts = dirichlet_partition(data.y_train.numpy(), 4, 0.5, seed=0)
+    loaders = build_fedml_dataset(data, parts, None, 32, 0, True, device=device, resident=True)
+
+    def factory() -> torch.nn.Module:
+        return build_model("simple-cnn", (1, 28, 28), 10, use_head=True, out_dim=16)
+
+    train = train_args(epochs=epochs, batch_size=32, parties_in_parallel=4, cuda_graphs=graphs)
+    algo = MoonClient(MoonOptions(mu=1.0), train, factory, 0)
+    start = {k: v.to(device) for k, v in factory().state_dict().items()}
+    names = tuple(n for n, p in factory().named_parameters() if p.requires_grad)
+    jobs = [
+        PartyJob(PartyRound({"model": start}, {}, 0, p, names), loaders.train_data_local_dict[p])
+        for p in range(4)
+    ]
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train_parties(algo, factory().to(device), jobs, device)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@CUDA
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
+def test_the_step_loop_never_waits_for_the_gpu(graphs: bool) -> None:
+    """Three times the epochs, and so the steps, make no more synchronising calls than one: what the host
+    waits for comes once per round (contexts, grouping, the graph's capture, reading the loss sums),
+    never once per step, so the host runs ahead of the GPU."""
+    assert _synchronising_calls(3, graphs) == _synchronising_calls(1, graphs)

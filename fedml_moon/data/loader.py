@@ -86,8 +86,8 @@ class PartyLoader:
         self.party_id = party_id
         self.num_samples = int(self.indices.numel())
         self.device = torch.device(device) if device is not None else images.device
-        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
-        self._std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
+        self._std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         where = images.device if images.device.type == "cuda" else torch.device("cpu")
         self.generator = torch.Generator(device=where).manual_seed(_party_seed(seed, party_id))
 
@@ -118,7 +118,7 @@ class PartyLoader:
         idx = idx.to(self.images.device)
         x = self.images[idx].to(self.device).float().div_(255.0)
         x = apply(x, self.augment, drawn)
-        x = (x - self._mean.to(x.device)) / self._std.to(x.device)
+        x = (x - self._mean) / self._std  # both on self.device: no copy per batch
         y = self.labels[idx.to(self.labels.device)].to(self.device)
         return x, y
 
@@ -152,6 +152,7 @@ class PartyLoader:
     def to(self, device: torch.device | str) -> PartyLoader:
         """Yield batches on ``device`` from now on; returns ``self``."""
         self.device = torch.device(device)
+        self._mean, self._std = self._mean.to(self.device), self._std.to(self.device)
         return self
 
     @property

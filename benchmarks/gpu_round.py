@@ -1,22 +1,27 @@
-"""One MOON round of the paper's CIFAR-10 setting, parties one after another vs all parties batched.
+"""One MOON round of the paper's settings: parties one after another vs batched, on one device.
 
-Setting (MOON paper, section 4.1): 10 parties, Dir(0.5), 10 local epochs, simple CNN with the
-projection head, batch 64, lr 0.01, momentum 0.9, weight decay 1e-5, mu 5, tau 0.5, one negative (the
-party's own initial model, as in round 1). Data: real CIFAR-10 from `--data DIR` (torchvision's
-`cifar-10-batches-py`; a missing or unreadable folder is an error), without it random uint8 tensors
-of CIFAR-10's shape (50,000 x 3 x 32 x 32; the output says which). On a GPU the data set is resident
-on the device. Each mode runs in its own child process, so each reports its own peak memory (CUDA:
-max allocated; CPU: peak resident set size).
-The MOON paper's reference: 337 s per round on a V100.
+Settings (`--setting`; MOON paper, section 4.1: 10 parties, Dir(0.5), batch 64, lr 0.01, momentum 0.9,
+weight decay 1e-5, tau 0.5, one negative, the party's own initial model, as in round 1):
+* `cifar10-cnn` (default): the simple CNN with the projection head on CIFAR-10, mu 5, 10 local epochs.
+  The MOON paper's reference: 337 s per round on a V100.
+* `cifar100-resnet50`: ResNet-50 (CIFAR stem) with the projection head on CIFAR-100, mu 1, 10 local
+  epochs, CIFAR-100's augmentation (crop, flip, rotation). The paper: 31 minutes per round on a V100.
+Data: real CIFAR from `--data DIR` (torchvision's `cifar-10-batches-py` / `cifar-100-python`; a missing
+or unreadable folder is an error), without it random uint8 tensors of the data set's shape (50,000 x 3
+x 32 x 32; the output says which). On a GPU the data set is resident on the device. Each mode runs in
+its own child process, so each reports its own peak memory (CUDA: max allocated; CPU: peak resident set).
 
-Three modes: parties one after another, batched (`parties_in_parallel: 10`), and batched with each
-step of full batches replayed from a CUDA graph (`cuda_graphs: true`; CUDA only). Last line:
-    device=<name> data=<real|random> sequential_s=<s> batched_s=<s> graphs_s=<s> speedup=<x>
-    graphs_speedup=<x> sequential_samples_per_s=<n> batched_samples_per_s=<n> graphs_samples_per_s=<n>
-    sequential_peak_mb=<mb> batched_peak_mb=<mb> graphs_peak_mb=<mb>
+Modes (`--modes`; default: every mode the device runs): `sequential` (parties one after another, fp32),
+`sequential-bf16` (the same under bf16 autocast), `batched` (`parties_in_parallel: 10`, fp32), `graphs`
+(batched, each step of full batches replayed from a CUDA graph; CUDA only) and `graphs-tf32`. Per mode
+the last line gives seconds, samples per second and peak memory, and `<mode>_round_s`: the paper's
+whole round (10 epochs of all 50,000 samples) at the measured rate:
+    device=<name> setting=<name> data=<real|random> <mode>_s=<s> <mode>_samples_per_s=<n>
+    <mode>_peak_mb=<mb> <mode>_round_s=<s> ... fastest=<mode> speedup=<fastest vs sequential>
 
-Run: .venv/bin/python benchmarks/gpu_round.py [--data DIR] [--device cuda] [--epochs 10] [--samples N]
-(--samples keeps the first N training images: small runs that check the plumbing on a CPU)
+Run: .venv/bin/python benchmarks/gpu_round.py [--setting cifar100-resnet50] [--data DIR] [--device cuda]
+[--epochs 10] [--samples N] [--modes sequential batched]
+(--samples keeps the first N training images: short runs, and runs that check the plumbing on a CPU)
 """
 
 from __future__ import annotations
@@ -44,20 +49,33 @@ from fedml_moon.engine.local import PartyJob
 
 log = logging.getLogger("gpu_round")
 PARTIES = 10
+PAPER_SAMPLE_EPOCHS = 500_000  # 10 local epochs of CIFAR's 50,000 training images
+SETTINGS = {  # name: (data set, classes, model, mu, augmentation)
+    "cifar10-cnn": ("cifar10", 10, "simple-cnn", 5.0, "cifar10"),
+    "cifar100-resnet50": ("cifar100", 100, "resnet50", 1.0, "cifar100"),
+}
+MODES = {  # name: (parties in parallel, CUDA graphs, precision)
+    "sequential": (1, False, "fp32"),
+    "sequential-bf16": (1, False, "bf16"),
+    "batched": (PARTIES, False, "fp32"),
+    "graphs": (PARTIES, True, "fp32"),
+    "graphs-tf32": (PARTIES, True, "tf32"),
+}
 
 
-def cifar10(folder: str | None, samples: int | None) -> tuple[DatasetTensors, str]:
-    """Real CIFAR-10 from `folder` (an error if it is not there: a named source is never replaced),
-    else random tensors of its shape."""
+def cifar(setting: str, folder: str | None, samples: int | None) -> tuple[DatasetTensors, str]:
+    """Real CIFAR-10 / CIFAR-100 from `folder` (an error if it is not there: a named source is never
+    replaced), else random tensors of its shape."""
+    name, classes, _, _, augment = SETTINGS[setting]
     if folder:
-        data, source = load_dataset("cifar10", folder), "real"
+        data, source = load_dataset(name, folder), "real"
     else:
-        log.info("no --data: random tensors of CIFAR-10's shape")
+        log.info("no --data: random tensors of %s's shape", name)
         g = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (50_000, 3, 32, 32), generator=g, dtype=torch.uint8)
-        y = torch.randint(0, 10, (50_000,), generator=g)
+        y = torch.randint(0, classes, (50_000,), generator=g)
         norm = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-        data, source = DatasetTensors("cifar10", x, y, x[:10], y[:10], 10, *norm, "cifar10"), "random"
+        data, source = DatasetTensors(name, x, y, x[:10], y[:10], classes, *norm, augment), "random"
     if samples:
         data.x_train, data.y_train = data.x_train[:samples], data.y_train[:samples]
     return data, source
@@ -67,25 +85,33 @@ def one_round(mode: str, opts: argparse.Namespace, queue: mp.Queue) -> None:
     """Child process: build everything, time one round in `mode`, report time, samples and memory."""
     torch.manual_seed(0)
     device = torch.device(opts.device)
-    data, source = cifar10(opts.data, opts.samples)
+    data, source = cifar(opts.setting, opts.data, opts.samples)
+    _, classes, model_name, mu, _ = SETTINGS[opts.setting]
     parts = dirichlet_partition(data.y_train.numpy(), PARTIES, 0.5, seed=0)
-    resident = device.type == "cuda"
     loaders = build_fedml_dataset(
-        data, parts, None, 64, 0, True, device=device, resident=resident
+        data, parts, None, 64, 0, True, device=device, resident=device.type == "cuda"
     ).train_data_local_dict
-    train = TrainArgs(epochs=opts.epochs, batch_size=64, learning_rate=0.01, momentum=0.9, weight_decay=1e-5)
-    train.cuda_graphs = mode == "graphs"  # batched steps of full batches replayed from a CUDA graph
+    parallel, graphs, precision = MODES[mode]
+    train = TrainArgs(
+        epochs=opts.epochs,
+        batch_size=64,
+        learning_rate=0.01,
+        momentum=0.9,
+        weight_decay=1e-5,
+        precision=precision,
+    )
+    train.cuda_graphs = graphs  # batched steps of full batches replayed from a CUDA graph
 
     def factory() -> torch.nn.Module:
-        return build_model("simple-cnn", (3, 32, 32), 10, use_head=True, out_dim=256)
+        return build_model(model_name, (3, 32, 32), classes, use_head=True, out_dim=256)
 
-    algo = MoonClient(MoonOptions(mu=5.0, temperature=0.5), train, factory, 0)
+    algo = MoonClient(MoonOptions(mu=mu, temperature=0.5), train, factory, 0)
     received = {"model": {k: v.to(device) for k, v in factory().state_dict().items()}}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    if mode != "sequential":
+    if parallel > 1:
         names = tuple(n for n, p in factory().named_parameters() if p.requires_grad)
         jobs = [PartyJob(PartyRound(received, {}, 1, p, names), loaders[p]) for p in range(PARTIES)]
         train_parties(algo, factory().to(device), jobs, device)
@@ -99,7 +125,7 @@ def one_round(mode: str, opts: argparse.Namespace, queue: mp.Queue) -> None:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     seconds = time.perf_counter() - started
-    samples = sum(len(loaders[p]) * 64 for p in range(PARTIES)) * opts.epochs
+    samples = sum(min(loaders[p].num_samples, len(loaders[p]) * 64) for p in range(PARTIES)) * opts.epochs
     queue.put({"seconds": seconds, "samples": samples, "peak": peak, "source": source})
 
 
@@ -115,17 +141,20 @@ def _result(mode: str, child: mp.Process, queue: mp.Queue) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=None, help="folder with cifar-10-batches-py")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="cifar10-cnn")
+    parser.add_argument("--data", default=None, help="folder with cifar-10-batches-py / cifar-100-python")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=None)
     opts = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cuda = opts.device.startswith("cuda")
+    modes = opts.modes or [m for m in MODES if cuda or not MODES[m][1]]
+    if not cuda and any(MODES[m][1] or MODES[m][2] == "tf32" for m in modes):
+        parser.error("graphs and graphs-tf32 need a CUDA device")
     ctx = mp.get_context("spawn")
     results = {}
-    modes = (
-        ("sequential", "batched", "graphs") if opts.device.startswith("cuda") else ("sequential", "batched")
-    )
     for mode in modes:
         queue = ctx.Queue()
         child = ctx.Process(target=one_round, args=(mode, opts, queue))
@@ -133,18 +162,27 @@ def main() -> None:
         results[mode] = _result(mode, child, queue)
         child.join()
         log.info("%s: %s", mode, json.dumps(results[mode]))
-    name = torch.cuda.get_device_name(opts.device) if opts.device.startswith("cuda") else "cpu"
-    seq = results["sequential"]
-    fields = [f"device={name.replace(' ', '_')}", f"data={seq['source']}"]
-    fields += [f"{mode}_s={results[mode]['seconds']:.2f}" for mode in modes]
-    fields += [f"speedup={seq['seconds'] / results['batched']['seconds']:.2f}"]
-    if "graphs" in results:
-        fields += [f"graphs_speedup={seq['seconds'] / results['graphs']['seconds']:.2f}"]
-    fields += [
-        f"{mode}_samples_per_s={results[mode]['samples'] / results[mode]['seconds']:.0f}" for mode in modes
-    ]
-    fields += [f"{mode}_peak_mb={results[mode]['peak'] / 2**20:.0f}" for mode in modes]
-    sys.stdout.write(" ".join(fields) + "\n")
+    sys.stdout.write(_line(opts, results) + "\n")
+
+
+def _line(opts: argparse.Namespace, results: dict[str, dict]) -> str:
+    """The result line: per mode seconds, rate, peak memory and the paper's whole round at that rate."""
+    cuda = opts.device.startswith("cuda")
+    name = torch.cuda.get_device_name(opts.device) if cuda else "cpu"
+    first = next(iter(results.values()))
+    fields = [f"device={name.replace(' ', '_')}", f"setting={opts.setting}", f"data={first['source']}"]
+    rates = {mode: r["samples"] / r["seconds"] for mode, r in results.items()}
+    for mode, r in results.items():
+        fields += [f"{mode}_s={r['seconds']:.2f}", f"{mode}_samples_per_s={rates[mode]:.0f}"]
+        fields += [
+            f"{mode}_peak_mb={r['peak'] / 2**20:.0f}",
+            f"{mode}_round_s={PAPER_SAMPLE_EPOCHS / rates[mode]:.1f}",
+        ]
+    fastest = max(rates, key=rates.__getitem__)
+    fields.append(f"fastest={fastest}")
+    if "sequential" in rates:
+        fields.append(f"speedup={rates[fastest] / rates['sequential']:.2f}")
+    return " ".join(fields)
 
 
 if __name__ == "__main__":

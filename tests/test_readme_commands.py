@@ -93,6 +93,8 @@ SWEEP_LG = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_lg.yaml --job
 REPORT_LG = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_lg"
 SWEEP_DP = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_dp.yaml --jobs 1"
 REPORT_DP = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_dp"
+SWEEP_PRECISION = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_precision.yaml --jobs 1"
+REPORT_PRECISION = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_precision"
 SECURE = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
     "--set privacy_args.secure_aggregation=true"
@@ -120,6 +122,8 @@ COMMANDS: dict[str, str] = {
     REPORT_LG: "single",
     SWEEP_DP: "single",
     REPORT_DP: "single",
+    SWEEP_PRECISION: "single",
+    REPORT_PRECISION: "single",
     SECURE: "single",
     DP: "single",
     MPI_SIMULATION: "mpi",
@@ -135,6 +139,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/transport_cost.py": "benchmark",
     ".venv/bin/python benchmarks/round_time.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/gpu_round.py": "benchmark",
+    ".venv/bin/python benchmarks/gpu_round.py --setting cifar100-resnet50": "benchmark",
     ".venv/bin/python benchmarks/modes.py": "benchmark",
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py
@@ -379,6 +384,7 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
         (SWEEP, REPORT, (0, 3), []),
         (SWEEP_LG, REPORT_LG, (0,), shards),
         (SWEEP_DP, REPORT_DP, (3,), []),
+        (SWEEP_PRECISION, REPORT_PRECISION, (3,), []),  # run 3: FedAvg in bf16
     )
     for sweep, report, real, extra in sweeps:
         words = _entry_point(sweep)

@@ -47,45 +47,56 @@ class SecureWorker:
             return None
         return held
 
-    def on_sa_roster(self, msg: Any) -> None:
+    def _each(self, msg: Any, field: str, step: str, run: Any) -> list[tuple[dict, Any]]:
+        """`run(held, item)` for each item of `msg[field]` whose party this worker holds in this round;
+        (item, answer) for each party that does not refuse (`_refusing`)."""
         out = []
-        for item in msg.get("rosters"):
+        for item in msg.get(field):
             held = self._held(msg, item["party"])
-            if held is None:
-                continue
+            if held is not None:
+                answer = self._refusing(item["party"], step, run, held, item)
+                if answer is not None:
+                    out.append((item, answer))
+        return out
+
+    def on_sa_roster(self, msg: Any) -> None:
+        participants = int(msg.get("participants"))
+
+        def share(held: dict, item: dict) -> dict:
             session = held["session"]
-            options = self.built.run_config.privacy_args
-            session.params = secagg_params(options, int(msg.get("participants")))
-            roster = dict(keys_from_wire(k) for k in item["keys"])
-            shares = self._refusing(item["party"], "share its keys", session.share, roster)
-            for receiver, ct in (shares or {}).items():
-                out.append({"sender": int(item["party"]), "receiver": int(receiver), "ct": ct.hex()})
+            session.params = secagg_params(self.built.run_config.privacy_args, participants)
+            return session.share(dict(keys_from_wire(k) for k in item["keys"]))
+
+        out = [
+            {"sender": int(item["party"]), "receiver": int(receiver), "ct": ct.hex()}
+            for item, shares in self._each(msg, "rosters", "share its keys", share)
+            for receiver, ct in shares.items()
+        ]
         self.send(SHARES, 0, round=msg.get("round"), shares=out)
 
     def on_sa_mask(self, msg: Any) -> None:
-        items = []
-        for task in msg.get("tasks"):
-            held = self._held(msg, task["party"])
-            if held is None:
-                continue
+        def masked(held: dict, task: dict) -> Any:
             inbox = {int(i["sender"]): bytes.fromhex(i["ct"]) for i in task["inbox"]}
-            masked = self._refusing(task["party"], "mask its vector", self._masked, held, task["plan"], inbox)
-            if masked is not None:
-                items.append({"party": int(task["party"]), "vector": masked})
+            return self._masked(held, task["plan"], inbox)
+
+        items = [
+            {"party": int(task["party"]), "vector": vector}
+            for task, vector in self._each(msg, "tasks", "mask its vector", masked)
+        ]
         self.send(MASKED, 0, round=msg.get("round"), items=items)
 
     def on_sa_unmask(self, msg: Any) -> None:
-        items = []
-        for request in msg.get("requests"):
-            held = self._held(msg, request["party"])
-            if held is None:
-                continue
-            party, session = int(request["party"]), held["session"]
-            answer = self._refusing(party, "unmask", session.unmask, request["survivors"], request["dropped"])
-            if answer is not None:
-                items.append(
-                    {"party": party, "b": shares_to_wire(answer["b"]), "s": shares_to_wire(answer["s"])}
-                )
+        def unmask(held: dict, request: dict) -> dict:
+            return held["session"].unmask(request["survivors"], request["dropped"])
+
+        items = [
+            {
+                "party": int(request["party"]),
+                "b": shares_to_wire(answer["b"]),
+                "s": shares_to_wire(answer["s"]),
+            }
+            for request, answer in self._each(msg, "requests", "unmask", unmask)
+        ]
         self.send(UNMASKED, 0, round=msg.get("round"), items=items)
 
     @staticmethod

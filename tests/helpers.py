@@ -10,6 +10,11 @@ import torch
 from fedml_moon.config_schema import TrainArgs
 from fedml_moon.core.models import build_model
 
+TINY_RUN = [  # a standalone run of seconds: the conformance kit's tiny setting on 450 + 100 images
+    "data_args.max_train_samples=450",
+    "data_args.max_test_samples=100",
+]
+
 
 def tiny_factory(num_classes: int = 3):
     def factory():

@@ -87,7 +87,10 @@ def test_precision_sets_tf32_for_the_training_inside_and_restores_it():
     ("sets", "message"),
     [
         (["train_args.precision=fp16"], "train_args.precision: choose fp32 .* got 'fp16'"),
-        (["train_args.precision=bf16", "train_args.parties_in_parallel=3"], "bf16 trains one party at a time"),
+        (
+            ["train_args.precision=bf16", "train_args.parties_in_parallel=3"],
+            "bf16 trains one party at a time",
+        ),
     ],
 )
 def test_the_config_refuses_what_cannot_run_naming_the_key(sets, message):

@@ -20,13 +20,13 @@ from fedml_moon.privacy.accountant import PrivacyAccountant
 from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import PartyVector, Plan, party_vector
+from tests.helpers import TINY_RUN
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 TINY = [
     *conformance.TINY,
+    *TINY_RUN,
     "train_args.comm_round=1",
-    "data_args.max_train_samples=450",
-    "data_args.max_test_samples=100",
     "validation_args.local_test=false",
 ]
 SECURE = ["privacy_args.secure_aggregation=true"]

@@ -22,6 +22,7 @@ from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
 from fedml_moon.config import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from tests.helpers import TINY_RUN
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -29,8 +30,7 @@ pytestmark = pytest.mark.skipif(
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 BASE = [
     *conformance.TINY,
-    "data_args.max_train_samples=450",
-    "data_args.max_test_samples=100",
+    *TINY_RUN,
     "train_args.comm_round=4",
     "train_args.checkpoint_every=1",
     "validation_args.frequency_of_the_test=2",

@@ -118,8 +118,8 @@ class TrainArgs:
     state_store: str = "memory"
     checkpoint_every: int = 5
     on_bad_upload: str = "skip"
-    parties_in_parallel: int | str = 1
-    cuda_graphs: bool = False
+    parties_in_parallel: int | str = "auto"
+    cuda_graphs: bool | str = "auto"
     save_party_models: bool = False
     precision: str = "fp32"
 
@@ -132,10 +132,16 @@ class TrainArgs:
             f"parties trained together: an integer >= 1 (1: one after another) or 'auto'; got {k!r}",
         )
         require(
-            not self.cuda_graphs or k != 1,
+            self.cuda_graphs in (True, False, "auto"),
+            "train_args.cuda_graphs",
+            "true, false or auto (on with a CUDA device and parties trained together); "
+            f"got {self.cuda_graphs!r}",
+        )
+        require(
+            self.cuda_graphs is not True or k != 1,
             "train_args.cuda_graphs",
             "a CUDA graph replays the step of parties trained together: set train_args.parties_in_parallel "
-            "to K > 1 or auto, or cuda_graphs to false",
+            "to K > 1 or auto, or cuda_graphs to auto or false",
         )
         require(
             1 <= self.client_num_per_round <= self.client_num_in_total,
@@ -193,11 +199,16 @@ class ValidationArgs:
 
 @dataclass
 class DeviceArgs:
-    using_gpu: bool = False
+    using_gpu: bool | str = "auto"
     gpu_id: int = 0
     torch_threads: int | str = "auto"
 
     def check(self) -> None:
+        require(
+            self.using_gpu in (True, False, "auto"),
+            "device_args.using_gpu",
+            f"true, false or auto (a CUDA device when one is visible); got {self.using_gpu!r}",
+        )
         require(self.gpu_id >= 0, "device_args.gpu_id", "must be >= 0")
         ok = self.torch_threads == "auto" or (isinstance(self.torch_threads, int) and self.torch_threads >= 1)
         require(

@@ -277,3 +277,31 @@ def test_mpi_simulation_workers_train_their_parties_batched(tmp_path):
     assert diff <= 1e-4
     logs = "".join(path.read_text() for path in run.logs)
     assert "parties trained together (batched)" in logs
+
+
+@needs_fmnist
+def test_a_chunk_out_of_device_memory_is_trained_again_in_halves(tmp_path, monkeypatch, caplog):
+    """An out-of-memory error in a chunk of parties trained together is retried with half as many,
+    from the same random streams and party states, and the smaller size is kept: the run ends as one
+    run with 2 at a time does. The error is injected (trainer.train_many raises torch.OutOfMemoryError,
+    what CUDA raises, for more than 2 parties), since a real one cannot be had on demand here."""
+    from fedml_moon.adapters.trainer import PluginClientTrainer
+
+    plain = _run(tmp_path / "plain", monkeypatch, "moon", 2)
+    real = PluginClientTrainer.train_many
+    chunks: list[int] = []
+
+    def tight(self, loaders, *args):
+        chunks.append(len(loaders))
+        if len(loaders) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(self, loaders, *args)
+
+    monkeypatch.setattr(PluginClientTrainer, "train_many", tight)
+    with caplog.at_level(logging.WARNING, logger="fedml_moon.engine.parties"):
+        retried = _run(tmp_path / "retried", monkeypatch, "moon", 4)
+    assert chunks == [4, 2, 2, 2, 2]  # round 0: 4 fails, then 2 + 2; round 1: 2 + 2
+    assert "ran out of memory on cpu trained together; training 2 at a time from now on" in caplog.text
+    assert (
+        _max_diff(plain.loop.aggregator.model.state_dict(), retried.loop.aggregator.model.state_dict()) == 0
+    )

@@ -46,7 +46,8 @@ def test_shipped_configs_load():
             "none, cifar10, cifar100, crop-flip",
         ),
         ("model_args.output_activation=relu", "model_args.output_activation", "none, softmax, log-softmax"),
-        ("train_args.cuda_graphs=true", "train_args.cuda_graphs", "set train_args.parties_in_parallel"),
+        ("train_args.cuda_graphs=maybe", "train_args.cuda_graphs", "true, false or auto"),
+        ("device_args.using_gpu=sometimes", "device_args.using_gpu", "true, false or auto"),
     ],
 )
 def test_config_errors_name_the_key_and_fix(override, key, hint):
@@ -120,22 +121,3 @@ def test_report_best_is_standalone_only():
         match="algorithm_args.report_best: needs every party's model beside every party's test split",
     ):
         load_config("config/lg/mnist.yaml", ["comm_args.backend=MPI"])
-
-
-def test_cuda_graphs_on_a_cpu_run_are_refused_naming_the_device(tmp_path, monkeypatch):
-    from fedml_moon.adapters import run
-
-    monkeypatch.setenv("HOME", str(tmp_path))
-    overrides = [
-        "train_args.parties_in_parallel=4",
-        "train_args.cuda_graphs=true",
-        "device_args.using_gpu=false",
-    ]
-    cfg = load_config(
-        FMNIST, [*overrides, "data_args.max_train_samples=200", "data_args.max_test_samples=100"]
-    )
-    base = run.build_base(cfg, tmp_path)
-    with pytest.raises(
-        ConfigError, match="train_args.cuda_graphs: CUDA graphs need a CUDA device and this run trains on cpu"
-    ):
-        run.parties_in_parallel(base, base.model)

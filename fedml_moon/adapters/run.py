@@ -16,11 +16,11 @@ import torch
 from fedml_moon.adapters import compat
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import ConfigError
-from fedml_moon.core.batched import auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
+from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.metrics import RunRecorder
 from fedml_moon.registry import get_algorithm
 from fedml_moon.tracking import WandbRun
@@ -44,6 +44,7 @@ def fedml_args(cfg: Config, out_dir: Path) -> Any:
         values.update(vars(getattr(cfg, section)))
         values.update(cfg.passthrough.get(section, {}))
     values["enable_wandb"] = False  # the plugin owns W&B logging (FedML's copies every argument)
+    values["using_gpu"] = uses_gpu(cfg)  # FedML reads a plain flag
     values["output_dir"] = str(out_dir)
     # fedml.init would set up its own MPI / cross-silo machinery for the other modes (asserting its
     # process counts, building client id lists); the plugin's managers and transports replace it, so
@@ -69,13 +70,18 @@ def torch_threads(setting: int | str, local_procs: int = 1) -> int:
     return max(1, cores // (2 * max(1, local_procs)))
 
 
+def uses_gpu(cfg: Config) -> bool:
+    """`device_args.using_gpu`, with `auto` (the default) true where a CUDA device is visible."""
+    return bool(cfg.device_args.using_gpu) and torch.cuda.is_available()
+
+
 def select_device(cfg: Config, rank: int = 0) -> torch.device:
-    """`device_args.gpu_id` for the server (rank 0) and the standalone run; with `using_gpu` a
+    """`device_args.gpu_id` for the server (rank 0) and the standalone run; on GPUs (`using_gpu`) a
     worker or silo of rank r >= 1 takes GPU (r - 1) % (number of visible GPUs)."""
-    if cfg.device_args.using_gpu and torch.cuda.is_available():
+    if uses_gpu(cfg):
         gpu = cfg.device_args.gpu_id if rank == 0 else (rank - 1) % torch.cuda.device_count()
         return torch.device(f"cuda:{gpu}")
-    if cfg.device_args.using_gpu:
+    if cfg.device_args.using_gpu is True:
         log.warning("device_args.using_gpu is true but no CUDA device is visible; running on the CPU")
     return torch.device("cpu")
 
@@ -232,24 +238,15 @@ def build_runner(base: Base, out_dir: Path, store: Any = None) -> Any:
     client = base.spec.client(cfg.algorithm_args, train, base.factory, base.seed)
     store = store if store is not None else make_store(train.state_store, out_dir / "party_state")
     trainer = PluginClientTrainer(copy.deepcopy(base.model).to(base.device), base.args, client, store)
-    parallel = parties_in_parallel(base, trainer.model)
-    return PartyRunner(trainer, base.dataset, base.device, base.args, parallel)
+    return PartyRunner(trainer, base.dataset, base.device, base.args, pace(base, trainer.model).parallel)
 
 
-def parties_in_parallel(base: Base, model: torch.nn.Module) -> int:
-    """`train_args.parties_in_parallel`, with `auto` resolved from the device's free memory."""
-    train = base.cfg.train_args
-    if train.cuda_graphs and base.device.type != "cuda":
-        raise ConfigError(
-            f"train_args.cuda_graphs: CUDA graphs need a CUDA device and this run trains on {base.device} "
-            "(device_args); set cuda_graphs to false"
-        )
-    if train.parties_in_parallel != "auto":
-        return int(train.parties_in_parallel)
-    shape = (train.batch_size, *base.fed.data.input_shape)
-    k = auto_parties(model, shape, base.device, train.client_num_per_round)
-    log.info("train_args.parties_in_parallel: auto -> %d on %s", k, base.device)
-    return k
+def pace(base: Base, model: torch.nn.Module) -> Pace:
+    """How this process trains its parties (`engine.pace`): `train_args.parties_in_parallel`,
+    `cuda_graphs` and `precision` resolved for its device; said in the log."""
+    resolved = resolve_pace(base.cfg.train_args, base.device, model, tuple(base.fed.data.input_shape))
+    log.info("%s", resolved.line())
+    return resolved
 
 
 def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:

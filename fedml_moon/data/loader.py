@@ -86,6 +86,7 @@ class PartyLoader:
         self.party_id = party_id
         self.num_samples = int(self.indices.numel())
         self.device = torch.device(device) if device is not None else images.device
+        self._norm = (tuple(float(m) for m in mean), tuple(float(d) for d in std))  # as given, on the host
         self._mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self._std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         where = images.device if images.device.type == "cuda" else torch.device("cpu")
@@ -130,14 +131,12 @@ class PartyLoader:
             and other.labels is self.labels
             and other.augment == self.augment
             and other.device == self.device
-            and torch.equal(other._mean, self._mean)
-            and torch.equal(other._std, self._std)
+            and other._norm == self._norm
         )
 
     def plain(self, batch_size: int = 256) -> PartyLoader:
         """The same samples in a fixed order, without augmentation or dropping (for statistics)."""
-        mean = self._mean.flatten().tolist()
-        std = self._std.flatten().tolist()
+        mean, std = self._norm
         return PartyLoader(
             self.images,
             self.labels,

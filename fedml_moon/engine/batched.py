@@ -33,6 +33,7 @@ from fedml_moon.engine.local import (
     to_device,
     train_one,
 )
+from fedml_moon.engine.pace import graphs_on
 from fedml_moon.engine.precision import BF16_STACKED, forward_precision, summable, training_precision
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def train_group(
         stack_contexts([job.ctx.party for job in jobs]),
         to_device(jobs[0].ctx.shared, device),
     )
-    masked = MaskedStep(g, device) if train.cuda_graphs else None
+    masked = MaskedStep(g, device) if graphs_on(train.cuda_graphs, device) else None
     loaders = [job.loader for job in jobs]
     streams = [stream(loader, train.epochs) for loader in loaders]
     while True:

@@ -37,19 +37,47 @@ class PartyRunner:
         self._said_batched = False
 
     def train_many(self, tasks: list[tuple[int, Payload]], round_idx: int) -> list[tuple[float, Payload]]:
-        """Local rounds of (party, download) tasks, `parallel` parties at a time; in task order."""
+        """Local rounds of (party, download) tasks, `parallel` parties at a time; in task order. A chunk
+        that runs out of device memory is trained again in halves (and `parallel` stays halved)."""
         if self.parallel <= 1 or len(tasks) <= 1:
             return [self.train(party, download, round_idx) for party, download in tasks]
         out: list[tuple[float, Payload]] = []
-        for start in range(0, len(tasks), self.parallel):
-            chunk = tasks[start : start + self.parallel]
-            loaders = [self.train_local[p] for p, _ in chunk]
-            uploads = self.trainer.train_many(loaders, [d for _, d in chunk], self.device, round_idx)
-            if not self._said_batched and len(chunk) > 1:
-                log.info("round %d: %d parties trained together (batched)", round_idx, len(chunk))
-                self._said_batched = True
-            out += [(float(self.num_local[p]), u) for (p, _), u in zip(chunk, uploads, strict=True)]
+        while len(out) < len(tasks):
+            chunk = tasks[len(out) : len(out) + self.parallel]
+            uploads = self._train_chunk(chunk, round_idx)
+            if uploads is not None:
+                out += [(float(self.num_local[p]), u) for (p, _), u in zip(chunk, uploads, strict=True)]
         return out
+
+    def _train_chunk(self, chunk: list[tuple[int, Payload]], round_idx: int) -> list[Payload] | None:
+        """The chunk's uploads, trained together; None after an out-of-memory error, with the chunk's
+        random streams put back (nothing reached the party store: states are stored after training)."""
+        loaders = [self.train_local[p] for p, _ in chunk]
+        generators = [g for g in (getattr(loader, "generator", None) for loader in loaders) if g is not None]
+        streams = [g.get_state() for g in generators]
+        try:
+            uploads = self.trainer.train_many(loaders, [d for _, d in chunk], self.device, round_idx)
+        except torch.OutOfMemoryError:
+            if len(chunk) == 1:
+                raise
+            for generator, stream in zip(generators, streams, strict=True):
+                generator.set_state(stream)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.parallel = len(chunk) // 2
+            log.warning(
+                "round %d: parties %s ran out of memory on %s trained together; training %d at a time "
+                "from now on (train_args.parties_in_parallel)",
+                round_idx,
+                [p for p, _ in chunk],
+                self.device,
+                self.parallel,
+            )
+            return None
+        if not self._said_batched and len(chunk) > 1:
+            log.info("round %d: %d parties trained together (batched)", round_idx, len(chunk))
+            self._said_batched = True
+        return uploads
 
     def train(self, party: int, download: Payload, round_idx: int) -> tuple[float, Payload]:
         """One party's local round; returns (number of samples, upload)."""

@@ -1,0 +1,90 @@
+"""How a process trains its parties (`engine.pace`): `auto` picks per device, what a device cannot
+run is refused naming the key, and a run says in its log how it trains. The CUDA choices are pure
+functions of the device, the model and the free memory, so they are checked here without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedml_moon.config import load_config
+from fedml_moon.config_schema import ConfigError, TrainArgs
+from fedml_moon.core.models import build_model
+from fedml_moon.engine.pace import graphs_on, resolve_pace
+from tests.helpers import restored_main
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+SIMPLE = build_model("simple-cnn", (3, 32, 32), 10, use_head=True, out_dim=256)
+GB = 2**30
+
+
+def test_the_defaults_are_auto_and_on_a_cpu_train_one_party_after_another():
+    cfg = load_config("config/fashion_mnist/moon.yaml", [])
+    train = cfg.train_args
+    assert (train.parties_in_parallel, train.cuda_graphs, train.precision) == ("auto", "auto", "fp32")
+    assert cfg.device_args.using_gpu == "auto"
+    pace = resolve_pace(train, CPU, SIMPLE, (1, 28, 28))
+    assert (pace.parallel, pace.graphs, pace.precision) == (1, False, "fp32")
+    assert "one after another on a CPU" in pace.why
+
+
+def test_on_a_gpu_auto_stacks_the_sampled_parties_that_fit_with_cuda_graphs():
+    """The simple CNN's ten parties fit in a few MB; ResNet-50's take 4.1 GB each (8 x 98 MB of state,
+    1.25 x 2.6 GB of saved activations at batch 64): 80 % of 40 GB of free memory holds 8 of them."""
+    train = TrainArgs(client_num_per_round=10)
+    pace = resolve_pace(train, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB)
+    assert (pace.parallel, pace.graphs) == (10, True)
+    resnet = build_model("resnet50", (3, 32, 32), 100, use_head=True, out_dim=256)
+    assert resolve_pace(train, CUDA, resnet, (3, 32, 32), free_bytes=40 * GB).parallel == 8
+    assert resolve_pace(train, CUDA, resnet, (3, 32, 32), free_bytes=2 * GB).parallel == 1
+    bf16 = TrainArgs(client_num_per_round=10, precision="bf16")
+    assert resolve_pace(bf16, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB).parallel == 1
+
+
+def test_explicit_settings_are_kept_and_what_the_device_cannot_run_is_refused():
+    assert resolve_pace(TrainArgs(parties_in_parallel=4), CPU, SIMPLE, (3, 32, 32)).parallel == 4
+    assert not resolve_pace(
+        TrainArgs(parties_in_parallel=4, cuda_graphs=False), CUDA, SIMPLE, (3, 32, 32)
+    ).graphs
+    cases = [
+        (
+            TrainArgs(parties_in_parallel=4, cuda_graphs=True),
+            CPU,
+            "cuda_graphs: CUDA graphs need a CUDA device",
+        ),
+        (TrainArgs(precision="tf32"), CPU, "train_args.precision: tf32 needs a CUDA device"),
+        (
+            TrainArgs(cuda_graphs=True, precision="bf16"),
+            CUDA,
+            "cuda_graphs: true, but parties_in_parallel resolved",
+        ),
+    ]
+    for train, device, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            resolve_pace(train, device, SIMPLE, (3, 32, 32), free_bytes=40 * GB)
+    assert [graphs_on(s, d) for s in (True, False, "auto") for d in (CPU, CUDA)] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
+
+
+def test_a_run_says_how_it_trains_before_its_first_round(tmp_path, capsys):
+    args = ["simulate", "--cf", "config/fashion_mnist/fedavg.yaml", "--output-dir", str(tmp_path)]
+    for key in (
+        "train_args.comm_round=1",
+        "data_args.max_train_samples=300",
+        "data_args.max_test_samples=100",
+    ):
+        args += ["--set", key]
+    with restored_main() as main:
+        assert main([*args, "--set", "tracking_args.enable_wandb=false"]) == 0
+    lines = [line.split(": ", 1)[-1] for line in capsys.readouterr().err.splitlines()]
+    said = lines.index(
+        "training on cpu: parties_in_parallel 1 (auto: one after another on a CPU, where stacking parties "
+        "only adds work), CUDA graphs off, precision fp32"
+    )
+    assert said < next(i for i, line in enumerate(lines) if line.startswith("round 0"))

@@ -228,6 +228,7 @@ def _cross_checks(cfg: Config) -> None:
     _robust_checks(cfg)
     server = get_algorithm(cfg.train_args.algorithm).server
     privacy_checks(cfg, server, getattr(server, "summed", {}))
+    _stream_checks(cfg, getattr(server, "summed", {}))
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:
         require(
@@ -244,6 +245,30 @@ def _cross_checks(cfg: Config) -> None:
             f"{data.max_train_samples} samples cannot give {cfg.train_args.client_num_in_total} parties "
             f"{data.min_samples_per_client} each; raise it to >= {need} "
             "or lower train_args.client_num_in_total",
+        )
+
+
+def _stream_checks(cfg: Config, summed: dict[str, str]) -> None:
+    """`train_args.stream_uploads` sums each chunk of uploads as it is trained: whatever needs every
+    upload of a round at once cannot stream."""
+    if not cfg.train_args.stream_uploads:
+        return
+    needs_all = {
+        "comm_args.backend": (
+            cfg.comm_args.backend != "sp",
+            "uploads stream in the standalone simulation only",
+        ),
+        "server_args.robust_aggregation": (
+            cfg.server_args.robust_aggregation != "none",
+            "a robust rule compares every upload of the round",
+        ),
+        "train_args.save_party_models": (cfg.train_args.save_party_models, "it keeps every upload"),
+        "privacy_args": (cfg.privacy_args.on, "privacy sums the round's vectors itself"),
+        "train_args.algorithm": (not summed, f"{cfg.train_args.algorithm} has no sum form (no `summed`)"),
+    }
+    for key, (clash, why) in needs_all.items():
+        require(
+            not clash, "train_args.stream_uploads", f"cannot stream with this {key}: {why}; set it to false"
         )
 
 

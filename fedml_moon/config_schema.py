@@ -122,6 +122,7 @@ class TrainArgs:
     cuda_graphs: bool | str = "auto"
     save_party_models: bool = False
     precision: str = "fp32"
+    stream_uploads: bool = False
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")

@@ -259,7 +259,9 @@ def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:
         check_resumable(out_dir, cfg)
     base = build_base(cfg, out_dir)
     server, runner = build_server(base, out_dir), build_runner(base, out_dir)
-    loop = StandaloneSimulation(server, runner, cfg.train_args.checkpoint_every)
+    loop = StandaloneSimulation(
+        server, runner, cfg.train_args.checkpoint_every, cfg.train_args.stream_uploads
+    )
     if resume:
         loop.resume(cfg)
     return Assembled(**vars(base), loop=loop)

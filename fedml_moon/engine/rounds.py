@@ -21,17 +21,15 @@ from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.validate import BadUpload, upload_problem
+from fedml_moon.engine.summed import Result, SummedRounds
 from fedml_moon.errors import ConfigError
 from fedml_moon.metrics import RunRecorder
-from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
-from fedml_moon.privacy.party import party_vector
-from fedml_moon.privacy.sums import Sums
+from fedml_moon.privacy.mod import PrivateAggregation
 
 if TYPE_CHECKING:  # the FedML adapter it drives; the engine itself imports no fedml
     from fedml_moon.adapters.aggregator import PluginServerAggregator
 
 log = logging.getLogger(__name__)
-Result = tuple[float, Payload]  # (number of samples, upload)
 ExtraMetrics = Callable[[list[dict], list[float]], dict[str, float]]
 
 
@@ -42,7 +40,7 @@ def weighted_mean(values: list[tuple[float, dict[str, float]]], key: str) -> flo
     return sum(n * v for n, v in pairs) / total if total else None
 
 
-class ServerRounds:
+class ServerRounds(SummedRounds):
     """Per round: `downloads`, then `aggregate` the results, then (on evaluation rounds that need the
     parties) `eval_download` to every party, then `finish_round` with their reports."""
 
@@ -115,65 +113,46 @@ class ServerRounds:
         self.sent = out
         return out
 
-    def aggregate(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
-        """FedML cross-silo's order: on_before_aggregation, aggregate, on_after_aggregation, set.
-        Results are combined in the schedule's party order, whatever order they arrived in; a party
-        that did not report, or whose upload is unusable (NaN / Inf, a misshapen tensor: named in the
-        log and in `rejected_parties`), is left out; the weights renormalise over the rest."""
+    def check_uploads(self, round_idx: int, results: dict[int, Result]) -> tuple[list[int], dict[int, str]]:
+        """The parties of `results` whose uploads are usable, in the schedule's order, and why each other
+        one is not (NaN / Inf, a misshapen tensor: logged); with `on_bad_upload: stop` a bad one stops
+        the run."""
         reporters = [p for p in self.parties(round_idx) if p in results]
-        self.rejected = {
+        rejected = {
             p: why
             for p in reporters
             if (why := upload_problem(results[p][1], self.upload_spec(p))) is not None
         }
-        for party, why in self.rejected.items():
+        for party, why in rejected.items():
             log.error("round %d: party %d's upload is left out: %s", round_idx, party, why)
-        if self.rejected and self.on_bad_upload == "stop":
-            raise BadUpload(f"round {round_idx}: {self.rejected} (train_args.on_bad_upload: stop)")
-        ordered = [results[p] for p in reporters if p not in self.rejected]
-        if not ordered:
+        if rejected and self.on_bad_upload == "stop":
+            raise BadUpload(f"round {round_idx}: {rejected} (train_args.on_bad_upload: stop)")
+        return [p for p in reporters if p not in rejected], rejected
+
+    def aggregate(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
+        """FedML cross-silo's order: on_before_aggregation, aggregate, on_after_aggregation, set.
+        Results are combined in the schedule's party order, whatever order they arrived in; a party
+        that did not report, or whose upload is unusable (`check_uploads`: named in the log and in
+        `rejected_parties`), is left out; the weights renormalise over the rest."""
+        usable, self.rejected = self.check_uploads(round_idx, results)
+        if not usable:
             raise BadUpload(
                 f"round {round_idx}: no usable upload ({self.rejected}; what an upload holds is declared "
                 "by the server algorithm's upload_spec)"
             )
-        for _, upload in ordered if self.privacy is None else ():
+        if self.privacy is not None:
+            return self.aggregate_private(round_idx, {p: results[p] for p in usable})
+        ordered = [results[p] for p in usable]
+        for _, upload in ordered:
             self.totals["bytes_up"] += payload_nbytes(upload)
             self.totals["params_up"] += payload_numel(upload)
-        if self.privacy is not None:
-            return self.aggregate_private(
-                round_idx, {p: results[p] for p in reporters if p not in self.rejected}
-            )
         if self.save_party_models:
-            self.save_uploads({p: results[p][1] for p in reporters if p not in self.rejected})
+            self.save_uploads({p: results[p][1] for p in usable})
         uploads, _ = self.aggregator.on_before_aggregation(ordered)
         new_state = self.aggregator.aggregate(uploads)
         new_state = self.aggregator.on_after_aggregation(new_state)
         self.aggregator.set_model_params(new_state)
         return ordered
-
-    def aggregate_private(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
-        """privacy_args in this process (the standalone simulation): each party's vector
-        (`privacy.party`), their secure sum (SecAgg run among them here) or plain sum, then
-        `apply_sums`. Counted in bytes_up: each party's masked vector."""
-        privacy = self.privacy
-        vectors = {p: party_vector(u, self.sent[p], privacy.plan(p)) for p, (_, u) in results.items()}
-        if privacy.options.secure_aggregation:
-            total, parties = secure_sum(round_idx, vectors, privacy.params(len(vectors)))
-        else:
-            parties = sorted(vectors)
-            total = torch.stack([vectors[p].vector for p in parties]).sum(dim=0)
-        first = vectors[parties[0]]
-        self.totals["params_up"] += first.vector.numel() * len(vectors)
-        self.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
-        return self.apply_sums(privacy.finish(total, first.entries, first.metric_names, parties))
-
-    def apply_sums(self, sums: Sums) -> list[Result]:
-        """The new global state from the round's sums (the aggregator's `aggregate_sums`, then FedML's
-        on_after_aggregation and set); returns the summed parties' stand-ins for the round's record,
-        each holding the round's mean metrics."""
-        new_state = self.aggregator.on_after_aggregation(self.aggregator.aggregate_sums(sums))
-        self.aggregator.set_model_params(new_state)
-        return [(1.0, {"metrics": dict(sums.metrics)})] * sums.count
 
     def upload_spec(self, party: int) -> dict:
         """What `party`'s upload must hold this round (the server algorithm's `upload_spec`)."""

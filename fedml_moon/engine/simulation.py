@@ -29,8 +29,10 @@ class _NoBar:
 class StandaloneSimulation:
     """Rounds of: send each sampled party its payload, train it, aggregate, evaluate, record."""
 
-    def __init__(self, server: ServerRounds, runner: PartyRunner, checkpoint_every: int = 0) -> None:
-        self.server, self.runner = server, runner
+    def __init__(
+        self, server: ServerRounds, runner: PartyRunner, checkpoint_every: int = 0, stream: bool = False
+    ) -> None:
+        self.server, self.runner, self.stream = server, runner, stream  # stream: train_args.stream_uploads
         self.trainer, self.aggregator = runner.trainer, server.aggregator
         self.rounds, self.checkpoint_every = server.rounds, checkpoint_every
         self.start_round = 0
@@ -59,14 +61,27 @@ class StandaloneSimulation:
         server, runner = self.server, self.runner
         downloads = server.downloads(round_idx)
         bar.set_postfix_str(f"{len(downloads)} parties")
-        trained = runner.train_many(list(downloads.items()), round_idx)
-        results = dict(zip(downloads, trained, strict=True))
-        ordered = server.aggregate(round_idx, results)
+        if self.stream:
+            ordered = self.streamed(round_idx, list(downloads.items()))
+        else:
+            trained = runner.train_many(list(downloads.items()), round_idx)
+            ordered = server.aggregate(round_idx, dict(zip(downloads, trained, strict=True)))
         reports = None
         if server.needs_party_eval(round_idx):
             download = server.eval_download()
             reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
         return server.finish_round(round_idx, ordered, reports)
+
+    def streamed(self, round_idx: int, tasks: list) -> list:
+        """`train_args.stream_uploads`: the round's parties a chunk at a time (`parties_in_parallel`),
+        each chunk's uploads folded into the server's running sums before the next trains."""
+        done = 0
+        while done < len(tasks):
+            chunk = tasks[done : done + max(1, self.runner.parallel)]
+            trained = self.runner.train_many(chunk, round_idx)
+            self.server.fold(round_idx, {p: r for (p, _), r in zip(chunk, trained, strict=True)})
+            done += len(chunk)
+        return self.server.close_stream(round_idx)
 
     # --- checkpoints ------------------------------------------------------------------------------
     def checkpoint(self, round_idx: int, config: dict) -> None:

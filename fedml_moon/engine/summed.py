@@ -1,0 +1,95 @@
+"""The server's rounds in sum form (`privacy.sums`): the server algorithm's `aggregate_sums` makes
+the new global state from the round's sums, never from the uploads one by one.
+
+Two users: `privacy_args` (each party's vector, summed securely or plainly: `aggregate_private`), and
+`train_args.stream_uploads` (`fold` each chunk of uploads into running float64 sums as soon as it is
+trained, then `close_stream`), so that a round of many parties holds one chunk's uploads at a time,
+not the round's. A mixin of `engine.rounds.ServerRounds`; pure PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedml_moon.algorithms.base import Payload
+from fedml_moon.core.aggregation import payload_nbytes, payload_numel
+from fedml_moon.core.validate import BadUpload
+from fedml_moon.privacy.mod import secure_sum
+from fedml_moon.privacy.party import party_vector
+from fedml_moon.privacy.sums import Sums, contribution
+
+if TYPE_CHECKING:
+    from fedml_moon.engine.rounds import ServerRounds
+
+Result = tuple[float, Payload]  # (number of samples, upload)
+
+
+def add_into(total: Any, part: Any) -> Any:
+    """`total` + `part` for trees of float64 tensors (dicts or tensors), in place where `total` has them."""
+    if total is None:
+        return part
+    if isinstance(part, dict):
+        return {k: add_into(total.get(k), v) for k, v in part.items()}
+    return total.add_(part)
+
+
+class SummedRounds:
+    """Aggregation by sums, for `ServerRounds`."""
+
+    stream: dict[str, Any] | None = None
+
+    def aggregate_private(self: ServerRounds, round_idx: int, results: dict[int, Result]) -> list[Result]:
+        """privacy_args in this process (the standalone simulation): each party's vector
+        (`privacy.party`), their secure sum (SecAgg run among them here) or plain sum, then
+        `apply_sums`. Counted in bytes_up: each party's masked vector."""
+        privacy = self.privacy
+        vectors = {p: party_vector(u, self.sent[p], privacy.plan(p)) for p, (_, u) in results.items()}
+        if privacy.options.secure_aggregation:
+            total, parties = secure_sum(round_idx, vectors, privacy.params(len(vectors)))
+        else:
+            parties = sorted(vectors)
+            total = torch.stack([vectors[p].vector for p in parties]).sum(dim=0)
+        first = vectors[parties[0]]
+        self.totals["params_up"] += first.vector.numel() * len(vectors)
+        self.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
+        return self.apply_sums(privacy.finish(total, first.entries, first.metric_names, parties))
+
+    def apply_sums(self: ServerRounds, sums: Sums, stand_ins: list[Result] | None = None) -> list[Result]:
+        """The new global state from the round's sums (the aggregator's `aggregate_sums`, then FedML's
+        on_after_aggregation and set); returns the round's record of the summed parties: `stand_ins`,
+        or one per party holding the round's mean metrics."""
+        new_state = self.aggregator.on_after_aggregation(self.aggregator.aggregate_sums(sums))
+        self.aggregator.set_model_params(new_state)
+        return stand_ins if stand_ins is not None else [(1.0, {"metrics": dict(sums.metrics)})] * sums.count
+
+    # --- train_args.stream_uploads ---------------------------------------------------------------
+    def fold(self: ServerRounds, round_idx: int, results: dict[int, Result]) -> None:
+        """Add a chunk of this round's results to the running sums (weights: the server algorithm's
+        `sum_weight`), after the checks `aggregate` makes; what is kept of each upload is its metrics."""
+        if self.stream is None or self.stream["round"] != round_idx:
+            self.stream = {"round": round_idx, "fields": None, "weight": 0.0, "kept": {}, "rejected": {}}
+        stream, algorithm = self.stream, self.aggregator.algorithm
+        usable, rejected = self.check_uploads(round_idx, results)
+        stream["rejected"].update(rejected)
+        for party in usable:
+            n, upload = results[party]
+            self.totals["bytes_up"] += payload_nbytes(upload)
+            self.totals["params_up"] += payload_numel(upload)
+            ratio = float(algorithm.sum_weight(n))
+            part = contribution(upload, self.sent[party], algorithm.summed, ratio)
+            stream["fields"] = add_into(stream["fields"], part)
+            stream["weight"] += ratio
+            stream["kept"][party] = (n, {"metrics": dict(upload.get("metrics") or {})})
+
+    def close_stream(self: ServerRounds, round_idx: int) -> list[Result]:
+        """The round's new global state from its running sums; the parties' stand-ins (samples,
+        metrics) in the schedule's order for the round's record."""
+        stream = self.stream if self.stream is not None and self.stream["round"] == round_idx else None
+        self.stream, self.rejected = None, dict(stream["rejected"]) if stream else {}
+        if not stream or not stream["kept"]:
+            raise BadUpload(f"round {round_idx}: no usable upload ({self.rejected})")
+        kept = stream["kept"]
+        stand_ins = [kept[p] for p in self.parties(round_idx) if p in kept]
+        return self.apply_sums(Sums(stream["weight"], len(kept), stream["fields"]), stand_ins)

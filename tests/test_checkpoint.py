@@ -139,3 +139,29 @@ def test_a_rewrite_replaces_the_round_and_keeps_the_others(tmp_path):
     assert content(read_checkpoint(tmp_path, 3, NAMES)) == content(parts(3, 1))
     write_checkpoint(tmp_path, 2, parts(2, 1), keep=2)  # a resume from round 1 went another way
     assert rounds(tmp_path) == [2], "round 3 belongs to a timeline a resume abandoned"
+
+
+def test_a_part_in_pieces_is_written_one_piece_at_a_time_and_read_lazily(tmp_path):
+    """Many parties' states: each piece is made, encoded and written before the next is made, and read
+    back only when asked for; a damaged piece is named when it is read."""
+    from fedml_moon.core.checkpoint import Pieces
+
+    made: list[str] = []
+
+    def piece(key: str):
+        def make():
+            made.append(key)
+            return {"v": torch.full((3,), float(key))}
+
+        return make
+
+    folder = write_checkpoint(
+        tmp_path, 4, {"config": {"a": 1}, "parties": Pieces({k: piece(k) for k in "0129"})}
+    )
+    assert made == ["0", "1", "2", "9"]
+    assert sorted(p.name for p in (folder / "parties").iterdir()) == ["0.fmc", "1.fmc", "2.fmc", "9.fmc"]
+    parties = read_checkpoint(tmp_path, 4, ("config", "parties"))["parties"]
+    assert list(parties) == ["0", "1", "2", "9"] and torch.equal(parties["9"]["v"], torch.full((3,), 9.0))
+    (folder / "parties" / "1.fmc").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"parties/1.fmc is not a readable checkpoint"):
+        parties["1"]

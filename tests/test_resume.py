@@ -134,9 +134,9 @@ def _assert_one_layout(standalone: Path, distributed: Path, round_idx: int) -> N
     for rank in (1, 2):
         root = distributed / f"rank-{rank}" / "checkpoint"
         assert not (root / f"round-{round_idx}" / "server.fmc").exists()
-        parties.update(read_checkpoint(root, round_idx, ("config", "parties"))["parties"])
-    assert not (distributed / "checkpoint" / f"round-{round_idx}" / "parties.fmc").exists()
-    assert _same(whole["parties"], parties)
+        parties.update(dict(read_checkpoint(root, round_idx, ("config", "parties"))["parties"]))
+    assert not (distributed / "checkpoint" / f"round-{round_idx}" / "parties").exists()
+    assert _same(dict(whole["parties"]), parties)  # one file per party: parties/<id>.fmc
     for key in ("round", "global", "algorithm", "totals", "schedule"):
         assert _same(whole["server"][key], server["server"][key]), key
     free = ("comm_args.", "device_args.", "tracking_args.")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,47 @@ def _recover(root: Path) -> None:
             _fsync_dir(root)
 
 
+class Pieces:
+    """A checkpoint part written one piece at a time, as `<part>/<key>.fmc` (each party's state): `make`
+    maps a key to a function that gives the piece, so only one piece is in memory at once."""
+
+    def __init__(self, make: Mapping[str, Callable[[], Any]]) -> None:
+        self.make = dict(make)
+
+
+class LazyPieces(Mapping):
+    """A `Pieces` part read back: each piece decoded when it is asked for."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.keys_ = sorted(p.stem for p in folder.glob("*.fmc"))
+
+    def __getitem__(self, key: str) -> Any:
+        path = self.folder / f"{key}.fmc"
+        try:
+            return decode(path.read_bytes())
+        except FileNotFoundError:
+            raise KeyError(key) from None
+        except CodecError as err:
+            raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys_)
+
+    def __len__(self) -> int:
+        return len(self.keys_)
+
+
+def _write_part(folder: Path, name: str, tree: Any) -> None:
+    if not isinstance(tree, Pieces):
+        _write_file(folder / f"{name}.fmc", encode(tree))
+        return
+    (folder / name).mkdir()
+    for key, make in tree.make.items():
+        _write_file(folder / name / f"{key}.fmc", encode(make()))
+    _fsync_dir(folder / name)
+
+
 def write_checkpoint(root: Path, round_idx: int, parts: dict[str, Any], keep: int = 1) -> Path:
     """Write `parts` (name -> tree) as the checkpoint of `round_idx`; returns its folder."""
     root = Path(root)
@@ -79,7 +121,7 @@ def write_checkpoint(root: Path, round_idx: int, parts: dict[str, Any], keep: in
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
         for name, tree in parts.items():
-            _write_file(tmp / f"{name}.fmc", encode(tree))
+            _write_part(tmp, name, tree)
         _fsync_dir(tmp)
         if final.exists():
             os.replace(final, aside)  # kept whole until LATEST is written below
@@ -151,6 +193,9 @@ def read_checkpoint(root: Path, round_idx: int, names: tuple[str, ...]) -> dict[
     out = {}
     for name in names:
         path = folder / f"{name}.fmc"
+        if (folder / name).is_dir():
+            out[name] = LazyPieces(folder / name)
+            continue
         try:
             out[name] = decode(path.read_bytes())
         except FileNotFoundError:

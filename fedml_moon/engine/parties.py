@@ -5,11 +5,13 @@ through FedML's ClientTrainer calls, so it needs no `fedml` import itself."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedml_moon.algorithms.base import Payload
+from fedml_moon.core.checkpoint import Pieces
 from fedml_moon.data.loader import FedMLDataset
 
 if TYPE_CHECKING:
@@ -95,7 +97,12 @@ class PartyRunner:
         store = self.trainer.store
         return {p: {"state": store.get(p), "rng": self.train_local[p].generator.get_state()} for p in parties}
 
-    def load_state(self, states: dict[int, dict]) -> None:
+    def state_pieces(self, parties: list[int]) -> Pieces:
+        """`state()` as a checkpoint part written one party at a time (a disk store's parties are then
+        never all in memory)."""
+        return Pieces({str(p): lambda p=p: self.state([p])[p] for p in parties})
+
+    def load_state(self, states: Mapping[Any, dict]) -> None:
         """Restore `state()`: the store holds exactly the checkpoint's states for these parties."""
         for party, saved in states.items():
             party = int(party)

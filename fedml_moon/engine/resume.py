@@ -140,7 +140,7 @@ def save(folder: Path, round_idx: int, config: dict[str, Any], held: Holding, ke
     if held.server is not None:
         parts["server"] = held.server.state(round_idx)
     if held.runner is not None:
-        parts["parties"] = held.runner.state(held.parties)
+        parts["parties"] = held.runner.state_pieces(held.parties)
     if held.figures is not None:
         parts["best_so_far"] = {"best": held.figures.state()}
     return write_checkpoint(checkpoint_root(folder), round_idx, parts, keep)

@@ -35,6 +35,7 @@ NOT_SETTINGS = (
 NOT_SETTINGS_KEYS = {
     "train_args.checkpoint_every",
     "train_args.state_store",
+    "train_args.stream_uploads",
     "train_args.parties_in_parallel",
     "train_args.cuda_graphs",
     "train_args.save_party_models",

@@ -16,6 +16,17 @@ TINY_RUN = [  # a standalone run of seconds: the conformance kit's tiny setting 
 ]
 
 
+SUMMING = {  # every algorithm with a sum form (privacy, streamed uploads): name -> (config, overrides)
+    "fedavg": ("fedavg", []),
+    "fedavgm": ("fedavg", ["server_args.server_momentum=0.9"]),
+    "fedprox": ("fedprox", []),
+    "moon": ("moon", []),
+    "scaffold": ("scaffold", ["data_args.partition_method=hetero"]),
+    "fedssc": ("fedssc", ["algorithm_args.prototype_mode=mean"]),
+    "lg": ("lg", ["algorithm_args.warmup_rounds=0", "data_args.partition_method=hetero"]),
+}
+
+
 def tiny_factory(num_classes: int = 3):
     def factory():
         return build_model("mlp", (1, 4, 4), num_classes, use_head=True, out_dim=8)

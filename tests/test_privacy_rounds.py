@@ -20,7 +20,7 @@ from fedml_moon.privacy.accountant import PrivacyAccountant
 from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import PartyVector, Plan, party_vector
-from tests.helpers import TINY_RUN
+from tests.helpers import SUMMING, TINY_RUN
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 TINY = [
@@ -33,15 +33,7 @@ SECURE = ["privacy_args.secure_aggregation=true"]
 needs_data = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
-CASES = {  # name: (config, overrides)
-    "fedavg": ("fedavg", []),
-    "fedavgm": ("fedavg", ["server_args.server_momentum=0.9"]),
-    "fedprox": ("fedprox", []),
-    "moon": ("moon", []),
-    "scaffold": ("scaffold", ["data_args.partition_method=hetero"]),
-    "fedssc": ("fedssc", ["algorithm_args.prototype_mode=mean"]),
-    "lg": ("lg", ["algorithm_args.warmup_rounds=0", "data_args.partition_method=hetero"]),
-}
+CASES = SUMMING  # name: (config, overrides)
 
 
 def _run(tmp_path: Path, name: str, overrides: list[str], monkeypatch) -> tuple[dict, object]:

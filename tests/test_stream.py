@@ -16,20 +16,15 @@ from fedml_moon.adapters.run import assemble
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import TINY_RUN
+from tests.helpers import SUMMING, TINY_RUN
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 TINY = [*conformance.TINY, *TINY_RUN, "train_args.comm_round=2", "validation_args.local_test=false"]
 STREAM = ["train_args.stream_uploads=true"]
 CASES = {  # name: (config, overrides); 2 of 3 parties sampled per round
-    "fedavg": ("fedavg", []),
-    "fedavgm": ("fedavg", ["server_args.server_momentum=0.9"]),
-    "fedprox": ("fedprox", []),
-    "moon": ("moon", []),
+    **SUMMING,
     "moon-chunks-of-2": ("moon", ["train_args.parties_in_parallel=2"]),
-    "scaffold": ("scaffold", ["data_args.partition_method=hetero"]),
-    "fedssc": ("fedssc", ["algorithm_args.prototype_mode=mean"]),
-    "lg": ("lg", ["algorithm_args.warmup_rounds=1", "data_args.partition_method=hetero"]),
+    "lg-after-warm-up": ("lg", ["algorithm_args.warmup_rounds=1", "data_args.partition_method=hetero"]),
 }
 
 

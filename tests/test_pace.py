@@ -88,3 +88,21 @@ def test_a_run_says_how_it_trains_before_its_first_round(tmp_path, capsys):
         "only adds work), CUDA graphs off, precision fp32"
     )
     assert said < next(i for i, line in enumerate(lines) if line.startswith("round 0"))
+
+
+def test_a_checkpoint_from_another_kind_of_device_is_refused_naming_it(tmp_path, monkeypatch):
+    """A GPU run's parties draw their data streams on the GPU (16-byte generator states); resuming
+    its checkpoint on a CPU cannot continue those streams, and says so instead of failing inside
+    PyTorch."""
+    from fedml_moon import conformance
+    from fedml_moon.adapters.run import assemble
+    from tests.helpers import TINY_RUN
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config("config/fashion_mnist/fedavg.yaml", [*conformance.TINY, *TINY_RUN])
+    runner = assemble(cfg, tmp_path / "run").loop.runner
+    cuda_stream = torch.zeros(16, dtype=torch.uint8)  # the size of a CUDA generator's state
+    with pytest.raises(
+        ConfigError, match="party 0's data stream .* another kind of device than this run's cpu"
+    ):
+        runner.load_state({"0": {"state": {}, "rng": cuda_stream}})

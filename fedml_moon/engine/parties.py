@@ -13,6 +13,7 @@ import torch
 from fedml_moon.algorithms.base import Payload
 from fedml_moon.core.checkpoint import Pieces
 from fedml_moon.data.loader import FedMLDataset
+from fedml_moon.errors import ConfigError
 
 if TYPE_CHECKING:
     from fedml_moon.adapters.trainer import PluginClientTrainer
@@ -110,7 +111,15 @@ class PartyRunner:
                 self.trainer.store.put(party, dict(saved["state"]))
             else:
                 self.trainer.store.drop(party)
-            self.train_local[party].generator.set_state(saved["rng"])
+            generator = self.train_local[party].generator
+            try:
+                generator.set_state(saved["rng"])
+            except RuntimeError:
+                raise ConfigError(
+                    f"device_args: party {party}'s data stream in this checkpoint was drawn on another kind "
+                    f"of device than this run's {generator.device.type} (a GPU run draws on the GPU); resume "
+                    "on the kind of device the run was checkpointed on (device_args.using_gpu)"
+                ) from None
 
     def evaluate(self, party: int, download: Payload) -> Payload:
         """The party's report on an evaluation round (see PluginClientTrainer.evaluate_party)."""

@@ -19,6 +19,7 @@ from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.core.state import PartyStore
 from fedml_moon.engine.batched import PartyJob, train_parties
+from fedml_moon.engine.local import to_device
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ def party_of(train_data: Any) -> int:
             "fedml_moon.data.loader.build_fedml_dataset"
         )
     return int(party)
+
+
+HOST = torch.device("cpu")
 
 
 class PluginClientTrainer(ClientTrainer):
@@ -106,7 +110,8 @@ class PluginClientTrainer(ClientTrainer):
         for job, (metrics, upload) in zip(
             jobs, train_parties(self.algorithm, self.model, jobs, device), strict=True
         ):
-            self.store.put(job.party, job.round.state)
+            state = job.round.state if device == HOST else to_device(job.round.state, HOST)
+            self.store.put(job.party, state)  # on the host or on disk: a GPU holds no party state
             upload["metrics"] = dict(metrics)
             uploads.append(upload)
         self.outgoing = None

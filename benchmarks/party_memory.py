@@ -16,7 +16,8 @@ Last line:
     parties=<n> data=<real|random> memory_peak_mb=<mb> disk_peak_mb=<mb> memory_round_s=<s>
     disk_round_s=<s> disk_vs_memory_round=<x> disk_peak_target_4096_mb=<met|missed>
 
-Run: .venv/bin/python benchmarks/party_memory.py [--parties 100] [--data DIR]
+Run: .venv/bin/python benchmarks/party_memory.py [--parties 100] [--data DIR] [--gpu]
+(--gpu: train on the GPU at the run's default pace there; peak resident memory is still the host's)
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def write_cifar100(folder: Path, n_train: int, n_test: int) -> None:
         (out / name).write_bytes(pickle.dumps(batch, protocol=2))
 
 
-def settings(parties: int, data: Path, store: str, out: Path) -> list[str]:
+def settings(parties: int, data: Path, store: str, out: Path, gpu: bool) -> list[str]:
     sets = [
         "data_args.partition_method=homo",
         f"data_args.data_cache_dir={data}",
@@ -65,7 +66,7 @@ def settings(parties: int, data: Path, store: str, out: Path) -> list[str]:
         "train_args.checkpoint_every=0",
         "train_args.stream_uploads=true",
         f"train_args.state_store={store}",
-        "device_args.using_gpu=false",
+        f"device_args.using_gpu={'true' if gpu else 'false'}",
         "device_args.torch_threads=1",
         "tracking_args.enable_wandb=false",
     ]
@@ -82,9 +83,9 @@ def child(argv: list[str]) -> None:
     sys.stdout.write(json.dumps({"peak": peak}) + "\n")
 
 
-def one_run(parties: int, data: Path, store: str, work: Path) -> dict:
+def one_run(parties: int, data: Path, store: str, work: Path, gpu: bool) -> dict:
     out = work / store
-    argv = settings(parties, data, store, out)
+    argv = settings(parties, data, store, out, gpu)
     wrapper = [sys.executable, __file__, "--child", json.dumps(argv)]
     done = subprocess.run(wrapper, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
@@ -100,6 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parties", type=int, default=100)
     parser.add_argument("--data", default=None, help="folder with cifar-100-python")
+    parser.add_argument("--gpu", action="store_true", help="train on the GPU (the run's default pace there)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
@@ -114,7 +116,7 @@ def main() -> None:
             data, source = work / "data", "random"
             write_cifar100(data, opts.parties * PER_PARTY, 100)
             log.info("no --data: random images of CIFAR-100's shape in %s", data)
-        runs = {store: one_run(opts.parties, data, store, work) for store in ("memory", "disk")}
+        runs = {store: one_run(opts.parties, data, store, work, opts.gpu) for store in ("memory", "disk")}
     mem, disk = runs["memory"], runs["disk"]
     fields = [
         f"parties={opts.parties}",

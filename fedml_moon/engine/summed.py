@@ -9,7 +9,7 @@ not the round's. A mixin of `engine.rounds.ServerRounds`; pure PyTorch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -19,9 +19,6 @@ from fedml_moon.core.validate import BadUpload
 from fedml_moon.privacy.mod import secure_sum
 from fedml_moon.privacy.party import party_vector
 from fedml_moon.privacy.sums import Sums, contribution
-
-if TYPE_CHECKING:
-    from fedml_moon.engine.rounds import ServerRounds
 
 Result = tuple[float, Payload]  # (number of samples, upload)
 
@@ -36,11 +33,11 @@ def add_into(total: Any, part: Any) -> Any:
 
 
 class SummedRounds:
-    """Aggregation by sums, for `ServerRounds`."""
+    """Aggregation by sums, for `ServerRounds` (whose aggregator, totals, downloads and checks it uses)."""
 
     stream: dict[str, Any] | None = None
 
-    def aggregate_private(self: ServerRounds, round_idx: int, results: dict[int, Result]) -> list[Result]:
+    def aggregate_private(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
         """privacy_args in this process (the standalone simulation): each party's vector
         (`privacy.party`), their secure sum (SecAgg run among them here) or plain sum, then
         `apply_sums`. Counted in bytes_up: each party's masked vector."""
@@ -56,7 +53,7 @@ class SummedRounds:
         self.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
         return self.apply_sums(privacy.finish(total, first.entries, first.metric_names, parties))
 
-    def apply_sums(self: ServerRounds, sums: Sums, stand_ins: list[Result] | None = None) -> list[Result]:
+    def apply_sums(self, sums: Sums, stand_ins: list[Result] | None = None) -> list[Result]:
         """The new global state from the round's sums (the aggregator's `aggregate_sums`, then FedML's
         on_after_aggregation and set); returns the round's record of the summed parties: `stand_ins`,
         or one per party holding the round's mean metrics."""
@@ -65,7 +62,7 @@ class SummedRounds:
         return stand_ins if stand_ins is not None else [(1.0, {"metrics": dict(sums.metrics)})] * sums.count
 
     # --- train_args.stream_uploads ---------------------------------------------------------------
-    def fold(self: ServerRounds, round_idx: int, results: dict[int, Result]) -> None:
+    def fold(self, round_idx: int, results: dict[int, Result]) -> None:
         """Add a chunk of this round's results to the running sums (weights: the server algorithm's
         `sum_weight`), after the checks `aggregate` makes; what is kept of each upload is its metrics."""
         if self.stream is None or self.stream["round"] != round_idx:
@@ -83,7 +80,7 @@ class SummedRounds:
             stream["weight"] += ratio
             stream["kept"][party] = (n, {"metrics": dict(upload.get("metrics") or {})})
 
-    def close_stream(self: ServerRounds, round_idx: int) -> list[Result]:
+    def close_stream(self, round_idx: int) -> list[Result]:
         """The round's new global state from its running sums; the parties' stand-ins (samples,
         metrics) in the schedule's order for the round's record."""
         stream = self.stream if self.stream is not None and self.stream["round"] == round_idx else None

@@ -75,6 +75,14 @@ def uses_gpu(cfg: Config) -> bool:
     return bool(cfg.device_args.using_gpu) and torch.cuda.is_available()
 
 
+def describe(device: torch.device, using_gpu: bool | str) -> str:
+    """The device in words, and why (for the first log line of a run)."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)}; device_args.using_gpu: {using_gpu})"
+    why = "no CUDA device is visible" if using_gpu is not False else "device_args.using_gpu: false"
+    return f"{device} ({why})"
+
+
 def select_device(cfg: Config, rank: int = 0) -> torch.device:
     """`device_args.gpu_id` for the server (rank 0) and the standalone run; on GPUs (`using_gpu`) a
     worker or silo of rank r >= 1 takes GPU (r - 1) % (number of visible GPUs)."""
@@ -154,6 +162,7 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, 
     seed, train = cfg.common_args.random_seed, cfg.train_args
     np.random.seed(seed)
     device = select_device(cfg, rank)
+    log.info("device: %s", describe(device, cfg.device_args.using_gpu))
     fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)
     dataset = build_fedml_dataset(
         fed.data,

@@ -78,6 +78,7 @@ def test_a_run_says_how_it_trains_before_its_first_round(tmp_path, capsys):
         "train_args.comm_round=1",
         "data_args.max_train_samples=300",
         "data_args.max_test_samples=100",
+        "device_args.using_gpu=false",  # the CPU, on a GPU machine too
     ):
         args += ["--set", key]
     with restored_main() as main:
@@ -88,7 +89,7 @@ def test_a_run_says_how_it_trains_before_its_first_round(tmp_path, capsys):
         "only adds work), CUDA graphs off, precision fp32"
     )
     assert said < next(i for i, line in enumerate(lines) if line.startswith("round 0"))
-    assert lines[0] == "device: cpu (no CUDA device is visible)"  # the run's first line says where it trains
+    assert lines[0] == "device: cpu (device_args.using_gpu: false)"  # the run's first line says where
 
 
 def test_a_checkpoint_from_another_kind_of_device_is_refused_naming_it(tmp_path, monkeypatch):

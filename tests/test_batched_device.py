@@ -242,7 +242,8 @@ def _synchronising_calls(epochs: int, graphs: bool) -> int:
 @CUDA
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
 def test_the_step_loop_never_waits_for_the_gpu(graphs: bool) -> None:
-    """Three times the epochs, and so the steps, make no more synchronising calls than one: what the host
-    waits for comes once per round (contexts, grouping, the graph's capture, reading the loss sums),
-    never once per step, so the host runs ahead of the GPU."""
-    assert _synchronising_calls(3, graphs) == _synchronising_calls(1, graphs)
+    """Three times the epochs make at most one more synchronising call per party and extra epoch (an
+    epoch's draw of its order may wait), and none per step: each party has about 5 steps an epoch,
+    so a wait per step would add at least 10. What the host waits for otherwise comes once per round
+    (contexts, grouping, the graph's capture, reading the loss sums), so the host runs ahead."""
+    assert _synchronising_calls(3, graphs) - _synchronising_calls(1, graphs) <= 2 * 4

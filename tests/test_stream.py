@@ -21,9 +21,11 @@ from tests.helpers import SUMMING, TINY_RUN
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 TINY = [*conformance.TINY, *TINY_RUN, "train_args.comm_round=2", "validation_args.local_test=false"]
 STREAM = ["train_args.stream_uploads=true"]
-CASES = {  # name: (config, overrides); 2 of 3 parties sampled per round
-    **SUMMING,
-    "moon-chunks-of-2": ("moon", ["train_args.parties_in_parallel=2"]),
+CASES = {  # name: (config, overrides); 2 of 3 parties sampled per round. Each kind of sum once:
+    "fedavgm": SUMMING["fedavgm"],  # the mean update, then the server's own step
+    "moon-chunks-of-2": ("moon", ["train_args.parties_in_parallel=2"]),  # folded a chunk at a time
+    "scaffold": SUMMING["scaffold"],  # a "sum" field beside the update
+    "fedssc": SUMMING["fedssc"],  # prototype sums and class counts
     "lg-after-warm-up": ("lg", ["algorithm_args.warmup_rounds=1", "data_args.partition_method=hetero"]),
 }
 

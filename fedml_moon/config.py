@@ -206,6 +206,14 @@ def _robust_checks(cfg: Config) -> None:
         f"{algorithm} averages nothing (each party keeps its own model), so a robust rule does not apply; "
         "set none",
     )
+    options = cfg.algorithm_args
+    if getattr(options, "prototype_mode", None) == "random-k":
+        require(
+            options.prototype_k >= 3,
+            "algorithm_args.prototype_k",
+            f"a robust rule needs at least 3 prototypes of a class to act on, and random-k averages "
+            f"{options.prototype_k}; set prototype_mode: mean, or prototype_k >= 3",
+        )
     if server.robust_aggregation != "krum":
         return
     n, f = cfg.train_args.client_num_per_round, server.krum_byzantine

@@ -24,6 +24,7 @@ from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.algorithms.scaffold import ScaffoldClient, ScaffoldOptions, ScaffoldServer
 from fedml_moon.config_schema import ConfigError
+from fedml_moon.core.validate import terms_problem
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {}
 
 
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
-    """Add an algorithm; its name becomes a valid `train_args.algorithm`."""
+    """Add an algorithm; its name becomes a valid `train_args.algorithm`. Its party side's `terms`
+    must be names the server can record (`core.validate.terms_problem`)."""
+    problem = terms_problem(getattr(spec.client, "terms", None))
+    if problem is not None:
+        raise ValueError(f"algorithm {spec.name!r}: {spec.client.__name__}.{problem}")
     ALGORITHMS[spec.name] = spec
     return spec
 

@@ -1,26 +1,26 @@
 """A silo of a real run that holds valid credentials and attacks its server (tests/test_hostile_silo.py).
 
-    python tests/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|bye
+    python tests/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|honest
 
-It says a valid HELLO, answers every TRAIN with the attacks found on the wire (`attack`), or with a
-BYE (`bye`: the same silo leaving, for the run to compare with), answers CHECKPOINT and FINISH as a
-silo does, and sends heartbeats. It exits 0 on FINISH, 1 on ABORT, 2 after --timeout-s.
+Every round it answers TRAIN with its honest result (the model it was sent, back), preceded in
+`attack` mode by hostile messages drawn from tests/hostile.py (seeded by the round) and the raw frames
+found on the wire (a 5,000-digit JSON integer, random bytes, a pickle); it answers CHECKPOINT and
+FINISH as a silo does and sends heartbeats. It exits 0 on FINISH, 1 on ABORT, 2 after --timeout-s.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import pickle
 import queue
+import random
 import sys
 import threading
 import time
 from pathlib import Path
 
-import torch
 from fedml.core.distributed.communication.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -29,6 +29,8 @@ from fedml_moon.adapters.run import build_base, party_samples  # noqa: E402
 from fedml_moon.config import load_config  # noqa: E402
 from fedml_moon.distributed import managers as m  # noqa: E402
 from fedml_moon.distributed.deploy import make_transport, shared_config, worker_count  # noqa: E402
+from fedml_moon.registry import get_algorithm  # noqa: E402
+from tests.hostile import Target, honest_item, hostile_messages  # noqa: E402
 from tests.test_codec import huge_int_frame  # noqa: E402
 
 log = logging.getLogger("hostile")
@@ -52,31 +54,6 @@ def send(transport, kind: str, **params) -> None:
         log.info("%s refused by the transport: %s", kind, str(err)[:200])
 
 
-def attacks(round_idx: int, task: dict, samples: int) -> list[tuple[str, dict]]:
-    """Each attack class, on the party the round gave this silo."""
-    party, model = task["party"], task["payload"]["model"]
-    item = {"party": party, "n": samples, "upload": {"model": model, "party_id": party}}
-    constant = {k: torch.full_like(v, 7.0) if v.is_floating_point() else v for k, v in model.items()}
-    poisoned = {k: torch.full_like(v, math.nan) if v.is_floating_point() else v for k, v in model.items()}
-    result = lambda **kw: (m.RESULT, {"round": round_idx, "results": [{**item, **kw}]})  # noqa: E731
-    return [
-        result(n=math.nan),
-        result(n=10**30, upload={"model": constant, "party_id": party}),
-        result(n=-299),
-        result(n=samples + 1),
-        result(party=party + 1000),
-        result(upload={"model": dict(list(model.items())[:1]), "party_id": party}),
-        result(upload={"model": model, "party_id": party + 1}),
-        result(upload={"model": poisoned, "party_id": party, "extra": torch.ones(3)}),
-        (m.RESULT, {"round": round_idx, "results": None}),
-        (m.HELLO, {"parties": [party], "config": [1], "explicit": [], "fresh_parties": [], "process": "x"}),
-        (m.REPORT, {"round": round_idx, "reports": [{"party_id": party, "local_test_acc": 7.0}]}),
-        (m.CHECKPOINTED, {"round": -1}),
-        (m.TICK, {}),
-        ("bogus", {"x": 1}),
-    ]
-
-
 def raw_frames() -> list[bytes]:
     return [huge_int_frame(), os.urandom(512), pickle.dumps({"x": 1}), b"FMC1"]
 
@@ -86,18 +63,19 @@ def main() -> int:
     ap.add_argument("--cf", required=True)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--mode", choices=("attack", "bye"), required=True)
+    ap.add_argument("--mode", choices=("attack", "honest"), required=True)
     ap.add_argument("--timeout-s", type=float, default=240)
     ap.add_argument("--out", required=True, help="a folder of its own")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hostile %(message)s")
     cfg = load_config(a.cf, a.set)
     samples = party_samples(build_base(cfg, Path(a.out)))[a.rank - 1]  # its party's true count
+    terms, shared = get_algorithm(cfg.train_args.algorithm).client.terms, shared_config(cfg)
     transport = make_transport(cfg, a.rank, worker_count(cfg, None))
     inbox = Inbox()
     transport.add_observer(inbox)
     threading.Thread(target=transport.handle_receive_message, daemon=True).start()
-    hello = {"config": shared_config(cfg), "explicit": [], "fresh_parties": [], "process": f"h{os.getpid()}"}
+    hello = {"config": shared, "explicit": [], "fresh_parties": [], "process": f"h{os.getpid()}"}
     send(transport, m.HELLO, parties=[a.rank - 1], **hello)
     deadline, beat = time.monotonic() + a.timeout_s, 0.0
     try:
@@ -113,21 +91,29 @@ def main() -> int:
             log.info("got %s", kind)
             if kind == m.REJOIN:
                 send(transport, m.HELLO, parties=[a.rank - 1], **hello)
-            elif kind == m.TRAIN and a.mode == "bye":
-                send(transport, m.BYE)
             elif kind == m.TRAIN:
-                for attack_kind, params in attacks(msg.get("round"), msg.get("tasks")[0], samples):
-                    send(transport, attack_kind, **params)
-                for frame in raw_frames():
-                    try:
-                        transport.send_bytes(0, frame)
-                    except Exception as err:
-                        log.info("a raw frame refused: %s", str(err)[:200])
+                task, round_idx = msg.get("tasks")[0], msg.get("round")
+                other = 0 if a.rank != 1 else 1
+                target = Target(
+                    round_idx, a.rank, task["party"], other, task["payload"]["model"], samples, terms, shared
+                )
+                if a.mode == "attack":
+                    for attack_kind, params in hostile_messages(random.Random(round_idx), target, 14):
+                        send(transport, attack_kind, **params)
+                    for frame in raw_frames():
+                        try:
+                            transport.send_bytes(0, frame)
+                        except Exception as err:
+                            log.info("a raw frame refused: %s", str(err)[:200])
+                    time.sleep(1.0)  # the server's bound on messages in flight drops a burst's excess
+                send(transport, m.RESULT, round=round_idx, results=[honest_item(target)])
             elif kind == m.CHECKPOINT:
                 send(transport, m.CHECKPOINTED, round=msg.get("round"))
             elif kind == m.FINISH:
                 send(transport, m.BYE)
                 return 0
+            elif kind == m.ABORT and "config differs from the server's" in str(msg.get("reason")):
+                log.info("its hostile HELLO was refused: %s", str(msg.get("reason"))[:200])
             elif kind == m.ABORT:
                 log.info("aborted: %s", msg.get("reason"))
                 return 1

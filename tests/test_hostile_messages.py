@@ -148,7 +148,9 @@ def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
         ([{"party_id": 0, "local_test_acc": 0.5, "personal": {}}], "the report's fields"),
     ],
 )
-def test_a_report_for_another_party_or_out_of_range_is_refused(tmp_path, caplog, reports, named):
+def test_a_report_for_another_party_or_out_of_range_is_refused_and_changes_nothing(
+    tmp_path, caplog, reports, named
+):
     manager, wire = _server(tmp_path, "validation_args.local_test=true")
     for rank in (1, 2, 3):
         _results(manager, wire, rank)
@@ -157,5 +159,7 @@ def test_a_report_for_another_party_or_out_of_range_is_refused(tmp_path, caplog,
     assert "refused rank 1's report: " in caplog.text and named in caplog.text
     for rank in (2, 3):
         _from(manager, rank, m.REPORT, round=0, reports=[{"party_id": rank - 1, "local_test_acc": 0.25}])
-    _from(manager, 0, m.TICK)  # rank 1 was refused: the evaluation goes on without it
-    assert manager.rounds.recorder.records[0]["local_test_acc"] == 0.25
+    _from(manager, 0, m.TICK)  # rank 1's report was refused, as if it never came: the round waits for it
+    assert manager.phase == "eval" and manager.pending == {1} and not manager.rounds.recorder.records
+    _from(manager, 1, m.REPORT, round=0, reports=[{"party_id": 0, "local_test_acc": 0.75}])
+    assert manager.rounds.recorder.records[0]["local_test_acc"] == pytest.approx((0.75 + 0.25 + 0.25) / 3)

@@ -1,10 +1,11 @@
-"""A hostile silo in a real run, over gRPC (TLS, its own valid token) and over MQTT + S3: every round
-it sends the attacks found on the wire (NaN, 1e30, negative and wrong sample counts, another party,
-a model of one entry or with NaN and an extra tensor, another party's id, a results field of None,
-a HELLO whose config is a list, a report out of range, a forged TICK, an unknown type, a 5,000-digit
-JSON integer, random bytes, a pickle). The server refuses each, names the silo and the field, counts
-the silo's party as missing, and the honest silos' run ends with bitwise the model of a run where
-that silo simply leaves each round (BYE)."""
+"""A hostile silo in a real run, over gRPC (TLS, its own valid token) and over MQTT + S3: every round it
+sends well-formed messages with hostile values drawn from tests/hostile.py (another silo's party,
+wrong, negative and huge sample counts, metrics named like the server's fields, huge integers, a
+tampered model, several records, HELLOs from new processes, messages of another phase or round, types
+that are not strings) and the raw frames found on the wire (a 5,000-digit JSON integer, random bytes,
+a pickle), then its honest result. The server refuses each, naming the field, and the run ends with
+bitwise the final model and the records of the run in which the same silo only sends its honest
+result."""
 
 from __future__ import annotations
 
@@ -67,26 +68,19 @@ def _run(tmp_path: Path, mode: str, overrides: list[str], extra: dict, envs: dic
     return json.loads((out / "summary.json").read_text()), records, text
 
 
+TIMING = ("round_time_s", "wire_bytes_sent", "wire_bytes_received")
 REFUSALS = (
-    "refused a result message from rank 3: field results[0].n is a float, not an integer",
-    "refused a result message from rank 3: field results[0].n is 1000000000000000000000000000000, not in",
-    "refused a result message from rank 3: field results[0].n is -299, not in [1, ",
-    "refused rank 3's result: results[0].n ",  # one more than its party's samples
-    "refused rank 3's result: results are for parties [1002], not its parties [2]",
-    "refused rank 3's result: results[0].upload.model lacks [",
-    "refused rank 3's result: results[0].upload.party_id is 3, not 2",
-    "refused rank 3's result: results[0].upload has unexpected ['extra']",
-    "refused a result message from rank 3: field results is a NoneType, not a list",
-    "refused a hello message from rank 3: field config is a list, not a dict of settings",
-    "refused a tick message from rank 3: only a process's own timer sends TICK",
-    "refused a bogus message from rank 3: type 'bogus' is not a message of this protocol",
-    "refused a checkpointed message from rank 3: field round is -1, not in [0, ",
+    "refused a result message from rank 3: field results[0]",
+    "refused rank 3's result: results",
+    "which is not one of the algorithm's terms",
+    "dropped a",  # out of round, repeated, of another phase
+    "refused a",
 )
 
 
-def test_a_hostile_silo_is_refused_and_the_honest_silos_model_is_unchanged(tmp_path):
+def test_a_hostile_silo_is_refused_and_the_run_is_the_run_without_its_attacks(tmp_path):
     grpc_settings, server_extra, envs = _grpc(tmp_path)
-    reference, ref_records, _ = _run(tmp_path / "bye", "bye", grpc_settings, server_extra, envs)
+    reference, ref_records, _ = _run(tmp_path / "honest", "honest", grpc_settings, server_extra, envs)
     attacked, records, text = _run(tmp_path / "grpc", "attack", grpc_settings, server_extra, envs)
     for named in REFUSALS:
         assert named in text, named
@@ -97,8 +91,10 @@ def test_a_hostile_silo_is_refused_and_the_honest_silos_model_is_unchanged(tmp_p
     for named in REFUSALS:
         assert named in mqtt_text, named
     assert "dropped a malformed message" in mqtt_text
+    assert len(text) < 2_000_000 and len(mqtt_text) < 2_000_000  # refusals are logged bounded
+    plain = [{k: v for k, v in r.items() if k not in TIMING} for r in ref_records]
     for summary, recs in ((reference, ref_records), (attacked, records), (over_mqtt, mqtt_records)):
         assert summary["status"] == "completed" and len(recs) == 3
-        assert all(r["missing_parties"] == [2] and r["parties"] == 2 for r in recs)
-    assert attacked["final_model_sha256"] == reference["final_model_sha256"]
-    assert over_mqtt["final_model_sha256"] == reference["final_model_sha256"]
+        assert all(r["parties"] == 3 and "missing_parties" not in r for r in recs)
+        assert [{k: v for k, v in r.items() if k not in TIMING} for r in recs] == plain
+        assert summary["final_model_sha256"] == reference["final_model_sha256"]

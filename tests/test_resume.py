@@ -171,7 +171,8 @@ def test_a_checkpoint_older_than_a_setting_resumes_when_the_setting_is_at_its_de
     with pytest.raises(
         ConfigError, match=r"server_args.robust_aggregation \(None in the checkpoint, 'median' now\)"
     ):
-        check_config(older, load_config(FEDSSC, ["server_args.robust_aggregation=median"]), tmp_path)
+        median = ["server_args.robust_aggregation=median", "algorithm_args.prototype_mode=mean"]
+        check_config(older, load_config(FEDSSC, median), tmp_path)
 
 
 @needs_fmnist

@@ -51,8 +51,19 @@ def test_median_is_coordinatewise_and_ignores_weights():
     ups = states([1.0, 100.0], [2.0, 1.0], [100.0, 2.0], buffers=[2, 4, 6])
     out = mean_of("median")(ups, [1, 1, 100])
     assert out["w"].tolist() == [2.0, 2.0]
-    assert out["n"].dtype == torch.int64 and out["n"].item() == 6  # integer buffer: weighted, rounded
+    assert out["n"].dtype == torch.int64 and out["n"].item() == 4  # integer buffer: its median, not weighted
     assert coordinate_median(torch.tensor([[1.0], [2.0], [3.0], [10.0]])).item() == 2.5  # even: middle two
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed_mean", "krum", "norm_clip"])
+def test_one_uploads_counter_cannot_move_the_integer_buffers_under_any_rule(rule):
+    """A counter of -2**62 (or 2**62) among honest ones: every robust rule takes the median of the
+    integer entries, so the aggregate's counter is an honest party's, whatever the weights."""
+    for hostile in (-(2**62), 2**62):
+        ups = states([0.0], [0.1], [0.2], [0.3], [5.0], buffers=[10, 11, 12, 13, hostile])
+        out = mean_of(rule, krum_byzantine=1)(ups, [1, 1, 1, 1, 1000])
+        assert out["n"].item() in (11, 12), (rule, hostile, out["n"])
+        assert mean_of(rule, krum_byzantine=1).total(ups)["n"].item() == 5 * out["n"].item()
 
 
 def test_trimmed_mean_drops_beta_n_at_each_end_and_at_least_one():

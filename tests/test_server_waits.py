@@ -155,11 +155,12 @@ def test_an_evaluation_phase_with_no_silo_alive_moves_on(tmp_path):
         ("upload", {"model": {}}, "results[0].upload lacks ['party_id']"),
     ],
 )
-def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_counts_as_missing(
+def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_changes_nothing(
     tmp_path, caplog, field, value, named
 ):
     """Silo 1 may upload only for party 0, with the party's own sample count and an upload of the
-    full model; anything else is refused whole with the field named, and the round goes on without it."""
+    full model; anything else is refused whole with the field named, as if it never came: the round
+    still waits for silo 1, and its valid result then completes the round with all three parties."""
     manager, wire = _server(tmp_path)
     task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == 1)
     item = _item(manager, 0, task.get("tasks")[0]["payload"]["model"])
@@ -171,5 +172,7 @@ def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_cou
     _results(manager, wire, 2)
     _results(manager, wire, 3)
     _from(manager, 0, m.TICK)
+    assert manager.phase == "train" and manager.pending == {1} and not manager.rounds.recorder.records
+    _results(manager, wire, 1)
     record = manager.rounds.recorder.records[0]
-    assert record["missing_parties"] == [0] and record["parties"] == 2
+    assert "missing_parties" not in record and record["parties"] == 3

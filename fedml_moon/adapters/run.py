@@ -195,6 +195,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
 
     cfg, train = base.cfg, base.cfg.train_args
     server_algo = base.spec.server(cfg.algorithm_args, cfg.server_args, train, base.seed)
+    server_algo.class_counts = {p: [int(n) for n in row] for p, row in enumerate(base.fed.counts.tolist())}
     aggregator = PluginServerAggregator(copy.deepcopy(base.model).to(base.device), base.args, server_algo)
     config = config_to_dict(cfg)
     recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
@@ -220,6 +221,8 @@ def build_server(base: Base, out_dir: Path) -> Any:
         save_party_models=train.save_party_models,
         samples=samples,
         privacy=privacy,
+        terms=base.spec.client.terms,
+        steps=(train.epochs, train.batch_size),
     )
 
 

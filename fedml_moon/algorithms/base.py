@@ -108,6 +108,10 @@ class ClientAlgorithm:
 
     name: ClassVar[str] = "fedavg"
     personalized: ClassVar[bool] = False  # parties predict with their own models (local test differs)
+    # The named terms `loss` returns (its total is recorded as train_loss): the only training metrics
+    # a party reports and the server records, each under its name (none may be a field the server
+    # writes: `core.validate.terms_problem`). A term `loss` returns but does not declare stops training.
+    terms: ClassVar[tuple[str, ...]] = ("ce",)
 
     def __init__(self, options: Any, train: TrainArgs, model_factory: ModelFactory, seed: int) -> None:
         self.options = options
@@ -197,6 +201,7 @@ class ServerAlgorithm:
             else None
         )
         self.mean = robust_mean(server)
+        self.class_counts: dict[int, list[int]] = {}  # party -> its training samples per class
 
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         """Called once with the initial global state; may validate it or replace it (e.g. a checkpoint)."""
@@ -207,6 +212,12 @@ class ServerAlgorithm:
         tensors by name, shape and dtype, other fields by value): every entry of the global model and
         the party's id. The server refuses an upload that differs in any of them."""
         return {"model": global_state, "party_id": int(party_id)}
+
+    def upload_problem(self, upload: Payload, party_id: int) -> str | None:
+        """Why party `party_id`'s upload (already shaped as `upload_spec` says) cannot be what its
+        local round produced, checked by meaning against what the server knows of the party (its
+        class counts, `class_counts`), or None. None unless overridden (FedSSC binds `present`)."""
+        return None
 
     def personal_spec(self, global_state: OrderedDict) -> dict:
         """The personal state a party of a personalised algorithm reports on evaluation rounds (as
@@ -241,7 +252,7 @@ class ServerAlgorithm:
         self.round_idx += 1
         if self.momentum is None:
             return averaged
-        return self.momentum.step(global_state, averaged)
+        return self.momentum.step(global_state, averaged, self.trainable or None)  # None: not known
 
     def state(self) -> dict:
         """What the server keeps across rounds, for checkpoints (tensors and JSON values).

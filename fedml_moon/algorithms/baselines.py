@@ -43,6 +43,7 @@ class FedProxClient(ClientAlgorithm):
     """FedProx (Li et al. 2020): CE + mu/2 ||w - w^t||^2 over the trainable parameters (Eq. 2)."""
 
     name = "fedprox"
+    terms = ("ce", "prox")
 
     def context(self, r: PartyRound) -> Context:
         """The anchor w^t: the server's trainable parameters, the same for every party."""

@@ -37,6 +37,7 @@ class FedSSCOptions(MoonOptions):
     prototype_mode: str = "random-k"
     prototype_k: int = 1
     min_class_samples: int = 10
+    prototype_min_holders: int | str = "auto"  # auto: 3 under a robust rule (it needs 3 to act), else 1
 
     def check(self) -> None:
         super().check()
@@ -50,6 +51,12 @@ class FedSSCOptions(MoonOptions):
         )
         require(self.prototype_k >= 1, "algorithm_args.prototype_k", "must be >= 1")
         require(self.min_class_samples >= 0, "algorithm_args.min_class_samples", "must be >= 0")
+        holders = self.prototype_min_holders
+        require(
+            holders == "auto" or (type(holders) is int and holders >= 1),
+            "algorithm_args.prototype_min_holders",
+            f"'auto' (3 under a robust rule, else 1) or an integer >= 1; got {holders!r}",
+        )
 
 
 def mu_glob_at(round_idx: int, total_rounds: int, opts: FedSSCOptions) -> float:
@@ -95,6 +102,7 @@ class FedSSCClient(MoonClient):
     """MOON's party side plus l_glob against the server's prototypes; uploads its own prototypes."""
 
     name = "fedssc"
+    terms = ("ce", "l_con", "l_glob")
 
     def context(self, r: PartyRound) -> Context:
         """MOON's context, and (shared) the server's prototypes [C, D] with their mask [C] (None
@@ -134,23 +142,35 @@ def build_prototypes(
     rng: np.random.Generator,
     mean: RobustMean | None = None,
     previous: tuple[torch.Tensor, torch.Tensor] | None = None,
+    min_holders: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per class: mean of the prototypes of k random parties that sent it (all if fewer), or of all.
 
     `mean`: the server's upload average (`server_args.robust_aggregation`; None: the plain mean), given
-    the class's previous prototype (from `previous`, prototypes and mask) where there is one."""
+    the class's previous prototype (from `previous`, prototypes and mask) where there is one. A class
+    that fewer than `min_holders` parties sent keeps its previous prototype (absent if it had none)."""
     protos = torch.stack([p for p, _ in uploads])  # [P, C, D]
     present = torch.stack([m for _, m in uploads])  # [P, C]
     average = mean.rows if mean is not None else (lambda x, _: x.mean(dim=0))
-    out = torch.zeros(protos.shape[1:])
+    out, mask = keep_previous(previous, protos.shape[1:])
     for c in range(protos.shape[1]):
         parties = torch.nonzero(present[:, c]).flatten().tolist()
+        if not parties or len(parties) < min_holders:
+            continue
         if mode == "random-k" and len(parties) > k:
             parties = sorted(rng.choice(parties, size=k, replace=False).tolist())
-        if parties:
-            before = previous[0][c] if previous is not None and bool(previous[1][c]) else None
-            out[c] = average(protos[parties, c], before)
-    return out, present.any(dim=0)
+        before = out[c] if bool(mask[c]) else None
+        out[c], mask[c] = average(protos[parties, c], before), True
+    return out, mask
+
+
+def keep_previous(
+    previous: tuple[torch.Tensor, torch.Tensor] | None, shape: torch.Size
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of the previous prototypes [C, D] and mask [C], or zeros and an empty mask."""
+    if previous is None:
+        return torch.zeros(shape), torch.zeros(shape[0], dtype=torch.bool)
+    return previous[0].detach().clone().float(), previous[1].detach().clone().bool()
 
 
 class FedSSCServer(ServerAlgorithm):
@@ -187,14 +207,42 @@ class FedSSCServer(ServerAlgorithm):
         self.prototypes, self.present = state["prototypes"], state["present"]
         self.rng.bit_generator.state = dict(state["rng"])
 
+    def upload_problem(self, upload: Payload, party_id: int) -> str | None:
+        """A party may share the prototype of a class only if it holds more than `min_class_samples`
+        samples of it, by the partition the server holds (`class_counts`): its `present` must be
+        exactly that (an honest party's is), so no party can speak for a class it does not hold."""
+        counts = self.class_counts.get(int(party_id))
+        if counts is None:
+            return None
+        held = torch.tensor(counts) > self.options.min_class_samples
+        claimed = upload["present"].detach().cpu().bool()
+        if torch.equal(claimed, held):
+            return None
+        wrong = torch.nonzero(claimed != held).flatten().tolist()
+        return (
+            f"upload.present differs at classes {wrong[:10]}: party {party_id} holds more than "
+            f"{self.options.min_class_samples} samples of classes {torch.nonzero(held).flatten().tolist()} "
+            "(a party shares the prototypes of its own classes only)"
+        )
+
+    def min_holders(self) -> int:
+        """`prototype_min_holders`: auto is 3 under a robust rule (which needs 3 values to act), else 1."""
+        holders = self.options.prototype_min_holders
+        if holders == "auto":
+            return 3 if self.mean.rule != "none" else 1
+        return int(holders)
+
     def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
         """Prototypes from the round's sums: per class, the sum of the prototypes of the parties that
-        hold it over their count (`prototype_mode: mean`); then the model as every algorithm."""
+        hold it over their count (`prototype_mode: mean`), for classes that at least `min_holders`
+        parties hold (the others keep their previous prototype); then the model as every algorithm."""
         counts = sums.fields["present"]
-        present = counts > 0.5
+        fresh = counts > max(0.5, self.min_holders() - 0.5)
         protos = sums.fields["prototypes"] / counts.clamp(min=1.0).unsqueeze(1)
-        self.prototypes = torch.where(present.unsqueeze(1), protos, torch.zeros_like(protos)).float()
-        self.present = present
+        previous = None if self.prototypes is None else (self.prototypes, self.present)
+        before, mask = keep_previous(previous, protos.shape)
+        self.prototypes = torch.where(fresh.unsqueeze(1), protos.float(), before)
+        self.present = fresh | mask
         return super().aggregate_sums(global_state, sums)
 
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
@@ -202,6 +250,6 @@ class FedSSCServer(ServerAlgorithm):
         opts = self.options
         previous = None if self.prototypes is None else (self.prototypes, self.present)
         self.prototypes, self.present = build_prototypes(
-            pairs, opts.prototype_mode, opts.prototype_k, self.rng, self.mean, previous
+            pairs, opts.prototype_mode, opts.prototype_k, self.rng, self.mean, previous, self.min_holders()
         )
         return super().aggregate(global_state, uploads)

@@ -63,6 +63,7 @@ class MoonClient(ClientAlgorithm):
     """The party side of MOON Algorithm 1 (PartyLocalTraining)."""
 
     name = "moon"
+    terms = ("ce", "l_con")
 
     def initial_model(self, party_id: int) -> dict:
         """The party's own random initialisation, reproducible from the seed and the party id."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +34,9 @@ class ServerMomentum:
 
     style "moon" (the MOON authors' code): v = beta * v + (1 - beta) * (w_old - w_avg); w = w_old - lr * v.
     style "fedavgm" (Hsu et al. 2019):      v = beta * v + (w_old - w_avg);              w = w_old - lr * v.
-    Only floating-point entries move with momentum; integer buffers take the plain average.
+    Only the model's trainable parameters move with momentum: buffers (BatchNorm's running statistics,
+    its counter) take the round's average as it is, since momentum would overshoot a variance below
+    zero (Hsu et al. apply it to the model's weights).
     """
 
     def __init__(self, beta: float, style: str = "moon", lr: float = 1.0) -> None:
@@ -45,12 +47,19 @@ class ServerMomentum:
         self.beta, self.style, self.lr = beta, style, lr
         self.velocity: dict[str, torch.Tensor] = {}
 
-    def step(self, old: Mapping[str, torch.Tensor], averaged: Mapping[str, torch.Tensor]) -> OrderedDict:
-        """Return the new global state from the previous one and this round's average."""
+    def step(
+        self,
+        old: Mapping[str, torch.Tensor],
+        averaged: Mapping[str, torch.Tensor],
+        trainable: Collection[str] | None = None,
+    ) -> OrderedDict:
+        """Return the new global state from the previous one and this round's average; `trainable`:
+        the entries that move with momentum (None: every floating-point entry)."""
         out: OrderedDict = OrderedDict()
         damp = (1.0 - self.beta) if self.style == "moon" else 1.0
         for key, avg in averaged.items():
-            if not avg.is_floating_point():
+            moves = avg.is_floating_point() and (trainable is None or key in trainable)
+            if not moves:
                 out[key] = avg.clone()
                 continue
             delta = old[key] - avg

@@ -21,9 +21,10 @@ and never knows which rule runs.
   is scaled to norm at most M, u_i * min(1, M / ||u_i||), and w plus the sample-weighted average of
   the clipped updates is the result. M = `clip_norm`, or the median of the round's update norms.
 
-Only floating-point entries go through a rule; integer entries (BatchNorm's num_batches_tracked)
-take the weighted average, rounded back to their dtype. Norms and distances run over every
-floating-point entry of an upload (BatchNorm's running statistics included).
+Only floating-point entries go through a rule. Integer entries (BatchNorm's num_batches_tracked)
+take the coordinate-wise median of the uploads under every rule but `none`, rounded back to their
+dtype, so one upload's counter cannot move them (the weighted average under `none`). Norms and
+distances run over every floating-point entry of an upload (BatchNorm's running statistics included).
 """
 
 from __future__ import annotations
@@ -158,17 +159,12 @@ class RobustMean:
     def _assemble(
         self, states: Sequence[State], weights: Sequence[float], floats: dict, factor: float
     ) -> OrderedDict:
-        """Float entries from the rule (times `factor`, in the uploads' dtype and device); integer
-        entries from the weighted average (factor 1) or the plain sum (`total`)."""
-        ints = [k for k in states[0] if k not in floats]
-        if factor == 1.0 and ints:
-            plain = weighted_average([{k: s[k] for k in ints} for s in states], weights)
-        else:
-            plain = {k: sum(s[k] for s in states) for k in ints}
+        """Float entries from the rule, integer entries from the coordinate-wise median (rounded),
+        both times `factor` (|S| for `total`), in the uploads' dtype and device."""
         out: OrderedDict = OrderedDict()
         for key, first in states[0].items():
-            value = floats[key] * factor if key in floats else plain[key]
-            out[key] = value.to(first.device, first.dtype)
+            value = floats[key] if key in floats else coordinate_median(_stack(states, key)).round()
+            out[key] = (value * factor).to(first.device, first.dtype)
         return out
 
     def _robust(

@@ -21,6 +21,54 @@ class BadUpload(RuntimeError):
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_METRICS = 32
+MAX_METRIC = 1e15  # |a training metric| above this is taken for a diverged party, as NaN is
+# Every field the server writes into a round's record (engine.rounds.ServerRounds.finish_round, the
+# transports' byte counts, privacy's epsilons): no algorithm may report a training term of these names.
+SERVER_FIELDS = frozenset(
+    {
+        "round",
+        "parties",
+        "missing_parties",
+        "rejected_parties",
+        "train_loss",
+        "loss",
+        "test_acc",
+        "test_loss",
+        "test_acc_std",
+        "models_evaluated",
+        "local_test_acc",
+        "new_test_acc",
+        "new_test_loss",
+        "local_test_acc_best_so_far",
+        "new_test_acc_best_so_far",
+        "round_time_s",
+        "bytes_up",
+        "bytes_down",
+        "params_up",
+        "params_down",
+        "eval_bytes_up",
+        "eval_bytes_down",
+        "wire_bytes_sent",
+        "wire_bytes_received",
+        "dp_epsilon",
+        "dp_epsilon_server",
+        "dp_epsilon_release",
+        "dp_delta",
+    }
+)
+
+
+def terms_problem(terms: Any) -> str | None:
+    """Why an algorithm's declared loss terms (`ClientAlgorithm.terms`) cannot be recorded, or None:
+    a tuple of at most 31 names like `l_con`, none of them a field the server writes."""
+    if not isinstance(terms, tuple) or len(terms) >= MAX_METRICS:
+        return f"terms must be a tuple of at most {MAX_METRICS - 1} names; got {terms!r:.80}"
+    for name in terms:
+        if not isinstance(name, str) or not METRIC_NAME.match(name):
+            return f"terms has {name!r:.40}, which is not a name like l_con"
+        if name in SERVER_FIELDS:
+            return f"terms has {name!r}, a field the server writes into every round's record; rename it"
+    return None
 
 
 def tensor_leaves(tree: Any, path: str = "") -> list[tuple[str, torch.Tensor]]:
@@ -64,25 +112,45 @@ def spec_problem(value: Any, spec: Any, path: str) -> str | None:
     return None
 
 
-def metrics_problem(metrics: Any) -> str | None:
-    """A party's training metrics: at most 32 names like `l_con`, each a finite number."""
+def metrics_problem(metrics: Any, terms: tuple[str, ...] | None = None) -> str | None:
+    """A party's training metrics, as sent: a dict of at most 32 numbers named `loss` (the total) or
+    one of the algorithm's declared `terms` (None: any name like `l_con`). Their values' range is
+    `metric_values_problem`'s (a diverged party's NaN is left out, not refused)."""
     if not isinstance(metrics, Mapping) or len(metrics) > MAX_METRICS:
         return f"metrics is not a dict of at most {MAX_METRICS} numbers"
     for key, value in metrics.items():
         if not isinstance(key, str) or not METRIC_NAME.match(key):
             return f"metrics has a key {repr(key)[:40]} that is not a name"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            return f"metrics.{key} is {repr(value)[:40]}, not a finite number"
+        if terms is not None and key != "loss" and key not in terms:
+            return f"metrics has {key!r}, which is not one of the algorithm's terms {list(terms)} or loss"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"metrics.{key} is a {type(value).__name__}, not a number"
+        if isinstance(value, int) and abs(value) > MAX_METRIC:
+            digits = int(value.bit_length() * math.log10(2)) + 1  # str() of a huge int may itself fail
+            return f"metrics.{key} is an integer of about {digits} digits, beyond {MAX_METRIC:g}"
     return None
 
 
-def upload_problem(upload: Any, spec: Mapping[str, Any], finite: bool = True) -> str | None:
-    """Why `upload` cannot be used, or None: it must match `spec` (its optional `metrics` aside) and,
-    with `finite`, every floating tensor in it must be finite (NaN or Inf means the party's training
+def metric_values_problem(metrics: Mapping[str, float]) -> str | None:
+    """Why a party's metrics (structurally sound) show a diverged party: a value that is NaN, infinite
+    or beyond +-1e15 (where the round's weighted means would overflow)."""
+    for key, value in metrics.items():
+        if not math.isfinite(value) or abs(value) > MAX_METRIC:
+            return f"metrics.{key} is {value!r}, not a finite number within +-{MAX_METRIC:g}"
+    return None
+
+
+def upload_problem(
+    upload: Any, spec: Mapping[str, Any], finite: bool = True, terms: tuple[str, ...] | None = None
+) -> str | None:
+    """Why `upload` cannot be used, or None: it must match `spec` (its optional `metrics` aside, which
+    `metrics_problem` checks against the algorithm's `terms`) and, with `finite`, every floating tensor
+    in it must be finite and every metric within range (NaN or Inf means the party's training
     diverged, or the upload was tampered with)."""
     if not isinstance(upload, Mapping) or not isinstance(upload.get("model"), Mapping):
         return "it has no model"
-    if "metrics" in upload and (problem := metrics_problem(upload["metrics"])) is not None:
+    metrics = upload.get("metrics", {})
+    if "metrics" in upload and (problem := metrics_problem(metrics, terms)) is not None:
         return problem
     body = {k: v for k, v in upload.items() if k != "metrics"}
     problem = spec_problem(body, spec, "upload")
@@ -91,6 +159,29 @@ def upload_problem(upload: Any, spec: Mapping[str, Any], finite: bool = True) ->
     for path, tensor in tensor_leaves(body):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return f"{path} holds NaN or Inf"
+    return metric_values_problem(metrics)
+
+
+def buffer_problem(
+    model: Mapping[str, torch.Tensor], received: Mapping[str, torch.Tensor], cap: int
+) -> str | None:
+    """Why a party's model buffers (checked by name and meaning, not only by type) cannot come from
+    local training on the model it `received`: a BatchNorm `running_var` below zero, or a counter
+    (`num_batches_tracked`) outside [its received value, that + `cap`] (`cap`: the most train-mode
+    forward passes the party's round allows); any other integer entry must come back as it was sent."""
+    for key, value in model.items():
+        sent = received.get(key)
+        if key.endswith("running_var") and value.is_floating_point() and bool((value < 0).any()):
+            return f"model.{key} has negative variances (min {float(value.min()):.4g})"
+        if value.is_floating_point() or sent is None or sent.is_floating_point():
+            continue
+        if not key.endswith("num_batches_tracked"):
+            if not torch.equal(value, sent.to(value.device)):
+                return f"model.{key} changed; an integer entry other than a counter comes back as sent"
+            continue
+        low, high = int(sent.min()), int(sent.max()) + int(cap)
+        if int(value.min()) < low or int(value.max()) > high:
+            return f"model.{key} is {int(value.max())}, outside [{low}, {high}] (the round's local steps)"
     return None
 
 
@@ -114,7 +205,7 @@ def report_problem(report: Any, party: int, personal: Mapping[str, Any] | None) 
     problem = spec_problem(mine, personal, "personal")
     if problem is None and not all(bool(torch.isfinite(t).all()) for _, t in tensor_leaves(mine)):
         return "personal holds NaN or Inf"
-    return problem
+    return problem or buffer_problem(mine, {}, 0)
 
 
 def meta_like(tensor: torch.Tensor) -> torch.Tensor:

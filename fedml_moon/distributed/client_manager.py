@@ -100,6 +100,7 @@ class PluginClientManager(SecureWorker, _Manager):
         self.last_hello = 0.0
         self.process = secrets.token_hex(8)  # this process: a restarted worker is told its work again
         self.reason = ""
+        self.said_hello = False
         super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
 
     @property
@@ -112,7 +113,17 @@ class PluginClientManager(SecureWorker, _Manager):
         return self.built.parties if self.built is not None else self.local.parties
 
     def peers(self) -> list[int]:
-        return [0] if self.welcomed else []
+        """Heartbeats go to the server from the first HELLO on, through building the data and parties
+        after WELCOME (which can take longer than three heartbeat periods), to the last message."""
+        return [0] if self.said_hello else []
+
+    def trusted(self, sender: int) -> bool:
+        """A worker takes messages from the server (rank 0) and its own timer only: another silo that
+        sends it ABORT, WELCOME or REJOIN under its own rank is refused."""
+        return sender in (0, self.rank)
+
+    def trusted_description(self) -> str:
+        return "the server (rank 0) and its own timer"
 
     def register_message_receive_handlers(self) -> None:
         for msg_type, handler in (
@@ -169,6 +180,7 @@ class PluginClientManager(SecureWorker, _Manager):
             fresh_parties=fresh,
             process=self.process,
         )
+        self.said_hello = True
 
     # --- waiting for the server, losing it, finding it again ----------------------------------------
     def on_tick(self, msg: Message) -> None:
@@ -291,6 +303,12 @@ class PluginClientManager(SecureWorker, _Manager):
         self.send(RESULT, 0, round=round_idx, results=results)
 
     def on_eval(self, msg: Message) -> None:
+        """Evaluate its parties' own models and report; never under secure aggregation, where an honest
+        server does not ask (a party's own test figures would reach it in the clear)."""
+        if self.built is None or self.built.run_config.privacy_args.secure_aggregation:
+            why = "before its WELCOME" if self.built is None else "under privacy_args.secure_aggregation"
+            self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
+            return
         reports = [self.runner.evaluate(p, msg.get("payload")) for p in self.parties]
         self.send(REPORT, 0, round=int(msg.get("round")), reports=reports)
 

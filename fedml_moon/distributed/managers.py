@@ -59,6 +59,7 @@ from fedml_moon.distributed.protocol import (  # noqa: F401 (the protocol's name
     WELCOME,
     message_problem,
 )
+from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.transport.base import QueueTransport
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class _Manager(FedMLCommManager):
         heartbeat_s: float = 5.0,
     ) -> None:
         self._transport = transport
+        self.refusals = RefusalLog(log)
         self.status = "failed"
         self._ticking = True
         self.heartbeat_s = heartbeat_s
@@ -115,31 +117,40 @@ class _Manager(FedMLCommManager):
         self.com_manager.add_observer(self)
 
     def receive_message(self, msg_type: Any, msg_params: Message) -> None:
-        """Check the message against its declaration (protocol.py), then hand it to its handler."""
+        """Check the message against its declaration (protocol.py) and its sender, then hand it to its
+        handler. Every field is type-checked before it is used as a key or a dispatch value; what is
+        refused is logged (bounded, rate-limited per sender) and changes nothing else."""
         sender = msg_params.get_sender_id()
         problem = message_problem(msg_type, msg_params.get_params())
         if problem is None and (msg_type == TICK) != (sender == self.rank):
             problem = "only a process's own timer sends TICK, and only to itself"
-        handler = self.message_handler_dict.get(msg_type)
+        if problem is None and not self.trusted(sender):
+            problem = f"rank {self.rank} takes messages from {self.trusted_description()} only"
+        handler = self.message_handler_dict.get(msg_type) if problem is None else None
         if problem is None and handler is None and msg_type != HEARTBEAT:
             problem = f"rank {self.rank} takes no {msg_type} message"
         if problem is not None:
-            log.warning(
-                "rank %d refused a %s message from rank %s: %s",
-                self.rank,
-                str(msg_type)[:40],
-                sender,
-                problem,
+            kind = str(msg_type)[:40] if isinstance(msg_type, str) else type(msg_type).__name__
+            self.refusals.refused(
+                f"rank {sender}",
+                f"rank {self.rank} refused a {kind} message from rank {sender}: {problem}",
+                reason=f"{kind}: {problem[:50]}",
             )
-            self.refused(sender, problem)
             return
         if sender != self.rank:
             self.last_seen[sender] = time.monotonic()
         if msg_type != HEARTBEAT:
             handler(msg_params)
 
+    def trusted(self, sender: int) -> bool:
+        """Whether `sender`'s messages may reach this process's handlers (this process itself)."""
+        return sender == self.rank
+
+    def trusted_description(self) -> str:
+        return "its own timer"
+
     def refused(self, sender: int, problem: str) -> None:
-        """A message from `sender` did not fit the protocol (already logged)."""
+        """A message from `sender` was refused (already logged)."""
 
     def send(self, msg_type: str, receiver: int, **params: Any) -> None:
         msg = Message(msg_type, self.rank, receiver)
@@ -167,6 +178,8 @@ class _Manager(FedMLCommManager):
             super().run()
         finally:
             self._ticking = False
+            if self._transport.running:  # a failure left it open: its threads would keep the process alive
+                self._transport.stop_receive_message()
 
     def finish(self) -> None:
         self._ticking = False
@@ -181,7 +194,10 @@ def config_differences(ours: dict, theirs: dict) -> list[str]:
 
 def described_differences(ours: dict, theirs: dict, keys: list[str]) -> str:
     """`key (A here, B on the server)` for each of `keys`."""
-    return ", ".join(f"{k} ({theirs.get(k)!r} here, {ours.get(k)!r} on the server)" for k in keys)
+    return ", ".join(
+        f"{k} ({bounded(repr(theirs.get(k)), 120)} here, {bounded(repr(ours.get(k)), 120)} on the server)"
+        for k in keys
+    )
 
 
 def config_digest(shared: dict) -> str:

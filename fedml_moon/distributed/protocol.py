@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fedml_moon.core.validate import report_problem, upload_problem
+from fedml_moon.core.validate import report_problem
 
 HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
 FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
@@ -278,12 +278,13 @@ def message_problem(msg_type: Any, params: Mapping[str, Any]) -> str | None:
 
 
 def result_problem(
-    items: list[dict], mine: set[int], samples: Mapping[int, int], upload_spec: Callable[[int], dict]
+    items: list[dict], mine: set[int], samples: Mapping[int, int], problem: Callable[[int, Any], str | None]
 ) -> str | None:
     """Why a RESULT's records (of the declared types) cannot be taken, or None: one record for each
     party of `mine` (the round's tasks of the sender), each with the party's sample count `samples`
-    (the server's own) and an upload as `upload_spec(party)` declares (NaN and Inf are checked later,
-    where a diverged party is left out of the round rather than refused)."""
+    (the server's own) and an upload that `problem(party, upload)` finds nothing wrong with (its
+    shape, metric names and buffers: `engine.uploads`; NaN and Inf are checked later, where a
+    diverged party is left out of the round rather than refused)."""
     if sorted(item["party"] for item in items) != sorted(mine):
         return f"results are for parties {[i['party'] for i in items][:10]}, not its parties {sorted(mine)}"
     for i, item in enumerate(items):
@@ -293,8 +294,8 @@ def result_problem(
                 f"results[{i}].n {n} is not party {party}'s {samples[party]} samples (the server's "
                 "partition of the run's data: a silo whose data differs is refused)"
             )
-        if (problem := upload_problem(item["upload"], upload_spec(party), finite=False)) is not None:
-            return f"results[{i}].{problem}"
+        if (why := problem(party, item["upload"])) is not None:
+            return f"results[{i}].{why}"
     return None
 
 

@@ -12,39 +12,35 @@ from typing import Any
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.config_schema import CommArgs
-from fedml_moon.core.validate import BadUpload
 from fedml_moon.distributed.managers import (
     ABORT,
     BYE,
-    CHECKPOINT,
     CHECKPOINTED,
     ERROR,
-    EVAL,
-    FINISH,
     HELLO,
     HELLO_EVERY_S,
     REJOIN,
     REPORT,
     RESULT,
     TICK,
-    TRAIN,
     WELCOME,
     _Manager,
     config_differences,
     config_digest,
     described_differences,
-    quorum,
 )
-from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED, reports_problem, result_problem
+from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
+from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.secure import SecureServer
+from fedml_moon.distributed.server_phases import RoundPhases
 from fedml_moon.distributed.transport.base import QueueTransport
-from fedml_moon.engine.resume import Holding, due, save
 from fedml_moon.engine.rounds import ServerRounds
 
 log = logging.getLogger(__name__)
+WELCOME_EVERY_S = 1.0
 
 
-class PluginServerManager(SecureServer, _Manager):
+class PluginServerManager(RoundPhases, SecureServer, _Manager):
     """Rank 0: hands each round's parties to the workers that hold them, collects, records.
 
     A round waits for every worker it sent work to, but no longer than `comm_args.round_timeout_s`
@@ -56,6 +52,12 @@ class PluginServerManager(SecureServer, _Manager):
     for --resume). A worker that comes back gets the current model with its next task; results of
     an earlier round are dropped. While it waits, it names the ranks it waits for every
     `wait_log_every_s` seconds.
+
+    A message that is refused (it does not fit the protocol, is not the sender's to send, or is late
+    or repeated) is as if it never came: it changes nothing, and the round waits for the sender's valid
+    message as for a slow silo. Only a BYE, an ERROR or silence (no heartbeat) count a silo as missing.
+    Repeated HELLOs are idempotent: a silo gets its work of a phase again at most once (a restarted
+    silo), and a WELCOME at most once a second unless its process changed.
     """
 
     def __init__(
@@ -86,8 +88,9 @@ class PluginServerManager(SecureServer, _Manager):
         self.last_checkpoint: int | None = self.resume_from
         self.welcomed_at: dict[int, float] = {}
         self.gone: set[int] = set()  # ranks that said BYE or ERROR in the middle of the run
-        self.out: set[int] = set()  # ranks whose message of this phase was refused
         self.rejoin_asked: dict[int, float] = {}
+        self.resent: set[tuple[int, int, str]] = set()  # (rank, round, phase) whose work went out again
+        self.refusals = RefusalLog(log)
         self.process_of: dict[int, str] = {}  # rank -> the worker process that said HELLO last
         self.assigned: dict[int, tuple[str, dict]] = {}  # rank -> its work of the current phase
         self.session = secrets.token_hex(8)  # this server process; a restarted server has another
@@ -100,11 +103,22 @@ class PluginServerManager(SecureServer, _Manager):
     def peers(self) -> list[int]:
         return sorted(self.seen)
 
+    def trusted(self, sender: int) -> bool:
+        """Senders whose messages reach a handler: this run's workers, and this process (its timer);
+        a HELLO from another rank is answered with ABORT naming the run's ranks (on_hello)."""
+        return sender in self.workers or sender == self.rank
+
+    def trusted_description(self) -> str:
+        return f"its workers (ranks {self.workers[0]}..{self.workers[-1]}) and its own timer"
+
     def receive_message(self, msg_type: Any, msg_params: Message) -> None:
-        """A worker that talks to this server without having said HELLO to it (it was welcomed by a
-        server process before this one) is asked to say HELLO now, rather than after its heartbeat
-        timeout."""
+        """A HELLO from a rank of another run is answered with ABORT naming this run's ranks; a worker
+        that talks to this server without having said HELLO to it (welcomed by a server process before
+        this one) is asked to say HELLO now, rather than after its heartbeat timeout."""
         rank = msg_params.get_sender_id()
+        if msg_type == HELLO and not self.trusted(rank):
+            self.on_hello(msg_params)
+            return
         if msg_type not in (HELLO, TICK) and rank in self.workers and rank not in self.seen:
             now = time.monotonic()
             if now - self.rejoin_asked.get(rank, -1e9) >= HELLO_EVERY_S:
@@ -133,30 +147,32 @@ class PluginServerManager(SecureServer, _Manager):
                 self.register_message_receive_handler(msg_type, self._guarded(handler))
 
     def _guarded(self, handler: Callable[[Message], None]) -> Callable[[Message], None]:
-        """Nothing a worker sends stops the server: a handler that fails on a worker's message refuses
-        that message (the worker counts as missing in this phase). The run stops, with its reason,
-        only on the server's own failures (its timer's handler) and on `on_bad_upload: stop`."""
+        """Nothing a worker sends stops the server: a handler that fails while checking a worker's
+        message refuses that message (as if it never came). Once a message is taken, what the round
+        does with it runs through `_advance`, whose failures are the server's own and stop the run;
+        so does a failure of the server's own timer."""
 
         def run(msg: Message) -> None:
             rank = msg.get_sender_id()
             try:
                 handler(msg)
-            except BadUpload as err:
-                self.fail(str(err))
             except Exception as err:
                 if rank == self.rank:
                     log.exception("the server failed")
                     self.fail(f"{type(err).__name__}: {err}")
                     return
-                log.exception("refused rank %s's %s message: handling it failed", rank, msg.get_type())
-                self.refused(rank, f"{type(err).__name__}: {err}")
+                log.debug("handling rank %s's %s message failed", rank, msg.get_type(), exc_info=True)
+                self.refused(
+                    rank,
+                    f"refused rank {rank}'s {msg.get_type()} message: handling it failed: "
+                    f"{type(err).__name__}: {err}",
+                )
 
         return run
 
     def refused(self, sender: int, problem: str) -> None:
-        """A worker's message was refused: in a phase that waits for it, it counts as missing."""
-        if sender in self.workers and self.phase not in ("hello", "done"):
-            self.out.add(sender)
+        """A worker's message was refused: logged (bounded, rate-limited per sender); it changes nothing."""
+        self.refusals.refused(f"rank {sender}", problem, level=logging.ERROR)
 
     def assign(self, rank: int, msg_type: str, **params: Any) -> None:
         """Send a rank its work of this phase, and keep it: a restarted worker gets it again."""
@@ -164,7 +180,7 @@ class PluginServerManager(SecureServer, _Manager):
         self.send(msg_type, rank, **params)
 
     def _phase(self, phase: str, pending: set[int]) -> None:
-        self.phase, self.pending, self.out = phase, set(pending), set()
+        self.phase, self.pending = phase, set(pending)
         self.phase_started = self.last_wait_log = time.monotonic()
 
     # --- start ---------------------------------------------------------------------------------
@@ -172,30 +188,55 @@ class PluginServerManager(SecureServer, _Manager):
         """Welcome a worker of this run with the run's config (and, before round one of a resumed
         run, the round whose checkpoint it loads); refuse one that set other values itself."""
         rank = msg.get_sender_id()
-        if rank not in self.workers:
-            reason = (
-                f"rank {rank} is not a worker of this run (ranks {self.workers[0]}..{self.workers[-1]}: "
-                "train_args.client_num_in_total on the server)"
-            )
-            log.warning("HELLO refused: %s", reason)
-            self.send(ABORT, rank, reason=reason)
-            return
-        theirs = msg.get("config") if isinstance(msg.get("config"), dict) else {}
-        explicit = [k for k in msg.get("explicit") or [] if isinstance(k, str)]
-        differs = [k for k in config_differences(self.config, theirs) if k in explicit]
-        if differs:
-            reason = (
-                f"rank {rank}'s config differs from the server's in {', '.join(differs)}: "
-                f"{described_differences(self.config, theirs, differs)}; leave these --set out on the "
-                "silo (it takes the run's config from the server) or give the server the same values"
-            )
-            log.error("%s; it is refused", reason)
-            self.send(ABORT, rank, reason=reason)
+        reason = self._hello_problem(rank, msg)
+        if reason is not None:  # answered while the refusal log's budget for the rank lasts
+            if self.refusals.refused(f"rank {rank}", f"HELLO refused: {reason}", level=logging.ERROR):
+                self.send(ABORT, rank, reason=bounded(reason, 2000))
             return
         started = self.phase != "hello"
         self.gone.discard(rank)
-        repeat = time.monotonic() - self.welcomed_at.get(rank, -1e9) <= 4 * HELLO_EVERY_S  # queued HELLOs
-        self.welcomed_at[rank] = time.monotonic()
+        process, before = msg.get("process"), self.process_of.get(rank)
+        self.process_of[rank] = process
+        self._welcome(rank, started, restarted=before is not None and process != before)
+        if started:  # a worker that was gone is back: its next task brings it the current model
+            for party in msg.get("fresh_parties"):
+                if self.placement.get(party) == rank:
+                    self.rounds.aggregator.algorithm.party_reset(party)
+            if before is not None and process != before:
+                self._send_work_again(rank)
+        if rank not in self.seen:
+            self.seen.add(rank)
+            log.info("rank %d is ready (%d of %d)", rank, len(self.seen), len(self.workers))
+        if not started and self.seen == set(self.workers):
+            self._advance(lambda: self.next_round(self.start))
+
+    def _hello_problem(self, rank: int, msg: Message) -> str | None:
+        """Why a HELLO is refused with ABORT: another run's rank, or shared settings the silo set itself
+        (`explicit`) that differ from the server's."""
+        if rank not in self.workers:
+            return (
+                f"rank {rank} is not a worker of this run (ranks {self.workers[0]}..{self.workers[-1]}: "
+                "train_args.client_num_in_total on the server)"
+            )
+        theirs = msg.get("config")
+        differs = [k for k in config_differences(self.config, theirs) if k in msg.get("explicit")]
+        if not differs:
+            return None
+        return (
+            f"rank {rank}'s config differs from the server's in {bounded(', '.join(differs), 400)}: "
+            f"{bounded(described_differences(self.config, theirs, differs), 600)}; leave these --set out "
+            "on the silo (it takes the run's config from the server) or give the server the same values"
+        )
+
+    def _welcome(self, rank: int, started: bool, restarted: bool) -> None:
+        """WELCOME a worker: at most once a second for the same process (a silo says HELLO every few
+        seconds until welcomed; more HELLOs bring no more WELCOMEs)."""
+        now = time.monotonic()
+        if not restarted and now - self.welcomed_at.get(rank, -1e9) < WELCOME_EVERY_S:
+            return
+        if started and now - self.welcomed_at.get(rank, -1e9) > 4 * HELLO_EVERY_S:
+            log.info("rank %d is back (round %d)", rank, self.round_idx)
+        self.welcomed_at[rank] = now
         self.send(
             WELCOME,
             rank,
@@ -204,154 +245,23 @@ class PluginServerManager(SecureServer, _Manager):
             config_sha256=self.digest,
             session=self.session,
         )
-        process, before = msg.get("process"), self.process_of.get(rank)
-        self.process_of[rank] = process
-        if started:  # a worker that was gone is back: its next task brings it the current model
-            if not repeat:
-                log.info("rank %d is back (round %d)", rank, self.round_idx)
-            for party in msg.get("fresh_parties") or []:
-                if isinstance(party, int) and self.placement.get(party) == rank:
-                    self.rounds.aggregator.algorithm.party_reset(party)
-            if before is not None and process != before and rank in self.pending and rank in self.assigned:
-                msg_type, params = self.assigned[rank]  # a restarted worker lost it: send it again
-                log.info(
-                    "rank %d restarted during the %s phase of round %d; sent its work again",
-                    rank,
-                    self.phase,
-                    self.round_idx,
-                )
-                self.send(msg_type, rank, **params)
-        if rank not in self.seen:
-            self.seen.add(rank)
-            log.info("rank %d is ready (%d of %d)", rank, len(self.seen), len(self.workers))
-        if not started and self.seen == set(self.workers):
-            self.next_round(self.start)
 
-    # --- rounds --------------------------------------------------------------------------------
-    def start_round(self, round_idx: int) -> None:
-        self.round_idx, self.results, self.missing = round_idx, {}, []
-        self.secure_reset()
-        tasks: dict[int, list] = {}
-        for party, payload in self.rounds.downloads(round_idx).items():
-            tasks.setdefault(self.placement[party], []).append({"party": party, "payload": payload})
-        self._phase("train", set(tasks))
-        for rank, items in sorted(tasks.items()):
-            self.assign(rank, TRAIN, round=round_idx, tasks=items)
-
-    def on_result(self, msg: Message) -> None:
-        """Take a worker's uploads for the parties this round gave it, and nothing else: each with the
-        sample count the server fixed for the party and an upload that matches the algorithm's spec.
-        Anything else refuses the result whole; the worker's parties count as missing."""
-        if not self._expected(msg, "train"):
+    def _send_work_again(self, rank: int) -> None:
+        """A restarted worker lost its work of this phase: send it again, once per rank and phase of
+        a round, whatever the HELLOs say."""
+        key = (rank, self.round_idx, self.phase)
+        if rank not in self.pending or rank not in self.assigned or key in self.resent:
             return
-        rank, items = msg.get_sender_id(), msg.get("results")
-        if self.secure:
-            self.refused(rank, "secure aggregation is on: a party's upload is never sent in the clear")
-            return
-        mine = {t["party"] for t in self.assigned[rank][1]["tasks"]}
-        problem = result_problem(items, mine, self.rounds.samples, self.rounds.upload_spec)
-        if problem is not None:
-            log.error("round %d: refused rank %d's result: %s", self.round_idx, rank, problem)
-            self.refused(rank, problem)
-            return
-        for item in items:
-            self.results[item["party"]] = (float(self.rounds.samples[item["party"]]), item["upload"])
-        self.pending.discard(rank)
-        if not self.pending:
-            self.after_train()
-
-    def after_train(self) -> None:
-        if self.secure:
-            self._guard(self.secure_after_keys)
-            return
-        self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.results]
-        self.ordered = self.rounds.aggregate(self.round_idx, self.results)
-        self.after_aggregate()
-
-    def after_aggregate(self) -> None:
-        if not self.rounds.needs_party_eval(self.round_idx):
-            self.close_round(None)
-            return
-        alive = [r for r in self.workers if not self.is_dead(r)]
-        self._phase("eval", set(alive))
-        self.reports = {}
-        download = self.rounds.eval_download()
-        for rank in alive:
-            self.assign(rank, EVAL, round=self.round_idx, payload=download)
-
-    def on_report(self, msg: Message) -> None:
-        """Take a worker's evaluation reports: one for each of its parties, as the algorithm declares."""
-        if not self._expected(msg, "eval"):
-            return
-        rank, reports = msg.get_sender_id(), msg.get("reports")
-        mine = sorted(p for p, r in self.placement.items() if r == rank)
-        problem = reports_problem(reports, mine, self.rounds.personal_spec())
-        if problem is not None:
-            log.error("round %d: refused rank %d's report: %s", self.round_idx, rank, problem)
-            self.refused(rank, problem)
-            return
-        for party, report in zip(mine, sorted(reports, key=lambda r: r["party_id"]), strict=True):
-            self.reports[party] = report
-        self.pending.discard(rank)
-        if not self.pending:
-            self.close_round(self.reports)
-
-    def close_round(self, reports: dict | None) -> None:
-        extra: dict[str, Any] = {
-            "wire_bytes_sent": self._transport.bytes_sent,
-            "wire_bytes_received": self._transport.bytes_received,
-        }
-        if self.missing:
-            extra["missing_parties"] = self.missing
-        self.rounds.finish_round(self.round_idx, self.ordered, reports, extra)
-        if due(self.checkpoint_every, self.round_idx, self.rounds.rounds):
-            alive = [r for r in self.workers if not self.is_dead(r)]
-            self._phase("checkpoint", set(alive))
-            for rank in alive:  # the workers first: the server's LATEST then implies theirs
-                self.assign(rank, CHECKPOINT, round=self.round_idx)
-            if not alive:
-                self.write_checkpoint()
-            return
-        self.next_round(self.round_idx + 1)
-
-    def on_checkpointed(self, msg: Message) -> None:
-        if not self._expected(msg, "checkpoint"):
-            return
-        self.pending.discard(msg.get_sender_id())
-        if not self.pending:
-            self.write_checkpoint()
-
-    def write_checkpoint(self) -> None:
-        save(self.rounds.recorder.out_dir, self.round_idx, self.full_config, Holding(server=self.rounds))
-        self.last_checkpoint = self.round_idx
-        self.next_round(self.round_idx + 1)
-
-    def next_round(self, round_idx: int) -> None:
-        if round_idx < self.rounds.rounds:
-            self.start_round(round_idx)
-            return
-        alive = [r for r in self.workers if not self.is_dead(r)]
-        self._phase("finish", set(alive))
-        for rank in alive:
-            self.send(FINISH, rank)
-        if not alive:
-            self.done("completed")
-
-    def on_bye(self, msg: Message) -> None:
-        rank = msg.get_sender_id()
-        if self.phase == "finish":
-            self.pending.discard(rank)
-            if not self.pending:
-                self.done("completed")
-        elif rank in self.pending:  # leaving in the middle of a round: its parties are missing
-            log.warning("rank %d said BYE in the %s phase of round %d", rank, self.phase, self.round_idx)
-            self.gone.add(rank)
+        self.resent.add(key)
+        msg_type, params = self.assigned[rank]
+        log.info("rank %d restarted during the %s phase of round %d; sent its work again", *key)
+        self.send(msg_type, rank, **params)
 
     # --- waiting, and failures -----------------------------------------------------------------
     def on_error(self, msg: Message) -> None:
         """A worker that failed before the run started stops the run; in the middle of a run its
         parties count as missing (the quorum decides), as if it had died."""
-        rank, reason = msg.get_sender_id(), str(msg.get("reason"))[:2000]
+        rank, reason = msg.get_sender_id(), bounded(msg.get("reason"), 2000)
         if self.phase == "hello":
             self.fail(f"rank {rank} failed: {reason}")
             return
@@ -359,6 +269,7 @@ class PluginServerManager(SecureServer, _Manager):
         self.gone.add(rank)
 
     def on_tick(self, msg: Message) -> None:
+        self.refusals.flush()
         now = time.monotonic()
         waited = now - self.phase_started
         if self.phase != "done" and now - self.last_wait_log >= self.wait_log_every_s:
@@ -374,7 +285,9 @@ class PluginServerManager(SecureServer, _Manager):
             return
         if self.phase == "done":
             return
-        dead = {r for r in self.pending if self.is_dead(r) or r in self.gone or r in self.out}
+        if not self.pending:
+            return  # nothing to wait for: the phase's last answer moved the round on already
+        dead = {r for r in self.pending if self.is_dead(r) or r in self.gone}
         if dead != self.pending and waited <= self.deadline_s:
             return
         self.give_up_on(sorted(self.pending), sorted(dead), waited)  # the deadline fires whatever is pending
@@ -400,62 +313,6 @@ class PluginServerManager(SecureServer, _Manager):
             f"; no heartbeat from {dead}" if dead else "",
         )
 
-    def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
-        """The ranks still pending are dead, or the deadline has passed: go on without them if the
-        phase allows it, else (too few reports) wait for the deadline, then stop."""
-        gone = sorted(set(ranks) & (self.gone | self.out))
-        why = f"rank(s) {ranks} " + (
-            f"said BYE or ERROR or sent what was refused ({gone})"
-            if gone and dead == ranks
-            else "stopped sending heartbeats"
-            if dead == ranks
-            else f"silent for {waited:.0f} s"
-        )
-        if self.phase == "train":
-            need = quorum(self.comm_args.min_reports, len(self.rounds.parties(self.round_idx)))
-            if len(self.results) < need:
-                if waited <= self.deadline_s:
-                    return  # a dead worker may still come back before the deadline
-                self.fail(
-                    f"no answer from rank(s) {ranks} ({why}) for {waited:.0f} s in the train phase of round "
-                    f"{self.round_idx}: {len(self.results)} parties reported, fewer than the {need} required "
-                    f"(comm_args.min_reports); {self._resume_hint()}"
-                )
-                return
-            log.warning("round %d goes on without %s: %s", self.round_idx, self._parties_of(ranks), why)
-            self.pending.clear()
-            self.after_train()
-        elif self.phase in ("share", "mask", "unmask"):
-            log.warning(
-                "round %d: secure aggregation goes on without %s: %s",
-                self.round_idx,
-                self._parties_of(ranks),
-                why,
-            )
-            self.pending.clear()
-            self.secure_step()
-        elif self.phase == "eval":
-            log.warning("round %d is evaluated without %s: %s", self.round_idx, self._parties_of(ranks), why)
-            self.pending.clear()
-            self.close_round(self.reports)
-        elif self.phase == "checkpoint":
-            log.warning("checkpoint of round %d written without rank(s) %s: %s", self.round_idx, ranks, why)
-            self.pending.clear()
-            self.write_checkpoint()
-        else:  # finish: every round is recorded
-            log.warning("no BYE from rank(s) %s; finishing anyway", ranks)
-            self.done("completed")
-
-    def _parties_of(self, ranks: list[int]) -> str:
-        parties = sorted(p for p, r in self.placement.items() if r in ranks)
-        return f"parties {parties} (rank(s) {ranks})"
-
-    def _resume_hint(self) -> str:
-        if self.last_checkpoint is None:
-            return "no checkpoint was written yet"
-        out = self.rounds.recorder.out_dir
-        return f"the checkpoint of round {self.last_checkpoint} is kept: go on with --resume {out}"
-
     def fail(self, reason: str) -> None:
         log.error("stopping the run: %s", reason)
         for rank in self.workers:
@@ -468,12 +325,3 @@ class PluginServerManager(SecureServer, _Manager):
     def done(self, status: str) -> None:
         self.status, self.phase = status, "done"
         self.finish()
-
-    def _expected(self, msg: Message, phase: str) -> bool:
-        rank, round_idx = msg.get_sender_id(), msg.get("round")
-        if self.phase != phase or round_idx != self.round_idx or rank not in self.pending:
-            log.warning(
-                "dropped a late %s message from rank %s for round %s", msg.get_type(), rank, round_idx
-            )
-            return False
-        return True

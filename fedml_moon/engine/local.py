@@ -149,5 +149,11 @@ def finish(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob) -> tuple
         model.load_state_dict(job.final)
     result = LocalResult(model.state_dict(), job.steps, model, job.loader)
     upload = algorithm.finish(job.round, job.ctx, result)
+    undeclared = sorted(set(job.sums) - {"loss"} - set(algorithm.terms))
+    if undeclared:
+        raise ValueError(
+            f"{type(algorithm).__name__}.loss returned the terms {undeclared}, which its `terms` "
+            f"{algorithm.terms} does not declare: add them to `terms` (the server records declared ones only)"
+        )
     metrics = {k: float(v) / max(job.steps, 1) for k, v in job.sums.items()}
     return metrics, upload

@@ -20,8 +20,9 @@ from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.split import merge_states
-from fedml_moon.core.validate import BadUpload, upload_problem
+from fedml_moon.core.validate import SERVER_FIELDS, BadUpload
 from fedml_moon.engine.summed import Result, SummedRounds
+from fedml_moon.engine.uploads import UploadChecks
 from fedml_moon.errors import ConfigError
 from fedml_moon.metrics import RunRecorder
 from fedml_moon.privacy.mod import PrivateAggregation
@@ -40,7 +41,7 @@ def weighted_mean(values: list[tuple[float, dict[str, float]]], key: str) -> flo
     return sum(n * v for n, v in pairs) / total if total else None
 
 
-class ServerRounds(SummedRounds):
+class ServerRounds(UploadChecks, SummedRounds):
     """Per round: `downloads`, then `aggregate` the results, then (on evaluation rounds that need the
     parties) `eval_download` to every party, then `finish_round` with their reports."""
 
@@ -63,6 +64,8 @@ class ServerRounds(SummedRounds):
         save_party_models: bool = False,
         samples: dict[int, int] | None = None,
         privacy: PrivateAggregation | None = None,
+        terms: tuple[str, ...] | None = None,
+        steps: tuple[int, int] = (1, 1),
     ) -> None:
         self.aggregator, self.recorder = aggregator, recorder
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
@@ -72,6 +75,7 @@ class ServerRounds(SummedRounds):
         self.on_bad_upload = on_bad_upload
         self.save_party_models = save_party_models
         self.samples = dict(samples or {})  # party -> its training samples (its weight), fixed at the start
+        self.terms, self.steps = terms, steps  # the training terms it records; (epochs, batch size)
         self.rejected: dict[int, str] = {}
         self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
         self.eval_totals = {"eval_bytes_up": 0, "eval_bytes_down": 0}
@@ -113,22 +117,6 @@ class ServerRounds(SummedRounds):
         self.sent = out
         return out
 
-    def check_uploads(self, round_idx: int, results: dict[int, Result]) -> tuple[list[int], dict[int, str]]:
-        """The parties of `results` whose uploads are usable, in the schedule's order, and why each other
-        one is not (NaN / Inf, a misshapen tensor: logged); with `on_bad_upload: stop` a bad one stops
-        the run."""
-        reporters = [p for p in self.parties(round_idx) if p in results]
-        rejected = {
-            p: why
-            for p in reporters
-            if (why := upload_problem(results[p][1], self.upload_spec(p))) is not None
-        }
-        for party, why in rejected.items():
-            log.error("round %d: party %d's upload is left out: %s", round_idx, party, why)
-        if rejected and self.on_bad_upload == "stop":
-            raise BadUpload(f"round {round_idx}: {rejected} (train_args.on_bad_upload: stop)")
-        return [p for p in reporters if p not in rejected], rejected
-
     def aggregate(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
         """FedML cross-silo's order: on_before_aggregation, aggregate, on_after_aggregation, set.
         Results are combined in the schedule's party order, whatever order they arrived in; a party
@@ -154,16 +142,6 @@ class ServerRounds(SummedRounds):
         self.aggregator.set_model_params(new_state)
         return ordered
 
-    def upload_spec(self, party: int) -> dict:
-        """What `party`'s upload must hold this round (the server algorithm's `upload_spec`)."""
-        return self.aggregator.algorithm.upload_spec(self.aggregator.global_state, party)
-
-    def personal_spec(self) -> dict | None:
-        """The personal state a party's report may carry (personalised algorithms), or None."""
-        if not self.personalized:
-            return None
-        return self.aggregator.algorithm.personal_spec(self.aggregator.global_state)
-
     def evaluates(self, round_idx: int) -> bool:
         """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
         server algorithm asks for."""
@@ -188,12 +166,15 @@ class ServerRounds(SummedRounds):
         """The round's record: training terms, server-side test, the parties' reports, and `extra`
         (a transport's byte counts); logged."""
         record: dict[str, Any] = {"round": round_idx, "parties": len(results)}
+        metrics = [(n, p.get("metrics", {})) for n, p in results]
+        names = {k for _, m in metrics for k in m} - SERVER_FIELDS  # no party writes a server field
+        for key in sorted(names if self.terms is None else names & set(self.terms)):  # ce, l_con, ...
+            record[key] = weighted_mean(metrics, key)
+        record["train_loss"] = weighted_mean(metrics, "loss")
+        if self.privacy is not None:
+            record.update(self.privacy.record_fields())
         if self.rejected:
             record["rejected_parties"] = sorted(self.rejected)
-        metrics = [(n, p.get("metrics", {})) for n, p in results]
-        record["train_loss"] = weighted_mean(metrics, "loss")
-        for key in sorted({k for _, m in metrics for k in m} - {"loss"} - set(record)):  # ce, l_con, ...
-            record[key] = weighted_mean(metrics, key)
         if self.evaluates(round_idx):
             record.update(self.aggregator.test(self.test_global, self.device, self.args))
             if reports:  # none when no party could report (every silo gone)

@@ -91,8 +91,13 @@ class PrivateAggregation:
         ratio_total = sum(self.ratios[p] for p in parties)
         weight = float(self.per_round) if o.dp else ratio_total  # DP-FedAvg: a fixed denominator
         if self.accountant is not None:
-            metrics["dp_epsilon"] = self.accountant.step()
+            self.accountant.step()
         return Sums(weight, len(parties), fields, metrics)
+
+    def record_fields(self) -> dict:
+        """What the server writes into the round's record of the run's privacy (the parties' metrics
+        never carry it): epsilon for delta after the rounds so far, with DP."""
+        return {} if self.accountant is None else {"dp_epsilon": self.accountant.epsilon()}
 
     def word_bytes(self) -> int:
         """Bytes per value of a masked vector on the wire (int32 up to k = 32, else int64); 8 without

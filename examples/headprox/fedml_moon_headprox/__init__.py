@@ -31,6 +31,7 @@ class HeadProxOptions:
 
 class HeadProxClient(ClientAlgorithm):
     name = "fedprox_head"
+    terms = ("ce", "prox")
 
     def context(self, r: PartyRound) -> Context:
         """The anchor: the server's head and classifier parameters, the same for every party."""

@@ -4,7 +4,9 @@ the number of parties grows: `fedml_moon.privacy.secagg` run in process, one rou
 For each n, n parties with random float vectors of `--length` values run one round (complete graph by
 default, SecAgg+ with `--neighbours k`); a fraction `--drop` of them (10% by default) drop after sharing
 their keys, before masking, so the server rebuilds their s-seeds and removes their pairwise masks. The
-threshold t is a majority of each party's neighbourhood + itself unless `--threshold` is given. Printed
+threshold t is a majority of each party's neighbourhood + itself unless `--threshold` is given (it must
+be more than half of it). A round whose dropouts split the survivors' subgraph of the round's random
+graph (or leave fewer than 3) is refused, as the protocol refuses it, and printed as such. Printed
 per n:
   - server_unmask_s: the server's unmasking time, collect_masked + unmask + decode (wall clock);
   - party_mask_s: one party's mask() (decrypting its shares, expanding and adding its masks), mean;
@@ -29,7 +31,14 @@ import time
 import numpy as np
 import torch
 
-from fedml_moon.privacy.secagg import PartySession, SecAggParams, ServerSession, pack
+from fedml_moon.privacy.secagg import (
+    PartySession,
+    SecAggError,
+    SecAggParams,
+    ServerSession,
+    neighbourhood_size,
+    pack,
+)
 
 SHARE_BYTES = 24
 
@@ -37,8 +46,7 @@ SHARE_BYTES = 24
 def _threshold(n: int, k: int, given: int | None) -> int:
     if given is not None:
         return given
-    size = n if k == 0 or k >= n - 1 else 2 * ((k + 1) // 2) + 1
-    return size // 2 + 1
+    return neighbourhood_size(n, k) // 2 + 1
 
 
 def one_round(n: int, length: int, k: int, drop: float, threshold: int | None) -> dict:
@@ -51,8 +59,8 @@ def one_round(n: int, length: int, k: int, drop: float, threshold: int | None) -
     gone = set(random.Random(n).sample(range(n), round(drop * n)))
 
     keys = {u: p.advertise() for u, p in parties.items()}
-    rosters = server.collect_keys(keys)
-    shares = {u: p.share(rosters[u]) for u, p in parties.items()}
+    rosters, digests = server.collect_keys(keys)
+    shares = {u: p.share(rosters[u], digests) for u, p in parties.items()}
     inboxes = server.route(shares)
     masked, mask_s = {}, []
     for u in sorted(set(inboxes) - gone):
@@ -62,10 +70,13 @@ def one_round(n: int, length: int, k: int, drop: float, threshold: int | None) -
     wire = {u: pack(y, params.encoding.k) for u, y in masked.items()}
 
     start = time.perf_counter()
-    survivors, _ = server.collect_masked(masked)
-    asks = server.unmask_requests()
+    try:
+        survivors, _ = server.collect_masked(masked)
+    except SecAggError as err:
+        return {"n": n, "t": params.threshold, "dropped": len(gone), "refused": str(err)}
+    ask = server.unmask_request()
     server_s = time.perf_counter() - start
-    responses = {u: parties[u].unmask(*asks[u]) for u in survivors}
+    responses = {u: parties[u].unmask(*ask) for u in survivors}
     start = time.perf_counter()
     decoded = server.decode(server.unmask(responses))
     server_s += time.perf_counter() - start
@@ -114,7 +125,18 @@ def main() -> None:
     )
     rows = []
     for n in args.parties:
-        r = one_round(n, args.length, args.neighbours, args.drop, args.threshold)
+        try:
+            r = one_round(n, args.length, args.neighbours, args.drop, args.threshold)
+        except SecAggError as err:  # a threshold or size below the crowd rules
+            r = {
+                "n": n,
+                "t": _threshold(n, args.neighbours, args.threshold),
+                "dropped": 0,
+                "refused": str(err),
+            }
+        if "refused" in r:
+            print(f"{r['n']:>7} {r['t']:>4} {r['dropped']:>7}  refused: {r['refused']}")
+            continue
         rows.append(r)
         print(
             f"{r['n']:>7} {r['t']:>4} {r['dropped']:>7} {r['server_s']:>15.3f} {r['mask_s']:>12.4f} "

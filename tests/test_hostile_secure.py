@@ -1,30 +1,37 @@
 """Secure aggregation's messages as a hostile or broken silo fills them: malformed keys, shares sent
-to parties that are not its neighbours or left out, a masked vector of the wrong length or range,
-unmasking shares for parties it does not hold. Each is refused with the field named, and the honest
-round then gives the survivors' weighted mean update, within the fixed-point bound.
+to parties that are not its neighbours or left out, a masked vector of the wrong length or range, an
+accusation of a party that sent it nothing, unmasking shares for parties it does not hold. Each is
+refused with the field named, and the honest round then gives the survivors' weighted mean update,
+within the fixed-point bound. A silo that sends one neighbour a garbage ciphertext is named by it and
+dropped, and one that returns a wrong unmasking share is outvoted and named: the round gives the
+honest silos' mean update.
 
-The server manager runs in this process on a tiny real run (tests/test_server_waits.py); the three
-silos are played here with the plugin's own party sessions (`fedml_moon.privacy.secagg`)."""
+The server manager runs in this process on a tiny real run (tests/test_server_waits.py); the silos
+are played here with the plugin's own party sessions (`fedml_moon.privacy.secagg`)."""
 
 from __future__ import annotations
 
 import functools
-import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
-from fedml.core.distributed.communication.message import Message
 
+from fedml_moon import conformance
+from fedml_moon.adapters.run import build_base, build_server
+from fedml_moon.config import load_config
 from fedml_moon.core.fixed_point import FixedPoint
+from fedml_moon.core.shamir import P
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
+from fedml_moon.distributed.deploy import placement, shared_config
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
-from fedml_moon.distributed.secure_worker import SecureWorker
-from fedml_moon.privacy.mod import PrivateAggregation
-from fedml_moon.privacy.options import PrivacyArgs
+from fedml_moon.distributed.server_manager import PluginServerManager
+from fedml_moon.engine.resume import flat_config
 from fedml_moon.privacy.party import Plan, party_vector
 from fedml_moon.privacy.secagg import PartySession, pack
-from tests.test_server_waits import _from, _server, pytestmark  # noqa: F401 (data)
+from tests.test_server_waits import CONFIG, Wire, _from, _server, pytestmark  # noqa: F401 (data)
 
 SECURE = "privacy_args.secure_aggregation=true"
 
@@ -56,11 +63,12 @@ class Silo:
 
     @functools.cache  # noqa: B019 (one silo per test)
     def shares(self) -> list[dict]:
-        item = _sent(self.wire, p.ROSTER, self.rank).get("rosters")[0]
-        roster = dict(keys_from_wire(k) for k in item["keys"])
+        roster_msg = _sent(self.wire, p.ROSTER, self.rank)
+        roster = dict(keys_from_wire(k) for k in roster_msg.get("rosters")[0]["keys"])
+        digests = {i["party"]: bytes.fromhex(i["digest"]) for i in roster_msg.get("digests")}
         return [
             {"sender": self.party, "receiver": v, "ct": ct.hex()}
-            for v, ct in self.session.share(roster).items()
+            for v, ct in self.session.share(roster, digests).items()
         ]
 
     @functools.cache  # noqa: B019
@@ -68,12 +76,14 @@ class Silo:
         task = _sent(self.wire, p.MASK, self.rank).get("tasks")[0]
         vector = party_vector(self.upload, self.received, Plan.from_dict(task["plan"]))
         inbox = {i["sender"]: bytes.fromhex(i["ct"]) for i in task["inbox"]}
-        return {"party": self.party, "vector": pack(self.session.mask(vector.vector, inbox), 32)}
+        y = pack(self.session.mask(vector.vector, inbox), 32)
+        return {"party": self.party, "vector": y, "accused": list(self.session.accused)}
 
     @functools.cache  # noqa: B019
     def unmasked(self) -> dict:
-        request = _sent(self.wire, p.UNMASK, self.rank).get("requests")[0]
-        answer = self.session.unmask(request["survivors"], request["dropped"])
+        request = _sent(self.wire, p.UNMASK, self.rank)
+        assert request.get("parties") == [self.party]
+        answer = self.session.unmask(request.get("survivors"), request.get("dropped"))
         return {"party": self.party, "b": shares_to_wire(answer["b"]), "s": shares_to_wire(answer["s"])}
 
 
@@ -112,6 +122,8 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
     masked = silos[1].masked()
     _from(manager, 1, p.MASKED, round=0, items=[{**masked, "vector": masked["vector"][:-1]}])
     _refused(caplog, 1, "values, not")
+    _from(manager, 1, p.MASKED, round=0, items=[{**masked, "accused": [7]}])
+    _refused(caplog, 1, "names parties [7] for bad shares, but no shares of theirs were routed to it")
     for rank, silo in silos.items():
         _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
     assert manager.phase == "unmask"
@@ -133,47 +145,6 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
         sum(samples[r - 1] * r for r in silos) / sum(samples.values()), abs=1e-5
     )
     assert torch.isfinite(torch.tensor(record["test_loss"]))
-
-
-class _Worker(SecureWorker):
-    """The worker side's handlers, on a silo holding parties 0 and 1 (what its manager would hold)."""
-
-    def __init__(self, privacy) -> None:
-        self.rank, self.sent = 1, []
-        self.built = type("Built", (), {"run_config": type("Cfg", (), {"privacy_args": privacy})()})()
-
-    def send(self, kind: str, receiver: int, **params) -> None:
-        self.sent.append((kind, params))
-
-
-def _msg(kind: str, **params) -> Message:
-    msg = Message(kind, 0, 1)
-    for key, value in params.items():
-        msg.add_params(key, value)
-    return msg
-
-
-def test_a_diverged_party_leaves_at_masking_and_the_silos_other_party_goes_on(caplog):
-    privacy = PrivacyArgs(secure_aggregation=True)
-    worker = _Worker(privacy)
-    received = {"model": {"w": torch.zeros(3)}}
-    tasks = [{"party": p, "payload": received} for p in (0, 1)]
-    uploads = [{"model": {"w": torch.full((3,), v)}, "party_id": q} for q, v in ((0, math.nan), (1, 0.5))]
-    worker.secure_train(0, tasks, [(10.0, u) for u in uploads])
-    ((kind, keys),) = worker.sent
-    assert kind == p.KEYS and [k["party"] for k in keys["keys"]] == [0, 1]
-    roster = [{"party": q, "keys": keys["keys"]} for q in (0, 1)]
-    worker.on_sa_roster(_msg(p.ROSTER, round=0, participants=2, rosters=roster))
-    shares = worker.sent[-1][1]["shares"]
-    plan = PrivateAggregation(privacy, {"model": "update"}, {0: 1.0, 1: 1.0}, 2).plan(0).to_dict()
-    inbox = {
-        q: [{"sender": s["sender"], "ct": s["ct"]} for s in shares if s["receiver"] == q] for q in (0, 1)
-    }
-    mask = [{"party": q, "plan": plan, "inbox": inbox[q]} for q in (0, 1)]
-    worker.on_sa_mask(_msg(p.MASK, round=0, tasks=mask))
-    kind, masked = worker.sent[-1]
-    assert kind == p.MASKED and [i["party"] for i in masked["items"]] == [1]
-    assert "party 0 does not mask its vector this round: the upload holds NaN or Inf" in caplog.text
 
 
 def test_fewer_than_t_answers_to_unmask_stop_the_run_with_nothing_revealed(tmp_path):
@@ -201,3 +172,77 @@ def test_fewer_than_t_answers_to_unmask_stop_the_run_with_nothing_revealed(tmp_p
     after = manager.rounds.aggregator.global_state
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert manager.rounds.recorder.records == []
+
+
+def _server_of(tmp_path: Path, silos: int, *extra: str) -> tuple[PluginServerManager, Wire]:
+    """The server manager of a cross-silo run of `silos` silos of one party each, every silo having
+    said HELLO (test_server_waits._server, for any number of silos)."""
+    overrides = [
+        *conformance.TINY,
+        f"train_args.client_num_in_total={silos}",
+        f"train_args.client_num_per_round={silos}",
+        "train_args.comm_round=2",
+        "common_args.training_type=cross_silo",
+        "comm_args.backend=MQTT_S3",
+        "validation_args.local_test=false",
+        *extra,
+    ]
+    cfg = load_config(CONFIG, overrides)
+    base = build_base(cfg, tmp_path)
+    wire, ranks = Wire(), list(range(1, silos + 1))
+    manager = PluginServerManager(
+        base.args,
+        wire,
+        build_server(base, tmp_path),
+        placement(cfg, silos),
+        ranks,
+        shared_config(cfg),
+        cfg.comm_args,
+        (0, flat_config(cfg)),
+    )
+    manager.register_message_receive_handlers()
+    for rank in ranks:
+        hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
+        _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
+    return manager, wire
+
+
+def test_garbage_to_a_neighbour_and_a_wrong_unmasking_share_leave_the_honest_silos_mean(tmp_path, caplog):
+    """5 silos (t = 3 of 5). Party 0 sends its first neighbour random bytes for a ciphertext: that
+    neighbour names it in its masked message, the server drops party 0 (its masked vector left out,
+    its s-seed rebuilt from the 3 other holders, never asked to unmask) and the round goes on. Party
+    3 returns one wrong share of a self-mask seed: 4 came back, so it is outvoted and named. The
+    round records the 4 honest parties' weighted mean update, within the fixed-point bound."""
+    manager, wire = _server_of(tmp_path, 5, SECURE)
+    params = manager.rounds.privacy.params(5)
+    silos = {r: Silo(manager, wire, r) for r in range(1, 6)}
+    before = dict(manager.rounds.aggregator.global_state)
+    for rank, silo in silos.items():
+        _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)], metrics=["loss"])
+    garbled = [dict(item) for item in silos[1].shares()]
+    garbled[0]["ct"] = os.urandom(len(garbled[0]["ct"]) // 2).hex()
+    victim = garbled[0]["receiver"]
+    _from(manager, 1, p.SHARES, round=0, shares=garbled)
+    for rank in range(2, 6):
+        _from(manager, rank, p.SHARES, round=0, shares=silos[rank].shares())
+    for rank, silo in silos.items():
+        _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
+    assert silos[victim + 1].masked()["accused"] == [0]
+    assert "parties [0] are dropped from the round: a neighbour could not decrypt" in caplog.text
+    assert not [x for x in wire.sent if x.get_type() == p.UNMASK and x.get_receiver_id() == 1]
+    lie = silos[4].unmasked()
+    lie["b"][0] = {**lie["b"][0], "y": f"{(int(lie['b'][0]['y'], 16) + 1) % P:032x}"}
+    for rank in range(2, 6):
+        _from(manager, rank, p.UNMASKED, round=0, items=[silos[rank].unmasked()])
+    assert "unmasking went on without wrong shares from parties [3]" in caplog.text
+
+    record, samples = manager.rounds.recorder.records[0], manager.rounds.samples
+    honest = range(2, 6)
+    assert record["parties"] == 4 and record["missing_parties"] == [0]
+    mean_shift = sum(samples[r - 1] * 0.01 * r for r in honest) / sum(samples[r - 1] for r in honest)
+    ratios = sum(manager.rounds.privacy.ratios[r - 1] for r in honest)
+    bound = FixedPoint().error_bound(4) / ratios + 1e-6
+    after = manager.rounds.aggregator.global_state
+    for key, old in before.items():
+        if old.is_floating_point():
+            assert float((after[key] - old - mean_shift).abs().max()) <= bound, key

@@ -20,6 +20,7 @@ from fedml_moon.privacy.accountant import PrivacyAccountant
 from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import PartyVector, Plan, party_vector
+from fedml_moon.privacy.secagg import SecAggError
 from tests.helpers import SUMMING, TINY_RUN
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
@@ -30,6 +31,7 @@ TINY = [
     "validation_args.local_test=false",
 ]
 SECURE = ["privacy_args.secure_aggregation=true"]
+THREE = ["train_args.client_num_per_round=3"]  # secure aggregation needs at least 3 parties a round
 needs_data = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
@@ -51,13 +53,13 @@ def _far(a: dict, b: dict) -> float:
 @needs_data
 @pytest.mark.parametrize("case", list(CASES))
 def test_secure_aggregation_gives_the_plain_round_within_the_fixed_point_bound(case, tmp_path, monkeypatch):
-    """Each of n = 2 parties adds r * update with r <= 1; each element of the decoded sum is within
+    """Each of n = 3 parties adds r * update with r <= 1; each element of the decoded sum is within
     n / (2 scale) of the true sum (FixedPoint.error_bound), so the mean update (sum / sum of r) is
     within n / (2 scale sum r), and SCAFFOLD's c (sum / N) and FedSSC's prototypes (sum / count) within
     n / (2 scale); float32 adds at most 1e-6 for these magnitudes."""
     name, extra = CASES[case]
-    plain, plain_server = _run(tmp_path / "plain", name, [*TINY, *extra], monkeypatch)
-    secure, secure_server = _run(tmp_path / "secure", name, [*TINY, *extra, *SECURE], monkeypatch)
+    plain, plain_server = _run(tmp_path / "plain", name, [*TINY, *THREE, *extra], monkeypatch)
+    secure, secure_server = _run(tmp_path / "secure", name, [*TINY, *THREE, *extra, *SECURE], monkeypatch)
     privacy = secure_server.privacy
     parties = secure_server.parties(0)
     ratio_sum = sum(privacy.ratios[p] for p in parties)
@@ -97,9 +99,7 @@ def test_dp_fedavg_divides_by_the_parties_sampled_and_reports_the_accountants_ep
     assert sums.fields["model"]["w"].tolist() == pytest.approx([0.6, 0.8], abs=1e-6)
     assert sums.metrics["loss"] == pytest.approx(1.5)
     expected = PrivacyAccountant(1e-9, 8, 4, 1e-5).step()
-    assert "dp_epsilon" not in sums.metrics and privacy.record_fields()["dp_epsilon"] == pytest.approx(
-        expected
-    )
+    assert privacy.record_fields()["dp_epsilon"] == pytest.approx(expected)  # the record carries it
     assert privacy.plan(3).ratio == 1.0 and privacy.plan(3).noise_std == 0.0  # the server adds it all
 
 
@@ -132,6 +132,17 @@ def test_a_target_epsilon_stops_the_run_before_the_round_that_would_pass_it(tmp_
         (["privacy_args.dp_noise_multiplier=1.0"], "privacy_args.dp_clip_norm"),
         (["privacy_args.dp_clip_norm=1.0"], "privacy_args.dp_noise_multiplier"),
         (["privacy_args.secagg_bits=32"], "privacy_args.secagg_bits"),
+        ([*SECURE, "train_args.client_num_per_round=1"], "train_args.client_num_per_round"),
+        ([*SECURE, "train_args.client_num_per_round=2"], "train_args.client_num_per_round"),
+        ([*SECURE, "privacy_args.secagg_threshold=5"], "privacy_args.secagg_threshold"),  # 5 of 10
+        ([*SECURE, "privacy_args.secagg_threshold=11"], "privacy_args.secagg_threshold"),
+        (
+            [*SECURE, "privacy_args.secagg_neighbours=4", "privacy_args.secagg_threshold=2"],
+            "secagg_threshold",
+        ),
+        (["privacy_args.secagg_threshold=1"], "privacy_args.secagg_threshold"),
+        (["privacy_args.secagg_min_group=1"], "privacy_args.secagg_min_group"),
+        ([*SECURE, "privacy_args.secagg_min_group=11"], "privacy_args.secagg_min_group"),
         (
             [
                 "privacy_args.dp_clip_norm=1",
@@ -176,3 +187,37 @@ def test_values_outside_the_fixed_point_range_are_clipped_and_said(caplog):
     assert survivors == [0, 1, 2]
     assert total.tolist() == pytest.approx([10.0, -1.5], abs=FixedPoint().error_bound(3))
     assert "party 0: 1 of 2 values lie outside [-8, 8]" in caplog.text
+
+
+def test_a_threshold_of_half_a_neighbourhood_is_refused_naming_the_key_and_the_fix():
+    overrides = ["validation_args.local_test=false", *SECURE, "privacy_args.secagg_neighbours=4"]
+    with pytest.raises(
+        ConfigError,
+        match=r"privacy_args.secagg_threshold: 2 is not more than half of a "
+        r"neighbourhood of 5 .*set it above 2, or auto",
+    ):
+        load_config(CONFIGS / "fedavg.yaml", [*overrides, "privacy_args.secagg_threshold=2"])
+    assert load_config(CONFIGS / "fedavg.yaml", [*overrides, "privacy_args.secagg_threshold=3"])
+
+
+@needs_data
+def test_rejections_down_to_two_uploads_stop_a_secure_standalone_round(tmp_path, monkeypatch, caplog):
+    """3 parties sampled, one upload holds NaN and is left out: 2 remain, and the round's secure sum is
+    refused with the reason (each of the two would learn the other's update); the model is unchanged."""
+    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
+    built = assemble(load_config(CONFIGS / "fedavg.yaml", [*TINY, *THREE, *SECURE]), tmp_path)
+    server = built.loop.server
+    downloads = server.downloads(0)
+    before = {k: v.clone() for k, v in server.aggregator.global_state.items()}
+    results = {}
+    for party, payload in downloads.items():
+        model = {k: v + 0.01 if v.is_floating_point() else v for k, v in payload["model"].items()}
+        if party == min(downloads):
+            name = next(k for k, v in model.items() if v.is_floating_point())
+            model[name] = torch.full_like(model[name], float("nan"))
+        results[party] = (float(server.samples[party]), {"model": model, "party_id": party, "metrics": {}})
+    with pytest.raises(SecAggError, match="among 2 parties: 2 participants, fewer than 3"):
+        server.aggregate(0, results)
+    assert f"party {min(downloads)}'s upload is left out" in caplog.text
+    after = server.aggregator.global_state
+    assert all(torch.equal(before[k], after[k]) for k in before)

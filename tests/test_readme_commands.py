@@ -350,8 +350,10 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     done.add(PYTHON_M)
 
     # privacy: secure aggregation, and DP with its epsilon in every round
+    crowd = ["--set", "train_args.client_num_in_total=3", "--set", "train_args.client_num_per_round=3"]
     for command, out in ((SECURE, tmp_path / "secure"), (DP, tmp_path / "dp")):
-        assert cli([*_entry_point(command), *_sets(command), "--output-dir", str(out)]) == 0
+        extra = crowd if command == SECURE else []  # secure aggregation sums 3 parties at least
+        assert cli([*_entry_point(command), *_sets(command), *extra, "--output-dir", str(out)]) == 0
         summary = _completed(out, 1)
         assert summary["secure_aggregation"] == (command == SECURE)
         assert (command == DP) == (summary.get("dp_epsilon", 0) > 0)

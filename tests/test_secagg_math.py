@@ -1,5 +1,6 @@
 """The arithmetic secure aggregation stands on: Shamir t-of-n sharing (any t shares give the secret,
-t - 1 are consistent with every secret) and fixed-point sums in Z_(2^k) within their stated bound."""
+t - 1 are consistent with every secret, wrong shares are stepped around against a commitment where
+more than t came back) and fixed-point sums in Z_(2^k) within their stated bound."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from fedml_moon.core.fixed_point import FixedPoint
-from fedml_moon.core.shamir import P, ShareError, combine, interpolate, split
+from fedml_moon.core.shamir import P, ShareError, combine, interpolate, recover, split
 
 
 def test_any_t_of_n_shares_give_the_secret_back():
@@ -55,6 +56,22 @@ def test_a_tampered_share_gives_another_secret():
     shares = split(1234, t=2, n=3)
     x, y = shares[0]
     assert combine([(x, (y + 1) % P), shares[1]], 2) != 1234
+
+
+def test_recover_steps_around_wrong_shares_that_the_commitment_exposes():
+    """10 shares, t = 4: with 3 wrong the committed secret is found and the wrong ones named; the search
+    is bounded, and with exactly t shares one wrong one cannot be stepped around."""
+    secret = 2**100 + 7
+    shares = split(secret, t=4, n=10)
+    wrong = [(x, (y + 1) % P) if i in (0, 2, 7) else (x, y) for i, (x, y) in enumerate(shares)]
+    assert recover(wrong, 4, lambda s: s == secret) == (secret, [0, 2, 7])
+    with pytest.raises(ShareError, match="none of the 5 sets of 4 shares tried"):
+        recover(wrong, 4, lambda s: s == secret, max_tries=5)
+    with pytest.raises(ShareError, match="none of the 1 sets of 4 shares tried"):
+        recover(wrong[:4], 4, lambda s: s == secret)
+    with pytest.raises(ShareError, match="3 shares cannot give the secret back"):
+        recover(shares[:3], 4, lambda s: True)
+    assert recover(shares, 4, lambda s: s == secret) == (secret, [])
 
 
 def test_fixed_point_sums_decode_within_the_stated_bound():

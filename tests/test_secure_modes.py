@@ -1,7 +1,8 @@
 """Secure aggregation over real processes (gRPC, MQTT + S3): the same final model as the standalone
-loop (the decoded sum does not depend on the masks, so it is equal bit for bit), and a silo that dies
+loop (the decoded sum does not depend on the masks, so it is equal bit for bit), a silo that dies
 after it sent its masked vector and before unmasking leaves a round that completes with the survivors'
-sum (gRPC, 127.0.0.1)."""
+sum, and a silo that sends a neighbour garbage for its encrypted shares is named by it and dropped
+while the round completes with the honest silos' sum (gRPC, 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _summary(out: Path) -> dict:
 
 
 def test_secure_aggregation_gives_the_standalone_model_in_every_mode(tmp_path):
-    overrides = [*conformance.TINY, *SECURE, "train_args.comm_round=2"]
+    overrides = [*conformance.TINY, *SECURE, "train_args.comm_round=2", "train_args.client_num_per_round=3"]
     ref = conformance.run_mode("standalone", CONFIG, overrides, tmp_path)
     assert ref.ok, ref.tail()
     with conformance.services(tmp_path / "services") as services:
@@ -32,7 +33,7 @@ def test_secure_aggregation_gives_the_standalone_model_in_every_mode(tmp_path):
             digest = _summary(run.out_dir)["final_model_sha256"]
             assert digest == _summary(ref.out_dir)["final_model_sha256"], mode
             records = [json.loads(x) for x in (run.out_dir / "metrics.jsonl").read_text().splitlines()]
-            assert all(r["parties"] == 2 and r["bytes_up"] > 0 for r in records), mode
+            assert all(r["parties"] == 3 and r["bytes_up"] > 0 for r in records), mode
 
 
 def test_a_silo_dead_after_masking_leaves_a_round_with_the_survivors_sum(tmp_path):
@@ -63,3 +64,25 @@ def test_a_silo_dead_after_masking_leaves_a_round_with_the_survivors_sum(tmp_pat
     summary = _summary(out)
     assert summary["status"] == "completed"
     assert summary["final_model_sha256"] == _summary(ref.out_dir)["final_model_sha256"]
+
+
+def test_a_silo_sending_garbage_shares_is_dropped_and_the_round_completes(tmp_path):
+    """5 silos (t = 3 of 5); silo 1's party sends its first neighbour random bytes for a ciphertext.
+    The neighbour names it, the server drops party 0 and rebuilds its s-seed from the 3 other holders:
+    round 0 completes with the 4 honest parties' sum, party 0 named as missing."""
+    extra = [*SECURE, "train_args.comm_round=1", "comm_args.heartbeat_s=1", "comm_args.round_timeout_s=120"]
+    cmd, out = _grpc(tmp_path, 5, *extra)
+    server, log = _start(cmd, 0, tmp_path)
+    garbling = [sys.executable, str(ROOT / "tests" / "garbling_silo.py"), *cmd[3:]]
+    silos = [_start(garbling, 1, tmp_path)[0]] + [_start(cmd, r, tmp_path)[0] for r in (2, 3, 4, 5)]
+    try:
+        codes = conformance.wait_all([server, *silos], 300)
+    finally:
+        for proc in [server, *silos]:
+            conformance.stop(proc)
+    text = log.read_text(errors="replace")
+    assert codes[0] == 0, f"{codes}\n{text[-3000:]}"
+    assert "parties [0] are dropped from the round: a neighbour could not decrypt" in text, text[-3000:]
+    assert _summary(out)["status"] == "completed"
+    (record,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert record["parties"] == 4 and record["missing_parties"] == [0]

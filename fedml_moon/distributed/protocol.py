@@ -199,7 +199,10 @@ SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
         "round": ROUND,
         "shares": list_of(record({"sender": PARTY, "receiver": PARTY, "ct": hex_text(1024)})),
     },
-    MASKED: {"round": ROUND, "items": list_of(record({"party": PARTY, "vector": int_tensor}))},
+    MASKED: {
+        "round": ROUND,
+        "items": list_of(record({"party": PARTY, "vector": int_tensor, "accused": list_of(PARTY)})),
+    },
     UNMASKED: {
         "round": ROUND,
         "items": list_of(record({"party": PARTY, "b": SHARE_VALUES, "s": SHARE_VALUES})),
@@ -208,6 +211,7 @@ SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
     ROSTER: {
         "round": ROUND,
         "participants": integer(1, MAX_ID),
+        "digests": list_of(record({"party": PARTY, "digest": hex_text(32)})),
         "rosters": list_of(record({"party": PARTY, "keys": list_of(PUBLIC_KEYS)})),
     },
     MASK: {
@@ -224,7 +228,9 @@ SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
     },
     UNMASK: {
         "round": ROUND,
-        "requests": list_of(record({"party": PARTY, "survivors": list_of(PARTY), "dropped": list_of(PARTY)})),
+        "survivors": list_of(PARTY),
+        "dropped": list_of(PARTY),
+        "parties": list_of(PARTY),
     },
 }
 

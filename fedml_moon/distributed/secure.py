@@ -6,17 +6,20 @@ After TRAIN, a worker's parties train and keep their uploads; then, per round (B
 Fig. 4; `fedml_moon.privacy.secagg`):
 
     worker -> server  sa_keys      each party's public keys (and the metric names its vector ends with)
-    server -> worker  sa_roster    each party's neighbourhood's keys, and how many take part
+    server -> worker  sa_roster    each party's neighbourhood's keys, every participant's key digest
+                                   (each party draws the round's graph from them) and how many take part
     worker -> server  sa_shares    each party's encrypted shares, addressed to its neighbours
     server -> worker  sa_mask      each party's inbox and its plan (what it adds, its noise share)
-    worker -> server  sa_masked    each party's masked vector
-    server -> worker  sa_unmask    who survived, who dropped
+    worker -> server  sa_masked    each party's masked vector, and the senders whose shares did not open
+    server -> worker  sa_unmask    the round's survivors and dropped (whole lists), and the parties asked
     worker -> server  sa_unmasked  each survivor's shares of the survivors' and the dropped seeds
 
-A rank that dies or is silent past the round's deadline drops its parties at the step it missed; the
-round completes with the survivors' sum when every secret it needs has t shares, and otherwise stops
-the run with the reason (nothing is revealed: no party answers an unmask request that names fewer
-than t survivors of its neighbourhood). The server never holds a party's upload.
+A rank that dies or is silent past the round's deadline drops its parties at the step it missed; a
+party named for shares that do not open is dropped too. The round completes with the survivors' sum
+when the survivors are a connected crowd of the round's graph (`secagg_min_group`) and every secret
+it needs can be rebuilt, and otherwise stops the run with the reason (nothing is revealed: the server
+asks for no share, and no party answers an unmask request, below the crowd rules). The server never
+holds a party's upload.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class SecureServer:
         self.sa_metrics: list[str] | None = None
         self.sa_shares: dict[int, dict[int, bytes]] = {}
         self.sa_masked: dict[int, Any] = {}
+        self.sa_accused: dict[int, list[int]] = {}
         self.sa_answers: dict[int, dict] = {}
         self.sa_session: ServerSession | None = None
 
@@ -73,8 +77,7 @@ class SecureServer:
         rank = msg.get_sender_id()
         if not set(parties) <= allowed or len(set(parties)) != len(parties):
             problem = f"its {phase} message names parties {sorted(parties)[:10]}, not its {sorted(allowed)}"
-            log.error("round %d: refused rank %d: %s", self.round_idx, rank, problem)
-            self.refused(rank, problem)
+            self.refused(rank, f"round {self.round_idx}: refused rank {rank}: {problem}")
             return False
         return True
 
@@ -83,15 +86,27 @@ class SecureServer:
         if not self._take(msg, "train", [i["party"] for i in items], self.sa_ranks_parties(rank)):
             return
         names = list(msg.get("metrics"))
+        terms = self.rounds.terms
+        undeclared = [n for n in names if n != "loss" and terms is not None and n not in terms]
+        if undeclared:
+            self.refused(
+                rank,
+                f"round {self.round_idx}: refused rank {rank}: metric names {undeclared[:5]} are not "
+                f"the algorithm's terms {terms}",
+            )
+            return
         if self.sa_metrics is not None and names != self.sa_metrics:
-            self.refused(rank, f"metric names {names[:5]} differ from the round's {self.sa_metrics[:5]}")
+            self.refused(
+                rank,
+                f"round {self.round_idx}: refused rank {rank}: metric names {names[:5]} differ from the "
+                f"round's {self.sa_metrics[:5]}",
+            )
             return
         try:
             for item in items:
                 check_keys(self.round_idx, *keys_from_wire(item), "advertise keys")
         except SecAggError as err:
-            log.error("round %d: refused rank %d: %s", self.round_idx, rank, err)
-            self.refused(rank, str(err))
+            self.refused(rank, f"round {self.round_idx}: refused rank {rank}: {err}")
             return
         self.sa_metrics = names
         for item in items:
@@ -109,21 +124,24 @@ class SecureServer:
             self._guard(then)
 
     def secure_after_keys(self) -> None:
-        """Every party that advertised keys takes part: hand each its neighbourhood's keys."""
+        """Every party that advertised keys takes part (at least 3: `secagg_params`): hand each its
+        neighbourhood's keys in the round's graph and every participant's key digest."""
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.sa_keys]
+        params = secagg_params(self.rounds.privacy.options, len(self.sa_keys))
         spec = self.rounds.upload_spec(min(self.sa_keys))
         summed = self.rounds.privacy.summed
         self.sa_entries = layout({f: spec[f] for f in summed})
         length = sum(_numel(shape) for _, _, shape in self.sa_entries) + len(self.sa_metrics or [])
-        params = secagg_params(self.rounds.privacy.options, len(self.sa_keys))
         self.sa_session = ServerSession(self.round_idx, params, length)
-        rosters = self.sa_session.collect_keys(self.sa_keys)
+        rosters, digests = self.sa_session.collect_keys(self.sa_keys)
         self.sa_rosters = rosters
+        wire = [{"party": p, "digest": d.hex()} for p, d in sorted(digests.items())]
         self._send_each(
             "share",
             ROSTER,
             lambda mine: {
-                "participants": len(self.sa_keys),
+                "participants": len(digests),
+                "digests": wire,
                 "rosters": [
                     {"party": p, "keys": [keys_to_wire(v, k) for v, k in sorted(rosters[p].items())]}
                     for p in sorted(mine)
@@ -151,12 +169,10 @@ class SecureServer:
         self._guard(step[self.phase])
 
     def _guard(self, step: Any) -> None:
-        """Run a step of the protocol; one that cannot go on (too few parties left, a share that does
-        not rebuild its secret) stops the run with the reason, and nothing is revealed."""
-        try:
-            step()
-        except SecAggError as err:
-            self.fail(f"round {self.round_idx}: secure aggregation cannot go on, no sum revealed: {err}")
+        """Run a step of the protocol through the manager's `_advance`: one that cannot go on (too few
+        parties left, a share that does not rebuild its secret) stops the run with the reason, and
+        nothing is revealed; any other failure is the server's own and stops it too."""
+        self._advance(step)
 
     def on_sa_shares(self, msg: Any) -> None:
         items, rank = msg.get("shares"), msg.get_sender_id()
@@ -173,8 +189,7 @@ class SecureServer:
                     f"party {sender}'s shares go to {sorted(sent)[:10]}, not to its neighbours "
                     f"{sorted(expected)[:10]}"
                 )
-                self.refused(rank, problem)
-                log.error("round %d: refused rank %d: %s", self.round_idx, rank, problem)
+                self.refused(rank, f"round {self.round_idx}: refused rank {rank}: {problem}")
                 return
         self.sa_shares.update(shares)
         self._next(rank, self.after_shares)
@@ -211,31 +226,40 @@ class SecureServer:
                 i["party"]: check_masked(self.round_idx, i["party"], unpack(i["vector"], k), length, k)
                 for i in items
             }
+            for i in items:
+                self._check_accused(i["party"], i["accused"])
         except SecAggError as err:
-            log.error("round %d: refused rank %d: %s", self.round_idx, rank, err)
-            self.refused(rank, str(err))
+            self.refused(rank, f"round {self.round_idx}: refused rank {rank}: {err}")
             return
         for item in items:
             vector = item["vector"]
             self.sa_masked[item["party"]] = checked[item["party"]]
+            if item["accused"]:
+                self.sa_accused[item["party"]] = sorted(set(item["accused"]))
             totals["bytes_up"] += vector.numel() * vector.element_size()
             totals["params_up"] += vector.numel()
         self._next(rank, self.after_masked)
 
+    def _check_accused(self, party: int, accused: list[int]) -> None:
+        """A party may name only senders whose shares were routed to it."""
+        strangers = sorted(set(accused) - (self.sa_session.holds(party) - {party}))
+        if strangers:
+            raise SecAggError(
+                f"round {self.round_idx}: party {party} names parties {strangers[:10]} for bad shares, but "
+                "no shares of theirs were routed to it"
+            )
+
     def after_masked(self) -> None:
-        survivors, dropped = self.sa_session.collect_masked(self.sa_masked)
+        """Drop the accused, check the crowd rules (`ServerSession.collect_masked`), then ask every
+        survivor to unmask with the round's whole survivor and dropped lists."""
+        self.sa_session.collect_masked(self.sa_masked, self.sa_accused)
+        survivors, dropped = self.sa_session.unmask_request()
         if dropped:
-            log.warning("round %d: parties %s dropped after sharing their keys", self.round_idx, dropped)
-        requests = self.sa_session.unmask_requests()  # per survivor: its neighbours that survived / dropped
+            log.warning("round %d: parties %s are not in the sum (dropped or named)", self.round_idx, dropped)
         self._send_each(
             "unmask",
             UNMASK,
-            lambda mine: {
-                "requests": [
-                    {"party": p, "survivors": list(requests[p][0]), "dropped": list(requests[p][1])}
-                    for p in sorted(mine)
-                ]
-            },
+            lambda mine: {"survivors": survivors, "dropped": dropped, "parties": sorted(mine)},
             set(survivors),
         )
 
@@ -251,7 +275,7 @@ class SecureServer:
         self._next(rank, self.after_unmasked)
 
     def after_unmasked(self) -> None:
-        """Rebuild the seeds, unmask, read the sum back; a secret short of t shares stops the run."""
+        """Rebuild the seeds, unmask, read the sum back; a secret that cannot be rebuilt stops the run."""
         session = self.sa_session
         total = session.decode(session.unmask(self.sa_answers))
         survivors = list(session.survivors)

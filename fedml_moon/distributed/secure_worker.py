@@ -1,7 +1,8 @@
 """A worker's side of secure aggregation's message rounds (see `fedml_moon.distributed.secure` for the
 exchange): its parties' sessions, from their keys to their unmasking shares. The worker checks what it
-is asked against its own config (the threshold), and a party refuses what would reveal a secret
-(`fedml_moon.privacy.secagg`)."""
+is asked against its own config (the threshold and the crowd rules, never taken from the server; the
+participant count against the digests it is sent), and a party refuses what would reveal a secret
+(`fedml_moon.privacy.secagg`: the graph it recomputes, the survivors' subgraph, t around it)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ class SecureWorker:
 
     def secure_train(self, round_idx: int, tasks: list[dict], trained: list[tuple[float, dict]]) -> None:
         """Keep each party's upload and what it received; advertise fresh keys for each (its session's
-        threshold is set when the roster says how many take part)."""
-        options = self.built.run_config.privacy_args
+        threshold is set again when the roster says how many take part)."""
+        config = self.built.run_config
+        planned = secagg_params(config.privacy_args, config.train_args.client_num_per_round)
         self.sa_round, self.sa_parties = round_idx, {}
         keys, names = [], []
         for task, (_, upload) in zip(tasks, trained, strict=True):
             party = int(task["party"])
-            session = PartySession(party, round_idx, secagg_params(options, 1))
+            session = PartySession(party, round_idx, planned)
             self.sa_parties[party] = {"upload": upload, "received": task["payload"], "session": session}
             keys.append(keys_to_wire(party, session.advertise()))
             names = sorted((upload.get("metrics") or {}).keys())
@@ -47,11 +49,11 @@ class SecureWorker:
             return None
         return held
 
-    def _each(self, msg: Any, field: str, step: str, run: Any) -> list[tuple[dict, Any]]:
-        """`run(held, item)` for each item of `msg[field]` whose party this worker holds in this round;
-        (item, answer) for each party that does not refuse (`_refusing`)."""
+    def _each(self, msg: Any, items: list[dict], step: str, run: Any) -> list[tuple[dict, Any]]:
+        """`run(held, item)` for each of `items` whose party this worker holds in this round; (item,
+        answer) for each party that does not refuse (`_refusing`)."""
         out = []
-        for item in msg.get(field):
+        for item in items:
             held = self._held(msg, item["party"])
             if held is not None:
                 answer = self._refusing(item["party"], step, run, held, item)
@@ -60,42 +62,62 @@ class SecureWorker:
         return out
 
     def on_sa_roster(self, msg: Any) -> None:
-        participants = int(msg.get("participants"))
+        """Each party checks its roster against the round's graph it draws from the digests, with t
+        from this worker's config for as many participants as the digests name."""
+        digests, problem = self._digests(msg), None
+        try:
+            params = secagg_params(self.built.run_config.privacy_args, len(digests))
+        except SecAggError as err:
+            problem = str(err)
+        if len(digests) != msg.get("participants") or len(digests) != len(msg.get("digests")):
+            problem = f"the roster says {msg.get('participants')} participants but names {len(digests)}"
 
         def share(held: dict, item: dict) -> dict:
+            if problem is not None:
+                raise SecAggError(f"round {self.sa_round}: {problem}: refusing to share")
             session = held["session"]
-            session.params = secagg_params(self.built.run_config.privacy_args, participants)
-            return session.share(dict(keys_from_wire(k) for k in item["keys"]))
+            session.params = params
+            return session.share(dict(keys_from_wire(k) for k in item["keys"]), digests)
 
         out = [
             {"sender": int(item["party"]), "receiver": int(receiver), "ct": ct.hex()}
-            for item, shares in self._each(msg, "rosters", "share its keys", share)
+            for item, shares in self._each(msg, msg.get("rosters"), "share its keys", share)
             for receiver, ct in shares.items()
         ]
         self.send(SHARES, 0, round=msg.get("round"), shares=out)
 
+    @staticmethod
+    def _digests(msg: Any) -> dict[int, bytes]:
+        return {int(i["party"]): bytes.fromhex(i["digest"]) for i in msg.get("digests")}
+
     def on_sa_mask(self, msg: Any) -> None:
+        """Each party's masked vector, and the senders whose shares did not open (named to the server)."""
+
         def masked(held: dict, task: dict) -> Any:
             inbox = {int(i["sender"]): bytes.fromhex(i["ct"]) for i in task["inbox"]}
-            return self._masked(held, task["plan"], inbox)
+            return self._masked(held, task["plan"], inbox), list(held["session"].accused)
 
         items = [
-            {"party": int(task["party"]), "vector": vector}
-            for task, vector in self._each(msg, "tasks", "mask its vector", masked)
+            {"party": int(task["party"]), "vector": vector, "accused": accused}
+            for task, (vector, accused) in self._each(msg, msg.get("tasks"), "mask its vector", masked)
         ]
         self.send(MASKED, 0, round=msg.get("round"), items=items)
 
     def on_sa_unmask(self, msg: Any) -> None:
-        def unmask(held: dict, request: dict) -> dict:
-            return held["session"].unmask(request["survivors"], request["dropped"])
+        """Each asked party's shares, once it has checked the round's whole lists (`PartySession.unmask`)."""
+        survivors, dropped = list(msg.get("survivors")), list(msg.get("dropped"))
 
+        def unmask(held: dict, request: dict) -> dict:
+            return held["session"].unmask(survivors, dropped)
+
+        asked = [{"party": int(p)} for p in msg.get("parties")]
         items = [
             {
                 "party": int(request["party"]),
                 "b": shares_to_wire(answer["b"]),
                 "s": shares_to_wire(answer["s"]),
             }
-            for request, answer in self._each(msg, "requests", "unmask", unmask)
+            for request, answer in self._each(msg, asked, "unmask", unmask)
         ]
         self.send(UNMASKED, 0, round=msg.get("round"), items=items)
 

@@ -21,7 +21,8 @@ from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.privacy.dp import gaussian_noise, noise_std
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import PartyVector, Plan, warn_out_of_range
-from fedml_moon.privacy.secagg import PartySession, SecAggParams, ServerSession, neighbourhood
+from fedml_moon.privacy.secagg import PartySession, SecAggError, SecAggParams, ServerSession
+from fedml_moon.privacy.secagg_graph import neighbourhood_size, round_problem
 from fedml_moon.privacy.sums import Entry, Sums, unflatten
 
 log = logging.getLogger(__name__)
@@ -122,12 +123,23 @@ class PrivateAggregation:
 
 
 def secagg_params(options: PrivacyArgs, participants: int) -> SecAggParams:
-    """t and the SecAgg+ degree for a round of `participants` parties: t auto is a majority of each
-    party's neighbourhood and itself (at least 2 where there are 2 or more)."""
-    size = len(neighbourhood(range(max(participants, 1)), 0, options.secagg_neighbours)) + 1
+    """t, the SecAgg+ degree and the crowd size for a round of `participants` parties: t auto is a
+    majority of each party's neighbourhood and itself, an explicit t must be more than half of it. A
+    SecAggError (naming the key) for a round below the crowd rules (`secagg_graph.round_problem`:
+    fewer than 3 participants, t <= half a neighbourhood)."""
+    size = neighbourhood_size(participants, options.secagg_neighbours)
     t = size // 2 + 1 if options.secagg_threshold == "auto" else int(options.secagg_threshold)
     encoding = FixedPoint(options.secagg_clip, options.secagg_bits, options.secagg_modulus_bits)
-    return SecAggParams(threshold=t, neighbours=options.secagg_neighbours, encoding=encoding)
+    params = SecAggParams(
+        threshold=max(t, 1),
+        neighbours=options.secagg_neighbours,
+        encoding=encoding,
+        min_group=options.secagg_min_group,
+    )
+    problem = round_problem(participants, size, params)
+    if problem is not None:
+        raise SecAggError(f"secure aggregation among {participants} parties: {problem}")
+    return params
 
 
 def secure_sum(
@@ -137,20 +149,24 @@ def secure_sum(
     drop: frozenset[int] = frozenset(),
 ) -> tuple[torch.Tensor, list[int]]:
     """SecAgg(+) among `vectors`' parties run in this process (the standalone simulation): every step
-    of Bonawitz et al. 2017, Fig. 4, with the parties in `drop` leaving after their masked input
-    (their self-masks are removed with the survivors' shares). Returns the decoded float64 sum of the
-    survivors' vectors and the survivors."""
+    of Bonawitz et al. 2017, Fig. 4, on the round's random graph (Bell et al. 2020), with the parties
+    in `drop` leaving after their masked input (their self-masks are removed with the survivors'
+    shares) and the crowd rules of the distributed modes: a round below them raises a SecAggError
+    naming the reason, nothing revealed. Returns the decoded float64 sum of the survivors' vectors
+    and the survivors."""
     parties = sorted(vectors)
-    length = next(iter(vectors.values())).vector.numel()
+    if not parties:
+        raise SecAggError(f"round {round_idx}: secure aggregation among no parties: there is no sum")
+    length = vectors[parties[0]].vector.numel()
     sessions = {p: PartySession(p, round_idx, params) for p in parties}
     server = ServerSession(round_idx, params, length)
-    rosters = server.collect_keys({p: s.advertise() for p, s in sessions.items()})
-    inboxes = server.route({p: sessions[p].share(rosters[p]) for p in parties})
+    rosters, digests = server.collect_keys({p: s.advertise() for p, s in sessions.items()})
+    inboxes = server.route({p: sessions[p].share(rosters[p], digests) for p in parties})
     for p in parties:
         warn_out_of_range(vectors[p].vector, params.encoding.clip, p)
     masked = {p: sessions[p].mask(vectors[p].vector, inboxes.get(p, {})) for p in parties}
-    survivors, _ = server.collect_masked(masked)
-    requests = server.unmask_requests()  # each survivor's (survivors, dropped) among its neighbours
-    responses = {p: sessions[p].unmask(*requests[p]) for p in survivors if p not in drop}
+    server.collect_masked(masked, {p: sessions[p].accused for p in parties})
+    survivors, dropped = server.unmask_request()
+    responses = {p: sessions[p].unmask(survivors, dropped) for p in survivors if p not in drop}
     total = server.unmask(responses)
     return server.decode(total), list(survivors)

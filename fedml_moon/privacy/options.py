@@ -23,6 +23,7 @@ class PrivacyArgs:
     secure_aggregation: bool = False
     secagg_threshold: int | str = "auto"  # t of each party's neighbourhood + itself; auto: a majority
     secagg_neighbours: int = 0  # SecAgg+ graph degree; 0: every other party (SecAgg)
+    secagg_min_group: int = 3  # no sum of fewer survivors (or of a disconnected set) is unmasked
     secagg_clip: float = 8.0  # fixed point: values clipped to [-clip, clip] ...
     secagg_bits: int = 22  # ... quantised to 2^bits levels ...
     secagg_modulus_bits: int = 32  # ... summed mod 2^k
@@ -43,11 +44,17 @@ class PrivacyArgs:
     def check(self) -> None:
         t = self.secagg_threshold
         require(
-            t == "auto" or (type(t) is int and t >= 1),
+            t == "auto" or (type(t) is int and t >= 2),
             "privacy_args.secagg_threshold",
-            f"must be 'auto' (a majority of each neighbourhood) or an integer >= 1; got {t!r}",
+            f"must be 'auto' (a majority of each neighbourhood) or an integer >= 2 (one share would give "
+            f"a secret away); got {t!r}",
         )
         require(self.secagg_neighbours >= 0, "privacy_args.secagg_neighbours", "must be >= 0 (0: all)")
+        require(
+            type(self.secagg_min_group) is int and self.secagg_min_group >= 2,
+            "privacy_args.secagg_min_group",
+            f"must be an integer >= 2 (a sum of one party is its input); got {self.secagg_min_group}",
+        )
         require(self.secagg_clip > 0, "privacy_args.secagg_clip", f"must be > 0; got {self.secagg_clip}")
         require(
             1 <= self.secagg_bits < self.secagg_modulus_bits <= 62,
@@ -112,6 +119,7 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
     )
     if not p.secure_aggregation:
         return
+    _crowd_checks(p, train.client_num_per_round)
     require(
         not cfg.validation_args.local_test,
         "validation_args.local_test",
@@ -131,4 +139,39 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
         "algorithm_args.prototype_mode",
         f"{mode!r} picks some parties' prototypes per class, which needs each party's upload; under secure "
         "aggregation use mean (the mean over every party that holds the class)",
+    )
+
+
+def _crowd_checks(p: PrivacyArgs, per_round: int) -> None:
+    """Secure aggregation's crowd rules against the round's size (README, Privacy): at least 3
+    parties a round, a threshold above half of each neighbourhood, a reachable secagg_min_group."""
+    require(
+        per_round >= 3,
+        "train_args.client_num_per_round",
+        f"secure aggregation needs at least 3 parties a round (with 1 the server reads its input, with 2 "
+        f"each learns the other's from the sum); got {per_round}: sample 3 or more, or turn "
+        "privacy_args.secure_aggregation off",
+    )
+    from fedml_moon.privacy.secagg_graph import neighbourhood_size  # cryptography: only when secure
+
+    size, t = neighbourhood_size(per_round, p.secagg_neighbours), p.secagg_threshold
+    require(
+        t == "auto" or 2 * t > size,
+        "privacy_args.secagg_threshold",
+        f"{t} is not more than half of a neighbourhood of {size} (itself included, from "
+        f"client_num_per_round={per_round} and secagg_neighbours={p.secagg_neighbours}): a server telling "
+        f"some neighbours a party survived and others that it dropped would rebuild both of its secrets; "
+        f"set it above {size // 2}, or auto",
+    )
+    require(
+        t == "auto" or t <= size,
+        "privacy_args.secagg_threshold",
+        f"{t} exceeds a neighbourhood of {size} (itself included): no secret could be rebuilt; lower it "
+        "or raise secagg_neighbours",
+    )
+    require(
+        p.secagg_min_group <= per_round,
+        "privacy_args.secagg_min_group",
+        f"{p.secagg_min_group} exceeds train_args.client_num_per_round={per_round}: no round could be "
+        "unmasked; lower it or sample more parties",
     )

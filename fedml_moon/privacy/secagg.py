@@ -5,15 +5,19 @@ party masks with, and shares its secrets among, only its k neighbours of a spars
 
 One round, U1 >= U2 >= U3 >= U4 the parties still there at each step:
   0. AdvertiseKeys: every party sends (c_pk, s_pk, b_commit) (`PartySession.advertise`); the server
-     hands each its neighbourhood's keys (`ServerSession.collect_keys`).
+     draws the round's graph from their digests and hands each its neighbourhood's keys and every
+     participant's key digest (`ServerSession.collect_keys`); each party recomputes the graph and
+     checks its neighbourhood (`secagg_graph`).
   1. ShareKeys: each party Shamir-shares its self-mask seed b_u and its s-seed among its neighbourhood
      + itself and sends each neighbour its shares under AES-GCM (`share`); the server routes them
      (`route`).
   2. MaskedInputCollection: y_u = encode(x_u) + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)
-     mod 2^k (`mask`); the server takes them (`collect_masked`).
-  3. Unmasking: each survivor reveals its shares of b_v for survivors v and of the s-seed of dropped v,
-     never both for one v (`PartySession.unmask`); the server rebuilds those secrets, checks them
-     against what was advertised and removes the masks (`ServerSession.unmask`, `decode`).
+     mod 2^k over the senders v whose shares opened (`mask`; the others are named in `accused`); the
+     server takes them and drops every accused party (`collect_masked`).
+  3. Unmasking: the server and each survivor check the crowd rules on the whole round's lists; each
+     survivor reveals its shares of b_v for survivors v and of the s-seed of dropped v, never both
+     for one v (`PartySession.unmask`); the server rebuilds those secrets, checks them against what
+     was advertised, steps around wrong shares and removes the masks (`ServerSession.unmask`).
 """
 
 from __future__ import annotations
@@ -32,18 +36,27 @@ from fedml_moon.privacy.secagg_common import (
     SecAggError,
     SecAggParams,
     check_keys,
-    neighbourhood,
     pack,
+    share_index,
     unpack,
+)
+from fedml_moon.privacy.secagg_graph import (
+    RoundGraph,
+    key_digest,
+    neighbourhood_size,
+    reveal_problem,
+    round_problem,
 )
 from fedml_moon.privacy.secagg_server import ServerSession
 
 __all__ = [
     "PartySession",
+    "RoundGraph",
     "SecAggError",
     "SecAggParams",
     "ServerSession",
-    "neighbourhood",
+    "key_digest",
+    "neighbourhood_size",
     "pack",
     "unpack",
 ]
@@ -52,7 +65,8 @@ log = logging.getLogger(__name__)
 
 
 class PartySession:
-    """One party u in one round, with fresh keys (Bonawitz et al. 2017, Fig. 4, user side)."""
+    """One party u in one round, with fresh keys (Bonawitz et al. 2017, Fig. 4, user side).
+    `accused`: after mask(), the neighbours whose shares did not open (sent in its masked message)."""
 
     def __init__(self, party: int, round_idx: int, params: SecAggParams) -> None:
         self.party, self.round_idx, self.params = party, round_idx, params
@@ -65,40 +79,40 @@ class PartySession:
             "s_pk": crypto.public_bytes(self._s_key),
             "b_commit": crypto.commit(self._b),
         }
+        self._graph: RoundGraph | None = None
         self._roster: dict[int, dict] = {}
-        self._neighbours: list[int] = []
         self._held: dict[int, tuple[int, int, int]] = {}  # v -> (x, y of b_v, y of v's s-seed)
+        self.accused: list[int] = []
         self._masked = False
         self._revealed = False
 
     def _fail(self, step: str, what: str) -> SecAggError:
         return SecAggError(f"round {self.round_idx}, {step}: party {self.party}: {what}")
 
+    @property
+    def graph(self) -> RoundGraph | None:
+        """The round's graph as this party drew it in share() (None before)."""
+        return self._graph
+
     def advertise(self) -> dict:
         """Round 0 (AdvertiseKeys): {"c_pk", "s_pk", "b_commit"}, 32 bytes each."""
         return dict(self._keys)
 
-    def share(self, roster: Mapping[int, dict]) -> dict[int, bytes]:
+    def share(self, roster: Mapping[int, dict], digests: Mapping[int, bytes]) -> dict[int, bytes]:
         """Round 1 (ShareKeys; Bonawitz et al. 2017, Fig. 4; Bell et al. 2020: neighbours only): one
         AES-GCM ciphertext per neighbour v holding v's shares of b_u and of u's s-seed. `roster`: the
-        advertised keys of the round's participants, its own included (all of them, or the
-        neighbourhood the server handed out: the graph is the same)."""
+        advertised keys of its neighbourhood, its own included; `digests`: every participant's key
+        digest, from which it draws the round's graph itself and checks the roster against it."""
         step = "share keys"
-        if self._roster:
+        if self._graph is not None:
             raise self._fail(step, "share() was already called this round")
         for v, keys in roster.items():
-            check_keys(self.round_idx, v, keys, step)
+            check_keys(self.round_idx, v, keys, step, usable=False)
         if roster.get(self.party) != self._keys:
             raise self._fail(step, "the roster's entry for this party is not the keys it advertised")
-        neighbours = neighbourhood(list(roster), self.party, self.params.neighbours)
-        members = sorted([*neighbours, self.party])
+        graph = self._check_graph(step, roster, digests)
+        members = graph.members(self.party)
         t = self.params.threshold
-        if len(members) < t:
-            raise self._fail(
-                step,
-                f"only {len(members)} parties in its neighbourhood + itself ({members}), fewer than the "
-                f"threshold t={t}: lower t or have more parties (or neighbours) in the round",
-            )
         b_shares = shamir.split(self._b, t, len(members))
         s_shares = shamir.split(self._s_seed, t, len(members))
         out: dict[int, bytes] = {}
@@ -109,8 +123,34 @@ class PartySession:
             key = self._agree(step, v, roster[v]["c_pk"])
             out[v] = crypto.seal_shares(key, self.round_idx, self.party, v, (x, y_b, y_s))
         self._roster = {v: dict(roster[v]) for v in members}
-        self._neighbours = neighbours
+        self._graph = graph
         return out
+
+    def _check_graph(self, step: str, roster: Mapping[int, dict], digests: Mapping[int, bytes]) -> RoundGraph:
+        """The round's graph drawn from `digests` (Bell et al. 2020, Sec. 4), once its own digest is
+        its keys', every roster entry its digest's, the round meets the crowd rules and the roster is
+        exactly its neighbourhood in that graph."""
+        if not isinstance(digests, Mapping) or digests.get(self.party) != key_digest(self._keys):
+            raise self._fail(
+                step, "the participants' digests do not hold the digest of the keys it advertised"
+            )
+        for v, keys in roster.items():
+            if digests.get(v) != key_digest(keys):
+                raise self._fail(
+                    step, f"party {v}'s keys in the roster do not match its digest: refusing to share"
+                )
+        graph = RoundGraph.draw(self.round_idx, digests, self.params.neighbours)
+        problem = round_problem(len(digests), graph.size(), self.params)
+        if problem is not None:
+            raise self._fail(step, f"{problem}: refusing to share")
+        expected = graph.members(self.party)
+        if sorted(roster) != expected:
+            raise self._fail(
+                step,
+                f"the roster hands it the neighbourhood {sorted(roster)[:10]}, but the round's graph (drawn "
+                f"from every participant's keys) gives {expected[:10]}: refusing to share",
+            )
+        return graph
 
     def _agree(self, step: str, v: int, c_pk: bytes) -> bytes:
         try:
@@ -126,18 +166,19 @@ class PartySession:
 
     def mask(self, vector: torch.Tensor, inbox: Mapping[int, bytes]) -> torch.Tensor:
         """Round 2 (MaskedInputCollection; Bonawitz et al. 2017, Fig. 4): decrypts and checks the shares
-        in `inbox` (sender -> ciphertext), then returns y_u = encode(x_u) + PRG(b_u) + sum_{v > u}
-        PRG(s_uv) - sum_{v < u} PRG(s_uv) mod 2^k over the senders v, as int64 in [0, 2^k)."""
+        in `inbox` (sender -> ciphertext); a sender whose shares do not open is left out and named in
+        `accused`. Returns y_u = encode(x_u) + PRG(b_u) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)
+        mod 2^k over the other senders v, as int64 in [0, 2^k)."""
         step = "masked input collection"
-        if not self._roster or self._masked:
+        if self._graph is None or self._masked:
             raise self._fail(step, "mask() comes once, after share()")
         if not isinstance(vector, torch.Tensor) or vector.dim() != 1 or not vector.is_floating_point():
             raise self._fail(step, "the input must be a 1-D float tensor")
-        self._open_inbox(step, inbox)
+        senders = self._open_inbox(step, inbox)
         k = self.params.encoding.k
         acc = self.params.encoding.encode(vector.detach().cpu()).numpy().astype(crypto.word_dtype(k))
         acc += crypto.prg(crypto.self_seed(self._b, self.round_idx), acc.size, k)
-        for v in sorted(inbox):
+        for v in senders:
             seed = self._pair_seed(step, v)
             if v > self.party:
                 acc += crypto.prg(seed, acc.size, k)
@@ -146,69 +187,76 @@ class PartySession:
         self._masked = True
         return torch.from_numpy(crypto.reduce(acc, k))
 
-    def _open_inbox(self, step: str, inbox: Mapping[int, bytes]) -> None:
-        """Decrypts every sender's ciphertext; a stranger, a tampered, replayed or relabelled one is
-        refused naming the sender; fewer than t - 1 senders leave b_u unrecoverable and are refused."""
+    def _open_inbox(self, step: str, inbox: Mapping[int, bytes]) -> list[int]:
+        """The senders whose shares open, sorted; a stranger is refused; one whose ciphertext is
+        tampered, replayed, relabelled or holds shares of the wrong form is left out and named in
+        `accused`; fewer than t - 1 good senders leave b_u unrecoverable and are refused."""
+        neighbours = self._graph.neighbours[self.party]
+        strangers = sorted(set(inbox) - neighbours)
+        if strangers:
+            raise self._fail(
+                step, f"got shares from parties {strangers}, not among its neighbours {sorted(neighbours)}"
+            )
+        held, bad = {}, []
+        for v, blob in sorted(inbox.items()):
+            share = self._open(v, blob)
+            if share is None:
+                bad.append(v)
+            else:
+                held[v] = share
+        if bad:
+            log.warning(
+                "round %d: party %d: the shares from parties %s do not open (tampered, replayed, relabelled "
+                "or malformed): it does not mask with them and names them to the server",
+                self.round_idx,
+                self.party,
+                bad,
+            )
         t = self.params.threshold
-        if len(inbox) + 1 < t:
+        if len(held) + 1 < t:
             raise self._fail(
                 step,
-                f"only {len(inbox)} neighbours shared with it ({sorted(inbox)}); with itself fewer than the "
+                f"only {len(held)} neighbours' shares opened ({sorted(held)}); with itself fewer than the "
                 f"threshold t={t}: this party cannot take part, treat it as dropped",
             )
-        held: dict[int, tuple[int, int, int]] = {}
-        for v, blob in inbox.items():
-            if v not in self._neighbours:
-                raise self._fail(
-                    step, f"got shares from party {v}, not one of its neighbours {self._neighbours}"
-                )
-            key = self._agree(step, v, self._roster[v]["c_pk"])
-            try:
-                if not isinstance(blob, bytes):
-                    raise ValueError(f"a {type(blob).__name__}, not bytes")
-                held[v] = crypto.open_shares(key, self.round_idx, v, self.party, blob)
-            except (InvalidTag, ValueError) as exc:
-                raise self._fail(
-                    step,
-                    f"the shares from party {v} do not decrypt ({type(exc).__name__}: tampered, replayed "
-                    f"from another round or relabelled from another sender): drop party {v}, rerun the round",
-                ) from exc
         self._held.update(held)
+        self.accused = bad
+        return sorted(held)
+
+    def _open(self, v: int, blob: object) -> tuple[int, int, int] | None:
+        """v's shares for this party, or None where they do not decrypt or are not a share of v's."""
+        try:
+            key = crypto.share_key(self._c_key, self._roster[v]["c_pk"], self.round_idx, self.party, v)
+            if not isinstance(blob, bytes):
+                return None
+            x, y_b, y_s = crypto.open_shares(key, self.round_idx, v, self.party, blob)
+        except (InvalidTag, ValueError):
+            return None
+        if x != share_index(self._graph.members(v), self.party) or max(y_b, y_s) >= shamir.P:
+            return None
+        return x, y_b, y_s
 
     def unmask(self, survivors: Sequence[int], dropped: Sequence[int]) -> dict:
-        """Round 3 (Unmasking; Bonawitz et al. 2017, Fig. 4, round 4): this party's shares of b_v for the
-        surviving v and of the s-seed of the dropped v, {"b": {v: (x, y)}, "s": {v: (x, y)}}, each v one
-        that shared with it. Refuses, revealing nothing, when the lists overlap, name a party that did
-        not share with it, leave fewer than t of its neighbourhood + itself, or come a second time."""
+        """Round 3 (Unmasking; Bonawitz et al. 2017, Fig. 4, round 4): given the whole round's
+        survivors and dropped, this party's shares of b_v for the surviving v and of the s-seed of the
+        dropped v among the senders it holds, {"b": {v: (x, y)}, "s": {v: (x, y)}}. Refuses, revealing
+        nothing, what `reveal_problem` names (the crowd rules recomputed on its own graph and threshold,
+        lists that overlap or leave out a sender, fewer than t survivors around it) and a second call."""
         step = "unmasking"
         if not self._masked:
             raise self._fail(step, "unmask() comes after mask()")
         if self._revealed:
             raise self._fail(step, "unmask() was already answered this round: shares are revealed once")
-        alive, gone = set(survivors), set(dropped)
-        if alive & gone:
-            raise self._fail(
-                step, f"parties {sorted(alive & gone)} are both survivors and dropped: refusing to reveal"
-            )
-        strangers = (alive | gone) - set(self._held)
-        if strangers:
-            raise self._fail(
-                step, f"parties {sorted(strangers)} did not share with this party: refusing to reveal"
-            )
-        if self.party in gone:
-            raise self._fail(step, "it is answering, so it cannot be listed as dropped: refusing to reveal")
-        here = len(alive & {self.party, *self._neighbours})
-        if here < self.params.threshold:
-            raise self._fail(
-                step,
-                f"only {here} of its neighbourhood + itself survive, fewer than the threshold "
-                f"t={self.params.threshold}: refusing to reveal; the round cannot be completed",
-            )
+        held = set(self._held)
+        problem = reveal_problem(self._graph, self.party, held, survivors, dropped, self.params)
+        if problem is not None:
+            raise self._fail(step, problem)
         self._revealed = True
+        alive, gone = sorted(set(survivors) & held), sorted(set(dropped) & held)
         log.debug(
             "round %d: party %d reveals %d + %d shares", self.round_idx, self.party, len(alive), len(gone)
         )
         return {
-            "b": {v: (self._held[v][0], self._held[v][1]) for v in sorted(alive)},
-            "s": {v: (self._held[v][0], self._held[v][2]) for v in sorted(gone)},
+            "b": {v: (self._held[v][0], self._held[v][1]) for v in alive},
+            "s": {v: (self._held[v][0], self._held[v][2]) for v in gone},
         }

@@ -1,6 +1,6 @@
 """What the party and the server sides of SecAgg / SecAgg+ share: the error, the parameters, the
-communication graph (Bell et al., CCS 2020, Sec. 3), the checks of advertised keys and of masked
-vectors, and the wire form of masked vectors. Re-exported by `fedml_moon.privacy.secagg`."""
+checks of advertised keys and of masked vectors, and the wire form of masked vectors (the graph and
+the crowd rules: `secagg_graph`). Re-exported by `fedml_moon.privacy.secagg`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedml_moon.core.fixed_point import FixedPoint
-from fedml_moon.privacy.secagg_crypto import KEY_BYTES
+from fedml_moon.privacy.secagg_crypto import KEY_BYTES, usable_public
 
 KEY_FIELDS = ("c_pk", "s_pk", "b_commit")
 
@@ -22,11 +22,13 @@ class SecAggError(RuntimeError):
 @dataclass(frozen=True)
 class SecAggParams:
     """t shares of a party's neighbourhood + itself rebuild its secrets; `neighbours` = SecAgg+ degree k
-    (0 or >= n - 1: every other party, plain SecAgg); masked sums live in the encoding's Z_(2^k)."""
+    (0 or >= n - 1: every other party, plain SecAgg); masked sums live in the encoding's Z_(2^k);
+    `min_group`: the fewest survivors whose sum may be unmasked (`secagg_graph.survivors_problem`)."""
 
     threshold: int
     neighbours: int = 0
     encoding: FixedPoint = field(default_factory=FixedPoint)
+    min_group: int = 3
 
     def __post_init__(self) -> None:
         if not _is_int(self.threshold) or self.threshold < 1:
@@ -35,6 +37,11 @@ class SecAggParams:
             raise ValueError(
                 f"SecAggParams.neighbours (SecAgg+ degree k) must be an integer >= 0 (0: every other "
                 f"party); got {self.neighbours!r}"
+            )
+        if not _is_int(self.min_group) or self.min_group < 2:
+            raise ValueError(
+                f"SecAggParams.min_group must be an integer >= 2 (a sum of one party is its input); "
+                f"got {self.min_group!r}"
             )
         if not isinstance(self.encoding, FixedPoint):
             raise ValueError(
@@ -46,24 +53,10 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def neighbourhood(participants: Sequence[int], party: int, k: int) -> list[int]:
-    """Sorted neighbours of `party` (not itself) in a symmetric circulant (Harary-style) graph over the
-    sorted participant ids: k // 2 on each side (k rounded up to even), wrapping around; everyone else when
-    k == 0 or k >= n - 1 (Bell et al. 2020, Sec. 3: each party talks to its graph neighbours only)."""
-    ids = sorted(set(participants))
-    if party not in ids:
-        raise SecAggError(f"party {party} is not among the participants {ids}: it cannot have neighbours")
-    n = len(ids)
-    if k == 0 or k >= n - 1:
-        return [v for v in ids if v != party]
-    half = (k + 1) // 2
-    at = ids.index(party)
-    near = {ids[(at + d) % n] for d in range(1, half + 1)} | {ids[(at - d) % n] for d in range(1, half + 1)}
-    return sorted(near - {party})
-
-
-def check_keys(round_idx: int, party: object, keys: object, step: str) -> None:
-    """An advertise() dict: {"c_pk", "s_pk", "b_commit"} of 32 bytes each, from an integer party id."""
+def check_keys(round_idx: int, party: object, keys: object, step: str, usable: bool = True) -> None:
+    """An advertise() dict: {"c_pk", "s_pk", "b_commit"} of 32 bytes each, from an integer party id;
+    with `usable`, c_pk and s_pk also X25519 points that agreement can use (the server checks it once
+    per round; a party's own agreement fails on such a key anyway)."""
     if not _is_int(party):
         raise SecAggError(f"round {round_idx}, {step}: party ids must be integers; got {party!r}")
     if not isinstance(keys, Mapping) or set(keys) != set(KEY_FIELDS):
@@ -79,6 +72,12 @@ def check_keys(round_idx: int, party: object, keys: object, step: str) -> None:
             raise SecAggError(
                 f"round {round_idx}, {step}: party {party}'s {name} must be {KEY_BYTES} bytes; got {size}: "
                 f"leave party {party} out of the round or have it advertise again"
+            )
+    for name in ("c_pk", "s_pk") if usable else ():
+        if not usable_public(keys[name]):
+            raise SecAggError(
+                f"round {round_idx}, {step}: party {party}'s {name} is a low-order X25519 point, with which "
+                f"no key can be agreed: leave party {party} out of the round"
             )
 
 

@@ -34,6 +34,19 @@ def _hkdf(material: bytes, info: bytes) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(material)
 
 
+_PROBE = X25519PrivateKey.generate()
+
+
+def usable_public(public: bytes) -> bool:
+    """Whether 32 bytes are an X25519 public key that agreement can use: not a low-order point, whose
+    shared secret would be all zeros (RFC 7748, Sec. 6.1), with which every exchange fails."""
+    try:
+        _PROBE.exchange(X25519PublicKey.from_public_bytes(public))
+    except ValueError:
+        return False
+    return True
+
+
 def seed_bytes(seed: int) -> bytes:
     """A seed < 2^127 as its 16 big-endian bytes."""
     return seed.to_bytes(SEED_BYTES, "big")

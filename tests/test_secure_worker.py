@@ -1,0 +1,89 @@
+"""A worker's side of secure aggregation's messages (`SecureWorker`), on a silo holding three parties:
+a party whose upload diverged leaves at masking while the others go on, and the worker takes the
+round's participant count and threshold from its own config and the digests it is sent, never from
+the server's word: a roster that disagrees with itself, or names fewer than 3, is refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fedml.core.distributed.communication.message import Message
+
+from fedml_moon.distributed import protocol as p
+from fedml_moon.distributed.secure import keys_from_wire
+from fedml_moon.distributed.secure_worker import SecureWorker
+from fedml_moon.privacy.mod import PrivateAggregation
+from fedml_moon.privacy.options import PrivacyArgs
+from fedml_moon.privacy.secagg import key_digest
+
+
+class _Worker(SecureWorker):
+    """The worker side's handlers, on a silo holding parties 0, 1 and 2 (what its manager would hold)."""
+
+    def __init__(self, privacy) -> None:
+        self.rank, self.sent = 1, []
+        train = type("Train", (), {"client_num_per_round": 3})()
+        config = type("Cfg", (), {"privacy_args": privacy, "train_args": train})()
+        self.built = type("Built", (), {"run_config": config})()
+
+    def send(self, kind: str, receiver: int, **params) -> None:
+        self.sent.append((kind, params))
+
+
+def _msg(kind: str, **params) -> Message:
+    msg = Message(kind, 0, 1)
+    for key, value in params.items():
+        msg.add_params(key, value)
+    return msg
+
+
+def _worker_with_keys(privacy, values=(math.nan, 0.5, -0.5)) -> tuple[_Worker, list[dict], list[dict]]:
+    """A worker whose 3 parties trained and advertised; the ROSTER fields an honest server sends it
+    (every party's keys: the complete graph of 3) and their digests."""
+    worker = _Worker(privacy)
+    received = {"model": {"w": torch.zeros(3)}}
+    tasks = [{"party": q, "payload": received} for q in (0, 1, 2)]
+    uploads = [{"model": {"w": torch.full((3,), v)}, "party_id": q} for q, v in enumerate(values)]
+    worker.secure_train(0, tasks, [(10.0, u) for u in uploads])
+    ((kind, keys),) = worker.sent
+    assert kind == p.KEYS and [k["party"] for k in keys["keys"]] == [0, 1, 2]
+    digests = [{"party": k["party"], "digest": key_digest(keys_from_wire(k)[1]).hex()} for k in keys["keys"]]
+    return worker, [{"party": q, "keys": keys["keys"]} for q in (0, 1, 2)], digests
+
+
+def test_a_diverged_party_leaves_at_masking_and_the_silos_other_parties_go_on(caplog):
+    privacy = PrivacyArgs(secure_aggregation=True)
+    worker, roster, digests = _worker_with_keys(privacy)
+    worker.on_sa_roster(_msg(p.ROSTER, round=0, participants=3, digests=digests, rosters=roster))
+    shares = worker.sent[-1][1]["shares"]
+    assert len(shares) == 6  # each of 3 parties to its 2 neighbours
+    plan = PrivateAggregation(privacy, {"model": "update"}, dict.fromkeys(range(3), 1.0), 3).plan(0).to_dict()
+    inbox = {
+        q: [{"sender": s["sender"], "ct": s["ct"]} for s in shares if s["receiver"] == q] for q in (0, 1, 2)
+    }
+    mask = [{"party": q, "plan": plan, "inbox": inbox[q]} for q in (0, 1, 2)]
+    worker.on_sa_mask(_msg(p.MASK, round=0, tasks=mask))
+    kind, masked = worker.sent[-1]
+    assert kind == p.MASKED and [i["party"] for i in masked["items"]] == [1, 2]
+    assert all(i["accused"] == [] for i in masked["items"])
+    assert "party 0 does not mask its vector this round: the upload holds NaN or Inf" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("keep", "participants", "said"),
+    [
+        (3, 4, "the roster says 4 participants but names 3"),
+        (2, 2, "2 participants, fewer than 3"),
+    ],
+)
+def test_a_worker_checks_the_rosters_participants_against_its_own_config(caplog, keep, participants, said):
+    """The participant count and t come from the worker's own config and the digests it is sent,
+    never from the server's word: a roster that disagrees, or names fewer than 3, is refused."""
+    worker, roster, digests = _worker_with_keys(PrivacyArgs(secure_aggregation=True))
+    rosters = [{"party": r["party"], "keys": r["keys"][:keep]} for r in roster[:keep]]
+    msg = _msg(p.ROSTER, round=0, participants=participants, digests=digests[:keep], rosters=rosters)
+    worker.on_sa_roster(msg)
+    assert worker.sent[-1] == (p.SHARES, {"round": 0, "shares": []})
+    assert said in caplog.text and "refusing to share" in caplog.text

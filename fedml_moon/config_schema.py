@@ -227,6 +227,7 @@ class CommArgs:
     round_timeout_s: float | None = None
     min_reports: int | str | None = "half"
     heartbeat_s: float = 5.0
+    receive_timeout_s: float = 300.0  # gRPC: a call whose request has not arrived by then is cut
     grpc_ipconfig_path: str | None = None
     grpc_max_message_mb: int = 1024
     max_message_mb: float | None = None  # the largest message the server takes; None: from the model
@@ -269,6 +270,12 @@ class CommArgs:
             "dead or late), all (every sampled party: exact), or an integer >= 1",
         )
         require(self.heartbeat_s > 0, "comm_args.heartbeat_s", "must be > 0 seconds")
+        require(
+            self.receive_timeout_s > 0,
+            "comm_args.receive_timeout_s",
+            "must be > 0 seconds: how long the gRPC server waits for a call's request (a silo's whole "
+            "upload) before it cuts the call; give it more than the slowest silo's upload takes",
+        )
         if isinstance(self.tls, bool):
             self.tls = "on" if self.tls else "off"
         require(

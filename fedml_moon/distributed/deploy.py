@@ -150,7 +150,15 @@ def make_transport(
                     "the address to listen on, or set comm_args.bind_all: true"
                 )
             security = grpc_security(c, 0, ip)
-            return GrpcServerTransport(ip, port, c.grpc_max_message_mb, workers, security, max_frame_bytes)
+            return GrpcServerTransport(
+                ip,
+                port,
+                c.grpc_max_message_mb,
+                workers,
+                security,
+                max_frame_bytes,
+                receive_timeout_s=c.receive_timeout_s,
+            )
         security = grpc_security(c, rank, ingress)
         return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s, security)
     from fedml_moon.distributed.transport.mqtt_s3 import MqttS3Transport, ensure_bucket

@@ -1,18 +1,27 @@
-"""What every transport shares: Message <-> bytes, and a receive queue the main thread blocks on."""
+"""What every transport shares: Message <-> bytes, and a receive queue the main thread blocks on.
+
+What waits in the queue is counted per sender and bounded (`inflight`); refusals are logged in
+bounded size and rate-limited per source (`fedml_moon.distributed.refusals.RefusalLog`), with a
+summary of what was only counted once its window closes.
+"""
 
 from __future__ import annotations
 
 import logging
 import queue
+import threading
 from typing import Any
 
 from fedml.core.distributed.communication.base_com_manager import BaseCommunicationManager
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.core.codec import CodecError, decode, encode
+from fedml_moon.distributed.refusals import RefusalLog
+from fedml_moon.distributed.transport.inflight import OWN, QUEUED, REFUSED, InFlight, Waiting, coalesced_kind
 
 log = logging.getLogger(__name__)
 _STOP = object()
+DEFAULT_FRAME_BYTES = 1 << 30
 
 
 class TransportError(ConnectionError):
@@ -39,14 +48,22 @@ def message_from_bytes(data: bytes) -> Message:
 
 
 class QueueTransport(BaseCommunicationManager):
-    """Base of the plugin's transports. Receive threads call `deliver(bytes)`; the FedML manager's
-    `run()` calls `handle_receive_message()`, which blocks on a queue and hands each message to the
-    observers in the calling thread, until `stop_receive_message()`."""
+    """Base of the plugin's transports. Receive threads call `deliver(bytes)` (or `admit`); the FedML
+    manager's `run()` calls `handle_receive_message()`, which blocks on a queue and hands each message
+    to the observers in the calling thread, until `stop_receive_message()`. At most 16 messages and
+    `2 x max_frame_bytes + 1 MiB` bytes of one sender wait in the queue; heartbeats and ticks coalesce
+    (see `inflight`)."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(
+        self, rank: int, max_frame_bytes: int = DEFAULT_FRAME_BYTES, refusals: RefusalLog | None = None
+    ) -> None:
         self.rank = int(rank)
         self._observers: list[Any] = []
         self._inbox: queue.Queue = queue.Queue()
+        self.inflight = InFlight(max_frame_bytes)
+        self.refusals = refusals or RefusalLog(log)
+        self._flusher: threading.Timer | None = None
+        self._flusher_lock = threading.Lock()
         self.running = True
         self.bytes_sent = 0  # encoded message bytes this process sent / received (the wire payload)
         self.bytes_received = 0
@@ -65,31 +82,73 @@ class QueueTransport(BaseCommunicationManager):
     def send_bytes(self, receiver: int, data: bytes) -> None:
         raise NotImplementedError
 
-    def deliver(self, data: bytes) -> None:
-        """Decode received bytes and queue the message; malformed bytes are logged and dropped."""
+    def deliver(self, data: bytes, source: str = "a peer") -> str:
+        """Decode received bytes and queue the message (QUEUED, COALESCED or REFUSED); malformed
+        bytes and a message over its sender's bound are logged (bounded) and dropped."""
         self.bytes_received += len(data)
         try:
             msg = message_from_bytes(data)
         except CodecError as err:
-            log.warning("rank %d dropped a malformed message (%d bytes): %s", self.rank, len(data), err)
-            return
-        self._inbox.put(msg)
+            what = f"rank {self.rank} dropped a malformed message ({len(data)} bytes) from {source}: {err}"
+            self.refuse(source, what, "a malformed message")
+            return REFUSED
+        verdict = self.admit(msg, len(data))
+        if verdict == REFUSED:
+            self.refuse_busy(source, msg.get_sender_id())
+        return verdict
+
+    def admit(self, msg: Message, size: int) -> str:
+        """Queue `msg` (`size` bytes on the wire) unless its sender is over its bound (REFUSED, not
+        logged here) or one of its kind already waits (COALESCED)."""
+        sender, kind = msg.get_sender_id(), coalesced_kind(msg.get_type())
+        verdict = self.inflight.admit(sender, kind, size)
+        if verdict == QUEUED:
+            self._inbox.put(Waiting(msg, sender, kind, size))
+        return verdict
+
+    def refuse_busy(self, source: str, sender: Any) -> None:
+        """Log that a message of `sender` was dropped for its in-flight bound."""
+        what = f"rank {self.rank} dropped a message from {source}: {self.inflight.describe(sender)}"
+        self.refuse(source, what, "too many messages waiting")
 
     def post(self, msg: Message) -> None:
-        """Queue a message from this process itself (timers, watchdogs) for the main thread."""
-        self._inbox.put(msg)
+        """Queue a message from this process itself (timers, watchdogs) for the main thread; a TICK
+        while one is waiting is dropped."""
+        kind = coalesced_kind(msg.get_type())
+        if self.inflight.admit(OWN, kind, 0, bounded=False) == QUEUED:
+            self._inbox.put(Waiting(msg, OWN, kind, 0))
 
     def handle_receive_message(self) -> None:
         while True:
-            msg = self._inbox.get()
-            if msg is _STOP:
+            item = self._inbox.get()
+            if item is _STOP:
                 return
+            self.inflight.release(item.sender, item.kind, item.size)
             for observer in list(self._observers):
-                observer.receive_message(msg.get_type(), msg)
+                observer.receive_message(item.msg.get_type(), item.msg)
+
+    def refuse(self, source: str, what: str, reason: str = "") -> None:
+        """Log a refusal through `self.refusals` (bounded, rate-limited per `source`); a timer writes
+        the summary of what was only counted once the window closes."""
+        self.refusals.refused(source, what, reason)
+        with self._flusher_lock:
+            if self._flusher is None and self.running:
+                self._flusher = threading.Timer(self.refusals.window_s + 0.05, self._flush)
+                self._flusher.daemon = True
+                self._flusher.start()
+
+    def _flush(self) -> None:
+        with self._flusher_lock:
+            self._flusher = None
+        self.refusals.flush()
 
     def stop_receive_message(self) -> None:
         self.running = False
         self._inbox.put(_STOP)
+        with self._flusher_lock:
+            if self._flusher is not None:
+                self._flusher.cancel()
+                self._flusher = None
         self.close()
 
     def close(self) -> None:

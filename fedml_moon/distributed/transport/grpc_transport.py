@@ -1,8 +1,9 @@
 """gRPC transport: only the server (rank 0) listens; silos connect out to it.
 
-Two methods on a generic service (no generated code; frames are codec bytes):
-  /fedml_moon.Transport/Send       unary, silo -> server
-  /fedml_moon.Transport/Subscribe  server-streaming, server -> silo (the request names the silo's rank)
+Two methods on a generic service (no generated code; frames are codec bytes), both request-streaming
+so that the server's handler runs as a call arrives, before any of its request is read:
+  /fedml_moon.Transport/Send       stream-unary, silo -> server (one request message: the frame)
+  /fedml_moon.Transport/Subscribe  stream-stream, server -> silo (one request message: the 8-byte rank)
 A silo behind NAT or a firewall that allows outgoing connections can take part, and start order does
 not matter: silos call with `wait_for_ready`, and the server keeps each silo's frames until it has
 subscribed. gRPC's own threads block while idle; nothing polls.
@@ -10,92 +11,74 @@ subscribed. gRPC's own threads block while idle; nothing polls.
 Security (`GrpcSecurity`): TLS with the server's certificate, which silos verify against the run's
 CA; silos authenticate with mutual TLS (certificate common name `silo-<rank>`) or a per-silo token
 (`authorization: Bearer ...` with `x-fedml-moon-rank`, checked against SHA-256 digests). The server
-refuses, and logs with the peer's address, any call that does not authenticate, any frame that is not
-a message, any message whose sender is not the authenticated rank or not a rank of this run, and any
-subscription to another rank's frames; oversized frames are refused by gRPC itself. It keeps running.
-A token is checked from the call's headers before any of its frame is read (`_TokenGate`, a server
-interceptor), so a caller without one cannot make the server take in a frame of up to its limit.
+refuses any call that does not authenticate, any frame that is not a message, any message whose
+sender is not the authenticated rank or not a rank of this run, and any subscription to another
+rank's frames; oversized frames are refused by gRPC itself. It keeps running. A token is checked from
+the call's headers before any of its frame is read (`_TokenGate`, a server interceptor).
+
+Bounds on what a silo with valid credentials can hold (`slots`): each rank has at most 2 Send calls
+in progress and 1 Subscribe stream (a newer Subscribe of the rank ends the older one); a Send over
+its rank's slots is refused RESOURCE_EXHAUSTED before its request is read, and the thread pool holds
+every rank's slots plus a margin, so an honest silo always finds a thread. A call whose request
+message has not fully arrived `receive_timeout_s` after it started is cut by a watchdog. At most 16
+messages and 2 x the frame limit + 1 MiB of one silo wait for the main thread (`inflight`); a Send
+past that is refused RESOURCE_EXHAUSTED, which the silo retries with its back-off. With `auth: none`
+(loopback development only) a caller has no identity before its request is read, so slots are kept
+per peer host with larger caps (2 x workers + 2 Sends, workers + 1 Subscribes). Refusals are logged
+bounded and rate-limited per rank or peer host (`RefusalLog`).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import struct
 import threading
-import time
+from collections.abc import Hashable, Iterator
 from concurrent import futures
-from dataclasses import dataclass
 
 import grpc
 
 from fedml_moon.core.codec import CodecError
-from fedml_moon.distributed.transport.base import QueueTransport, TransportError, message_from_bytes
-from fedml_moon.security import check_token, rank_of_common_name
+from fedml_moon.distributed.refusals import RefusalLog, bounded
+from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.distributed.transport.grpc_client import GrpcClientTransport
+from fedml_moon.distributed.transport.grpc_common import (
+    BUSY_HEADER,
+    RANK,
+    RANK_HEADER,
+    SERVICE,
+    GrpcSecurity,
+    Refused,
+    channel_options,
+    peer_host,
+    token_rank,
+)
+from fedml_moon.distributed.transport.inflight import REFUSED
+from fedml_moon.distributed.transport.slots import Lease, Outbox, Slots, Watchdog, pool_size, slot_caps
+from fedml_moon.security import rank_of_common_name
 
+__all__ = [
+    "RANK_HEADER",
+    "SERVICE",
+    "GrpcClientTransport",
+    "GrpcSecurity",
+    "GrpcServerTransport",
+    "Refused",
+    "channel_options",
+    "token_rank",
+]
 log = logging.getLogger(__name__)
-SERVICE = "fedml_moon.Transport"
-_RANK = struct.Struct("<q")
-_END = object()
-RETRY_S = (0.2, 2.0)  # back-off of a silo reconnecting to its server (seconds)
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-RANK_HEADER = "x-fedml-moon-rank"
-
-
-@dataclass
-class GrpcSecurity:
-    """TLS and silo authentication. `auth`: "mtls", "token" or "none" (loopback development only)."""
-
-    tls: bool = False
-    ca: bytes | None = None
-    cert: bytes | None = None  # this process's certificate (the server's; a silo's with mtls)
-    key: bytes | None = None
-    auth: str = "none"
-    token: str | None = None  # a silo's own token
-    tokens: dict[int, str] | None = None  # the server's table: rank -> SHA-256 of the token
-
-    def metadata(self, rank: int) -> tuple[tuple[str, str], ...]:
-        if self.auth != "token":
-            return ()
-        return ((RANK_HEADER, str(rank)), ("authorization", f"Bearer {self.token}"))
-
-
-class Refused(Exception):
-    """A call the server does not accept (the reason goes to the log and to the caller)."""
-
-    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-
-
-def channel_options(max_message_mb: int, receive_bytes: int | None = None) -> list[tuple[str, int]]:
-    """gRPC's limits: `max_message_mb` both ways, or `receive_bytes` for what comes in (gRPC refuses
-    a larger frame as it arrives, before the handler or anything else sees it)."""
-    size = min(int(max_message_mb) * 1024 * 1024, 2**31 - 1)
-    return [
-        ("grpc.max_send_message_length", size),
-        ("grpc.max_receive_message_length", min(size, receive_bytes or size)),
-        ("grpc.enable_http_proxy", 0),
-    ]
-
-
-def token_rank(tokens: dict[int, str], metadata) -> int:
-    """The rank a call's headers (`x-fedml-moon-rank`, `authorization: Bearer ...`) authenticate as;
-    Refused (UNAUTHENTICATED) when they do not."""
-    meta = dict(metadata or ())
-    claimed, bearer = meta.get(RANK_HEADER, ""), meta.get("authorization", "")
-    token = bearer[len("Bearer ") :] if bearer.startswith("Bearer ") else ""
-    if not (claimed.isascii() and claimed.isdigit()) or not check_token(tokens, int(claimed), token):
-        raise Refused(grpc.StatusCode.UNAUTHENTICATED, f"bad or missing token for rank {claimed!r}")
-    return int(claimed)
+class _Ended(Exception):
+    """The call was cut (by the watchdog, or a newer Subscribe of its caller) while its request was
+    read; it is already cancelled and logged."""
 
 
 class _TokenGate(grpc.ServerInterceptor):
     """With `auth: token`, checks a call's token from its headers as the call arrives, before its
-    request is read: a call that does not authenticate gets a request-streaming handler that refuses
-    without taking a message (gRPC's Python server starts receiving a unary request before its
-    handler runs, and a streaming one only when the handler iterates over it)."""
+    request is read: a call that does not authenticate gets a handler that refuses without taking a
+    message."""
 
     def __init__(self, server: GrpcServerTransport) -> None:
         self.server = server
@@ -111,7 +94,7 @@ class _TokenGate(grpc.ServerInterceptor):
             refused = err
 
         def refuse(_requests, context):  # never iterates `_requests`: no request bytes are read
-            self.server._refuse(context, refused)
+            self.server._refuse(context, refused, peer_host(context.peer()))
 
         if handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(refuse)
@@ -129,17 +112,23 @@ class GrpcServerTransport(QueueTransport):
         workers: int,
         security: GrpcSecurity | None = None,
         max_frame_bytes: int | None = None,
+        receive_timeout_s: float = 300.0,
+        refusals: RefusalLog | None = None,
     ) -> None:
-        super().__init__(0)
+        frame_bytes = max_frame_bytes or min(int(max_message_mb) << 20, 2**31 - 1)
+        super().__init__(0, frame_bytes, refusals)
         self.security = security or GrpcSecurity()
         self.ranks = set(range(1, workers + 1))
-        self._outboxes: dict[int, queue.Queue] = {}
+        self.receive_timeout_s = float(receive_timeout_s)
+        self._outboxes: dict[int, Outbox] = {}
         self._lock = threading.Lock()
+        self.slots = Slots(*slot_caps(self.security.auth, workers))
+        self.watchdog = Watchdog()
         handlers = {
-            "Send": grpc.unary_unary_rpc_method_handler(self._on_send),
-            "Subscribe": grpc.unary_stream_rpc_method_handler(self._on_subscribe),
+            "Send": grpc.stream_unary_rpc_method_handler(self._on_send),
+            "Subscribe": grpc.stream_stream_rpc_method_handler(self._on_subscribe),
         }
-        pool = futures.ThreadPoolExecutor(max_workers=max(4, 2 * workers + 2))
+        pool = futures.ThreadPoolExecutor(max_workers=pool_size(self.security.auth, workers))
         gate = [_TokenGate(self)] if self.security.auth == "token" else []
         self.server = grpc.server(
             pool, options=channel_options(max_message_mb, max_frame_bytes), interceptors=gate
@@ -147,6 +136,7 @@ class GrpcServerTransport(QueueTransport):
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         self.address = f"{host}:{port}"
         if self._bind() == 0:
+            self.watchdog.stop()
             raise OSError(f"cannot listen on {self.address} (in use, or not an address of this host)")
         self.server.start()
         log.info(
@@ -166,9 +156,9 @@ class GrpcServerTransport(QueueTransport):
         )
         return self.server.add_secure_port(self.address, creds)
 
-    def _outbox(self, rank: int) -> queue.Queue:
+    def _outbox(self, rank: int) -> Outbox:
         with self._lock:
-            return self._outboxes.setdefault(rank, queue.Queue())
+            return self._outboxes.setdefault(rank, Outbox())
 
     def _identify(self, context: grpc.ServicerContext) -> int | None:
         """The caller's authenticated rank (None with auth "none"); Refused when it has none."""
@@ -183,57 +173,131 @@ class GrpcServerTransport(QueueTransport):
             return token_rank(sec.tokens or {}, context.invocation_metadata())
         return None
 
-    def _refuse(self, context: grpc.ServicerContext, err: Refused) -> None:
-        log.warning("refused a call from %s: %s", context.peer(), err)
-        context.abort(err.code, str(err))
+    def _caller(self, context: grpc.ServicerContext) -> tuple[Hashable, str, int | None]:
+        """(slot key, log source, rank) of a call, from its credentials before its request is read:
+        its rank, or with auth "none" its peer's host."""
+        rank = self._identify(context)
+        if rank is None:
+            host = peer_host(context.peer())
+            return host, host, None
+        if rank not in self.ranks:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {rank} is not a rank of this run")
+        return rank, f"rank {rank}", rank
 
-    def _on_send(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+    def _refuse(self, context: grpc.ServicerContext, err: Refused, source: str) -> None:
+        peer = bounded(context.peer(), 80)
+        self.refuse(source, f"refused a call from {source} ({peer}): {err}", err.kind)
+        if err.busy:
+            context.set_trailing_metadata(((BUSY_HEADER, "1"),))
+        context.abort(err.code, bounded(err, 300))
+
+    def _read(self, requests: Iterator[bytes], lease: Lease, source: str, method: str) -> bytes:
+        """The call's one request message; the call is cut if it has not arrived in time."""
+
+        def cut() -> None:
+            self.refuse(
+                source,
+                f"cut a {method} call from {source}: its request did not arrive within "
+                f"{self.receive_timeout_s:g} s (comm_args.receive_timeout_s)",
+                "request not in time",
+            )
+            lease.end("its request did not arrive in time")
+
+        handle = self.watchdog.arm(self.receive_timeout_s, cut)
         try:
-            rank = self._identify(context)
-            try:
-                msg = message_from_bytes(request)
-            except CodecError as err:
+            return next(requests)
+        except grpc.RpcError:  # the call ended while its request was read: gRPC ends it quietly
+            if lease.ended is not None:
+                raise _Ended() from None
+            raise
+        except StopIteration:
+            if lease.ended is not None:
+                raise _Ended() from None
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"a {method} call without a request") from None
+        finally:
+            self.watchdog.disarm(handle)
+
+    def _on_send(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        source = peer_host(context.peer())
+        try:
+            key, source, rank = self._caller(context)
+            lease = Lease(context)
+            if not self.slots.take("Send", key, lease):
                 raise Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"not a message ({len(request)} bytes): {err}"
-                ) from None
-            sender = msg.get_sender_id()
-            if (
-                (rank is not None and sender != rank)
-                or sender not in self.ranks
-                or msg.get_receiver_id() != 0
-            ):
-                raise Refused(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"a message from rank {sender} to rank {msg.get_receiver_id()} sent by rank {rank}",
+                    RESOURCE_EXHAUSTED,
+                    f"{source} already has {self.slots.caps['Send']} Send calls in progress",
+                    "too many Send calls at once",
+                    busy=True,
                 )
+            try:
+                self._take(self._read(requests, lease, source, "Send"), rank)
+            finally:
+                self.slots.free("Send", key, lease)
         except Refused as err:
-            self._refuse(context, err)
-        self.bytes_received += len(request)
-        self._inbox.put(msg)
+            self._refuse(context, err, source)
+        except _Ended:
+            pass
         return b""
 
-    def _on_subscribe(self, request: bytes, context: grpc.ServicerContext):
+    def _take(self, data: bytes, rank: int | None) -> None:
+        """Queue the message in `data` from a caller authenticated as `rank`; Refused if it is not a
+        message of that rank to the server, or its rank is over its in-flight bound."""
         try:
-            rank = self._identify(context)
-            if len(request) != _RANK.size:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "subscribe with an 8-byte rank")
-            (wanted,) = _RANK.unpack(request)
-            if (rank is not None and wanted != rank) or wanted not in self.ranks:
-                raise Refused(
-                    grpc.StatusCode.PERMISSION_DENIED, f"rank {rank} asked for rank {wanted}'s frames"
-                )
-        except Refused as err:
-            self._refuse(context, err)
-        outbox = self._outbox(wanted)
-        log.info("rank %d subscribed", wanted)
-        while self.running and context.is_active():
-            try:
-                frame = outbox.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if frame is _END:
+            msg = message_from_bytes(data)
+        except CodecError as err:
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT, f"not a message ({len(data)} bytes): {err}"
+            ) from None
+        sender = msg.get_sender_id()
+        if (rank is not None and sender != rank) or sender not in self.ranks or msg.get_receiver_id() != 0:
+            raise Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"a message from rank {sender} to rank {msg.get_receiver_id()} sent by rank {rank}",
+            )
+        if self.admit(msg, len(data)) == REFUSED:
+            raise Refused(
+                RESOURCE_EXHAUSTED, self.inflight.describe(sender), "too many messages waiting", busy=True
+            )
+        self.bytes_received += len(data)
+
+    def _on_subscribe(self, requests: Iterator[bytes], context: grpc.ServicerContext):
+        source = peer_host(context.peer())
+        try:
+            key, source, rank = self._caller(context)
+            lease = Lease(context)
+            if not context.add_callback(lambda: lease.end("", cancel=False)):  # called once it is over
                 return
-            yield frame
+            self.slots.take("Subscribe", key, lease)
+            try:
+                wanted = self._wanted(self._read(requests, lease, source, "Subscribe"), rank)
+                yield from self._stream(wanted, lease)
+            finally:
+                self.slots.free("Subscribe", key, lease)
+        except Refused as err:
+            self._refuse(context, err, source)
+        except _Ended:
+            return
+
+    def _wanted(self, request: bytes, rank: int | None) -> int:
+        if len(request) != RANK.size:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "subscribe with an 8-byte rank")
+        (wanted,) = RANK.unpack(request)
+        if (rank is not None and wanted != rank) or wanted not in self.ranks:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {rank} asked for rank {wanted}'s frames")
+        return wanted
+
+    def _stream(self, wanted: int, lease: Lease) -> Iterator[bytes]:
+        """Rank `wanted`'s frames, until the server closes, the call ends, or a newer Subscribe of
+        the rank takes its place (Refused RESOURCE_EXHAUSTED)."""
+        outbox = self._outbox(wanted)
+        reader = outbox.claim()
+        if lease.streaming(outbox.wake):
+            log.info("rank %d subscribed", wanted)
+            while (frame := outbox.next(reader, lease)) is not None:
+                yield frame
+        why = lease.ended or ("a newer Subscribe took its place" if outbox.replaced(reader) else "")
+        if why:
+            raise Refused(RESOURCE_EXHAUSTED, f"rank {wanted}'s stream ended: {why}", "stream replaced")
 
     def send_bytes(self, receiver: int, data: bytes) -> None:
         self._outbox(receiver).put(data)
@@ -241,100 +305,6 @@ class GrpcServerTransport(QueueTransport):
     def close(self) -> None:
         with self._lock:
             for outbox in self._outboxes.values():
-                outbox.put(_END)
+                outbox.close()
         self.server.stop(grace=2.0).wait(5.0)
-
-
-class GrpcClientTransport(QueueTransport):
-    """A silo: sends with unary calls, receives on a Subscribe stream it re-opens if it breaks."""
-
-    def __init__(
-        self,
-        rank: int,
-        server: str,
-        max_message_mb: int,
-        timeout_s: float,
-        security: GrpcSecurity | None = None,
-    ) -> None:
-        super().__init__(rank)
-        self.server_address, self.timeout_s = server, timeout_s
-        self.security = security or GrpcSecurity()
-        self.metadata = self.security.metadata(rank)
-        self.channel = self._channel(server, channel_options(max_message_mb))
-        self._send = self.channel.unary_unary(f"/{SERVICE}/Send")
-        self._subscribe = self.channel.unary_stream(f"/{SERVICE}/Subscribe")
-        self._thread = threading.Thread(target=self._receive_loop, name=f"grpc-recv-{rank}", daemon=True)
-        self._thread.start()
-
-    def _channel(self, server: str, options: list) -> grpc.Channel:
-        sec = self.security
-        if not sec.tls:
-            return grpc.insecure_channel(server, options=options)
-        mtls = sec.auth == "mtls"
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=sec.ca,
-            private_key=sec.key if mtls else None,
-            certificate_chain=sec.cert if mtls else None,
-        )
-        return grpc.secure_channel(server, creds, options=options)
-
-    def send_bytes(self, receiver: int, data: bytes) -> None:
-        if receiver != 0:
-            raise ValueError(f"a silo sends to the server (rank 0) only, not to rank {receiver}")
-        deadline, pause = time.monotonic() + self.timeout_s, RETRY_S[0]
-        while True:  # a call cut by a server that went away fails at once, whatever wait_for_ready says
-            left = deadline - time.monotonic()
-            call = self._send.future(
-                data, timeout=max(left, 0.01), wait_for_ready=True, metadata=self.metadata
-            )
-            try:
-                while True:  # in short waits, so that a signal (Ctrl-C, SIGTERM) is handled meanwhile
-                    try:
-                        call.result(timeout=0.5)
-                        return
-                    except grpc.FutureTimeoutError:
-                        continue
-            except grpc.RpcError as err:
-                if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise
-                if time.monotonic() + pause >= deadline:
-                    raise TransportError(
-                        f"the server at {self.server_address} did not take a message within "
-                        f"{self.timeout_s:g} s ({err.code().name}: {str(err.details())[:300]})"
-                    ) from None
-            except BaseException:  # SIGTERM or Ctrl-C while waiting: do not leave the call behind
-                call.cancel()
-                raise
-            time.sleep(pause)  # a duplicate of a message the server did get is dropped there as late
-            pause = min(2 * pause, RETRY_S[1])
-
-    def _receive_loop(self) -> None:
-        """Subscribe, and subscribe again whenever the stream breaks (a restarted server): the first
-        break is logged, the retries quietly, and the first frame after them again."""
-        pause, broken = RETRY_S[0], False
-        while self.running:
-            self._stream = self._subscribe(_RANK.pack(self.rank), wait_for_ready=True, metadata=self.metadata)
-            try:
-                for frame in self._stream:
-                    if broken:
-                        log.info("rank %d: subscribed to %s again", self.rank, self.server_address)
-                    pause, broken = RETRY_S[0], False
-                    self.deliver(frame)
-            except grpc.RpcError as err:
-                if not self.running:
-                    return
-                (log.debug if broken else log.warning)(
-                    "rank %d: the subscription to %s ended (%s); subscribing again until it answers",
-                    self.rank,
-                    self.server_address,
-                    err.code().name,
-                )
-                broken = True
-            time.sleep(pause)
-            pause = min(2 * pause, RETRY_S[1])
-
-    def close(self) -> None:
-        stream = getattr(self, "_stream", None)
-        if stream is not None:
-            stream.cancel()
-        self.channel.close()
+        self.watchdog.stop()

@@ -48,7 +48,7 @@ class MpiTransport(QueueTransport):
             pause = IDLE_SLEEP_S[0]
             buf = bytearray(status.Get_count(mpi.BYTE))
             self.comm.Recv([buf, mpi.BYTE], source=status.Get_source(), tag=TAG)
-            self.deliver(bytes(buf))
+            self.deliver(bytes(buf), f"rank {status.Get_source()}")
 
     def close(self) -> None:
         deadline = time.monotonic() + 10.0  # let the last messages (BYE, ABORT) leave

@@ -13,9 +13,15 @@ it. A key names its sender and receiver (`<run_id>/<sender>-<receiver>-<uuid>`):
 only keys of its run addressed to itself by the sender the topic names (so a silo cannot make the
 server read or delete another silo's objects), and asks the object's size first (S3 HEAD): one over
 `max_frame_bytes` is refused unread (and an inline frame over it dropped). Nothing a peer sends
-stops the receive thread: every failure is logged and the message dropped. Sends wait until the
-broker has acknowledged the message, so a last message is not lost when
+stops the receive thread: every failure is logged (bounded, rate-limited per sender) and the message
+dropped. Sends wait until the broker has acknowledged the message, so a last message is not lost when
 the process disconnects right after it (FedML's MQTT_S3 loses its FINISHED message that way).
+
+A message counts against its sender's in-flight bound (`inflight`: 16 messages, 2 x max_frame_bytes
++ 1 MiB) from its arrival until the main thread takes it: an inline frame is decoded and checked in
+paho's thread as it arrives, an S3 reference counts by its key until the object's size (HEAD) is
+known; a message past the bound is dropped with a warning, an object past it is deleted unread. The
+resolve thread hands the messages to the inbox in the order they arrived, reading those in S3.
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ import threading
 import uuid
 from dataclasses import dataclass
 
+from fedml.core.distributed.communication.message import Message
+
 from fedml_moon.core.codec import CodecError
+from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError, message_from_bytes
+from fedml_moon.distributed.transport.inflight import QUEUED, REFUSED, Waiting, coalesced_kind
 
 log = logging.getLogger(__name__)
 S3_REF = b"FMS3:"
@@ -58,8 +68,9 @@ class MqttS3Transport(QueueTransport):
         timeout_s: float = 60.0,
         security: MqttSecurity | None = None,
         max_frame_bytes: int = 1 << 30,
+        refusals: RefusalLog | None = None,
     ) -> None:
-        super().__init__(rank)
+        super().__init__(rank, max_frame_bytes, refusals)
         import boto3
         import paho.mqtt.client as mqtt
 
@@ -105,92 +116,119 @@ class MqttS3Transport(QueueTransport):
 
     def _on_message(self, client, userdata, message) -> None:
         try:
-            sender = message.topic.rsplit("/", 1)[-1]
-            self._frames.put((sender, bytes(message.payload)))  # S3 reads happen off the MQTT loop, in order
-        except Exception:  # paho's loop thread must survive anything
-            log.exception("rank %d dropped an MQTT message", self.rank)
+            self._arrive(message.topic.rsplit("/", 1)[-1], bytes(message.payload))
+        except Exception as err:  # paho's loop thread must survive anything
+            self.refuse("mqtt", f"rank {self.rank} dropped an MQTT message: {type(err).__name__}: {err}")
 
-    def _resolve_loop(self) -> None:
-        while True:
-            item = self._frames.get()
-            if item is None:
+    def _arrive(self, topic_sender: str, payload: bytes) -> None:
+        """In paho's thread: count the message against its sender (an inline frame decoded and
+        checked now, an S3 reference by its key) and queue it, in order, for the resolve thread."""
+        if not (topic_sender.isascii() and topic_sender.isdigit() and str(int(topic_sender)) == topic_sender):
+            what = f"rank {self.rank} dropped a message on from/{bounded(topic_sender, 40)}: not a rank"
+            self.refuse("from/?", what, "not a rank")
+            return
+        sender, source = int(topic_sender), f"rank {topic_sender}"
+        entry = Waiting(None, sender, None, len(payload))
+        if not payload.startswith(S3_REF):
+            entry.msg = self._message(sender, payload, source)
+            if entry.msg is None:
                 return
-            sender, payload = item
-            try:
-                if payload.startswith(S3_REF):
-                    payload = self._fetch(sender, payload[len(S3_REF) :].decode("utf-8", errors="replace"))
-                elif len(payload) > self.max_frame_bytes:
-                    log.warning(
-                        "rank %d dropped an inline frame of %d bytes from/%s (over %d)",
-                        self.rank,
-                        len(payload),
-                        sender,
-                        self.max_frame_bytes,
-                    )
-                    payload = None
-                if payload is not None:
-                    self._deliver_from(sender, payload)
-            except Exception:  # nothing a peer sends may stop this thread
-                log.exception("rank %d dropped a message from/%s", self.rank, sender)
+            entry.kind = coalesced_kind(entry.msg.get_type())
+        verdict = self.inflight.admit(sender, entry.kind, entry.size)
+        if verdict == REFUSED:
+            self.refuse_busy(source, sender)
+        elif verdict == QUEUED:
+            self._frames.put((entry, None if entry.msg is not None else payload[len(S3_REF) :]))
 
-    def _deliver_from(self, sender: str, payload: bytes) -> None:
-        """Queue the message if it is one and its sender is the one its topic names."""
+    def _message(self, sender: int, payload: bytes, source: str) -> Message | None:
+        """The message in `payload` if it is one, not too large, from the sender its topic names."""
+        if len(payload) > self.max_frame_bytes:
+            what = (
+                f"rank {self.rank} dropped an inline frame of {len(payload)} bytes from/{sender} "
+                f"(over {self.max_frame_bytes})"
+            )
+            self.refuse(source, what, "frame too large")
+            return None
         self.bytes_received += len(payload)
         try:
             msg = message_from_bytes(payload)
         except CodecError as err:
-            log.warning("rank %d dropped a malformed message on from/%s: %s", self.rank, sender, err)
-            return
-        if str(msg.get_sender_id()) != sender or msg.get_receiver_id() != self.rank:
-            log.warning(
-                "rank %d dropped a message claiming rank %s on from/%s",
-                self.rank,
-                msg.get_sender_id(),
-                sender,
-            )
-            return
-        self._inbox.put(msg)
+            what = f"rank {self.rank} dropped a malformed message on from/{sender}: {err}"
+            self.refuse(source, what, "a malformed message")
+            return None
+        if msg.get_sender_id() != sender or msg.get_receiver_id() != self.rank:
+            what = f"rank {self.rank} dropped a message claiming rank {msg.get_sender_id()} on from/{sender}"
+            self.refuse(source, f"{what} to rank {msg.get_receiver_id()}", "claims another rank")
+            return None
+        return msg
 
-    def _fetch(self, sender: str, key: str) -> bytes | None:
-        """The object `key`, if the topic's sender wrote it for this rank and it is not too large."""
+    def _resolve_loop(self) -> None:
+        """Hands the queued messages to the inbox in order, reading those that travel through S3."""
+        while True:
+            item = self._frames.get()
+            if item is None:
+                return
+            entry, ref = item
+            try:
+                if ref is not None:
+                    entry.msg = self._resolve(entry, ref.decode("utf-8", errors="replace"))
+            except Exception as err:  # nothing a peer sends may stop this thread
+                self.refuse(f"rank {entry.sender}", f"rank {self.rank} dropped a message: {err}")
+                entry.msg = None
+            if entry.msg is None:
+                self.inflight.release(entry.sender, entry.kind, entry.size)
+            else:
+                self._inbox.put(entry)
+
+    def _resolve(self, entry: Waiting, key: str) -> Message | None:
+        """The message behind S3 key `key` (its bytes now counted against its sender), or None."""
+        data = self._fetch(entry, key)
+        return None if data is None else self._message(entry.sender, data, f"rank {entry.sender}")
+
+    def _fetch(self, entry: Waiting, key: str) -> bytes | None:
+        """The object `key`, if the topic's sender wrote it for this rank, it is not too large, and
+        its sender has room for it in flight (asked with HEAD: a refused object is never read)."""
+        sender, source = str(entry.sender), f"rank {entry.sender}"
         run, _, name = key.partition("/")
         parts = name.split("-")
         if run != self.run_id or len(parts) != 3 or parts[0] != sender or parts[1] != str(self.rank):
-            log.warning(
-                "rank %d refused S3 key %r on from/%s: not this run's, the sender's, for it",
-                self.rank,
-                key[:200],
-                sender,
+            what = (
+                f"rank {self.rank} refused S3 key {key[:200]!r} on from/{sender}: "
+                "not this run's, the sender's, for it"
             )
+            self.refuse(source, what, "not the sender's S3 key")
             return None
+        where = f"s3://{self.bucket}/{bounded(key, 200)}"
         try:
             size = int(self.s3.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
-            if size > self.max_frame_bytes:
-                log.warning(
-                    "rank %d refused s3://%s/%s: %d bytes, over the limit of %d",
-                    self.rank,
-                    self.bucket,
-                    key,
-                    size,
-                    self.max_frame_bytes,
-                )
+            if not self._room(entry, size, where):
                 self.s3.delete_object(Bucket=self.bucket, Key=key)
                 return None
             data = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read(self.max_frame_bytes + 1)
             self.s3.delete_object(Bucket=self.bucket, Key=key)
         except Exception as err:  # a missing object or an unreachable store: name it, keep running
-            log.error("rank %d could not read s3://%s/%s: %s", self.rank, self.bucket, key, err)
+            self.refuse(source, f"rank {self.rank} could not read {where}: {err}", "S3 read failed")
             return None
         if len(data) > self.max_frame_bytes:
-            log.warning(
-                "rank %d refused s3://%s/%s: over the limit of %d bytes",
-                self.rank,
-                self.bucket,
-                key,
-                self.max_frame_bytes,
-            )
+            what = f"rank {self.rank} refused {where}: over the limit of {self.max_frame_bytes} bytes"
+            self.refuse(source, what, "S3 object refused")
             return None
         return data
+
+    def _room(self, entry: Waiting, size: int, where: str) -> bool:
+        """Count an S3 object of `size` bytes against its sender; False (logged) when it is over the
+        frame limit or the sender's in-flight bound."""
+        if size <= self.max_frame_bytes and self.inflight.grow(entry.sender, size):
+            entry.size += size
+            return True
+        why = (
+            f"over the limit of {self.max_frame_bytes}"
+            if size > self.max_frame_bytes
+            else self.inflight.describe(entry.sender)
+        )
+        what = f"rank {self.rank} refused {where}: {size} bytes, {why}"
+        self.refuse(f"rank {entry.sender}", what, "S3 object refused")
+        return False
 
     def send_bytes(self, receiver: int, data: bytes) -> None:
         if len(data) > self.inline_bytes:

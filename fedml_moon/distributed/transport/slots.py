@@ -1,0 +1,203 @@
+"""What bounds the gRPC server's threads: per-caller slots, a watchdog that cuts a request that does
+not arrive, and the outbox a silo's one Subscribe stream reads.
+
+gRPC's sync server runs each call in a thread of its pool for the call's whole life. A caller (a
+rank, or with `auth: none` a host) holds at most `sends` Send calls and `subscribes` Subscribe
+streams at once: a Send over its caller's slots is refused, and a newer Subscribe ends the oldest
+(a silo that reconnects is never locked out by its own half-dead stream). A call holds its slot
+from its start, so the pool sized for every caller's slots plus a margin always has a thread for an
+honest silo.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+SEND_SLOTS, SUBSCRIBE_SLOTS = 2, 1  # per rank
+
+
+def slot_caps(auth: str, workers: int) -> tuple[int, int]:
+    """(Send calls, Subscribe streams) one caller may hold: per rank, or per host with `auth: none`."""
+    if auth == "none":
+        return 2 * workers + 2, workers + 1
+    return SEND_SLOTS, SUBSCRIBE_SLOTS
+
+
+def pool_size(auth: str, workers: int) -> int:
+    """Threads for every caller's slots and a margin for calls that are refused at once."""
+    sends, subscribes = slot_caps(auth, workers)
+    callers = 1 if auth == "none" else workers
+    return callers * (sends + subscribes) + max(8, workers)
+
+
+class Watchdog:
+    """Runs a callback once its delay has passed, unless disarmed first; one thread for all calls."""
+
+    def __init__(self, name: str = "grpc-watchdog") -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int]] = []
+        self._armed: dict[int, Callable[[], None]] = {}
+        self._ids = itertools.count()
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def arm(self, delay_s: float, callback: Callable[[], None]) -> int:
+        """Call `callback` (from the watchdog's thread) in `delay_s` seconds; a handle for `disarm`."""
+        with self._cond:
+            handle = next(self._ids)
+            self._armed[handle] = callback
+            heapq.heappush(self._heap, (time.monotonic() + delay_s, handle))
+            self._cond.notify()
+            return handle
+
+    def disarm(self, handle: int) -> bool:
+        """Whether the callback was disarmed before it ran."""
+        with self._cond:
+            return self._armed.pop(handle, None) is not None
+
+    def stop(self) -> None:
+        with self._cond:
+            self._running = False
+            self._armed.clear()
+            self._cond.notify()
+        self._thread.join(timeout=5.0)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                callback = None
+                while self._running and callback is None:
+                    if self._heap and self._heap[0][1] not in self._armed:
+                        heapq.heappop(self._heap)  # disarmed
+                        continue
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    if wait is not None and wait <= 0:
+                        callback = self._armed.pop(heapq.heappop(self._heap)[1])
+                    else:
+                        self._cond.wait(wait)
+                if not self._running:
+                    return
+            callback()
+
+
+class Lease:
+    """One call's hold on a slot. `end(why)` cuts the call: while its request is being read it is
+    cancelled (the read fails at once), once streaming its wait is woken and it ends itself."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.ended: str | None = None
+        self._wake: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+
+    def streaming(self, wake: Callable[[], None]) -> bool:
+        """The request was read; from now `end` calls `wake`. False when the call was ended already."""
+        with self._lock:
+            self._wake = wake
+            return self.ended is None
+
+    def end(self, why: str, cancel: bool = True) -> None:
+        """End the call (once); `cancel=False` when gRPC already ended it (the caller went away)."""
+        with self._lock:
+            if self.ended is not None:
+                return
+            self.ended, wake = why, self._wake
+        if wake is not None:
+            wake()
+        elif cancel:
+            self.context.cancel()
+
+
+class Slots:
+    """Per-key caps on concurrent Send calls and Subscribe streams (see the module docstring)."""
+
+    def __init__(self, sends: int, subscribes: int) -> None:
+        self.caps = {"Send": int(sends), "Subscribe": int(subscribes)}
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, Hashable], list[Lease]] = {}
+        self.peak: Counter = Counter()  # (method, key) -> the most calls held at once
+
+    def take(self, method: str, key: Hashable, lease: Lease) -> bool:
+        """Hold a slot of `method` for `key`. A Send over the cap gets none (False); a Subscribe over
+        it ends the oldest stream of `key` and takes its place."""
+        ended = None
+        with self._lock:
+            held = self._held.setdefault((method, key), [])
+            if len(held) >= self.caps[method]:
+                if method != "Subscribe":
+                    return False
+                ended = held.pop(0)
+            held.append(lease)
+            self.peak[(method, key)] = max(self.peak[(method, key)], len(held))
+        if ended is not None:
+            ended.end("a newer Subscribe of the same caller took its slot")
+        return True
+
+    def free(self, method: str, key: Hashable, lease: Lease) -> None:
+        with self._lock:
+            held = self._held.get((method, key), [])
+            if lease in held:
+                held.remove(lease)
+            if not held:
+                self._held.pop((method, key), None)
+
+    def held(self, method: str, key: Hashable) -> int:
+        with self._lock:
+            return len(self._held.get((method, key), []))
+
+
+class Outbox:
+    """A silo's frames, waiting for its Subscribe stream; one stream reads them at a time (a newer
+    `claim` ends the older reader)."""
+
+    def __init__(self) -> None:
+        self._frames: deque = deque()
+        self._cond = threading.Condition()
+        self._reader = 0
+        self._closed = False
+
+    def put(self, frame: bytes) -> None:
+        with self._cond:
+            self._frames.append(frame)
+            self._cond.notify_all()
+
+    def claim(self) -> int:
+        """Become the reader; the previous one's `next` returns None."""
+        with self._cond:
+            self._reader += 1
+            self._cond.notify_all()
+            return self._reader
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def replaced(self, reader: int) -> bool:
+        """Whether a newer reader claimed the outbox after `reader`."""
+        with self._cond:
+            return reader != self._reader
+
+    def next(self, reader: int, lease: Lease) -> bytes | None:
+        """The next frame for reader `reader`, or None once it must stop: a newer reader, its call
+        ended, or the outbox closed and empty (frames put before `close` still go out)."""
+        with self._cond:
+            while True:
+                if reader != self._reader or lease.ended is not None:
+                    return None
+                if self._frames:
+                    return self._frames.popleft()
+                if self._closed:
+                    return None
+                self._cond.wait()

@@ -15,6 +15,7 @@ from fedml_moon.adapters.run import assemble
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.fixed_point import FixedPoint
+from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.privacy.accountant import PrivacyAccountant
 from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
@@ -98,29 +99,52 @@ def test_dp_fedavg_divides_by_the_parties_sampled_and_reports_the_accountants_ep
     assert sums.weight == 4.0 and sums.count == 2
     assert sums.fields["model"]["w"].tolist() == pytest.approx([0.6, 0.8], abs=1e-6)
     assert sums.metrics["loss"] == pytest.approx(1.5)
-    expected = PrivacyAccountant(1e-9, 8, 4, 1e-5).step()
-    assert privacy.record_fields()["dp_epsilon"] == pytest.approx(expected)  # the record carries it
+    expected = PrivacyAccountant(1e-9, 8, 4, 1e-5)
+    expected.record([0, 1])
+    # the record carries the release's epsilon; DP alone holds nothing against the server, which sees uploads
+    assert privacy.record_fields() == {"dp_epsilon_release": pytest.approx(expected.epsilon_release())}
     assert privacy.plan(3).ratio == 1.0 and privacy.plan(3).noise_std == 0.0  # the server adds it all
 
 
-def test_under_secure_aggregation_each_party_adds_its_share_of_the_noise():
+def test_under_secure_aggregation_each_party_adds_its_share_of_the_noise_for_the_quorum():
+    """Each of the 9 sampled parties adds N(0, sigma^2 C^2 / q), q = 5 the fewest a round may complete
+    with: a sum of 5 carries exactly sigma C, of more, more (accounted as it is), and no sum of fewer
+    is unmasked (min_sum, and the crowd of the round's SecAgg parameters)."""
     options = PrivacyArgs(secure_aggregation=True, dp_clip_norm=2.0, dp_noise_multiplier=1.5)
-    privacy = PrivateAggregation(options, {"model": "update"}, dict.fromkeys(range(9), 1.0), per_round=9)
-    assert privacy.plan(0).noise_std == pytest.approx(1.0)  # 1.5 * 2 / sqrt(9)
+    weights = dict.fromkeys(range(20), 1.0)
+    every = PrivateAggregation(options, {"model": "update"}, weights, per_round=9)
+    assert every.plan(0).noise_std == pytest.approx(1.0) and every.plan(0).min_sum == 9  # 1.5 * 2 / sqrt(9)
+    privacy = PrivateAggregation(options, {"model": "update"}, weights, per_round=9, quorum=5)
+    plan = privacy.plan(0)
+    assert plan.noise_std == pytest.approx(1.5 * 2 / 5**0.5) and plan.min_sum == 5
+    assert privacy.params(9).min_group == 5 and privacy.params(9).threshold == 5
+    total = torch.zeros(2, dtype=torch.float64)
+    privacy.finish(total, [("model", "w", (2,))], [], parties=[0, 1, 2, 3, 4, 5, 6])  # 7 of 9: more noise
+    assert privacy.accountant.history == [(pytest.approx(1.5 * (7 / 5) ** 0.5), (0, 1, 2, 3, 4, 5, 6))]
+    fields = privacy.record_fields()
+    assert set(fields) == {"dp_epsilon_release", "dp_epsilon_server"}
+    assert fields["dp_epsilon_release"] <= fields["dp_epsilon_server"]
 
 
 @needs_data
 def test_a_target_epsilon_stops_the_run_before_the_round_that_would_pass_it(tmp_path, monkeypatch):
     dp = ["privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=0.05"]
-    one = PrivacyAccountant(0.05, 3, 2, 1e-5)
-    target = (one.epsilon_after(1) + one.epsilon_after(2)) / 2
-    overrides = [*TINY, *dp, "train_args.comm_round=3", f"privacy_args.dp_target_epsilon={target}"]
-    _, server = _run(tmp_path, "fedavg", overrides, monkeypatch)
+    overrides = [*TINY, *dp, "train_args.comm_round=3"]
+    seed = load_config(CONFIGS / "fedavg.yaml", overrides).common_args.random_seed
+    one, epsilons = PrivacyAccountant(0.05, 3, 2, 1e-5), []
+    for ids in sample_schedule(3, 2, 2, seed):
+        one.record(ids)
+        epsilons.append(one.epsilon_release())  # DP alone: the target bounds the release's epsilon
+    target = sum(epsilons) / 2
+    _, server = _run(
+        tmp_path, "fedavg", [*overrides, f"privacy_args.dp_target_epsilon={target}"], monkeypatch
+    )
     records = server.recorder.records
     assert [r["round"] for r in records] == [0]
-    assert records[0]["dp_epsilon"] == pytest.approx(one.epsilon_after(1))
+    assert records[0]["dp_epsilon_release"] == pytest.approx(epsilons[0])
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["dp_epsilon"] <= target
+    assert summary["status"] == "completed" and summary["dp_epsilon_release"] <= target
+    assert summary["dp_epsilon_server"] is None  # DP alone: the server sees every upload
 
 
 @pytest.mark.parametrize(

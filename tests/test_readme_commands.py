@@ -356,7 +356,7 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
         assert cli([*_entry_point(command), *_sets(command), *extra, "--output-dir", str(out)]) == 0
         summary = _completed(out, 1)
         assert summary["secure_aggregation"] == (command == SECURE)
-        assert (command == DP) == (summary.get("dp_epsilon", 0) > 0)
+        assert (command == DP) == (summary.get("dp_epsilon_release", 0) > 0)
     done |= {SECURE, DP}
 
     # the example algorithm

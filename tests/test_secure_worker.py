@@ -87,3 +87,42 @@ def test_a_worker_checks_the_rosters_participants_against_its_own_config(caplog,
     worker.on_sa_roster(msg)
     assert worker.sent[-1] == (p.SHARES, {"round": 0, "shares": []})
     assert said in caplog.text and "refusing to share" in caplog.text
+
+
+def _masked_with(privacy, plan: dict) -> _Worker:
+    worker, roster, digests = _worker_with_keys(privacy, values=(0.5, 0.25, -0.5))
+    worker.on_sa_roster(_msg(p.ROSTER, round=0, participants=3, digests=digests, rosters=roster))
+    shares = worker.sent[-1][1]["shares"]
+    inbox = {
+        q: [{"sender": s["sender"], "ct": s["ct"]} for s in shares if s["receiver"] == q] for q in (0, 1, 2)
+    }
+    worker.on_sa_mask(
+        _msg(p.MASK, round=0, tasks=[{"party": q, "plan": plan, "inbox": inbox[q]} for q in (0, 1, 2)])
+    )
+    return worker
+
+
+def test_under_dp_a_party_unmasks_no_sum_of_fewer_than_its_noise_was_sized_for(caplog):
+    """DP with secure aggregation: the plan sizes each party's noise for a sum of 3 (min_sum); the
+    parties raise their crowd (secagg_min_group 2) to 3, so an unmasking request that keeps 2 of them
+    is refused, revealing nothing (their 2 shares of noise would fall short of the accounted sigma)."""
+    privacy = PrivacyArgs(
+        secure_aggregation=True, secagg_min_group=2, dp_clip_norm=1.0, dp_noise_multiplier=1.0
+    )
+    plan = PrivateAggregation(privacy, {"model": "update"}, dict.fromkeys(range(3), 1.0), 3).plan(0)
+    assert plan.min_sum == 3
+    worker = _masked_with(privacy, plan.to_dict())
+    assert [i["party"] for i in worker.sent[-1][1]["items"]] == [0, 1, 2]
+    assert all(held["session"].params.min_group == 3 for held in worker.sa_parties.values())
+    worker.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[1, 2], dropped=[0], parties=[1, 2]))
+    assert worker.sent[-1][1]["items"] == [] and "fewer than" in caplog.text
+
+
+def test_a_party_refuses_to_mask_under_a_plan_that_is_not_its_runs(caplog):
+    """A plan whose noise share is not sigma C / sqrt(min_sum) (a server that would have the parties add
+    less noise than the run's privacy_args ask) is refused: no party masks."""
+    privacy = PrivacyArgs(secure_aggregation=True, dp_clip_norm=1.0, dp_noise_multiplier=1.0)
+    plan = PrivateAggregation(privacy, {"model": "update"}, dict.fromkeys(range(3), 1.0), 3).plan(0).to_dict()
+    worker = _masked_with(privacy, {**plan, "noise_std": plan["noise_std"] / 10})
+    assert worker.sent[-1][1]["items"] == []
+    assert "is not sigma C / sqrt(3)" in caplog.text

@@ -17,6 +17,7 @@ from fedml_moon.adapters import compat
 from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.models import build_model
+from fedml_moon.core.schedule import quorum
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
@@ -197,13 +198,16 @@ def build_server(base: Base, out_dir: Path) -> Any:
     server_algo = base.spec.server(cfg.algorithm_args, cfg.server_args, train, base.seed)
     server_algo.class_counts = {p: [int(n) for n in row] for p, row in enumerate(base.fed.counts.tolist())}
     aggregator = PluginServerAggregator(copy.deepcopy(base.model).to(base.device), base.args, server_algo)
-    config = config_to_dict(cfg)
-    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
     samples, privacy, secure = party_samples(base), None, cfg.privacy_args.secure_aggregation
     if cfg.privacy_args.on:
         weights = {p: server_algo.sum_weight(n) for p, n in samples.items()}
         per_round = train.client_num_per_round
-        privacy = PrivateAggregation(cfg.privacy_args, server_algo.summed, weights, per_round, samples)
+        fewest = quorum(cfg.comm_args.min_reports, per_round)
+        options, summed = cfg.privacy_args, server_algo.summed
+        privacy = PrivateAggregation(options, summed, weights, per_round, samples, fewest)
+        privacy.set_model(server_algo.trainable, aggregator.global_state)  # before any file is written
+    config = config_to_dict(cfg)
+    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
     return ServerRounds(
         aggregator,
         recorder,

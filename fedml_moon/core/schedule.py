@@ -16,3 +16,15 @@ def sample_schedule(n_total: int, n_per_round: int, rounds: int, seed: int) -> l
         return [list(range(n_total)) for _ in range(rounds)]
     gen = rng(seed, "sampling")
     return [sorted(int(p) for p in gen.choice(n_total, n_per_round, replace=False)) for _ in range(rounds)]
+
+
+def quorum(min_reports: int | str, sampled: int) -> int:
+    """How many of a round's `sampled` parties must report for it to go on without the others
+    (`comm_args.min_reports`): `half` (the default) = ceil(sampled / 2), `all` = every one, an
+    integer = that many (at most `sampled`). Under secure aggregation with DP it is also the fewest
+    parties whose sum a round may reveal (`privacy.mod.PrivateAggregation`)."""
+    if min_reports == "all":
+        return sampled
+    if min_reports == "half":
+        return max(1, (sampled + 1) // 2)
+    return min(int(min_reports), sampled)

@@ -41,6 +41,7 @@ from typing import Any
 from fedml.core.distributed.communication.message import Message
 from fedml.core.distributed.fedml_comm_manager import FedMLCommManager
 
+from fedml_moon.core.schedule import quorum  # noqa: F401 (the managers' name for it)
 from fedml_moon.distributed.protocol import (  # noqa: F401 (the protocol's names, for the managers)
     ABORT,
     BYE,
@@ -204,14 +205,3 @@ def config_digest(shared: dict) -> str:
     """SHA-256 of a `shared_config` dict in canonical JSON (sorted keys): equal digests, equal settings."""
     text = json.dumps(shared, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def quorum(min_reports: int | str, sampled: int) -> int:
-    """How many of a round's `sampled` parties must report for it to go on without the others:
-    `half` (the default) = ceil(sampled / 2), `all` = every one, an integer = that many (at most
-    `sampled`)."""
-    if min_reports == "all":
-        return sampled
-    if min_reports == "half":
-        return max(1, (sampled + 1) // 2)
-    return min(int(min_reports), sampled)

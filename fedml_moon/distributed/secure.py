@@ -28,10 +28,9 @@ import logging
 from typing import Any
 
 from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
-from fedml_moon.privacy.mod import secagg_params
+from fedml_moon.privacy.party import plan_layout
 from fedml_moon.privacy.secagg import SecAggError, ServerSession, unpack
 from fedml_moon.privacy.secagg_common import check_keys, check_masked
-from fedml_moon.privacy.sums import layout
 
 log = logging.getLogger(__name__)
 KEY_FIELDS = ("c_pk", "s_pk", "b_commit")
@@ -127,10 +126,11 @@ class SecureServer:
         """Every party that advertised keys takes part (at least 3: `secagg_params`): hand each its
         neighbourhood's keys in the round's graph and every participant's key digest."""
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.sa_keys]
-        params = secagg_params(self.rounds.privacy.options, len(self.sa_keys))
+        params = self.rounds.privacy.params(len(self.sa_keys))
         spec = self.rounds.upload_spec(min(self.sa_keys))
         summed = self.rounds.privacy.summed
-        self.sa_entries = layout({f: spec[f] for f in summed})
+        plan = self.rounds.privacy.plan(min(self.sa_keys))
+        self.sa_entries = plan_layout({f: spec[f] for f in summed}, plan)
         length = sum(_numel(shape) for _, _, shape in self.sa_entries) + len(self.sa_metrics or [])
         self.sa_session = ServerSession(self.round_idx, params, length)
         rosters, digests = self.sa_session.collect_keys(self.sa_keys)

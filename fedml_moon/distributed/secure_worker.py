@@ -6,13 +6,14 @@ participant count against the digests it is sent), and a party refuses what woul
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.privacy.mod import secagg_params
-from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, warn_out_of_range
+from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, plan_problem, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, pack
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,17 @@ class SecureWorker:
         ]
         self.send(UNMASKED, 0, round=msg.get("round"), items=items)
 
-    @staticmethod
-    def _masked(held: dict, plan: dict, inbox: dict) -> Any:
-        vector = party_vector(held["upload"], held["received"], Plan.from_dict(plan))
+    def _masked(self, held: dict, raw: dict, inbox: dict) -> Any:
+        """The party's masked vector, after checking the server's plan against this run's own
+        privacy_args; a plan sized for a sum of `min_sum` parties raises the session's crowd to it."""
+        plan, config = Plan.from_dict(raw), self.built.run_config
+        problem = plan_problem(plan, config.privacy_args, config.train_args.client_num_per_round)
+        if problem is not None:
+            raise PrivacyError(problem)
         session = held["session"]
+        if plan.min_sum > session.params.min_group:
+            session.params = dataclasses.replace(session.params, min_group=plan.min_sum)
+        vector = party_vector(held["upload"], held["received"], plan)
         warn_out_of_range(vector.vector, session.params.encoding.clip, session.party)
         return pack(session.mask(vector.vector, inbox), session.params.encoding.k)
 

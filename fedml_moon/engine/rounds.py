@@ -85,7 +85,7 @@ class ServerRounds(UploadChecks, SummedRounds):
         self.privacy = privacy  # privacy_args: the server learns sums only (fedml_moon.privacy)
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
         if privacy is not None:
-            self.rounds = privacy.rounds_allowed(rounds)
+            self.rounds = privacy.rounds_allowed(rounds, self.schedule)
             if self.rounds == 0:
                 raise ConfigError(
                     f"privacy_args.dp_target_epsilon: {privacy.options.dp_target_epsilon} is passed in the "

@@ -12,15 +12,18 @@ The standalone simulation runs the parties' and the server's sides of the protoc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 
 import torch
 
 from fedml_moon.core.fixed_point import FixedPoint
+from fedml_moon.errors import ConfigError
 from fedml_moon.privacy.dp import gaussian_noise, noise_std
 from fedml_moon.privacy.options import PrivacyArgs
-from fedml_moon.privacy.party import PartyVector, Plan, warn_out_of_range
+from fedml_moon.privacy.party import CLEAR, PartyVector, Plan, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, SecAggParams, ServerSession
 from fedml_moon.privacy.secagg_graph import neighbourhood_size, round_problem
 from fedml_moon.privacy.sums import Entry, Sums, unflatten
@@ -29,7 +32,15 @@ log = logging.getLogger(__name__)
 
 
 class PrivateAggregation:
-    """One run's privacy_args on the server: plans, the secure-aggregation parameters, the accountant."""
+    """One run's privacy_args on the server: plans, the secure-aggregation parameters, the accountant.
+
+    DP clips and noises the model's trainable parameters (and what else the algorithm sums: SCAFFOLD's
+    delta_c, FedSSC's prototypes), never its integer counters, which no private sum carries (their
+    global value stays the server's), and its float buffers (BatchNorm's running statistics) only as
+    `privacy_args.dp_buffers` says: `refuse` (a config error) or `average` (summed outside the clipped
+    and noised part: epsilon does not cover them). Under secure aggregation with DP each party's noise
+    share is sized for the fewest parties a round may complete with (`quorum`), and no round is
+    unmasked with fewer, so the sum always carries at least the accounted noise."""
 
     def __init__(
         self,
@@ -38,16 +49,21 @@ class PrivateAggregation:
         weights: Mapping[int, float],
         per_round: int,
         samples: Mapping[int, int] | None = None,
+        quorum: int | None = None,
     ):
         """`weights`: each party's `sum_weight` (every party of the run); `per_round`: parties sampled;
-        `samples`: each party's sample count, its metrics' weight (default: `weights`)."""
+        `samples`: each party's sample count, its metrics' weight (default: `weights`); `quorum`: the
+        fewest parties a round may complete with (default: every sampled party)."""
         self.options, self.summed, self.per_round = options, dict(summed), per_round
+        self.quorum = min(per_round, quorum or per_round)
         top = max(weights.values())
         self.ratios = {int(p): 1.0 if options.dp else float(w) / top for p, w in weights.items()}
         samples = samples or weights
         most = max(samples.values())
         self.metric_ratios = {int(p): float(n) / most for p, n in samples.items()}
         self.encoding = FixedPoint(options.secagg_clip, options.secagg_bits, options.secagg_modulus_bits)
+        self.left_out: tuple[str, ...] = ()
+        self.clear: tuple[str, ...] = ()
         self.accountant = None
         if options.dp:
             from fedml_moon.privacy.accountant import PrivacyAccountant  # dp-accounting: only with DP
@@ -56,49 +72,102 @@ class PrivateAggregation:
                 options.dp_noise_multiplier, len(weights), per_round, options.dp_delta, options.dp_accountant
             )
 
+    @property
+    def noise_shared(self) -> bool:
+        """Whether the parties add the noise (DP under secure aggregation) rather than the server."""
+        return self.options.dp and self.options.secure_aggregation
+
+    def set_model(self, trainable: list[str], state: Mapping[str, torch.Tensor]) -> None:
+        """Which entries of the model no sum carries (integer counters) and which DP sums in the clear
+        (float buffers, with dp_buffers: average); a ConfigError for buffers under dp_buffers: refuse."""
+        self.left_out = tuple(k for k, v in state.items() if not v.is_floating_point())
+        buffers = tuple(k for k, v in state.items() if v.is_floating_point() and k not in trainable)
+        if not (self.options.dp and buffers):
+            return
+        if self.options.dp_buffers == "refuse":
+            raise ConfigError(
+                f"privacy_args.dp_buffers: the model has {len(buffers)} float buffers "
+                f"({', '.join(buffers[:3])}...: BatchNorm's running statistics, computed from the parties' "
+                "data), which DP's clipped, "
+                "noised sum does not cover; set dp_buffers: average to average them outside it (epsilon "
+                "then holds for the trainable parameters only), or use a model without BatchNorm"
+            )
+        self.clear = buffers
+
     def plan(self, party: int) -> Plan:
         """What `party` adds this round. With DP under secure aggregation every sampled party adds
-        N(0, sigma^2 C^2 / m), m = parties sampled per round, so that the sum carries N(0, sigma^2 C^2)."""
+        N(0, sigma^2 C^2 / q), q the round's quorum, so that a sum of q or more carries at least
+        N(0, sigma^2 C^2); it reveals no share for a sum of fewer (`min_sum`)."""
         o = self.options
-        share = (
-            noise_std(o.dp_clip_norm, o.dp_noise_multiplier, self.per_round)
-            if o.dp and o.secure_aggregation
-            else 0.0
-        )
+        share = noise_std(o.dp_clip_norm, o.dp_noise_multiplier, self.quorum) if self.noise_shared else 0.0
         ratios = self.ratios[int(party)], self.metric_ratios[int(party)]
-        return Plan(self.summed, ratios[0], o.dp_clip_norm, share, o.secure_aggregation, ratios[1])
+        fewest = self.quorum if self.noise_shared else 0
+        return Plan(
+            self.summed,
+            ratios[0],
+            o.dp_clip_norm,
+            share,
+            o.secure_aggregation,
+            ratios[1],
+            self.left_out,
+            self.clear,
+            fewest,
+        )
 
     def params(self, participants: int) -> SecAggParams:
-        """t and the SecAgg+ degree for a round of `participants` parties (`secagg_params`)."""
-        return secagg_params(self.options, participants)
+        """t, the SecAgg+ degree and the crowd size for a round of `participants` parties
+        (`secagg_params`), no sum of fewer than the noise quorum unmasked under DP."""
+        params = secagg_params(self.options, participants)
+        if not self.noise_shared or params.min_group >= self.quorum:
+            return params
+        return dataclasses.replace(params, min_group=self.quorum)
 
-    def rounds_allowed(self, rounds: int) -> int:
-        """How many of `rounds` the run may train before epsilon would pass `dp_target_epsilon`."""
+    def rounds_allowed(self, rounds: int, schedule: list[list[int]]) -> int:
+        """How many of `rounds` (sampled as `schedule` says) the run may train before the epsilon that
+        `dp_target_epsilon` bounds would pass it: against the server under secure aggregation (the
+        strongest observer DP holds against), of the release otherwise."""
         if self.accountant is None or self.options.dp_target_epsilon is None:
             return rounds
-        return self.accountant.rounds_within(self.options.dp_target_epsilon, rounds)
+        target, server = self.options.dp_target_epsilon, self.options.secure_aggregation
+        return self.accountant.rounds_within(target, schedule[:rounds], server)
 
     def finish(
         self, total: torch.Tensor, entries: list[Entry], metric_names: list[str], parties: list[int]
     ) -> Sums:
-        """The round's `Sums` from the sum of `parties`' vectors (float64)."""
-        o, size = self.options, total.numel() - len(metric_names)
-        total = total.clone()
+        """The round's `Sums` from the sum of `parties`' vectors (float64): DP's noise on the clipped
+        part where no party added it, the clear part rescaled to a mean over the parties summed, the
+        round composed in the accountant with the noise the sum carries."""
+        o, total = self.options, total.clone()
+        clipped = sum(int(torch.Size(shape).numel()) for f, _, shape in entries if f != CLEAR)
         if o.dp and not o.secure_aggregation:  # the server adds all of the noise
-            total[:size] += gaussian_noise(total[:size], noise_std(o.dp_clip_norm, o.dp_noise_multiplier))
+            total[:clipped] += gaussian_noise(
+                total[:clipped], noise_std(o.dp_clip_norm, o.dp_noise_multiplier)
+            )
         fields, metric_sums = unflatten(total, entries, metric_names)
         metric_total = sum(self.metric_ratios[p] for p in parties)
         metrics = {k: v / metric_total for k, v in metric_sums.items()}
         ratio_total = sum(self.ratios[p] for p in parties)
         weight = float(self.per_round) if o.dp else ratio_total  # DP-FedAvg: a fixed denominator
+        clear = fields.pop(CLEAR, {})
+        fields["model"] = {
+            **fields.get("model", {}),
+            **{k: v * weight / ratio_total for k, v in clear.items()},
+        }
         if self.accountant is not None:
-            self.accountant.step()
+            share = len(parties) / self.quorum if self.noise_shared else 1.0  # k shares of sigma^2 / q
+            self.accountant.record(parties, o.dp_noise_multiplier * math.sqrt(share))
         return Sums(weight, len(parties), fields, metrics)
 
     def record_fields(self) -> dict:
         """What the server writes into the round's record of the run's privacy (the parties' metrics
-        never carry it): epsilon for delta after the rounds so far, with DP."""
-        return {} if self.accountant is None else {"dp_epsilon": self.accountant.epsilon()}
+        never carry it): with DP, epsilon for delta so far for the release and, under secure
+        aggregation, against the server (DP alone holds nothing against a server that sees uploads)."""
+        if self.accountant is None:
+            return {}
+        out = {"dp_epsilon_release": self.accountant.epsilon_release()}
+        if self.options.secure_aggregation:
+            out["dp_epsilon_server"] = self.accountant.epsilon_server()
+        return out
 
     def word_bytes(self) -> int:
         """Bytes per value of a masked vector on the wire (int32 up to k = 32, else int64); 8 without
@@ -108,10 +177,13 @@ class PrivateAggregation:
         return 4 if self.options.secagg_modulus_bits <= 32 else 8
 
     def summary(self) -> dict:
-        """What summary.json says of the run's privacy: epsilon for delta after the rounds trained."""
+        """What summary.json says of the run's privacy: the epsilons for delta after the rounds trained
+        (`dp_epsilon_server` null under DP alone: the server sees every upload)."""
         out: dict = {"secure_aggregation": self.options.secure_aggregation}
         if self.accountant is not None:
-            out.update(dp_epsilon=self.accountant.epsilon(), dp_delta=self.options.dp_delta)
+            server = self.accountant.epsilon_server() if self.options.secure_aggregation else None
+            release = self.accountant.epsilon_release()
+            out.update(dp_epsilon_release=release, dp_epsilon_server=server, dp_delta=self.options.dp_delta)
         return out
 
     def state(self) -> dict:

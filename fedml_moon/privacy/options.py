@@ -12,6 +12,7 @@ from typing import Any
 from fedml_moon.errors import require
 
 ACCOUNTANTS = ("rdp", "pld")
+DP_BUFFERS = ("refuse", "average")
 
 
 @dataclass
@@ -32,6 +33,7 @@ class PrivacyArgs:
     dp_delta: float = 1e-5
     dp_target_epsilon: float | None = None  # stop before a round would pass it
     dp_accountant: str = "rdp"
+    dp_buffers: str = "refuse"  # a model's float buffers (BatchNorm statistics) under DP: refuse or average
 
     @property
     def dp(self) -> bool:
@@ -90,6 +92,12 @@ class PrivacyArgs:
             self.dp_accountant in ACCOUNTANTS,
             "privacy_args.dp_accountant",
             f"choose one of {', '.join(ACCOUNTANTS)}",
+        )
+        require(
+            self.dp_buffers in DP_BUFFERS,
+            "privacy_args.dp_buffers",
+            "refuse (a model with BatchNorm statistics is a config error under DP) or average (they are "
+            "averaged outside the clipped, noised sum: epsilon does not cover them)",
         )
 
 

@@ -13,10 +13,12 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
-from fedml_moon.privacy.dp import clip_to_norm, gaussian_noise
+from fedml_moon.privacy.dp import clip_to_norm, gaussian_noise, noise_std
+from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.sums import KINDS, Entry, contribution, flatten, layout
 
 log = logging.getLogger(__name__)
@@ -26,11 +28,17 @@ class PrivacyError(ValueError):
     """A party cannot add its upload to the round's sum (non-finite values, a plan that does not fit)."""
 
 
+CLEAR = "clear"  # where a vector's entries summed outside its clipped part travel
+
+
 @dataclass(frozen=True)
 class Plan:
     """What one party adds this round: `summed` (field -> "update" | "sum"), its weight `ratio` in
-    (0, 1], DP's `clip` (None: no clipping) and `noise_std` (its own share; 0: none), and `secure`
-    (whether the vector is masked)."""
+    (0, 1], DP's `clip` (None: no clipping) and `noise_std` (its own share; 0: none), `secure`
+    (whether the vector is masked), the model entries `left_out` of every sum (integer counters) and
+    those summed in the `clear`, outside the clipped and noised part (BatchNorm statistics under
+    `privacy_args.dp_buffers: average`), and `min_sum`: the fewest parties whose sum its noise share
+    was sized for (secure aggregation with DP; below it the party reveals no share)."""
 
     summed: dict[str, str] = field(default_factory=dict)
     ratio: float = 1.0
@@ -38,13 +46,22 @@ class Plan:
     noise_std: float = 0.0
     secure: bool = False
     metric_ratio: float = 1.0  # the party's samples over the largest party's: its metrics' weight
+    left_out: tuple[str, ...] = ()
+    clear: tuple[str, ...] = ()
+    min_sum: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, raw: Mapping) -> Plan:
-        """A plan as received (checked: kinds known, ratio in (0, 1], clip > 0, noise_std >= 0)."""
+        """A plan as received (checked: kinds known, ratio in (0, 1], clip > 0, noise_std >= 0, names
+        of entries, min_sum an integer >= 0)."""
+        names = [raw["left_out"], raw["clear"]]
+        if not all(isinstance(n, (list, tuple)) and all(isinstance(k, str) for k in n) for n in names):
+            raise PrivacyError("a plan's left_out and clear are not lists of entry names")
+        if type(raw["min_sum"]) is not int or raw["min_sum"] < 0:
+            raise PrivacyError(f"a plan's min_sum {raw['min_sum']!r} is not an integer >= 0")
         plan = cls(
             dict(raw["summed"]),
             float(raw["ratio"]),
@@ -52,6 +69,9 @@ class Plan:
             float(raw["noise_std"]),
             bool(raw["secure"]),
             float(raw["metric_ratio"]),
+            tuple(raw["left_out"]),
+            tuple(raw["clear"]),
+            raw["min_sum"],
         )
         if not plan.summed or any(kind not in KINDS for kind in plan.summed.values()):
             raise PrivacyError(f"a plan's summed fields {plan.summed} are not field -> one of {KINDS}")
@@ -69,15 +89,55 @@ class PartyVector:
     vector: torch.Tensor  # float64 [L]
     entries: list[Entry]
     metric_names: list[str]
-    norm: float = 0.0  # the fields' L2 norm before clipping
+    norm: float = 0.0  # the clipped part's L2 norm before clipping
+
+
+def plan_problem(plan: Plan, options: PrivacyArgs, per_round: int) -> str | None:
+    """Why a plan the server sent is not what the run's `privacy_args` ask of this party (its own copy
+    of the shared settings): another clipping norm, another noise share than sigma C / sqrt(min_sum),
+    or a min_sum outside [1, client_num_per_round]; None when it is."""
+    if plan.secure != options.secure_aggregation or plan.clip != options.dp_clip_norm:
+        return f"the plan's clip {plan.clip} or secure {plan.secure} is not the run's privacy_args"
+    if not (options.dp and options.secure_aggregation):
+        return None if plan.noise_std == 0 else f"the plan asks for noise {plan.noise_std} the server adds"
+    if not 1 <= plan.min_sum <= per_round:
+        return (
+            f"the plan's min_sum {plan.min_sum} is not in [1, {per_round}] (train_args.client_num_per_round)"
+        )
+    want = noise_std(options.dp_clip_norm, options.dp_noise_multiplier, plan.min_sum)
+    if not math.isclose(plan.noise_std, want, rel_tol=1e-9):
+        return f"the plan's noise share {plan.noise_std} is not sigma C / sqrt({plan.min_sum}) = {want}"
+    return None
+
+
+def split(fields: Mapping[str, Any], plan: Plan) -> tuple[dict, dict]:
+    """(the clipped part, the clear part) of a party's addends (or of a spec of them): entries named in
+    `plan.left_out` dropped, the model's entries named in `plan.clear` under CLEAR."""
+    kept = {
+        f: {k: v for k, v in val.items() if k not in plan.left_out} if isinstance(val, Mapping) else val
+        for f, val in fields.items()
+    }
+    model = kept.get("model")
+    if not plan.clear or not isinstance(model, Mapping):
+        return kept, {}
+    clear = {k: v for k, v in model.items() if k in plan.clear}
+    return {**kept, "model": {k: v for k, v in model.items() if k not in clear}}, {CLEAR: clear}
+
+
+def plan_layout(fields: Mapping[str, Any], plan: Plan) -> list[Entry]:
+    """The entries of a party's vector in order (the clipped part, then the clear part), from its
+    addends or from the upload spec's summed fields: what reads the round's sum back."""
+    private, clear = split(fields, plan)
+    return layout(private) + layout(clear)
 
 
 def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
-    """The party's addends, clipped and noised as `plan` says, then its metrics times its sample ratio."""
-    fields = contribution(upload, received, plan.summed, plan.ratio)
-    entries = layout(fields)
-    vector = flatten(fields, {}, plan.ratio)
-    if not torch.isfinite(vector).all():
+    """The party's addends, clipped and noised as `plan` says (the clear part as it is), then its
+    metrics times its sample ratio."""
+    fields = contribution(upload, received, plan.summed, plan.ratio, plan.left_out)
+    private, clear = split(fields, plan)
+    vector, rest = flatten(private, {}, plan.ratio), flatten(clear, {}, plan.ratio)
+    if not (torch.isfinite(vector).all() and torch.isfinite(rest).all()):
         raise PrivacyError("the upload holds NaN or Inf: the party cannot add it to the round's sum")
     norm = float(vector.norm())
     if plan.clip is not None:
@@ -86,7 +146,9 @@ def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
         vector = vector + gaussian_noise(vector, plan.noise_std)
     metrics = {k: float(v) for k, v in (upload.get("metrics") or {}).items() if math.isfinite(float(v))}
     tail = torch.tensor([plan.metric_ratio * metrics[k] for k in sorted(metrics)], dtype=torch.float64)
-    return PartyVector(torch.cat([vector, tail]), entries, sorted(metrics), norm)
+    return PartyVector(
+        torch.cat([vector, rest, tail]), layout(private) + layout(clear), sorted(metrics), norm
+    )
 
 
 def warn_out_of_range(vector: torch.Tensor, clip: float, party: int) -> int:

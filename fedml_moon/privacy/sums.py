@@ -17,7 +17,7 @@ keeps their weighted mean. Everything is float64 and flattened into one vector i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +40,15 @@ class Sums:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def contribution(upload: Mapping, received: Mapping, summed: Mapping[str, str], ratio: float) -> dict:
-    """One party's addends (float64), field by field as `summed` declares (module docstring)."""
+def contribution(
+    upload: Mapping,
+    received: Mapping,
+    summed: Mapping[str, str],
+    ratio: float,
+    skip: Collection[str] = (),
+) -> dict:
+    """One party's addends (float64), field by field as `summed` declares (module docstring); entries
+    named in `skip` (integer counters: never summed) are left out of every field."""
     out: dict[str, Any] = {}
     for name, kind in summed.items():
         if kind not in KINDS:
@@ -50,10 +57,12 @@ def contribution(upload: Mapping, received: Mapping, summed: Mapping[str, str], 
         if kind == UPDATE:
             base = received[name]
             out[name] = {
-                k: (t.detach().double() - base[k].detach().double()) * ratio for k, t in value.items()
+                k: (t.detach().double() - base[k].detach().double()) * ratio
+                for k, t in value.items()
+                if k not in skip
             }
         elif isinstance(value, Mapping):
-            out[name] = {k: t.detach().double() for k, t in value.items()}
+            out[name] = {k: t.detach().double() for k, t in value.items() if k not in skip}
         else:
             out[name] = value.detach().double()
     return out

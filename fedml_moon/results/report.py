@@ -2,7 +2,8 @@
 rounds to a target accuracy with the speed-up against FedAvg and the parameters communicated by then
 (Table 2), accuracy-per-round curves with a band over seeds, and one plain-language line per setting.
 Where runs used client-level DP (privacy_args), the final-accuracy table and table1.csv add each
-setting's epsilon: summary.json's final `dp_epsilon`, mean over seeds (none for runs without DP).
+setting's epsilon: summary.json's final `dp_epsilon_release` (what an observer of the released models
+faces), mean over seeds (none for runs without DP).
 
 Runs are grouped by what varies among them. A *setting* (a column) is a config value that differs
 between runs of the same algorithm, seeds aside (e.g. `partition_alpha`, `epochs`); a *row* is an
@@ -22,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.results.report_text import markdown, summary_lines
-from fedml_moon.results.tables import PERSONAL, Cell, RunData, has_dp, is_personalised, rounds_to_target
+from fedml_moon.results.tables import (
+    EPSILON,
+    PERSONAL,
+    Cell,
+    RunData,
+    has_dp,
+    is_personalised,
+    rounds_to_target,
+)
 
 log = logging.getLogger(__name__)
 NOT_SETTINGS = (
@@ -60,6 +69,8 @@ def find_runs(folders: list[Path]) -> list[RunData]:
             if summary.get("status") != "completed":
                 log.warning("%s: %s, left out", path.parent, summary.get("status"))
                 continue
+            if "dp_epsilon" in summary:  # a run from before the release / server epsilons were apart
+                summary.setdefault(EPSILON, summary["dp_epsilon"])
             lines = (path.parent / "metrics.jsonl").read_text().splitlines()
             records = [json.loads(line) for line in lines if line.strip()]
             runs.append(RunData(path.parent, flatten(summary.get("config", {})), records, summary))
@@ -116,7 +127,7 @@ def write_csv(table: dict[str, dict[str, Cell]], goals: dict[str, float | None],
         w = csv.writer(fh)
         personal = [f"{field[:-4]}_{m}" for field, _ in PERSONAL for m in ("mean", "std")]
         personal = personal if is_personalised(table) else []
-        dp = ["epsilon_mean"] if has_dp(table) else []  # the runs' final dp_epsilon; empty without DP
+        dp = ["epsilon_mean"] if has_dp(table) else []  # the runs' final release epsilon; empty without DP
         w.writerow(
             ["setting", "method", "seeds", "final_mean", "final_std", "best_mean", "best_std", *personal, *dp]
         )
@@ -124,7 +135,7 @@ def write_csv(table: dict[str, dict[str, Cell]], goals: dict[str, float | None],
             for row, cell in rows.items():
                 stats = [*cell.stat("final_test_acc"), *cell.stat("best_test_acc")]
                 stats += [v for field, _ in PERSONAL for v in cell.last(field)] if personal else []
-                epsilon = cell.stat("dp_epsilon", scale=1.0)[0] if dp else math.nan
+                epsilon = cell.stat(EPSILON, scale=1.0)[0] if dp else math.nan
                 extra = ["" if math.isnan(epsilon) else f"{epsilon:.4f}"] if dp else []
                 w.writerow([setting, row, len(cell.runs), *(f"{v:.4f}" for v in stats), *extra])
     with (out / "table2.csv").open("w", newline="") as fh:

@@ -6,7 +6,15 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from fedml_moon.results.tables import PERSONAL, Cell, dp_deltas, has_dp, is_personalised, rounds_to_target
+from fedml_moon.results.tables import (
+    EPSILON,
+    PERSONAL,
+    Cell,
+    dp_deltas,
+    has_dp,
+    is_personalised,
+    rounds_to_target,
+)
 
 
 def _pm(mean: float, std: float) -> str:
@@ -37,8 +45,9 @@ def _accuracy(field: str, per_round: bool = False) -> Callable[[Cell], str]:
 
 
 def _epsilon(cell: Cell) -> str:
-    """The runs' final DP epsilon (summary.json's dp_epsilon), mean over seeds; - without DP."""
-    mean, _ = cell.stat("dp_epsilon", scale=1.0)
+    """The runs' final DP epsilon of the release (summary.json's dp_epsilon_release), mean over seeds;
+    - without DP."""
+    mean, _ = cell.stat(EPSILON, scale=1.0)
     return "-" if math.isnan(mean) else f"{mean:.2f}"
 
 
@@ -135,7 +144,8 @@ def markdown(
         deltas = ", ".join(f"{d:g}" for d in dp_deltas(table))
         text += [
             f"epsilon: the runs' final DP epsilon{f' for delta = {deltas}' if deltas else ''} (privacy_args; "
-            "summary.json's dp_epsilon), mean over seeds; -: runs without DP.",
+            "summary.json's dp_epsilon_release, what an observer of the released models faces), mean over "
+            "seeds; -: runs without DP.",
             "",
         ]
     text += [*_table1(table, "final_test_acc", epsilon=True), ""]

@@ -55,10 +55,13 @@ def is_personalised(table: dict[str, dict[str, Cell]]) -> bool:
     return any("local_test_acc" in r for cell in cells for run in cell.runs for r in run.records)
 
 
+EPSILON = "dp_epsilon_release"  # summary.json's epsilon of the released models (privacy_args' DP-FedAvg)
+
+
 def has_dp(table: dict[str, dict[str, Cell]]) -> bool:
-    """Whether any run reports a DP epsilon (summary.json's `dp_epsilon`, privacy_args' DP-FedAvg)."""
+    """Whether any run reports a DP epsilon (summary.json's `dp_epsilon_release`)."""
     cells = (cell for rows in table.values() for cell in rows.values())
-    return any(run.summary.get("dp_epsilon") is not None for cell in cells for run in cell.runs)
+    return any(run.summary.get(EPSILON) is not None for cell in cells for run in cell.runs)
 
 
 def dp_deltas(table: dict[str, dict[str, Cell]]) -> list[float]:

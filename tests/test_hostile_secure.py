@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
-from fedml_moon import conformance
-from fedml_moon.adapters.run import build_base, build_server
-from fedml_moon.config import load_config
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.core.shamir import P
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
-from fedml_moon.distributed.deploy import placement, shared_config
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
-from fedml_moon.distributed.server_manager import PluginServerManager
-from fedml_moon.engine.resume import flat_config
 from fedml_moon.privacy.party import Plan, party_vector
 from fedml_moon.privacy.secagg import PartySession, pack
 from tests.test_server_waits import CONFIG, Wire, _from, _server, pytestmark  # noqa: F401 (data)
@@ -174,46 +167,13 @@ def test_fewer_than_t_answers_to_unmask_stop_the_run_with_nothing_revealed(tmp_p
     assert manager.rounds.recorder.records == []
 
 
-def _server_of(tmp_path: Path, silos: int, *extra: str) -> tuple[PluginServerManager, Wire]:
-    """The server manager of a cross-silo run of `silos` silos of one party each, every silo having
-    said HELLO (test_server_waits._server, for any number of silos)."""
-    overrides = [
-        *conformance.TINY,
-        f"train_args.client_num_in_total={silos}",
-        f"train_args.client_num_per_round={silos}",
-        "train_args.comm_round=2",
-        "common_args.training_type=cross_silo",
-        "comm_args.backend=MQTT_S3",
-        "validation_args.local_test=false",
-        *extra,
-    ]
-    cfg = load_config(CONFIG, overrides)
-    base = build_base(cfg, tmp_path)
-    wire, ranks = Wire(), list(range(1, silos + 1))
-    manager = PluginServerManager(
-        base.args,
-        wire,
-        build_server(base, tmp_path),
-        placement(cfg, silos),
-        ranks,
-        shared_config(cfg),
-        cfg.comm_args,
-        (0, flat_config(cfg)),
-    )
-    manager.register_message_receive_handlers()
-    for rank in ranks:
-        hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
-        _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
-    return manager, wire
-
-
 def test_garbage_to_a_neighbour_and_a_wrong_unmasking_share_leave_the_honest_silos_mean(tmp_path, caplog):
     """5 silos (t = 3 of 5). Party 0 sends its first neighbour random bytes for a ciphertext: that
     neighbour names it in its masked message, the server drops party 0 (its masked vector left out,
     its s-seed rebuilt from the 3 other holders, never asked to unmask) and the round goes on. Party
     3 returns one wrong share of a self-mask seed: 4 came back, so it is outvoted and named. The
     round records the 4 honest parties' weighted mean update, within the fixed-point bound."""
-    manager, wire = _server_of(tmp_path, 5, SECURE)
+    manager, wire = _server(tmp_path, SECURE, silos=5)
     params = manager.rounds.privacy.params(5)
     silos = {r: Silo(manager, wire, r) for r in range(1, 6)}
     before = dict(manager.rounds.aggregator.global_state)

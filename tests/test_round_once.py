@@ -14,51 +14,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedml_moon import conformance
-from fedml_moon.adapters.run import build_base, build_server
-from fedml_moon.config import load_config
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import server_phases
-from fedml_moon.distributed.deploy import _resume_server, placement, shared_config
 from fedml_moon.distributed.server_manager import PluginServerManager
-from fedml_moon.engine.resume import flat_config
-from tests.test_server_waits import CONFIG, Wire, _from, pytestmark  # noqa: F401 (data)
+from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
+from tests.test_server_waits import _server as server_of
 
 SETTINGS = [
-    *conformance.TINY,
-    "train_args.client_num_per_round=3",
     "train_args.comm_round=3",
     "train_args.checkpoint_every=1",
-    "common_args.training_type=cross_silo",
-    "comm_args.backend=MQTT_S3",
-    "validation_args.local_test=false",
     "server_args.server_momentum=0.9",
     "server_args.server_momentum_style=fedavgm",
 ]
 
 
 def _server(out: Path, resume: bool = False) -> tuple[PluginServerManager, Wire]:
-    cfg = load_config(CONFIG, SETTINGS)
-    base = build_base(cfg, out)
-    rounds = build_server(base, out)
-    start = _resume_server(rounds, out) if resume else 0
-    wire = Wire()
-    manager = PluginServerManager(
-        base.args,
-        wire,
-        rounds,
-        placement(cfg, 3),
-        [1, 2, 3],
-        shared_config(cfg),
-        cfg.comm_args,
-        (1, flat_config(cfg)),
-        start,
-    )
-    manager.register_message_receive_handlers()
-    for rank in (1, 2, 3):
-        hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
-        _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
-    return manager, wire
+    return server_of(out, *SETTINGS, resume=resume)
 
 
 def _answer(manager: PluginServerManager, wire: Wire, rank: int, round_idx: int) -> None:

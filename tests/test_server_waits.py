@@ -17,7 +17,7 @@ from fedml_moon.adapters.run import build_base, build_server
 from fedml_moon.config import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.distributed import managers as m
-from fedml_moon.distributed.deploy import placement, shared_config
+from fedml_moon.distributed.deploy import _resume_server, placement, shared_config
 from fedml_moon.distributed.server_manager import PluginServerManager
 from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
 from fedml_moon.engine.resume import flat_config
@@ -39,10 +39,16 @@ class Wire(QueueTransport):
         self.sent.append(message_from_bytes(data))
 
 
-def _server(tmp_path: Path, *extra: str) -> tuple[PluginServerManager, Wire]:
+def _server(
+    tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False
+) -> tuple[PluginServerManager, Wire]:
+    """The server manager of a tiny cross-silo run of `silos` silos of one party each (FedAvg, 2 rounds
+    unless `extra` says otherwise), every silo having said HELLO; with `resume`, from the newest
+    checkpoint in `tmp_path`."""
     overrides = [
         *conformance.TINY,
-        "train_args.client_num_per_round=3",
+        f"train_args.client_num_in_total={silos}",
+        f"train_args.client_num_per_round={silos}",
         "train_args.comm_round=2",
         "common_args.training_type=cross_silo",
         "comm_args.backend=MQTT_S3",
@@ -51,19 +57,23 @@ def _server(tmp_path: Path, *extra: str) -> tuple[PluginServerManager, Wire]:
     ]
     cfg = load_config(CONFIG, overrides)
     base = build_base(cfg, tmp_path)
-    wire = Wire()
+    rounds = build_server(base, tmp_path)
+    start = _resume_server(rounds, tmp_path) if resume else 0
+    wire, ranks = Wire(), list(range(1, silos + 1))
+    checkpoints = (cfg.train_args.checkpoint_every, flat_config(cfg))
     manager = PluginServerManager(
         base.args,
         wire,
-        build_server(base, tmp_path),
-        placement(cfg, 3),
-        [1, 2, 3],
+        rounds,
+        placement(cfg, silos),
+        ranks,
         shared_config(cfg),
         cfg.comm_args,
-        (0, flat_config(cfg)),
+        checkpoints,
+        start,
     )
     manager.register_message_receive_handlers()
-    for rank in (1, 2, 3):
+    for rank in ranks:
         hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
         _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
     return manager, wire

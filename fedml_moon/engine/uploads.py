@@ -37,6 +37,7 @@ class UploadChecks:
     terms: tuple[str, ...] | None = None  # the algorithm's training terms; None: any metric name
     steps: tuple[int, int] = (1, 1)  # (epochs, batch size): the bound of a party's counters
     on_bad_upload: str = "skip"
+    personalized: bool = False
 
     def upload_spec(self, party: int) -> dict:
         """What `party`'s upload must hold this round (the server algorithm's `upload_spec`)."""
@@ -79,5 +80,3 @@ class UploadChecks:
         if not self.personalized:
             return None
         return self.aggregator.algorithm.personal_spec(self.aggregator.global_state)
-
-    personalized: bool = False

@@ -29,6 +29,21 @@ class _CountingPickle:
         return pickle.loads(data)
 
 
+class _ProtocolFields:
+    """FedML's gRPC adds its sender's address to every message it delivers; the plugin's managers take
+    the protocol's fields only (protocol.py), as its own transports deliver them."""
+
+    ADDED = ("sender_rank", "sender_ip", "sender_port")
+
+    def __init__(self, observer: Any) -> None:
+        self.observer = observer
+
+    def receive_message(self, msg_type: Any, msg: Any) -> None:
+        for key in self.ADDED:
+            msg.get_params().pop(key, None)
+        self.observer.receive_message(msg_type, msg)
+
+
 class FedmlGrpcTransport:
     """FedML's GRPCCommManager behind the interface the plugin's managers use."""
 
@@ -46,6 +61,7 @@ class FedmlGrpcTransport:
             return put(item, *args, **kwargs)
 
         queue.put = counting_put
+        self.running = True
 
     @property
     def bytes_sent(self) -> int:
@@ -56,7 +72,7 @@ class FedmlGrpcTransport:
         return self.counter["received"]
 
     def add_observer(self, observer: Any) -> None:
-        self.inner.add_observer(observer)
+        self.inner.add_observer(_ProtocolFields(observer))
 
     def send_message(self, msg: Any) -> None:
         self.inner.send_message(msg)
@@ -68,10 +84,14 @@ class FedmlGrpcTransport:
         self.inner.handle_receive_message()
 
     def stop_receive_message(self) -> None:
+        self.running = False
         self.inner.stop_receive_message()
 
 
-def _fedml_transport(cfg: Any, rank: int, workers: int, comm: Any = None) -> FedmlGrpcTransport:
+def _fedml_transport(
+    cfg: Any, rank: int, workers: int, comm: Any = None, max_frame_bytes: int | None = None
+) -> FedmlGrpcTransport:
+    """`deploy.make_transport`'s signature (FedML's transport has no frame limit of its own)."""
     return FedmlGrpcTransport(cfg.comm_args.grpc_ipconfig_path, rank, workers)
 
 

@@ -118,7 +118,7 @@ def _wrong_phase(rng: random.Random, t: Target) -> tuple[str, dict]:
             (p.REPORT, {"round": t.round_idx, "reports": [{"party_id": t.party, "local_test_acc": 0.5}]}),
             (p.CHECKPOINTED, {"round": rng.choice([t.round_idx, t.round_idx + 1, 0])}),
             (p.TICK, {}),
-            (p.KEYS, {"round": t.round_idx, "keys": [], "metrics": ["loss"]}),
+            (p.KEYS, {"round": t.round_idx, "keys": []}),
             (p.MASKED, {"round": t.round_idx, "items": []}),
         ]
     )

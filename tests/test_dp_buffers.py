@@ -91,12 +91,12 @@ def test_a_resnet50_dp_update_is_clipped_by_its_trainable_parameters_alone():
     for clip, norm in ((1.0, 0.5), (0.1, 0.1)):
         privacy = _privacy("average", dp_clip_norm=clip)
         privacy.set_model(trainable, state)
-        vector = party_vector({"model": upload}, {"model": state}, privacy.plan(0))
+        vector = party_vector({"model": upload, "metrics": {"loss": 1.0}}, {"model": state}, privacy.plan(0))
         clipped = sum(math.prod(shape) for f, _, shape in vector.entries if f != CLEAR)
         assert vector.norm == pytest.approx(0.5, rel=1e-6)
         assert float(vector.vector[:clipped].norm()) == pytest.approx(norm, rel=1e-6, abs=1e-9)
         assert not any(k in counters for _, k, _ in vector.entries)
-        clear = vector.vector[clipped:]
+        clear = vector.vector[clipped : -len(vector.metric_names)]  # then the metrics
         assert float(clear.sum()) == pytest.approx(
             sum(upload[k].numel() for k in state if k.endswith("running_var"))
         )

@@ -47,7 +47,11 @@ class Silo:
         model = {
             k: v + 0.01 * rank if v.is_floating_point() else v for k, v in self.received["model"].items()
         }
-        self.upload = {"model": model, "party_id": self.party, "metrics": {"loss": float(rank)}}
+        self.upload = {
+            "model": model,
+            "party_id": self.party,
+            "metrics": {"loss": float(rank), "ce": float(rank)},
+        }
         self.session = None
 
     def keys(self, params) -> dict:
@@ -97,12 +101,14 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
     before = dict(manager.rounds.aggregator.global_state)
 
     bad = {**silos[1].keys(params), "c_pk": "ab" * 31}  # a 31-byte key
-    _from(manager, 1, p.KEYS, round=0, keys=[bad], metrics=["loss"])
+    _from(manager, 1, p.KEYS, round=0, keys=[bad])
     _refused(caplog, 1, "c_pk must be 32 bytes")
-    _from(manager, 2, p.KEYS, round=0, keys=[silos[1].keys(params)], metrics=["loss"])  # not its party
+    _from(manager, 2, p.KEYS, round=0, keys=[silos[1].keys(params)])  # not its party
     _refused(caplog, 2, "names parties [0], not its [1]")
+    _from(manager, 1, p.KEYS, round=0, keys=[silos[1].keys(params)], metrics=[])  # names the round's metrics
+    _refused(caplog, 1, "unexpected fields ['metrics']")  # the server's plan names them, not a silo
     for rank, silo in silos.items():
-        _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)], metrics=["loss"])
+        _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)])
     assert manager.phase == "share"
 
     shares = silos[1].shares()
@@ -134,6 +140,7 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
     for key, old in before.items():
         if old.is_floating_point():
             assert float((after[key] - old - mean_shift).abs().max()) <= bound, key
+    assert manager.sa_plan.metrics == ("ce", "loss")  # FedAvg's declared term and the total
     assert record["parties"] == 3 and record["train_loss"] == pytest.approx(
         sum(samples[r - 1] * r for r in silos) / sum(samples.values()), abs=1e-5
     )
@@ -150,7 +157,7 @@ def test_fewer_than_t_answers_to_unmask_stop_the_run_with_nothing_revealed(tmp_p
     for step, kind, field in ((Silo.keys, p.KEYS, "keys"), (Silo.shares, p.SHARES, "shares")):
         for rank, silo in silos.items():
             value = step(silo, params) if step is Silo.keys else step(silo)
-            extra = {"metrics": ["loss"]} if kind == p.KEYS else {}
+            extra = {}
             _from(manager, rank, kind, round=0, **{field: [value] if kind == p.KEYS else value}, **extra)
     for rank, silo in silos.items():
         _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
@@ -178,7 +185,7 @@ def test_garbage_to_a_neighbour_and_a_wrong_unmasking_share_leave_the_honest_sil
     silos = {r: Silo(manager, wire, r) for r in range(1, 6)}
     before = dict(manager.rounds.aggregator.global_state)
     for rank, silo in silos.items():
-        _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)], metrics=["loss"])
+        _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)])
     garbled = [dict(item) for item in silos[1].shares()]
     garbled[0]["ct"] = os.urandom(len(garbled[0]["ct"]) // 2).hex()
     victim = garbled[0]["receiver"]

@@ -17,10 +17,11 @@ from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.engine.resume import flatten
 from fedml_moon.privacy.accountant import PrivacyAccountant
 from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.options import PrivacyArgs
-from fedml_moon.privacy.party import PartyVector, Plan, party_vector
+from fedml_moon.privacy.party import PartyVector, Plan, PrivacyError, party_vector
 from fedml_moon.privacy.secagg import SecAggError
 from tests.helpers import SUMMING, TINY_RUN
 
@@ -82,10 +83,26 @@ def test_a_partys_vector_is_its_weighted_update_clipped_then_its_weighted_metric
     [1.5, 2.0]; the metric loss 2.0 follows times the party's sample ratio: 0.5 * 2.0 = 1.0."""
     received = {"model": {"w": torch.zeros(2)}}
     upload = {"model": {"w": torch.tensor([3.0, 4.0])}, "metrics": {"loss": 2.0}, "party_id": 0}
-    clipped = party_vector(upload, received, Plan({"model": "update"}, ratio=1.0, clip=1.0))
+    clipped = party_vector(
+        upload, received, Plan({"model": "update"}, ratio=1.0, clip=1.0, metrics=("loss",))
+    )
     assert clipped.vector.tolist() == pytest.approx([0.6, 0.8, 2.0]) and clipped.norm == pytest.approx(5.0)
-    weighted = party_vector(upload, received, Plan({"model": "update"}, ratio=0.5, metric_ratio=0.5))
+    plan = Plan({"model": "update"}, ratio=0.5, metric_ratio=0.5, metrics=("loss",))
+    weighted = party_vector(upload, received, plan)
     assert weighted.vector.tolist() == [1.5, 2.0, 1.0] and weighted.metric_names == ["loss"]
+    assert party_vector(upload, received, Plan({"model": "update"})).vector.tolist() == [
+        3.0,
+        4.0,
+    ]  # no metrics
+
+
+@pytest.mark.parametrize("metrics", [{}, {"loss": float("nan")}, {"loss": 1e300}, {"loss": "2"}, {"ce": 1.0}])
+def test_a_party_whose_metrics_are_not_the_rounds_cannot_add_to_the_sum(metrics):
+    """The round's metric names are the server's (the plan's: loss and the algorithm's terms), never a
+    party's: a party whose metrics lack one, or hold a value that is not a finite number, stays out."""
+    upload = {"model": {"w": torch.ones(2)}, "metrics": metrics, "party_id": 0}
+    with pytest.raises(PrivacyError, match=r"the upload's metrics \['loss'\] are missing or not finite"):
+        party_vector(upload, {"model": {"w": torch.zeros(2)}}, Plan({"model": "update"}, metrics=("loss",)))
 
 
 def test_dp_fedavg_divides_by_the_parties_sampled_and_reports_the_accountants_epsilon():
@@ -239,9 +256,41 @@ def test_rejections_down_to_two_uploads_stop_a_secure_standalone_round(tmp_path,
         if party == min(downloads):
             name = next(k for k, v in model.items() if v.is_floating_point())
             model[name] = torch.full_like(model[name], float("nan"))
-        results[party] = (float(server.samples[party]), {"model": model, "party_id": party, "metrics": {}})
+        metrics = {"loss": 1.0, "ce": 1.0}
+        results[party] = (
+            float(server.samples[party]),
+            {"model": model, "party_id": party, "metrics": metrics},
+        )
     with pytest.raises(SecAggError, match="among 2 parties: 2 participants, fewer than 3"):
         server.aggregate(0, results)
     assert f"party {min(downloads)}'s upload is left out" in caplog.text
     after = server.aggregator.global_state
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@needs_data
+def test_a_round_computed_again_after_a_resume_is_charged_again(tmp_path, monkeypatch):
+    """DP: rounds 0, 1 and 2 release their noisy sums, the run dies after round 2 with its newest
+    checkpoint at round 1, and is resumed. Round 2, computed again with fresh noise, is a second
+    release of it: the accountant is the ledger's (privacy_ledger.jsonl), so after the resumed round 2
+    epsilon is that of 4 releases, not 3; and the ledger says so."""
+    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
+    dp = ["privacy_args.dp_clip_norm=0.01", "privacy_args.dp_noise_multiplier=1.0", "train_args.comm_round=4"]
+    cfg = load_config(CONFIGS / "fedavg.yaml", [*TINY, *dp])
+    first = assemble(cfg, tmp_path)
+    flat = flatten(first.loop.server.recorder.config)
+    for round_idx in range(3):
+        first.loop.one_round(round_idx)
+        if round_idx < 2:
+            first.loop.checkpoint(round_idx, flat)
+    resumed = assemble(cfg, tmp_path, resume=True)
+    assert resumed.loop.start_round == 2
+    record = resumed.loop.one_round(2)
+    schedule = resumed.loop.server.schedule
+    releases = [schedule[0], schedule[1], schedule[2], schedule[2]]
+    library = PrivacyAccountant(1.0, 3, 2, 1e-5)
+    for ids in releases:
+        library.record(ids)
+    assert record["dp_epsilon_release"] == pytest.approx(library.epsilon_release())
+    lines = (tmp_path / "privacy_ledger.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [0, 1, 2, 2]

@@ -101,3 +101,20 @@ def test_malformed_answers_are_left_out_and_named():
     r.server.unmask(responses)
     assert r.server.blamed[5] == ["its 'b' shares are not a dict"]
     assert r.server.blamed[4] == ["its share for party 0 is not an (x, y) pair in the field"]
+
+
+@pytest.mark.parametrize(("n", "k", "t"), [(5, 0, 3), (6, 2, 2), (8, 4, 3)])
+def test_a_party_that_names_all_its_neighbours_is_dropped_itself_and_the_round_goes_on(n, k, t, caplog):
+    """Party 0's shares all opened, yet it names every neighbour for bad shares (it may: they are in its
+    inbox). Dropping them would empty the round (complete graph) or split it (SecAgg+); a party that
+    names several is the suspect instead: it is dropped, its accusations ignored, and the round gives
+    the sum of everyone else, within the fixed-point bound."""
+    r = Round(n, SecAggParams(threshold=t, neighbours=k, min_group=3))
+    masked = r.masked()
+    accused = {u: r.parties[u].accused for u in masked} | {0: sorted(r.server.graph.neighbours[0])}
+    r.server.collect_masked(masked, accused)
+    survivors, dropped = r.server.unmask_request()
+    assert survivors == list(range(1, n)) and dropped == [0]
+    answers = {u: r.parties[u].unmask(survivors, dropped) for u in survivors}
+    _assert_within_bound(r, r.server.decode(r.server.unmask(answers)))  # the survivors' clipped sum
+    assert "party 0 names" in caplog.text and "it is dropped itself, its accusations ignored" in caplog.text

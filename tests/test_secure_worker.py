@@ -45,7 +45,10 @@ def _worker_with_keys(privacy, values=(math.nan, 0.5, -0.5)) -> tuple[_Worker, l
     worker = _Worker(privacy)
     received = {"model": {"w": torch.zeros(3)}}
     tasks = [{"party": q, "payload": received} for q in (0, 1, 2)]
-    uploads = [{"model": {"w": torch.full((3,), v)}, "party_id": q} for q, v in enumerate(values)]
+    uploads = [
+        {"model": {"w": torch.full((3,), v)}, "party_id": q, "metrics": {"loss": 1.0}}
+        for q, v in enumerate(values)
+    ]
     worker.secure_train(0, tasks, [(10.0, u) for u in uploads])
     ((kind, keys),) = worker.sent
     assert kind == p.KEYS and [k["party"] for k in keys["keys"]] == [0, 1, 2]

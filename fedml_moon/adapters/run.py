@@ -204,8 +204,10 @@ def build_server(base: Base, out_dir: Path) -> Any:
         per_round = train.client_num_per_round
         fewest = quorum(cfg.comm_args.min_reports, per_round)
         options, summed = cfg.privacy_args, server_algo.summed
-        privacy = PrivateAggregation(options, summed, weights, per_round, samples, fewest)
+        metrics = ("loss", *base.spec.client.terms)
+        privacy = PrivateAggregation(options, summed, weights, per_round, samples, fewest, metrics)
         privacy.set_model(server_algo.trainable, aggregator.global_state)  # before any file is written
+        privacy.set_ledger(out_dir / "privacy_ledger.jsonl")
     config = config_to_dict(cfg)
     recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
     return ServerRounds(

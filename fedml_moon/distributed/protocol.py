@@ -194,7 +194,7 @@ SHARE_VALUES = list_of(record({"of": PARTY, "x": integer(1, MAX_ID), "y": hex_te
 
 SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
     # worker -> server
-    KEYS: {"round": ROUND, "keys": list_of(PUBLIC_KEYS), "metrics": list_of(text(100), 100)},
+    KEYS: {"round": ROUND, "keys": list_of(PUBLIC_KEYS)},
     SHARES: {
         "round": ROUND,
         "shares": list_of(record({"sender": PARTY, "receiver": PARTY, "ct": hex_text(1024)})),

@@ -5,7 +5,7 @@ MQTT + S3): the server's side (`SecureServer`, mixed into the server manager) an
 After TRAIN, a worker's parties train and keep their uploads; then, per round (Bonawitz et al. 2017,
 Fig. 4; `fedml_moon.privacy.secagg`):
 
-    worker -> server  sa_keys      each party's public keys (and the metric names its vector ends with)
+    worker -> server  sa_keys      each party's public keys
     server -> worker  sa_roster    each party's neighbourhood's keys, every participant's key digest
                                    (each party draws the round's graph from them) and how many take part
     worker -> server  sa_shares    each party's encrypted shares, addressed to its neighbours
@@ -59,7 +59,6 @@ class SecureServer:
 
     def secure_reset(self) -> None:
         self.sa_keys: dict[int, dict] = {}
-        self.sa_metrics: list[str] | None = None
         self.sa_shares: dict[int, dict[int, bytes]] = {}
         self.sa_masked: dict[int, Any] = {}
         self.sa_accused: dict[int, list[int]] = {}
@@ -84,30 +83,12 @@ class SecureServer:
         items, rank = msg.get("keys"), msg.get_sender_id()
         if not self._take(msg, "train", [i["party"] for i in items], self.sa_ranks_parties(rank)):
             return
-        names = list(msg.get("metrics"))
-        terms = self.rounds.terms
-        undeclared = [n for n in names if n != "loss" and terms is not None and n not in terms]
-        if undeclared:
-            self.refused(
-                rank,
-                f"round {self.round_idx}: refused rank {rank}: metric names {undeclared[:5]} are not "
-                f"the algorithm's terms {terms}",
-            )
-            return
-        if self.sa_metrics is not None and names != self.sa_metrics:
-            self.refused(
-                rank,
-                f"round {self.round_idx}: refused rank {rank}: metric names {names[:5]} differ from the "
-                f"round's {self.sa_metrics[:5]}",
-            )
-            return
         try:
             for item in items:
                 check_keys(self.round_idx, *keys_from_wire(item), "advertise keys")
         except SecAggError as err:
             self.refused(rank, f"round {self.round_idx}: refused rank {rank}: {err}")
             return
-        self.sa_metrics = names
         for item in items:
             party, keys = keys_from_wire(item)
             self.sa_keys[party] = keys
@@ -129,9 +110,9 @@ class SecureServer:
         params = self.rounds.privacy.params(len(self.sa_keys))
         spec = self.rounds.upload_spec(min(self.sa_keys))
         summed = self.rounds.privacy.summed
-        plan = self.rounds.privacy.plan(min(self.sa_keys))
+        plan = self.sa_plan = self.rounds.privacy.plan(min(self.sa_keys))  # the vectors' layout, metrics'
         self.sa_entries = plan_layout({f: spec[f] for f in summed}, plan)
-        length = sum(_numel(shape) for _, _, shape in self.sa_entries) + len(self.sa_metrics or [])
+        length = sum(_numel(shape) for _, _, shape in self.sa_entries) + len(plan.metrics)
         self.sa_session = ServerSession(self.round_idx, params, length)
         rosters, digests = self.sa_session.collect_keys(self.sa_keys)
         self.sa_rosters = rosters
@@ -280,7 +261,8 @@ class SecureServer:
         total = session.decode(session.unmask(self.sa_answers))
         survivors = list(session.survivors)
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in survivors]
-        sums = self.rounds.privacy.finish(total, self.sa_entries, self.sa_metrics or [], survivors)
+        names = list(self.sa_plan.metrics)
+        sums = self.rounds.privacy.finish(total, self.sa_entries, names, survivors, self.round_idx)
         self.ordered = self.rounds.apply_sums(sums)
         self.after_aggregate()
 

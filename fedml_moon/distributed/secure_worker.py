@@ -28,14 +28,13 @@ class SecureWorker:
         config = self.built.run_config
         planned = secagg_params(config.privacy_args, config.train_args.client_num_per_round)
         self.sa_round, self.sa_parties = round_idx, {}
-        keys, names = [], []
+        keys = []
         for task, (_, upload) in zip(tasks, trained, strict=True):
             party = int(task["party"])
             session = PartySession(party, round_idx, planned)
             self.sa_parties[party] = {"upload": upload, "received": task["payload"], "session": session}
             keys.append(keys_to_wire(party, session.advertise()))
-            names = sorted((upload.get("metrics") or {}).keys())
-        self.send(KEYS, 0, round=round_idx, keys=keys, metrics=names)
+        self.send(KEYS, 0, round=round_idx, keys=keys)
 
     def _held(self, msg: Any, party: int) -> dict | None:
         held = getattr(self, "sa_parties", {}).get(int(party))

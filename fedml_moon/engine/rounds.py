@@ -84,21 +84,28 @@ class ServerRounds(UploadChecks, SummedRounds):
         self.summary: dict[str, Any] = {}
         self.privacy = privacy  # privacy_args: the server learns sums only (fedml_moon.privacy)
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
+        self.planned = rounds  # comm_round; `rounds` may stop earlier (dp_target_epsilon)
         if privacy is not None:
-            self.rounds = privacy.rounds_allowed(rounds, self.schedule)
+            self.rounds = self._rounds_allowed(0)
             if self.rounds == 0:
                 raise ConfigError(
                     f"privacy_args.dp_target_epsilon: {privacy.options.dp_target_epsilon} is passed in the "
                     "first round already; raise it, or raise dp_noise_multiplier"
                 )
-            if self.rounds < rounds:
-                log.warning(
-                    "privacy_args.dp_target_epsilon: the run stops after %d of %d rounds, where epsilon "
-                    "would pass %s",
-                    self.rounds,
-                    rounds,
-                    privacy.options.dp_target_epsilon,
-                )
+
+    def _rounds_allowed(self, start: int) -> int:
+        """The rounds the run may train in all, from round `start` on, before the epsilon that
+        `dp_target_epsilon` bounds would pass it (the accountant's releases so far included)."""
+        more = self.privacy.rounds_allowed(self.planned - start, self.schedule[start:])
+        if start + more < self.planned:
+            log.warning(
+                "privacy_args.dp_target_epsilon: the run stops after %d of %d rounds, where epsilon "
+                "would pass %s",
+                start + more,
+                self.planned,
+                self.privacy.options.dp_target_epsilon,
+            )
+        return start + more
 
     # --- one round ------------------------------------------------------------------------------
     def parties(self, round_idx: int) -> list[int]:
@@ -235,9 +242,11 @@ class ServerRounds(UploadChecks, SummedRounds):
         self.totals.update({k: int(v) for k, v in state["totals"].items()})
         self.eval_totals.update({k: int(v) for k, v in state["eval_totals"].items()})
         self.recorder.restore(state["records"])
+        start = int(state["round"]) + 1
         if self.privacy is not None:
             self.privacy.load_state(state.get("privacy") or {})
-        return int(state["round"]) + 1
+            self.rounds = self._rounds_allowed(start)
+        return start
 
     def save_uploads(self, uploads: dict[int, Payload]) -> None:
         """`train_args.save_party_models`: each party's latest uploaded model, written as it arrives

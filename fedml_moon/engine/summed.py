@@ -51,7 +51,7 @@ class SummedRounds:
         first = vectors[parties[0]]
         self.totals["params_up"] += first.vector.numel() * len(vectors)
         self.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
-        return self.apply_sums(privacy.finish(total, first.entries, first.metric_names, parties))
+        return self.apply_sums(privacy.finish(total, first.entries, first.metric_names, parties, round_idx))
 
     def apply_sums(self, sums: Sums, stand_ins: list[Result] | None = None) -> list[Result]:
         """The new global state from the round's sums (the aggregator's `aggregate_sums`, then FedML's

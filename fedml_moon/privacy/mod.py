@@ -16,12 +16,14 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.errors import ConfigError
 from fedml_moon.privacy.dp import gaussian_noise, noise_std
+from fedml_moon.privacy.ledger import PrivacyLedger
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import CLEAR, PartyVector, Plan, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, SecAggParams, ServerSession
@@ -50,11 +52,14 @@ class PrivateAggregation:
         per_round: int,
         samples: Mapping[int, int] | None = None,
         quorum: int | None = None,
+        metrics: tuple[str, ...] = ("loss",),
     ):
         """`weights`: each party's `sum_weight` (every party of the run); `per_round`: parties sampled;
         `samples`: each party's sample count, its metrics' weight (default: `weights`); `quorum`: the
-        fewest parties a round may complete with (default: every sampled party)."""
+        fewest parties a round may complete with (default: every sampled party); `metrics`: the
+        training metrics every party's vector ends with (`loss` and the algorithm's terms)."""
         self.options, self.summed, self.per_round = options, dict(summed), per_round
+        self.metrics = tuple(sorted(set(metrics)))
         self.quorum = min(per_round, quorum or per_round)
         top = max(weights.values())
         self.ratios = {int(p): 1.0 if options.dp else float(w) / top for p, w in weights.items()}
@@ -64,6 +69,7 @@ class PrivateAggregation:
         self.encoding = FixedPoint(options.secagg_clip, options.secagg_bits, options.secagg_modulus_bits)
         self.left_out: tuple[str, ...] = ()
         self.clear: tuple[str, ...] = ()
+        self.ledger: PrivacyLedger | None = None
         self.accountant = None
         if options.dp:
             from fedml_moon.privacy.accountant import PrivacyAccountant  # dp-accounting: only with DP
@@ -112,6 +118,7 @@ class PrivateAggregation:
             self.left_out,
             self.clear,
             fewest,
+            self.metrics,
         )
 
     def params(self, participants: int) -> SecAggParams:
@@ -132,11 +139,16 @@ class PrivateAggregation:
         return self.accountant.rounds_within(target, schedule[:rounds], server)
 
     def finish(
-        self, total: torch.Tensor, entries: list[Entry], metric_names: list[str], parties: list[int]
+        self,
+        total: torch.Tensor,
+        entries: list[Entry],
+        metric_names: list[str],
+        parties: list[int],
+        round_idx: int | None = None,
     ) -> Sums:
         """The round's `Sums` from the sum of `parties`' vectors (float64): DP's noise on the clipped
         part where no party added it, the clear part rescaled to a mean over the parties summed, the
-        round composed in the accountant with the noise the sum carries."""
+        release composed in the accountant with the noise the sum carries, and written to the ledger."""
         o, total = self.options, total.clone()
         clipped = sum(int(torch.Size(shape).numel()) for f, _, shape in entries if f != CLEAR)
         if o.dp and not o.secure_aggregation:  # the server adds all of the noise
@@ -155,7 +167,10 @@ class PrivateAggregation:
         }
         if self.accountant is not None:
             share = len(parties) / self.quorum if self.noise_shared else 1.0  # k shares of sigma^2 / q
-            self.accountant.record(parties, o.dp_noise_multiplier * math.sqrt(share))
+            sigma = o.dp_noise_multiplier * math.sqrt(share)
+            self.accountant.record(parties, sigma)
+            if self.ledger is not None:
+                self.ledger.append(round_idx, sigma, parties)
         return Sums(weight, len(parties), fields, metrics)
 
     def record_fields(self) -> dict:
@@ -190,8 +205,26 @@ class PrivateAggregation:
         return {"accountant": None if self.accountant is None else self.accountant.state()}
 
     def load_state(self, state: Mapping) -> None:
-        if self.accountant is not None and state.get("accountant") is not None:
-            self.accountant.load_state(state["accountant"])
+        """Restore `state()`; with a ledger (`set_ledger`) the accountant is the ledger's: every sum
+        released before a crash, those of rounds after the checkpoint included (computed again, they
+        are released again and charged again)."""
+        if self.accountant is None or state.get("accountant") is None:
+            return
+        self.accountant.load_state(state["accountant"])
+        released = self.ledger.read() if self.ledger is not None else []
+        checkpointed = [(sigma, list(ids)) for sigma, ids in self.accountant.history]
+        if len(released) > len(checkpointed) and released[: len(checkpointed)] == checkpointed:
+            log.warning(
+                "privacy: %d sums were released after the checkpoint (rounds computed again now): they "
+                "are charged as released, and again as computed anew",
+                len(released) - len(checkpointed),
+            )
+            self.accountant.load_state({**self.accountant.state(), "history": [[s, i] for s, i in released]})
+
+    def set_ledger(self, path: Path) -> None:
+        """Write every release to `path` (privacy_ledger.jsonl in the run's folder); DP only."""
+        if self.accountant is not None:
+            self.ledger = PrivacyLedger(path)
 
 
 def secagg_params(options: PrivacyArgs, participants: int) -> SecAggParams:

@@ -49,6 +49,7 @@ class Plan:
     left_out: tuple[str, ...] = ()
     clear: tuple[str, ...] = ()
     min_sum: int = 0
+    metrics: tuple[str, ...] = ()  # the training metrics the vector ends with, in order (the server's)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,9 +58,9 @@ class Plan:
     def from_dict(cls, raw: Mapping) -> Plan:
         """A plan as received (checked: kinds known, ratio in (0, 1], clip > 0, noise_std >= 0, names
         of entries, min_sum an integer >= 0)."""
-        names = [raw["left_out"], raw["clear"]]
+        names = [raw["left_out"], raw["clear"], raw["metrics"]]
         if not all(isinstance(n, (list, tuple)) and all(isinstance(k, str) for k in n) for n in names):
-            raise PrivacyError("a plan's left_out and clear are not lists of entry names")
+            raise PrivacyError("a plan's left_out, clear and metrics are not lists of names")
         if type(raw["min_sum"]) is not int or raw["min_sum"] < 0:
             raise PrivacyError(f"a plan's min_sum {raw['min_sum']!r} is not an integer >= 0")
         plan = cls(
@@ -72,6 +73,7 @@ class Plan:
             tuple(raw["left_out"]),
             tuple(raw["clear"]),
             raw["min_sum"],
+            tuple(raw["metrics"]),
         )
         if not plan.summed or any(kind not in KINDS for kind in plan.summed.values()):
             raise PrivacyError(f"a plan's summed fields {plan.summed} are not field -> one of {KINDS}")
@@ -144,11 +146,27 @@ def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
         vector, norm = clip_to_norm(vector, float(plan.clip))
     if plan.noise_std > 0:
         vector = vector + gaussian_noise(vector, plan.noise_std)
-    metrics = {k: float(v) for k, v in (upload.get("metrics") or {}).items() if math.isfinite(float(v))}
-    tail = torch.tensor([plan.metric_ratio * metrics[k] for k in sorted(metrics)], dtype=torch.float64)
-    return PartyVector(
-        torch.cat([vector, rest, tail]), layout(private) + layout(clear), sorted(metrics), norm
+    tail = torch.tensor(
+        [plan.metric_ratio * v for v in metric_values(upload, plan.metrics)], dtype=torch.float64
     )
+    return PartyVector(
+        torch.cat([vector, rest, tail]), layout(private) + layout(clear), list(plan.metrics), norm
+    )
+
+
+def metric_values(upload: Mapping, names: tuple[str, ...]) -> list[float]:
+    """The upload's training metrics `names` (the round's, from the server's plan), in order; a party
+    whose metrics lack one or hold a value that is not a finite number cannot add to the sum."""
+    metrics = upload.get("metrics") or {}
+    values = [metrics.get(name) for name in names]
+    bad = [n for n, v in zip(names, values, strict=True) if not _finite_number(v)]
+    if bad:
+        raise PrivacyError(f"the upload's metrics {bad} are missing or not finite: it cannot add to the sum")
+    return [float(v) for v in values]
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= 1e15
 
 
 def warn_out_of_range(vector: torch.Tensor, clip: float, party: int) -> int:

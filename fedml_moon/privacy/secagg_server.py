@@ -123,8 +123,10 @@ class ServerSession:
     def _take_accusations(
         self, step: str, accused: Mapping[int, Iterable[int]], masked: Mapping[int, torch.Tensor]
     ) -> set[int]:
-        """Every party some masked-input sender names for undecryptable shares; the accuser's inbox
-        loses it (it did not mask with it)."""
+        """The parties to drop for undecryptable shares: the one party an accuser names (the accuser's
+        inbox loses it: it did not mask with it), or the accuser itself where it names several. An
+        honest party meets a second bad sender only when several parties collude, so a party that
+        names many is the suspect: otherwise one silo could empty a round by naming all its neighbours."""
         named: set[int] = set()
         for accuser, parties in sorted(accused.items()):
             parties = sorted(set(parties))
@@ -137,6 +139,17 @@ class ServerSession:
                     f"party {accuser} names parties {parties} for bad shares, but it sent no masked input "
                     f"or got no shares from {strangers}: refuse its message",
                 )
+            if len(parties) > 1:
+                log.warning(
+                    "round %d: party %d names %d parties %s for bad shares: it is dropped itself, its "
+                    "accusations ignored",
+                    self.round_idx,
+                    accuser,
+                    len(parties),
+                    parties[:10],
+                )
+                named.add(accuser)
+                continue
             self._inbox[accuser] -= set(parties)
             for v in parties:
                 self.accused.setdefault(v, []).append(accuser)
@@ -147,7 +160,7 @@ class ServerSession:
                 "shares (named by %s)",
                 self.round_idx,
                 sorted(named),
-                {v: self.accused[v] for v in sorted(named)},
+                {v: self.accused.get(v, "itself: it named several") for v in sorted(named)},
             )
         return named
 

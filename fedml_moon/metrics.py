@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ class RunRecorder:
 
     def _rewrite(self) -> None:
         """metrics.jsonl := exactly `records` (from here on, records are appended)."""
-        self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self.metrics_path.write_text("".join(json_line(r) + "\n" for r in self.records))
         self._written = True
 
     def log_round(self, record: dict[str, Any]) -> None:
@@ -43,7 +44,7 @@ class RunRecorder:
             self._rewrite()
         else:
             with self.metrics_path.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
+                fh.write(json_line(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "round"}, record["round"])
         test = (
@@ -94,7 +95,7 @@ class RunRecorder:
         if not self._written:  # nothing recorded: metrics.jsonl says so too
             self._rewrite()
         summary = self.summary(status, extra)
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.out_dir / "summary.json").write_text(json_line(summary, indent=2))
         try:
             self.plot(self.out_dir / "accuracy.png")
         except Exception:  # a plot must never cost the run its summary
@@ -122,3 +123,24 @@ class RunRecorder:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return path
+
+
+def json_line(value: Any, indent: int | None = None) -> str:
+    """`value` as JSON that every reader takes: a number that is not finite (a diverged evaluation)
+    is written as null, and a warning names its field (JSON has no NaN)."""
+    bad: list[str] = []
+
+    def finite(v: Any, path: str) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            bad.append(path)
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [finite(x, f"{path}[{i}]") for i, x in enumerate(v)]
+        return v
+
+    text = json.dumps(finite(value, ""), indent=indent, allow_nan=False)
+    if bad:
+        log.warning("not finite, written as null: %s", ", ".join(bad[:10]))
+    return text

@@ -6,6 +6,7 @@ The server manager runs in this process on a tiny real run (tests/test_server_wa
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -139,3 +140,36 @@ def test_a_diverged_partys_metrics_leave_it_out_of_the_round_without_a_wait(tmp_
     assert record["rejected_parties"] == [0] and record["parties"] == 2
     assert record["train_loss"] is None  # the other two reported no loss: the diverged one is not in it
     assert "party 0's upload is left out: metrics.loss is" in caplog.text
+
+
+def test_a_record_that_is_not_finite_is_written_as_null_and_named(tmp_path, caplog):
+    """JSON has no NaN: a diverged evaluation's figure is null in metrics.jsonl and summary.json, and
+    the log names it; every line parses as strict JSON."""
+    from fedml_moon.metrics import RunRecorder
+
+    recorder = RunRecorder(tmp_path, {})
+    recorder.log_round({"round": 0, "parties": 3, "train_loss": 1.0, "test_acc": 0.1, "test_loss": math.nan})
+    recorder.log_round({"round": 1, "parties": 3, "train_loss": math.inf, "test_acc": 0.2, "test_loss": 2.0})
+    recorder.finish("completed")
+    strict = lambda text: json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))  # noqa: E731
+    lines = [strict(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["test_loss"] is None and lines[1]["train_loss"] is None
+    assert strict((tmp_path / "summary.json").read_text())["best_test_acc"] == 0.2
+    assert "not finite, written as null: test_loss" in caplog.text
+
+
+def test_one_partys_local_layers_cannot_set_the_new_test_under_a_robust_rule():
+    """LG-FedAvg's new test averages the parties' own layers: under a robust rule the server's average
+    is that rule, so one report of huge (finite) layers leaves the figure finite and near the honest."""
+    from fedml_moon.config_schema import ServerArgs, TrainArgs
+    from fedml_moon.core.models import build_model
+    from tests.helpers import tiny_batches
+
+    model = build_model("mlp", (1, 4, 4), 3, True, 8, "none")
+    honest = [{k: v + 0.01 * i for k, v in model.state_dict().items()} for i in range(4)]
+    hostile = {k: torch.full_like(v, 3e38) for k, v in model.state_dict().items()}
+    test = tiny_batches(num_classes=3)
+    for rule, finite in (("median", True), ("none", False)):
+        server = ServerAlgorithm(NoOptions(), ServerArgs(robust_aggregation=rule), TrainArgs(), 0)
+        figures = server.new_test(model, [*honest, hostile], test, torch.device("cpu"))
+        assert math.isfinite(figures["new_test_loss"]) == finite, (rule, figures)

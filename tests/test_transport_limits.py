@@ -400,3 +400,26 @@ def test_mqtt_a_sender_over_its_bound_is_dropped_with_a_bounded_log(tmp_path, mo
                 t.stop_receive_message()
             if thread is not None:
                 thread.join(timeout=5)
+
+
+def test_a_silo_outbox_keeps_at_most_its_bound_and_one_heartbeat():
+    """Frames for a silo that never subscribes (or is gone for hours): at most 64 wait, the oldest go
+    first, past the byte bound too, and heartbeats join the one already waiting."""
+    from fedml_moon.distributed.transport.slots import OUTBOX_FRAMES, Lease, Outbox
+
+    outbox = Outbox(max_bytes=1000)
+    for i in range(10 * OUTBOX_FRAMES):
+        outbox.put(b"beat", heartbeat=True)
+        outbox.put(i.to_bytes(4, "big"))
+    assert outbox.dropped >= 9 * OUTBOX_FRAMES
+    reader, lease = outbox.claim(), Lease(None)
+    outbox.close()
+    frames = []
+    while (frame := outbox.next(reader, lease)) is not None:
+        frames.append(frame)
+    assert len(frames) == OUTBOX_FRAMES and frames.count(b"beat") <= 1
+    assert frames[-1] == (10 * OUTBOX_FRAMES - 1).to_bytes(4, "big")  # the newest stay
+    big = Outbox(max_bytes=100)
+    for _ in range(5):
+        big.put(b"x" * 60)
+    assert big.dropped == 4  # past the bytes, one frame of the newest is kept

@@ -282,7 +282,7 @@ class ServerAlgorithm:
     ) -> dict[str, float]:
         """Personalised algorithms' new test: the parties' own models `states` combined, on the global
         test set (a party never seen); the uniform parameter average unless overridden."""
-        acc, loss = new_test(model, states, test_global, device, "average")
+        acc, loss = new_test(model, states, test_global, device, "average", self.mean)
         return {"new_test_acc": acc, "new_test_loss": loss}
 
     def party_figures(self) -> PartyFigures | None:

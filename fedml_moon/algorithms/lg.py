@@ -185,7 +185,7 @@ class LGServer(ServerAlgorithm):
         self, model: nn.Module, states: list[dict], test_global: Iterable, device: torch.device
     ) -> dict[str, float]:
         """`new_test_method`: "average" (the authors' acc_test_avg) or "ensemble" (mean softmax)."""
-        acc, loss = new_test(model, states, test_global, device, self.options.new_test_method)
+        acc, loss = new_test(model, states, test_global, device, self.options.new_test_method, self.mean)
         return {"new_test_acc": acc, "new_test_loss": loss}
 
     def party_figures(self) -> BestSoFar | None:

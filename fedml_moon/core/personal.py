@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import torch
@@ -32,13 +32,19 @@ def local_test_accs(
 
 
 def new_test(
-    model: nn.Module, states: Sequence[State], test_global: Iterable, device: torch.device, method: str
+    model: nn.Module,
+    states: Sequence[State],
+    test_global: Iterable,
+    device: torch.device,
+    method: str,
+    average: Callable[[Sequence[State], list[float]], State] = weighted_average,
 ) -> tuple[float, float]:
     """Accuracy and loss on the global test set of the parties' models combined: "average" = the
-    uniform parameter average (the authors' acc_test_avg), "ensemble" = the mean of their softmax."""
+    uniform parameter average (the authors' acc_test_avg; `average`: the server's upload average, so
+    a robust rule stands here too), "ensemble" = the mean of their softmax."""
     if method == "ensemble":
         return evaluate_ensemble(model, states, test_global, device)
-    model.load_state_dict(weighted_average(states, [1.0] * len(states)))
+    model.load_state_dict(average(states, [1.0] * len(states)))
     return evaluate(model, test_global, device)
 
 

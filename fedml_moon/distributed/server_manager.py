@@ -57,7 +57,7 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
     or repeated) is as if it never came: it changes nothing, and the round waits for the sender's valid
     message as for a slow silo. Only a BYE, an ERROR or silence (no heartbeat) count a silo as missing.
     Repeated HELLOs are idempotent: a silo gets its work of a phase again at most once (a restarted
-    silo), and a WELCOME at most once a second unless its process changed.
+    silo), and a WELCOME at most once a second, whatever process it says it is.
     """
 
     def __init__(
@@ -195,9 +195,10 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
             return
         started = self.phase != "hello"
         self.gone.discard(rank)
+        if not self._welcome(rank, started):
+            return  # a HELLO within a second of the last WELCOME: the silo says HELLO again if it needs to
         process, before = msg.get("process"), self.process_of.get(rank)
         self.process_of[rank] = process
-        self._welcome(rank, started, restarted=before is not None and process != before)
         if started:  # a worker that was gone is back: its next task brings it the current model
             for party in msg.get("fresh_parties"):
                 if self.placement.get(party) == rank:
@@ -228,12 +229,13 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
             "on the silo (it takes the run's config from the server) or give the server the same values"
         )
 
-    def _welcome(self, rank: int, started: bool, restarted: bool) -> None:
-        """WELCOME a worker: at most once a second for the same process (a silo says HELLO every few
-        seconds until welcomed; more HELLOs bring no more WELCOMEs)."""
+    def _welcome(self, rank: int, started: bool) -> bool:
+        """WELCOME a worker, at most once a second per rank whatever process it says it is (a silo says
+        HELLO every few seconds until welcomed, so a restarted one is welcomed within seconds; more
+        HELLOs bring no more WELCOMEs and no more work); whether it was welcomed now."""
         now = time.monotonic()
-        if not restarted and now - self.welcomed_at.get(rank, -1e9) < WELCOME_EVERY_S:
-            return
+        if now - self.welcomed_at.get(rank, -1e9) < WELCOME_EVERY_S:
+            return False
         if started and now - self.welcomed_at.get(rank, -1e9) > 4 * HELLO_EVERY_S:
             log.info("rank %d is back (round %d)", rank, self.round_idx)
         self.welcomed_at[rank] = now
@@ -245,6 +247,7 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
             config_sha256=self.digest,
             session=self.session,
         )
+        return True
 
     def _send_work_again(self, rank: int) -> None:
         """A restarted worker lost its work of this phase: send it again, once per rank and phase of
@@ -265,7 +268,8 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
         if self.phase == "hello":
             self.fail(f"rank {rank} failed: {reason}")
             return
-        log.error("rank %d failed in the %s phase of round %d: %s", rank, self.phase, self.round_idx, reason)
+        what = f"rank {rank} failed in the {self.phase} phase of round {self.round_idx}: {reason}"
+        self.refusals.refused(f"rank {rank}", what, reason="an ERROR", level=logging.ERROR)  # bounded
         self.gone.add(rank)
 
     def on_tick(self, msg: Message) -> None:

@@ -183,7 +183,8 @@ class RoundPhases:
             if not self.pending:
                 self.done("completed")
         elif rank in self.pending:  # leaving in the middle of a round: its parties are missing
-            log.warning("rank %d said BYE in the %s phase of round %d", rank, self.phase, self.round_idx)
+            what = f"rank {rank} said BYE in the {self.phase} phase of round {self.round_idx}"
+            self.refusals.refused(f"rank {rank}", what, reason="a BYE")  # logged bounded, as refusals are
             self.gone.add(rank)
 
     # --- giving up on ranks -------------------------------------------------------------------------

@@ -34,12 +34,13 @@ import logging
 import threading
 from collections.abc import Hashable, Iterator
 from concurrent import futures
+from typing import Any
 
 import grpc
 
 from fedml_moon.core.codec import CodecError
 from fedml_moon.distributed.refusals import RefusalLog, bounded
-from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.distributed.transport.base import QueueTransport, message_bytes, message_from_bytes
 from fedml_moon.distributed.transport.grpc_client import GrpcClientTransport
 from fedml_moon.distributed.transport.grpc_common import (
     BUSY_HEADER,
@@ -52,7 +53,7 @@ from fedml_moon.distributed.transport.grpc_common import (
     peer_host,
     token_rank,
 )
-from fedml_moon.distributed.transport.inflight import REFUSED
+from fedml_moon.distributed.transport.inflight import REFUSED, coalesced_kind
 from fedml_moon.distributed.transport.slots import Lease, Outbox, Slots, Watchdog, pool_size, slot_caps
 from fedml_moon.security import rank_of_common_name
 
@@ -158,7 +159,9 @@ class GrpcServerTransport(QueueTransport):
 
     def _outbox(self, rank: int) -> Outbox:
         with self._lock:
-            return self._outboxes.setdefault(rank, Outbox())
+            if rank not in self._outboxes:
+                self._outboxes[rank] = Outbox(max_bytes=2 * self.inflight.max_bytes)
+            return self._outboxes[rank]
 
     def _identify(self, context: grpc.ServicerContext) -> int | None:
         """The caller's authenticated rank (None with auth "none"); Refused when it has none."""
@@ -298,6 +301,22 @@ class GrpcServerTransport(QueueTransport):
         why = lease.ended or ("a newer Subscribe took its place" if outbox.replaced(reader) else "")
         if why:
             raise Refused(RESOURCE_EXHAUSTED, f"rank {wanted}'s stream ended: {why}", "stream replaced")
+
+    def send_message(self, msg: Any) -> None:
+        """Queue a message in its silo's outbox (bounded; a heartbeat joins one already waiting)."""
+        data = message_bytes(msg)
+        outbox = self._outbox(int(msg.get_receiver_id()))
+        before = outbox.dropped
+        outbox.put(data, heartbeat=coalesced_kind(msg.get_type()) == "heartbeat")
+        self.bytes_sent += len(data)
+        if outbox.dropped > before:
+            rank = msg.get_receiver_id()
+            self.refusals.refused(
+                f"rank {rank}",
+                f"dropped {outbox.dropped - before} of the oldest frames waiting for rank {rank}, which is "
+                f"not reading them ({outbox.max_frames} frames at most wait per silo)",
+                reason="outbox full",
+            )
 
     def send_bytes(self, receiver: int, data: bytes) -> None:
         self._outbox(receiver).put(data)

@@ -153,20 +153,40 @@ class Slots:
             return len(self._held.get((method, key), []))
 
 
+OUTBOX_FRAMES = 64  # frames a silo's outbox keeps while nothing reads it (the oldest go first)
+
+
 class Outbox:
     """A silo's frames, waiting for its Subscribe stream; one stream reads them at a time (a newer
-    `claim` ends the older reader)."""
+    `claim` ends the older reader). Bounded, so a silo that never reads (or is gone for hours) costs
+    the server at most `max_frames` frames and `max_bytes` bytes: past either bound the oldest frames
+    are dropped (a silo that comes back says HELLO and is sent its work again), and a heartbeat is
+    not queued while one already waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frames: int = OUTBOX_FRAMES, max_bytes: int = 1 << 30) -> None:
         self._frames: deque = deque()
         self._cond = threading.Condition()
         self._reader = 0
         self._closed = False
+        self.max_frames, self.max_bytes = int(max_frames), int(max_bytes)
+        self._bytes, self._beats = 0, 0  # bytes waiting; heartbeats waiting
+        self.dropped = 0  # frames dropped as the oldest past the bounds
 
-    def put(self, frame: bytes) -> None:
+    def put(self, frame: bytes, heartbeat: bool = False) -> None:
         with self._cond:
-            self._frames.append(frame)
+            if heartbeat and self._beats:
+                return  # one waiting says the same
+            self._frames.append((frame, heartbeat))
+            self._bytes, self._beats = self._bytes + len(frame), self._beats + heartbeat
+            while len(self._frames) > self.max_frames or (
+                len(self._frames) > 1 and self._bytes > self.max_bytes
+            ):
+                self._forget(self._frames.popleft())
+                self.dropped += 1
             self._cond.notify_all()
+
+    def _forget(self, item: tuple[bytes, bool]) -> None:
+        self._bytes, self._beats = self._bytes - len(item[0]), self._beats - item[1]
 
     def claim(self) -> int:
         """Become the reader; the previous one's `next` returns None."""
@@ -197,7 +217,9 @@ class Outbox:
                 if reader != self._reader or lease.ended is not None:
                     return None
                 if self._frames:
-                    return self._frames.popleft()
+                    item = self._frames.popleft()
+                    self._forget(item)
+                    return item[0]
                 if self._closed:
                     return None
                 self._cond.wait()

@@ -30,7 +30,7 @@ setup(
     ],
     extras_require={
         "mpi": ["mpi4py"],
-        "test": ["pytest", "ruff", "hypothesis", "mpi4py", "moto[server]"],
+        "test": ["pytest", "ruff", "hypothesis", "mpi4py", "moto[server]", "mkdocs-material", "mkdocstrings[python]"],
     },
     entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:main"]},
 )

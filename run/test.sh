@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Install, then lint (ruff check + format check) and run the whole test suite, slow tests included.
+# Install, then lint (ruff check + format check), build the documentation (mkdocs --strict) and run the
+# whole test suite, slow tests included.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash run/setup.sh || exit 1
-.venv/bin/ruff check fedml_moon tests benchmarks examples || exit 1
-.venv/bin/ruff format --check fedml_moon tests benchmarks examples || exit 1
+.venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1
+.venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1
+bash run/docs.sh || exit 1
 .venv/bin/python -m pytest -q "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

@@ -1,6 +1,7 @@
-"""Every command the README shows, run as written from the repository root, at tiny scale.
+"""Every command the README and the docs show, run as written from the repository root, at tiny scale.
 
-`readme_commands()` collects them: each line of the README's ```bash blocks and every inline `...`
+`readme_commands()` collects them from README.md and every page under docs/ (DOC_FILES): each line of
+the ```bash blocks and every inline `...`
 span that starts with `.venv/bin/`, `bash run/` or `mpirun`. Each must be a key of COMMANDS, which
 says how this file runs it; a command the README gains without an entry here fails
 `test_the_readme_shows_only_commands_this_file_runs`, and so does an entry the README lost.
@@ -44,6 +45,8 @@ from tests.helpers import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOC_FILES = [README, *sorted(p for p in (ROOT / "docs").rglob("*.md") if "results" not in p.parts)]
+"""Where commands are shown: the README and the documentation's pages (the generated reports aside)."""
 PREFIXES = (".venv/bin/", "bash run/", "mpirun")
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -99,6 +102,18 @@ SECURE = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
     "--set privacy_args.secure_aggregation=true"
 )
+CERTS_LOCAL = ".venv/bin/fedml-moon certs certs/ --silos 3 --host 127.0.0.1"
+TLS_SERVER = (
+    "bash run/run_server.sh --set train_args.client_num_in_total=3 --set train_args.client_num_per_round=3 "
+    "--set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
+    "--set comm_args.tls_cert=certs/server.pem --set comm_args.tls_key=certs/server.key"
+)
+TLS_SILO = (
+    "bash run/run_client.sh RANK --set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
+    "--set comm_args.tls_cert=certs/silo-RANK.pem --set comm_args.tls_key=certs/silo-RANK.key"
+)
+CONFIG_ALL = ".venv/bin/fedml-moon config"
+CONFIG_KEY = ".venv/bin/fedml-moon config algorithm_args.mu"
 DP = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set privacy_args.dp_clip_norm=2.0 "
     "--set privacy_args.dp_noise_multiplier=0.1"
@@ -126,7 +141,14 @@ COMMANDS: dict[str, str] = {
     REPORT_PRECISION: "single",
     SECURE: "single",
     DP: "single",
+    CONFIG_ALL: "single",
+    CONFIG_KEY: "single",
     MPI_SIMULATION: "mpi",
+    CERTS_LOCAL: "grpc-tls",
+    TLS_SERVER: "grpc-tls",
+    TLS_SILO: "grpc-tls",
+    "bash run/docs.sh": "docs",  # run/test.sh runs it; tests/test_docs.py breaks it on purpose
+    ".venv/bin/mkdocs serve": "docs",  # a server for editing: the site it serves is the one built
     MPI_CROSS_SILO: "mpi",
     GRPC_SERVER: "grpc",
     GRPC_SILO: "grpc",
@@ -158,8 +180,9 @@ COMMANDS: dict[str, str] = {
     "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",
     "mpirun -np W+1": "fragment",  # prose: the MPI simulation's rank count
     "mpirun": "fragment",  # prose: the Tests section names the tool
+    ".venv/bin/python -m fedml_moon": "fragment",  # prose: the command-line page names the module
 }
-"""Every README command -> the test that runs (or checks) it."""
+"""Every command of the README and the docs -> the test that runs (or checks) it."""
 
 
 def readme_commands(text: str) -> list[str]:
@@ -178,12 +201,21 @@ def readme_commands(text: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def test_the_readme_shows_only_commands_this_file_runs():
-    commands = readme_commands(README.read_text())
-    unknown = [c for c in commands if c not in COMMANDS]
-    assert not unknown, f"README commands this file cannot run (add them to COMMANDS): {unknown}"
-    gone = [c for c in COMMANDS if c not in commands]
-    assert not gone, f"COMMANDS the README no longer shows (remove them): {gone}"
+def shown_commands() -> dict[str, list[str]]:
+    """Every command of README.md and the docs -> the files that show it."""
+    shown: dict[str, list[str]] = {}
+    for path in DOC_FILES:
+        for command in readme_commands(path.read_text()):
+            shown.setdefault(command, []).append(str(path.relative_to(ROOT)))
+    return shown
+
+
+def test_the_docs_show_only_commands_this_file_runs():
+    shown = shown_commands()
+    unknown = {c: files for c, files in shown.items() if c not in COMMANDS}
+    assert not unknown, f"commands this file cannot run (add them to COMMANDS): {unknown}"
+    gone = [c for c in COMMANDS if c not in shown]
+    assert not gone, f"COMMANDS that neither the README nor the docs show any more (remove them): {gone}"
 
 
 def _script(name: str) -> list[str]:
@@ -204,15 +236,18 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
     assert _exec_line() == STANDALONE  # the main job is the standalone row's command, run below
     setup = test_sh.index("bash run/setup.sh || exit 1")
     steps = [
-        ".venv/bin/ruff check fedml_moon tests benchmarks examples || exit 1",
-        ".venv/bin/ruff format --check fedml_moon tests benchmarks examples || exit 1",
+        ".venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1",
+        ".venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1",
+        "bash run/docs.sh || exit 1",  # the documentation, built --strict
         '.venv/bin/python -m pytest -q "$@"',  # the whole suite, slow tests included
     ]
-    assert setup < test_sh.index(steps[0]) < test_sh.index(steps[1]) < test_sh.index(steps[2])
+    positions = [test_sh.index(step) for step in steps]
+    assert setup < positions[0] and positions == sorted(positions)
+    assert (ROOT / ".venv/bin/mkdocs").is_file()  # `mkdocs serve` serves what run/docs.sh builds
     # the pip installs: run/setup.sh runs them, and the packages imported are this tree's
     setup_sh = "\n".join(_script("setup.sh"))
-    assert '.venv/bin/python -m pip install -q -e ".[test]"' in setup_sh
-    assert ".venv/bin/python -m pip install -q -e examples/headprox" in setup_sh
+    assert 'pip_install -q -e ".[test]"' in setup_sh
+    assert "pip_install -q -e examples/headprox" in setup_sh
     import fedml_moon_headprox
 
     import fedml_moon
@@ -370,6 +405,14 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     assert {"ca.pem", "server.pem", "silo-10.pem", "silo-10.token", "server-tokens.json"} <= written
     done.add(CERTS)
 
+    # the config reference in the terminal: every section, and one key of every algorithm that has it
+    capsys.readouterr()
+    assert cli(_entry_point(CONFIG_ALL)) == 0
+    assert all(f"{section}" in capsys.readouterr().out for section in ("train_args", "privacy_args"))
+    assert cli(_entry_point(CONFIG_KEY)) == 0
+    assert "temperature" not in (out := capsys.readouterr().out) and "moon" in out and "fedprox" in out
+    done |= {CONFIG_ALL, CONFIG_KEY}
+
     # `--list`, as written (they write nothing)
     capsys.readouterr()
     assert cli(_entry_point(SWEEP_LIST)) == 0
@@ -473,6 +516,41 @@ def test_grpc_commands(tmp_path, home):
         _quiet(log_path)
     _completed(out, 1)
     print(f"gRPC README commands: {time.monotonic() - started:.1f} s")
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_grpc_tls_commands(tmp_path, home):
+    """The cross-silo tutorial: certificates for 3 silos on 127.0.0.1, the server with TLS and its
+    certificate, silos 1 to 3 with theirs (mutual TLS), run as written from a folder holding `certs/`
+    (the run's ipconfig CSV points at a free port)."""
+    started = time.monotonic()
+    work = tmp_path / "work"
+    work.mkdir()
+    certs = work / "certs"
+    with restored_main() as main:
+        assert main([str(certs) if w == "certs/" else w for w in _entry_point(CERTS_LOCAL)]) == 0
+    ipconfig = tmp_path / "ipconfig.csv"
+    port = conformance.free_port()
+    ipconfig.write_text(
+        f"eid,rank,grpc_server_ip,grpc_server_port,ingress_ip\n0,0,127.0.0.1,{port},127.0.0.1\n"
+    )
+    out = tmp_path / "run"
+    comm = ["--set", f"comm_args.grpc_ipconfig_path={ipconfig}", "--set", "comm_args.timeout_s=120"]
+    comm += ["--output-dir", str(out)]
+
+    def placed(command: str, rank: str) -> list[str]:
+        words = shlex.split(command.replace("RANK", rank))
+        return [w.replace("=certs/", f"={certs}/") for w in words]
+
+    silos = [[*placed(TLS_SILO, str(r)), *comm, "--set", "device_args.torch_threads=1"] for r in (1, 2, 3)]
+    server = [*placed(TLS_SERVER, "0"), *_sets(TLS_SERVER), *comm]
+    logs = _run_all([*silos, server], tmp_path / "logs", home, 420)
+    for log_path in logs:
+        _quiet(log_path)
+    assert "(TLS True, auth mtls)" in logs[-1].read_text()  # the server's log: TLS on, silos by certificate
+    _completed(out, 1)
+    print(f"gRPC + TLS README commands: {time.monotonic() - started:.1f} s")
 
 
 @needs_fmnist

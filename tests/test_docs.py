@@ -1,0 +1,66 @@
+"""The documentation: the README stays short, and the strict build fails on what drifts.
+
+`bash run/docs.sh` (in the test command) builds the site with `mkdocs build --strict`. These tests
+copy the documentation into a temporary folder, break it the ways it drifts (a page left out of the
+navigation, a link to a page that moved, an anchor that is gone) and check that the same build fails
+naming each; the home page is the README with its links made relative to docs/.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MKDOCS = ROOT / ".venv/bin/mkdocs"
+needs_mkdocs = pytest.mark.skipif(not MKDOCS.is_file(), reason="bash run/setup.sh installs mkdocs")
+
+
+def test_the_readme_is_a_front_door():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    links = re.findall(r"\]\(((?:docs/|CHANGELOG)[^)#]*)", readme)
+    assert links and all((ROOT / link).is_file() for link in links), [
+        link for link in links if not (ROOT / link).is_file()
+    ]
+
+
+def test_the_home_page_is_the_readme_with_site_links():
+    spec = importlib.util.spec_from_file_location("readme_hook", ROOT / "docs/hooks/readme.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.home_page()
+    assert "](docs/" not in page and "](CHANGELOG.md)" not in page
+    assert "](tutorials/first-run.md)" in page and "](changelog.md)" in page
+
+
+def _build(folder: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    command = [str(MKDOCS), "build", "--strict", "--site-dir", str(folder / "site")]
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=180)
+
+
+@needs_mkdocs
+@pytest.mark.slow
+def test_the_strict_build_fails_on_what_drifts(tmp_path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name in ("mkdocs.yml", "README.md", "CHANGELOG.md"):
+        shutil.copy(ROOT / name, copy / name)
+    shutil.copytree(ROOT / "docs", copy / "docs", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "fedml_moon").symlink_to(ROOT / "fedml_moon")  # mkdocstrings reads the package's source
+    docs = copy / "docs"
+    (docs / "how-to" / "orphan.md").write_text("# A page nobody linked\n")
+    page = docs / "tutorials" / "first-run.md"
+    page.write_text(page.read_text() + "\n[gone](../how-to/moved.md) [anchor](../benchmarks.md#no-such)\n")
+    result = _build(copy)
+    assert result.returncode != 0
+    assert "how-to/orphan.md" in result.stderr  # not in the navigation
+    assert "../how-to/moved.md" in result.stderr  # a link to a page that is not there
+    assert "#no-such" in result.stderr  # an anchor that is not there

@@ -8,6 +8,8 @@ fedml-moon run --cf FILE [--rank R] [--role server|client] [--set ...] [--output
     silo; over MPI the rank comes from mpirun
 fedml-moon certs | check | sweep | report | tsne ...
     test certificates, the conformance suite, sweeps, reports and t-SNE pictures (`--help` of each)
+fedml-moon config [SECTION[.KEY]]
+    the config keys: type, default, allowed values, description
 
 Every subcommand takes -v (debug logging).
 """
@@ -80,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--modes", help="comma-separated subset of the modes (default: all)")
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
     _verbose(check)
+    config = sub.add_parser("config", help="the config keys: type, default, allowed values, description")
+    config.add_argument(
+        "selector",
+        nargs="?",
+        metavar="SECTION[.KEY]",
+        help="a section (train_args) or one key (train_args.algorithm); none: every section",
+    )
+    _verbose(config)
     sweep = sub.add_parser("sweep", help="run a grid of simulations (algorithms x seeds x settings)")
     sweep.add_argument("sweep_file", help="a sweep file: base config, grid, output folder")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (threads per run: cores / jobs)")
@@ -282,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
             return _certs(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "config":
+            from fedml_moon.config_reference import text
+
+            sys.stdout.write(text(args.selector))
+            return 0
         if args.command == "tsne":
             from fedml_moon.results.tsne import tsne
 

@@ -11,17 +11,23 @@ from typing import Any
 from fedml_moon.errors import ConfigError, require  # noqa: F401  (ConfigError: imported from here too)
 from fedml_moon.privacy.options import PrivacyArgs
 
+TRAINING_TYPES = ("simulation", "cross_silo")
+
 
 @dataclass
 class CommonArgs:
     training_type: str = "simulation"
+    """simulation (standalone or MPI simulation) or cross_silo (one process per silo)"""
     random_seed: int = 0
+    """the run's one seed: partition, sampling, local test splits, initial models, batch orders"""
     scenario: str = "horizontal"
+    """FedML's scenario key, handed to FedML as it is (the plugin does horizontal federated learning)"""
     using_mlops: bool = False
+    """FedML's cloud MLOps; must be false (FedML's cloud is never contacted)"""
 
     def check(self) -> None:
         require(
-            self.training_type in ("simulation", "cross_silo"),
+            self.training_type in TRAINING_TYPES,
             "common_args.training_type",
             f"{self.training_type!r} is not supported; use 'simulation' or 'cross_silo'",
         )
@@ -35,17 +41,29 @@ PARTITIONS = ("hetero", "homo", "shards")
 @dataclass
 class DataArgs:
     dataset: str = "fashion-mnist"
+    """the data set to train and test on (underscores for hyphens and any case are accepted)"""
     data_cache_dir: str | None = None
+    """the folder holding the data files, then their only source; null: Debian's package, else ./data"""
     download: bool = False
+    """download missing data files into data_cache_dir (./data when it is null); needs network access"""
     partition_method: str = "hetero"
+    """how training samples are split among parties: hetero (Dirichlet), homo (IID), shards (label shards)"""
     partition_alpha: float = 0.5
+    """beta of hetero's per-class Dirichlet(beta) split: smaller is more skewed; > 0"""
     shards_per_client: int = 2
+    """label shards per party under partition_method shards; >= 1"""
     min_samples_per_client: int = 10
+    """hetero redraws the split until every party holds at least this many training samples"""
     max_train_samples: int | None = None
+    """train on a seeded random subset of this many training samples; null: all; > 0"""
     max_test_samples: int | None = None
+    """test on a seeded random subset of this many test samples; null: all; > 0"""
     normalize_mean: list[float] | None = None
+    """per-channel means replacing the data set's normalisation (with normalize_std); null: the data set's"""
     normalize_std: list[float] | None = None
+    """per-channel standard deviations (> 0) to go with normalize_mean; null: the data set's"""
     augmentation: str | None = None
+    """training augmentation in place of the data set's own (CIFAR's crop and flip); null: its own"""
 
     def check(self) -> None:
         require(
@@ -81,9 +99,13 @@ class DataArgs:
 @dataclass
 class ModelArgs:
     model: str = "simple-cnn"
+    """the encoder: simple-cnn (MOON's), lg-cnn and mlp (LG-FedAvg's), resnet50 (CIFAR stem)"""
     use_projection_head: bool = True
+    """put the projection head Linear(d, d), ReLU, Linear(d, out_dim) before the classifier; false: z = h"""
     out_dim: int = 256
+    """output size of the projection head (z of the contrastive losses); unused without the head; > 0"""
     output_activation: str = "none"
+    """applied to the classifier's output before the loss: none (plain logits), softmax or log-softmax"""
 
     def check(self) -> None:
         from fedml_moon.core.models import ENCODERS, OUTPUT_ACTIVATIONS
@@ -101,28 +123,56 @@ class ModelArgs:
         )
 
 
+FEDERATED_OPTIMIZERS = ("FedAvg",)  # FedML's aggregation switch; the algorithm is train_args.algorithm
+CLIENT_OPTIMIZERS = ("sgd",)
+STATE_STORES = ("memory", "disk")
+BAD_UPLOAD_ACTIONS = ("skip", "stop")
+PRECISIONS = ("fp32", "tf32", "bf16")
+SWITCHES = (True, False, "auto")  # train_args.cuda_graphs, device_args.using_gpu
+
+
 @dataclass
 class TrainArgs:
     algorithm: str = "moon"
+    """the registered algorithm to run; its options are the keys of algorithm_args"""
     federated_optimizer: str = "FedAvg"
+    """FedML's aggregation switch; keep FedAvg (the algorithm is train_args.algorithm)"""
     client_num_in_total: int = 10
+    """N, the number of parties (data partitions); >= 1"""
     client_num_per_round: int = 10
+    """parties sampled per round (every round's sample drawn up front from the seed); 1 to N"""
     comm_round: int = 100
+    """T, the number of communication rounds; >= 1"""
     epochs: int = 10
+    """local epochs each sampled party trains per round; >= 1"""
     batch_size: int = 64
+    """local training batch size; >= 1"""
     client_optimizer: str = "sgd"
+    """the local optimiser, created anew at each local training (momentum does not carry over)"""
     learning_rate: float = 0.01
+    """local SGD learning rate; > 0"""
     momentum: float = 0.9
+    """local SGD momentum, in [0, 1)"""
     weight_decay: float = 1e-5
+    """local SGD weight decay; >= 0"""
     drop_last: bool = True
+    """drop each party's last incomplete batch (the MOON code); false keeps it (NIID-Bench)"""
     state_store: str = "memory"
+    """where per-party state lives between rounds: memory, or disk (a file per party)"""
     checkpoint_every: int = 5
+    """rounds between checkpoints, one more after the last round; 0: at the end only; >= 0"""
     on_bad_upload: str = "skip"
+    """an upload with NaN, Inf or a wrong shape: skip (leave it out, naming the party) or stop the run"""
     parties_in_parallel: int | str = "auto"
+    """parties trained together (vmap): an integer >= 1 (1: one after another) or auto (per device)"""
     cuda_graphs: bool | str = "auto"
+    """replay each step of stacked parties as a CUDA graph; auto: on with a CUDA device and stacked parties"""
     save_party_models: bool = False
+    """write each party's latest upload to party_models/party_<id>.pt (for fedml-moon tsne --party)"""
     precision: str = "fp32"
+    """local training's arithmetic: fp32 (TF32 off), tf32 (CUDA only), bf16 (autocast, one party at a time)"""
     stream_uploads: bool = False
+    """sum the uploads a chunk of parties at a time instead of holding the round's (standalone only)"""
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
@@ -133,7 +183,7 @@ class TrainArgs:
             f"parties trained together: an integer >= 1 (1: one after another) or 'auto'; got {k!r}",
         )
         require(
-            self.cuda_graphs in (True, False, "auto"),
+            self.cuda_graphs in SWITCHES,
             "train_args.cuda_graphs",
             "true, false or auto (on with a CUDA device and parties trained together); "
             f"got {self.cuda_graphs!r}",
@@ -150,7 +200,7 @@ class TrainArgs:
             f"must be between 1 and client_num_in_total ({self.client_num_in_total})",
         )
         require(
-            self.on_bad_upload in ("skip", "stop"),
+            self.on_bad_upload in BAD_UPLOAD_ACTIONS,
             "train_args.on_bad_upload",
             "skip (leave a NaN / Inf / misshapen upload out of the round, naming the party) or stop",
         )
@@ -164,9 +214,13 @@ class TrainArgs:
         require(self.learning_rate > 0, "train_args.learning_rate", "must be > 0")
         require(0 <= self.momentum < 1, "train_args.momentum", "must be in [0, 1)")
         require(self.weight_decay >= 0, "train_args.weight_decay", "must be >= 0")
-        require(self.client_optimizer == "sgd", "train_args.client_optimizer", "only 'sgd' is supported")
         require(
-            self.precision in ("fp32", "tf32", "bf16"),
+            self.client_optimizer in CLIENT_OPTIMIZERS,
+            "train_args.client_optimizer",
+            "only 'sgd' is supported",
+        )
+        require(
+            self.precision in PRECISIONS,
             "train_args.precision",
             "choose fp32 (float32), tf32 (TF32 tensor cores, CUDA) or bf16 (bfloat16 autocast); "
             f"got {self.precision!r}",
@@ -178,12 +232,12 @@ class TrainArgs:
             "parties use): set train_args.parties_in_parallel to 1 or auto, or precision to fp32 or tf32",
         )
         require(
-            self.state_store in ("memory", "disk"),
+            self.state_store in STATE_STORES,
             "train_args.state_store",
             "choose 'memory' or 'disk' (per-party state under the output directory)",
         )
         require(
-            self.federated_optimizer == "FedAvg",
+            self.federated_optimizer in FEDERATED_OPTIMIZERS,
             "train_args.federated_optimizer",
             "keep 'FedAvg' (FedML's own key); choose the algorithm with train_args.algorithm",
         )
@@ -192,7 +246,9 @@ class TrainArgs:
 @dataclass
 class ValidationArgs:
     frequency_of_the_test: int = 1
+    """evaluate the global model in rounds where round % N == 0, and in the last round; >= 1"""
     local_test: bool = False
+    """also test each party's model on its own test split (local_test_acc); always on if personalised"""
 
     def check(self) -> None:
         require(self.frequency_of_the_test >= 1, "validation_args.frequency_of_the_test", "must be >= 1")
@@ -201,12 +257,15 @@ class ValidationArgs:
 @dataclass
 class DeviceArgs:
     using_gpu: bool | str = "auto"
+    """auto: a CUDA device when one is visible; true: the same, warning when none is; false: the CPU"""
     gpu_id: int = 0
+    """the CUDA device of the standalone run and the server (worker or silo r: GPU (r - 1) % GPUs); >= 0"""
     torch_threads: int | str = "auto"
+    """PyTorch's intra-op threads: an integer >= 1, or auto (OMP_NUM_THREADS, else half the cores)"""
 
     def check(self) -> None:
         require(
-            self.using_gpu in (True, False, "auto"),
+            self.using_gpu in SWITCHES,
             "device_args.using_gpu",
             f"true, false or auto (a CUDA device when one is visible); got {self.using_gpu!r}",
         )
@@ -218,35 +277,62 @@ class DeviceArgs:
 
 
 BACKENDS = ("sp", "MPI", "GRPC", "MQTT_S3")
+TLS_MODES = ("auto", "on", "off")
+AUTH_MODES = ("auto", "mtls", "token", "none")
 
 
 @dataclass
 class CommArgs:
     backend: str = "sp"
+    """the transport: sp (the standalone loop), MPI, GRPC or MQTT_S3, as training_type allows"""
     timeout_s: float = 1800.0
+    """seconds any process waits for the others before it stops (exit 1), naming whom it waited for; > 0"""
     round_timeout_s: float | None = None
+    """seconds a round waits for live but slow silos; null: timeout_s; > 0"""
     min_reports: int | str | None = "half"
+    """reports a round needs to go on without dead silos: half (rounded up), all, or >= 1; null: all"""
     heartbeat_s: float = 5.0
-    receive_timeout_s: float = 300.0  # gRPC: a call whose request has not arrived by then is cut
+    """seconds between heartbeats; a peer silent for three periods is taken for dead; > 0"""
+    receive_timeout_s: float = 300.0
+    """gRPC: seconds the server waits for a call's whole request (an upload) before cutting the call; > 0"""
     grpc_ipconfig_path: str | None = None
+    """gRPC: the CSV eid,rank,grpc_server_ip,grpc_server_port[,ingress_ip] whose rank 0 row is the server"""
     grpc_max_message_mb: int = 1024
-    max_message_mb: float | None = None  # the largest message the server takes; None: from the model
-    max_party_samples: int = 10_000_000  # the largest sample count (averaging weight) a party may have
+    """gRPC: the largest message either way, in MB; 1 to 2047"""
+    max_message_mb: float | None = None
+    """the largest message the server takes, in MB (> 0); null: 4 x the model's size + 1, at least 8"""
+    max_party_samples: int = 10_000_000
+    """the largest training-sample count (a party's averaging weight) a party may have; an integer >= 1"""
     mqtt_host: str = "127.0.0.1"
+    """MQTT_S3: the broker's address"""
     mqtt_port: int = 1883
+    """MQTT_S3: the broker's TCP port"""
     mqtt_inline_kb: int = 64
+    """MQTT_S3: a message larger than this many kB goes through S3, only its key through the broker; >= 1"""
     s3_endpoint: str | None = None
+    """MQTT_S3: the URL of the S3-compatible store; null: boto3's default (AWS S3)"""
     s3_bucket: str = "fedml-moon"
+    """MQTT_S3: the bucket for large messages (the server creates it)"""
     s3_region: str | None = None
+    """MQTT_S3: the store's region; null: us-east-1"""
     run_id: str = "fedml_moon"
-    tls: str | bool = "auto"  # YAML reads on / off as true / false
+    """names the run's MQTT topics, S3 keys and distributed output folder; letters, digits, - and _"""
+    tls: str | bool = "auto"
+    """auto (on unless the server or broker is on loopback), on or off (YAML's true and false too)"""
     tls_ca: str | None = None
+    """the run's CA certificate (PEM) that the server's and the broker's certificates are verified against"""
     tls_cert: str | None = None
+    """this process's certificate (PEM): the gRPC server's, a silo's under mtls; optional for MQTT"""
     tls_key: str | None = None
+    """the private key (PEM) of tls_cert"""
     auth: str = "auto"
+    """gRPC silo authentication: mtls, token, none (loopback only), or auto (mtls with TLS, else token)"""
     token_path: str | None = None
+    """the server's server-tokens.json (auth: token), or a silo's token file (also its MQTT password)"""
     bind_all: bool = False
+    """let the gRPC server listen on every interface (0.0.0.0 in its ipconfig row)"""
     mqtt_username: str | None = None
+    """MQTT_S3: this process's broker user; null: server for rank 0, silo-<rank> for silos"""
 
     def check(self) -> None:
         require(
@@ -279,12 +365,12 @@ class CommArgs:
         if isinstance(self.tls, bool):
             self.tls = "on" if self.tls else "off"
         require(
-            self.tls in ("auto", "on", "off"),
+            self.tls in TLS_MODES,
             "comm_args.tls",
             "auto (on unless the server's address is loopback), on or off",
         )
         require(
-            self.auth in ("auto", "mtls", "token", "none"),
+            self.auth in AUTH_MODES,
             "comm_args.auth",
             "auto (mtls with TLS), mtls, token (comm_args.token_path) or none (loopback only)",
         )
@@ -316,10 +402,15 @@ WANDB_MODES = ("auto", "offline", "online", "disabled")
 @dataclass
 class TrackingArgs:
     enable_wandb: bool = True
+    """log the run to Weights & Biases; false: no W&B run"""
     wandb_project: str = "fedml_moon"
+    """the W&B project"""
     wandb_entity: str | None = None
+    """the W&B entity (user or team); null: the account's default"""
     wandb_mode: str = "auto"
+    """auto: online when logged in, else offline; WANDB_MODE in the environment wins"""
     run_name: str | None = None
+    """the W&B run's name; null: the output directory's name"""
 
     def check(self) -> None:
         require(
@@ -335,13 +426,21 @@ MOMENTUM_STYLES = ("moon", "fedavgm")
 @dataclass
 class ServerArgs:
     server_momentum: float = 0.0
+    """beta of server momentum (FedAvgM) on the trainable parameters, in [0, 1); 0: off"""
     server_momentum_style: str = "moon"
+    """moon: v = beta v + (1 - beta) (w_old - w_avg), the MOON code; fedavgm: v = beta v + (w_old - w_avg)"""
     server_lr: float = 1.0
+    """the server's step size on the averaged update (SCAFFOLD's eta_g); 1: the average itself; > 0"""
     robust_aggregation: str = "none"
+    """the rule that combines uploads: none (the sample-weighted average) or a Byzantine-robust one"""
     trim_ratio: float = 0.1
+    """beta of trimmed_mean: floor(beta n) values cut at each end (1 at least from 3 uploads), in [0, 0.5)"""
     krum_byzantine: int = 1
+    """f, the Byzantine uploads krum tolerates (it needs more than 2f + 2 uploads); >= 0"""
     krum_select: int = 1
+    """m: 1 = Krum, m > 1 = Multi-Krum (average of the m best); at most client_num_per_round - f"""
     clip_norm: float | None = None
+    """M of norm_clip, the largest norm of an update; null: the median of the round's update norms; > 0"""
 
     def check(self) -> None:
         require(

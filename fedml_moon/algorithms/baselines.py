@@ -32,6 +32,7 @@ class FedAvgClient(ClientAlgorithm):
 @dataclass
 class FedProxOptions:
     mu: float = 0.01
+    """weight mu of the proximal term mu/2 ||w - w^t||^2 over the trainable parameters; >= 0"""
 
     def check(self) -> None:
         require(

@@ -32,12 +32,19 @@ PROTOTYPE_MODES = ("random-k", "mean")
 @dataclass
 class FedSSCOptions(MoonOptions):
     mu_glob_start: float = 1.0
+    """mu_glob, the weight of the prototype term l_glob, for the first warmup_rounds rounds; >= 0"""
     mu_glob_end: float = 1e-4
+    """mu_glob of the last round, reached in equal steps after warmup_rounds; >= 0"""
     warmup_rounds: int = 5
+    """T0, the rounds at mu_glob_start before mu_glob falls; >= 0"""
     prototype_mode: str = "random-k"
+    """per class: random-k (average prototype_k random sharers' prototypes) or mean (every sharer's)"""
     prototype_k: int = 1
+    """k, the parties random-k averages per class (all of them if fewer share it); >= 1"""
     min_class_samples: int = 10
-    prototype_min_holders: int | str = "auto"  # auto: 3 under a robust rule (it needs 3 to act), else 1
+    """a party shares a class prototype only when it holds more than this many samples of it; >= 0"""
+    prototype_min_holders: int | str = "auto"
+    """a class fewer parties share keeps its prototype: auto (3 under a robust rule, else 1) or >= 1"""
 
     def check(self) -> None:
         super().check()

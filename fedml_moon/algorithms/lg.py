@@ -38,16 +38,27 @@ log = logging.getLogger(__name__)
 @dataclass
 class LGOptions:
     split_preset: str | None = None
+    """a named global/local split; exactly one of the four split keys is given"""
     global_prefixes: list[str] | None = None
+    """the global layers by module name, e.g. [encoder.fc1, classifier]; one of the four split keys"""
     global_layers_from_top: int | None = None
+    """the last n layers (the output side) are global; one of the four split keys"""
     global_layers_from_bottom: int | None = None
+    """the first n layers (the input side) are global; one of the four split keys"""
     warmup_rounds: int = 0
+    """rounds of plain FedAvg (the whole model travels) before the LG phase; >= 0"""
     warmup_checkpoint: str | None = None
+    """a FedAvg run's final_model.pt to start from in place of a warm-up; null: none"""
     uniform_average: bool = True
+    """average the global layers uniformly over the sampled parties (the authors' code); false: by samples"""
     new_test_method: str = "average"
+    """the parties' models in the new test: average (of their parameters) or ensemble (of their softmax)"""
     warmup_lr: float | None = None
+    """learning rate of the FedAvg warm-up (the authors use 0.1); null: train_args.learning_rate; > 0"""
     warmup_start: str = "last"
+    """the warm-up model the LG phase starts from: last, or best (by test accuracy, among evaluated rounds)"""
     report_best: bool = False
+    """also report the authors' best-so-far local and new test figures (optimistic); standalone only"""
 
     def check(self) -> None:
         ways = [

@@ -26,11 +26,17 @@ POOL_UPDATES = ("trained", "every-round")
 @dataclass
 class MoonOptions:
     mu: float = 5.0
+    """weight mu of the model-contrastive term l_con (FedSSC's mu_moon); 0 turns it off; >= 0"""
     temperature: float = 0.5
+    """tau of l_con (and of FedSSC's l_glob); > 0 (the paper uses 0.5)"""
     pool_size: int = 1
+    """k, the party's previous models used as negatives, a FIFO pool; >= 1"""
     unseen_party_prev: str = "own-init"
+    """the negative of a party that has not trained yet: own-init (its own random init) or global"""
     representation_loss: str = "contrastive"
+    """contrastive (l_con), or l2: ||z - z_glob||_2 in l_con's place (the paper's Table 5)"""
     pool_update: str = "trained"
+    """the pool under sampling: trained (rounds the party trained) or every-round (the MOON code)"""
 
     def check(self) -> None:
         require(self.mu >= 0, "algorithm_args.mu", "must be >= 0 (0 gives plain FedAvg training)")

@@ -42,7 +42,9 @@ class ScaffoldOptions:
     `server_args.server_lr`."""
 
     correction: str = "after-step"
+    """after-step: p -= lr (c - c_i) after each step (NIID-Bench); gradient: c - c_i added to the gradient"""
     c_update: str = "paper"
+    """the server's c: paper (c += |S|/N mean of delta c_i) or mean (c += mean of delta c_i)"""
 
     def check(self) -> None:
         require(

@@ -22,18 +22,31 @@ class PrivacyArgs:
     `dp_clip_norm` is added to the sum; epsilon for `dp_delta` is reported after every round."""
 
     secure_aggregation: bool = False
-    secagg_threshold: int | str = "auto"  # t of each party's neighbourhood + itself; auto: a majority
-    secagg_neighbours: int = 0  # SecAgg+ graph degree; 0: every other party (SecAgg)
-    secagg_min_group: int = 3  # no sum of fewer survivors (or of a disconnected set) is unmasked
-    secagg_clip: float = 8.0  # fixed point: values clipped to [-clip, clip] ...
-    secagg_bits: int = 22  # ... quantised to 2^bits levels ...
-    secagg_modulus_bits: int = 32  # ... summed mod 2^k
-    dp_clip_norm: float | None = None  # C; null: no DP
-    dp_noise_multiplier: float = 0.0  # sigma
+    """mask every upload (SecAgg, SecAgg+): the server learns sums only; needs 3 or more parties a round"""
+    secagg_threshold: int | str = "auto"
+    """t, the shares of a neighbourhood (itself included) that rebuild a secret: auto (a majority) or >= 2"""
+    secagg_neighbours: int = 0
+    """SecAgg+ degree k of each round's random graph (rounded up to even); 0: every other party (SecAgg)"""
+    secagg_min_group: int = 3
+    """the fewest parties, a connected set, whose sum may be unmasked; >= 2, at most client_num_per_round"""
+    secagg_clip: float = 8.0
+    """fixed point: each value is clipped to [-secagg_clip, secagg_clip]; > 0"""
+    secagg_bits: int = 22
+    """fixed point: the clipped range is rounded to 2^secagg_bits levels; 1 <= bits < secagg_modulus_bits"""
+    secagg_modulus_bits: int = 32
+    """sums are taken mod 2^k (k <= 32: 4 bytes a value on the wire, else 8); at most 62"""
+    dp_clip_norm: float | None = None
+    """C: each party's contribution is clipped to L2 norm C (client-level DP, DP-FedAvg); null: no DP; > 0"""
+    dp_noise_multiplier: float = 0.0
+    """sigma: Gaussian noise of std at least sigma x C on the sum; > 0 with dp_clip_norm, else 0"""
     dp_delta: float = 1e-5
-    dp_target_epsilon: float | None = None  # stop before a round would pass it
+    """delta of the reported (epsilon, delta); in (0, 1)"""
+    dp_target_epsilon: float | None = None
+    """stop before the round that would take epsilon past this; null: no limit; needs dp_clip_norm"""
     dp_accountant: str = "rdp"
-    dp_buffers: str = "refuse"  # a model's float buffers (BatchNorm statistics) under DP: refuse or average
+    """rdp (Renyi DP), or pld (privacy loss distributions: tighter; needs every party in every round)"""
+    dp_buffers: str = "refuse"
+    """float buffers (BatchNorm statistics) under DP: refuse, or average outside the noised sum"""
 
     @property
     def dp(self) -> bool:

@@ -1,0 +1,23 @@
+"""MkDocs hook: the config reference page's tables are `fedml_moon.config_reference.markdown()`,
+generated from the config's dataclasses at build time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MARKER = "<!-- config-reference -->"
+PAGE = "reference/config.md"
+
+
+def _source(page: Any) -> str:
+    """The page's path under docs/, with forward slashes."""
+    file = getattr(page, "file", None)
+    return str(getattr(file, "src_uri", None) or getattr(file, "src_path", "")).replace("\\", "/")
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
+    if MARKER not in markdown or _source(page) != PAGE:
+        return markdown
+    from fedml_moon.config_reference import markdown as reference
+
+    return markdown.replace(MARKER, reference())

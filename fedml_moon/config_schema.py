@@ -455,7 +455,7 @@ class ServerArgs:
         self.check_robust()
 
     def check_robust(self) -> None:
-        """The robust aggregation keys (`fedml_moon.core.robust`; README, Robust aggregation)."""
+        """The robust aggregation keys (`fedml_moon.core.robust`; docs: how-to/robust-aggregation.md)."""
         from fedml_moon.core.robust import RULES
 
         require(

@@ -64,3 +64,13 @@ def test_the_strict_build_fails_on_what_drifts(tmp_path):
     assert "how-to/orphan.md" in result.stderr  # not in the navigation
     assert "../how-to/moved.md" in result.stderr  # a link to a page that is not there
     assert "#no-such" in result.stderr  # an anchor that is not there
+
+
+@pytest.mark.skipif(not (ROOT / ".venv/setup-stamp").is_file(), reason="run/setup.sh has not stamped .venv")
+def test_setup_does_nothing_when_nothing_changed():
+    """README: run/setup.sh "does nothing the second time": with its stamp current it runs no pip."""
+    log = ROOT / ".venv/setup.log"
+    before = log.stat().st_mtime_ns if log.exists() else None
+    result = subprocess.run(["bash", "run/setup.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr.strip() == "setup: done (.venv)", result.stderr
+    assert (log.stat().st_mtime_ns if log.exists() else None) == before  # pip was not called

@@ -61,7 +61,7 @@ def torch_threads(setting: int | str, local_procs: int = 1) -> int:
     `local_procs` processes of the run on this machine (MPI ranks), at least 1. OpenMP splits every
     operator over a fixed team and waits for its slowest thread: when another busy process shares
     one of the team's cores, each operator waits for that core's time slice. Half the cores leaves
-    room for one such process; on 2 cores that is 1 thread (README, Speed).
+    room for one such process; on 2 cores that is 1 thread (docs: how-to/speed.md).
     """
     if setting != "auto":
         return int(setting)

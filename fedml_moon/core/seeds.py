@@ -6,7 +6,7 @@ Children of one SeedSequence are statistically independent of each other and of 
 sampling schedule never replays the partition's draws, and adding a consumer shifts no other stream.
 
 The training partition keeps the root stream ``numpy.random.default_rng(seed)``, so partitions are
-the ones published with earlier versions (and in the README's tables). The loaders' batch orders
+the ones published with earlier versions (and in docs/results.md). The loaders' batch orders
 come from ``SeedSequence([seed, party_id + 1])`` (`fedml_moon.data.loader`), another independent
 root.
 """

@@ -1,5 +1,5 @@
 """How a process trains its parties on its device: how many together, CUDA graphs or not, in what
-precision. `auto` picks per device what is faster there (README, Speed): on a CPU one party after
+precision. `auto` picks per device what is faster there (docs: how-to/speed.md): on a CPU one party after
 another (stacking only adds work there), on a GPU every sampled party that fits in memory, stacked,
 with each step replayed from a CUDA graph. Pure PyTorch."""
 

@@ -1,7 +1,7 @@
 """`privacy_args`: secure aggregation (SecAgg / SecAgg+) and client-level differential privacy
 (DP-FedAvg), off by default. The section's keys and their checks against the rest of the config.
 
-What each key does is in the README (Privacy); `fedml_moon.privacy.mod` runs them.
+What each key does: docs/how-to/privacy.md, docs/explanation/privacy.md; `fedml_moon.privacy.mod` runs them.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
         not cfg.validation_args.local_test,
         "validation_args.local_test",
         "each party's own test figures would reach the server in the clear under secure aggregation; "
-        "set false (README, Privacy: the metrics then unavailable)",
+        "set false (docs/how-to/privacy.md: the metrics then unavailable)",
     )
     require(
         not cfg.train_args.save_party_models,
@@ -164,7 +164,7 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
 
 
 def _crowd_checks(p: PrivacyArgs, per_round: int) -> None:
-    """Secure aggregation's crowd rules against the round's size (README, Privacy): at least 3
+    """Secure aggregation's crowd rules against the round's size (docs/explanation/privacy.md): at least 3
     parties a round, a threshold above half of each neighbourhood, a reachable secagg_min_group."""
     require(
         per_round >= 3,

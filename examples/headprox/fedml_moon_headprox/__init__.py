@@ -24,6 +24,7 @@ HEAD = ("head.", "classifier.")
 @dataclass
 class HeadProxOptions:
     mu: float = 0.1
+    """Weight of the proximal term mu/2 ||theta_head - theta_head^t||^2; 0 gives FedAvg (>= 0)."""
 
     def check(self) -> None:
         require(self.mu >= 0, "algorithm_args.mu", "the proximal weight must be >= 0")

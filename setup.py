@@ -30,7 +30,16 @@ setup(
     ],
     extras_require={
         "mpi": ["mpi4py"],
-        "test": ["pytest", "ruff", "hypothesis", "mpi4py", "moto[server]", "mkdocs-material", "mkdocstrings[python]"],
+        "test": [
+            "pytest",
+            "pytest-xdist",
+            "ruff",
+            "hypothesis",
+            "mpi4py",
+            "moto[server]",
+            "mkdocs-material",
+            "mkdocstrings[python]",
+        ],
     },
     entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:main"]},
 )

@@ -239,7 +239,7 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
         ".venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1",
         ".venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1",
         "bash run/docs.sh || exit 1",  # the documentation, built --strict
-        '.venv/bin/python -m pytest -q "$@"',  # the whole suite, slow tests included
+        '.venv/bin/python -m pytest -q -n auto --dist worksteal "$@"',  # the whole suite, on every core
     ]
     positions = [test_sh.index(step) for step in steps]
     assert setup < positions[0] and positions == sorted(positions)
@@ -408,7 +408,8 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     # the config reference in the terminal: every section, and one key of every algorithm that has it
     capsys.readouterr()
     assert cli(_entry_point(CONFIG_ALL)) == 0
-    assert all(f"{section}" in capsys.readouterr().out for section in ("train_args", "privacy_args"))
+    out = capsys.readouterr().out
+    assert all(f"\n{section}:" in out for section in ("train_args", "privacy_args", "algorithm_args")), out
     assert cli(_entry_point(CONFIG_KEY)) == 0
     assert "temperature" not in (out := capsys.readouterr().out) and "moon" in out and "fedprox" in out
     done |= {CONFIG_ALL, CONFIG_KEY}

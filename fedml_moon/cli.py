@@ -112,11 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--latex", action="store_true", help="also write the tables as LaTeX")
     _verbose(report)
-    tsne = sub.add_parser("tsne", help="t-SNE of test-set representations: global and a party's model")
-    tsne.add_argument("run_dir", help="a run folder (final_model.pt; party_models/ for --party)")
+    tsne = sub.add_parser(
+        "tsne", help="t-SNE of test-set representations: global and a party's model, one row per run"
+    )
+    tsne.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run folders (final_model.pt; party_models/ for --party); several: one row each",
+    )
     tsne.add_argument("--party", type=int, help="also a party's local model (train_args.save_party_models)")
     tsne.add_argument("--samples", type=int, default=2000, help="test images embedded")
-    tsne.add_argument("--out", help="the PNG (default: RUN_DIR/tsne.png)")
+    tsne.add_argument("--out", help="the PNG (default: the first RUN_DIR's tsne.png)")
     _verbose(tsne)
     return parser
 
@@ -300,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tsne":
             from fedml_moon.results.tsne import tsne
 
-            path = tsne(Path(args.run_dir), args.party, args.samples, args.out and Path(args.out))
+            runs = [Path(d) for d in args.run_dirs]
+            path = tsne(runs, args.party, args.samples, args.out and Path(args.out))
             log.info("t-SNE picture: %s", path)
             return 0
         if args.command == "report":

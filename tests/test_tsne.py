@@ -15,7 +15,8 @@ from fedml_moon.cli import main
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.results.tsne import embed, tsne
+from fedml_moon.results import tsne as tsne_module
+from fedml_moon.results.tsne import embed, figure, rows, tsne
 
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -53,6 +54,42 @@ def test_tsne_of_the_global_and_a_partys_saved_model(tmp_path, monkeypatch, caps
     assert "save_party_models: true" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="save_party_models: true"):
         tsne(tmp_path / "run", 99, samples=50)
+
+
+@needs_fmnist
+def test_tsne_of_two_runs_is_one_picture_with_a_row_per_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    one_round = [*TINY, "train_args.comm_round=1", "train_args.client_num_per_round=3"]
+    for algorithm, seed in (("fedavg", 0), ("moon", 1)):  # seed 1: the embedding takes the first run's
+        overrides = [*one_round, "train_args.save_party_models=true", f"common_args.random_seed={seed}"]
+        cfg = load_config(f"config/fashion_mnist/{algorithm}.yaml", overrides)
+        assemble(cfg, tmp_path / algorithm).loop.run()
+    runs = [tmp_path / "fedavg", tmp_path / "moon"]
+    seeds = []
+
+    def embed_seen(features: np.ndarray, seed: int) -> np.ndarray:
+        seeds.append(seed)
+        return embed(features, seed)
+
+    monkeypatch.setattr(tsne_module, "embed", embed_seen)
+    drawn = rows(runs, party=0, samples=60)
+    assert seeds == [0, 0, 0, 0]  # every panel with the first run's seed
+    fig = figure(drawn)
+    assert [ax.get_title() for ax in fig.axes] == [
+        "fedavg: global model",
+        "fedavg: party 0's local model",
+        "moon: global model",
+        "moon: party 0's local model",
+    ]
+    assert [ax.get_ylabel() for ax in fig.axes[::2]] == ["fedavg", "moon"]  # each row names its run
+    assert fig.get_suptitle() == "fedavg vs moon on fashion-mnist"
+    assert all(p.points.shape == (60, 2) and len(p.labels) == 60 for row in drawn for p in row.panels)
+    # through the command line: several folders, --out
+    out = tmp_path / "both.png"
+    argv = ["tsne", *map(str, runs), "--party", "0", "--samples", "60", "--out", str(out)]
+    assert _main(argv) == 0
+    assert out.stat().st_size > 10_000
+    assert not (tmp_path / "fedavg" / "tsne.png").exists()
 
 
 def _main(argv: list[str]) -> int:

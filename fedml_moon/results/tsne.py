@@ -1,29 +1,57 @@
-"""t-SNE pictures of a run's representations (the MOON paper's Figure 2): the encoder output h of test
-images under the final global model and under a party's final local model, coloured by class.
+"""t-SNE pictures of runs' representations (the MOON paper's Figure 2): the encoder output h of test
+images under a run's final global model and under a party's final local model, coloured by class; with
+several runs, one row per run (the MOON paper sets MOON's row against FedAvg's).
 
 The global model is the model file the run's summary.json names (`model_file`: final_model.pt, or
 model_at_<status>.pt for a run that did not complete, drawn with a warning); a party's model is
 party_models/party_<id>.pt, which a run writes with `train_args.save_party_models: true` (each party's
-latest upload). Both load with `weights_only=True`. The test images come from the run's own config
-(dataset, normalisation, max_test_samples), so a picture is drawn from what the run saw.
+latest upload). Both load with `weights_only=True`. The test images come from each run's own config
+(dataset, normalisation, max_test_samples), so a picture is drawn from what the run saw. Every panel
+is embedded with the same seed: the first run's `common_args.random_seed`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fedml_moon.config import config_from_dict
+from fedml_moon.config import Config, config_from_dict
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.data.federated import load_data
 from fedml_moon.data.loader import build_fedml_dataset
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One embedded model: its title, the 2-d points [N, 2] and their class labels [N]."""
+
+    title: str
+    points: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass(frozen=True)
+class Row:
+    """One run's panels (global model, then party K's), labelled by the run's folder."""
+
+    run_dir: Path
+    algorithm: str
+    dataset: str
+    panels: list[Panel]
 
 
 def _state(path: Path, what: str, hint: str) -> dict[str, torch.Tensor]:
@@ -33,7 +61,9 @@ def _state(path: Path, what: str, hint: str) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def representations(model: torch.nn.Module, loader, limit: int) -> tuple[np.ndarray, np.ndarray]:
+def representations(
+    model: torch.nn.Module, loader: Iterable[tuple[torch.Tensor, torch.Tensor]], limit: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The encoder outputs h [N, d] and labels [N] of the first `limit` images of `loader`."""
     model.eval()
     feats, labels, seen = [], [], 0
@@ -54,19 +84,20 @@ def embed(features: np.ndarray, seed: int) -> np.ndarray:
     return TSNE(2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(features)
 
 
-def tsne(run_dir: Path, party: int | None, samples: int = 2000, out: Path | None = None) -> Path:
-    """Draws tsne.png (global model; and party `party`'s model beside it) into `run_dir` or `out`."""
+def _run_config(run_dir: Path) -> tuple[Config, str]:
+    """The run's config and the model file its summary names (a warning if it did not complete)."""
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no summary.json)")
     summary = json.loads(summary_path.read_text())
-    cfg = config_from_dict(summary["config"])
     model_file = summary.get("model_file", "final_model.pt")
     if summary.get("status", "completed") != "completed":
         log.warning("%s: the run ended %s; its model then (%s)", run_dir, summary["status"], model_file)
-    seed, m = cfg.common_args.random_seed, cfg.model_args
-    data = load_data(cfg.data_args, seed)
-    loader = build_fedml_dataset(data, [np.arange(len(data.y_train))], None, 64, seed).test_data_global
+    return config_from_dict(summary["config"]), model_file
+
+
+def _states(run_dir: Path, model_file: str, party: int | None) -> dict[str, dict[str, torch.Tensor]]:
+    """The run's models to draw, by panel name: the global model, and party `party`'s."""
     models = {
         "global model": _state(run_dir / model_file, "model", "the model file summary.json names is gone")
     }
@@ -75,8 +106,18 @@ def tsne(run_dir: Path, party: int | None, samples: int = 2000, out: Path | None
         models[f"party {party}'s local model"] = _state(
             run_dir / "party_models" / f"party_{party}.pt", "model of that party", hint
         )
+    return models
+
+
+def run_row(run_dir: Path, party: int | None, samples: int, seed: int | None = None) -> Row:
+    """One run's panels, embedded with `seed` (default: the run's own random seed)."""
+    cfg, model_file = _run_config(run_dir)
+    own_seed, m, algorithm = cfg.common_args.random_seed, cfg.model_args, cfg.train_args.algorithm
+    seed = own_seed if seed is None else seed
+    data = load_data(cfg.data_args, own_seed)
+    loader = build_fedml_dataset(data, [np.arange(len(data.y_train))], None, 64, own_seed).test_data_global
     panels = []
-    for title, state in models.items():
+    for name, state in _states(run_dir, model_file, party).items():
         model = build_model(
             m.model, data.input_shape, data.num_classes, m.use_projection_head, m.out_dim, m.output_activation
         )
@@ -84,27 +125,69 @@ def tsne(run_dir: Path, party: int | None, samples: int = 2000, out: Path | None
             model.load_state_dict(state)
         except RuntimeError as err:
             raise ConfigError(
-                f"{title} in {run_dir} is not a whole model of the run's config: {str(err)[:200]}"
+                f"{name} in {run_dir} is not a whole model of the run's config: {str(err)[:200]}"
             ) from None
         feats, labels = representations(model, loader, samples)
-        panels.append((title, embed(feats, seed), labels))
-    path = out or run_dir / "tsne.png"
-    _draw(panels, path, f"{cfg.train_args.algorithm} on {cfg.data_args.dataset}")
-    log.info("t-SNE of %d test images: %s", len(panels[0][2]), path)
+        panels.append(Panel(f"{algorithm}: {name}", embed(feats, seed), labels))
+    return Row(run_dir, algorithm, cfg.data_args.dataset, panels)
+
+
+def rows(run_dirs: list[Path], party: int | None, samples: int = 2000) -> list[Row]:
+    """Every run's row, all embedded with the first run's random seed."""
+    if not run_dirs:
+        raise ConfigError("tsne: name at least one run folder")
+    seed = _run_config(run_dirs[0])[0].common_args.random_seed
+    return [run_row(run_dir, party, samples, seed) for run_dir in run_dirs]
+
+
+def figure(drawn: list[Row]) -> Figure:
+    """The picture: one row of panels per run, each panel titled with the algorithm and the model."""
+    from matplotlib.figure import Figure
+
+    n_cols = max(len(row.panels) for row in drawn)
+    fig = Figure(figsize=(5 * n_cols, 5 * len(drawn)))
+    axes = fig.subplots(len(drawn), n_cols, squeeze=False)
+    for ax_row, row in zip(axes, drawn, strict=True):
+        for ax, panel in zip(ax_row, row.panels, strict=False):
+            ax.scatter(panel.points[:, 0], panel.points[:, 1], c=_colours(panel.labels), s=4)
+            ax.set(title=panel.title, xticks=[], yticks=[])
+        for ax in ax_row[len(row.panels) :]:
+            ax.set_axis_off()
+        if len(drawn) > 1:
+            ax_row[0].set_ylabel(row.run_dir.name, fontsize=8)
+    datasets = ", ".join(dict.fromkeys(row.dataset for row in drawn))
+    fig.suptitle(f"{' vs '.join(row.algorithm for row in drawn)} on {datasets}")
+    classes = sorted({int(c) for row in drawn for p in row.panels for c in p.labels})
+    if len(classes) <= 10:  # one colour per class: a key (tab10 repeats beyond ten)
+        handles = [_marker(_colours(np.array([c]))[0], f"class {c}") for c in classes]
+        fig.legend(handles=handles, loc="lower center", ncols=len(classes), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.04 / len(drawn), 1, 1))
+    else:
+        fig.tight_layout()
+    return fig
+
+
+def _colours(labels: np.ndarray) -> np.ndarray:
+    """RGBA [N, 4]: class c in tab10's colour c (mod 10), the same in every panel."""
+    from matplotlib import colormaps
+
+    return colormaps["tab10"](labels % 10)
+
+
+def _marker(colour: np.ndarray, label: str) -> Line2D:
+    """A legend key: one dot of `colour`."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], marker="o", linestyle="", color=colour, markersize=5, label=label)
+
+
+def tsne(
+    run_dirs: Path | list[Path], party: int | None, samples: int = 2000, out: Path | None = None
+) -> Path:
+    """Draws the runs' t-SNE picture into `out` (default: the first run folder's tsne.png)."""
+    run_dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+    drawn = rows(run_dirs, party, samples)
+    path = out or run_dirs[0] / "tsne.png"
+    figure(drawn).savefig(path, dpi=100)
+    log.info("t-SNE of %d test images per panel: %s", len(drawn[0].panels[0].labels), path)
     return path
-
-
-def _draw(panels: list[tuple[str, np.ndarray, np.ndarray]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5), squeeze=False)
-    for ax, (name, points, labels) in zip(axes[0], panels, strict=True):
-        ax.scatter(points[:, 0], points[:, 1], c=labels, cmap="tab10", s=4)
-        ax.set(title=name, xticks=[], yticks=[])
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

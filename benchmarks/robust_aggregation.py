@@ -16,7 +16,9 @@ Rules: server_args.robust_aggregation in {none, median, trimmed_mean, krum, norm
 defaults (trim_ratio 0.1, krum_byzantine 1, krum_select 1, clip_norm null: the median update norm).
 
 Run: .venv/bin/python benchmarks/robust_aggregation.py [--rounds 12] [--epochs 2] [--samples 12000]
-It prints one table per algorithm: rows the rules, columns the attacks, accuracy in %.
+    [--plot PNG]
+It prints one table per algorithm: rows the rules, columns the attacks, accuracy in %; `--plot` also
+draws them as grouped bars (one panel per algorithm, a group per rule, a bar per attack).
 """
 
 from __future__ import annotations
@@ -96,15 +98,19 @@ def one_run(args: argparse.Namespace, algorithm: str, rule: str, attack: str, ou
     return acc
 
 
-def table(algorithm: str, results: dict, args: argparse.Namespace) -> str:
-    heads = {
+def heads(args: argparse.Namespace) -> dict[str, str]:
+    """Each attack's column name."""
+    return {
         "none": "no attacker",
         "scaled": f"scaled x{args.scale:g}",
         "flipped": f"sign-flipped x{args.flip:g}",
     }
+
+
+def table(algorithm: str, results: dict, args: argparse.Namespace) -> str:
     lines = [
         f"{algorithm}: final global test accuracy (%)",
-        "| rule | " + " | ".join(heads[a] for a in args.attacks) + " |",
+        "| rule | " + " | ".join(heads(args)[a] for a in args.attacks) + " |",
         "|---|" + "---|" * len(args.attacks),
     ]
     for rule in args.rules:
@@ -112,6 +118,35 @@ def table(algorithm: str, results: dict, args: argparse.Namespace) -> str:
             f"| {rule} | " + " | ".join(f"{100 * results[rule, a]:.2f}" for a in args.attacks) + " |"
         )
     return "\n".join(lines)
+
+
+def plot(tables: dict[str, dict], args: argparse.Namespace, path: Path) -> None:
+    """The tables as grouped bars: one panel per algorithm, a group per rule, a bar per attack."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1.6 * len(args.rules) + 1.5, 3.6 * len(tables)))
+    axes = fig.subplots(len(tables), 1, squeeze=False)[:, 0]
+    width = 0.8 / len(args.attacks)
+    for ax, (algorithm, results) in zip(axes, tables.items(), strict=True):
+        for i, attack in enumerate(args.attacks):
+            xs = [r + (i - (len(args.attacks) - 1) / 2) * width for r in range(len(args.rules))]
+            accs = [100 * results[rule, attack] for rule in args.rules]
+            bars = ax.bar(xs, accs, width, label=heads(args)[attack], color=f"C{ATTACKS.index(attack)}")
+            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)  # as the table
+        ax.set_xticks(range(len(args.rules)), args.rules)
+        ax.set(
+            ylabel="final test accuracy (%)", ylim=(0, 100), title=f"{algorithm}: attacker party {ATTACKER}"
+        )
+        ax.grid(axis="y", alpha=0.3)
+        ax.axhline(10, color="grey", linestyle=":", linewidth=1, label="chance (10 classes)")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=len(args.attacks) + 1)
+    fig.suptitle(
+        f"Fashion-MNIST, Dir(0.5), 10 parties, {args.samples} training images, {args.rounds} rounds x "
+        f"{args.epochs} epoch(s), seed {args.seed}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -129,6 +164,7 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["fedavg"], choices=["fedavg", "moon"])
     parser.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES)
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=ATTACKS)
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also draw the tables as grouped bars")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     print(
@@ -137,13 +173,18 @@ def main() -> None:
         f"CPU, {args.threads} thread(s); attacker: party {ATTACKER}, every round"
     )
     started = time.perf_counter()
+    tables: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for algorithm in args.algorithms:
             results = {
                 (r, a): one_run(args, algorithm, r, a, Path(tmp)) for a in args.attacks for r in args.rules
             }
+            tables[algorithm] = results
             print(table(algorithm, results, args), flush=True)
     print(f"total {time.perf_counter() - started:.0f} s")
+    if args.plot:
+        plot(tables, args, args.plot)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,20 @@ TLS_SILO = (
     "--set comm_args.tls_cert=certs/silo-RANK.pem --set comm_args.tls_key=certs/silo-RANK.key"
 )
 CONFIG_ALL = ".venv/bin/fedml-moon config"
+ROBUST = (
+    ".venv/bin/python benchmarks/robust_aggregation.py --rounds 12 --epochs 2 --samples 12000 "
+    "--plot docs/images/robust_aggregation.png"
+)
+TSNE_RUNS = [
+    f".venv/bin/fedml-moon simulate --cf config/fashion_mnist/{algorithm}.yaml "
+    "--set data_args.partition_alpha=0.1 --set train_args.comm_round=10 --set train_args.epochs=5 "
+    f"--set train_args.save_party_models=true --output-dir outputs/tsne/{algorithm}_dir0.1"
+    for algorithm in ("fedavg", "moon")
+]
+TSNE_PAIR = (
+    ".venv/bin/fedml-moon tsne outputs/tsne/fedavg_dir0.1 outputs/tsne/moon_dir0.1 --party 0 --samples 1000 "
+    "--out docs/images/tsne_moon_fedavg.png"
+)
 CONFIG_KEY = ".venv/bin/fedml-moon config algorithm_args.mu"
 DP = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set privacy_args.dp_clip_norm=2.0 "
@@ -142,6 +156,9 @@ COMMANDS: dict[str, str] = {
     SECURE: "single",
     DP: "single",
     CONFIG_ALL: "single",
+    TSNE_RUNS[0]: "single",
+    TSNE_RUNS[1]: "single",
+    TSNE_PAIR: "single",
     CONFIG_KEY: "single",
     MPI_SIMULATION: "mpi",
     CERTS_LOCAL: "grpc-tls",
@@ -166,7 +183,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/modes.py": "benchmark",
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py
-    ".venv/bin/python benchmarks/robust_aggregation.py --rounds 12 --epochs 2 --samples 12000": "benchmark",
+    ROBUST: "benchmark",
     ".venv/bin/python benchmarks/secure_round.py": "benchmark",
     ".venv/bin/python benchmarks/secure_round.py --samples 60000": "benchmark",
     ".venv/bin/python benchmarks/secagg_unmask.py --parties 10 50 100 --length 100000": "benchmark",
@@ -459,6 +476,21 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
             assert cli([str(run_dir) if w == "RUN_DIR" else w for w in _entry_point(TSNE)]) == 0
             assert (run_dir / "tsne.png").stat().st_size > 10_000
             done.add(TSNE)
+
+    # the Results page's t-SNE: FedAvg and MOON trained (their own rounds and epochs on tiny data),
+    # then one picture of both; every path under tmp
+    runs = []
+    for command in TSNE_RUNS:
+        words = _entry_point(command)
+        runs.append(tmp_path / words[-1])
+        assert cli([*words[:-1], str(runs[-1]), *_sets(command)]) == 0
+        assert _completed(runs[-1], 10)["config"]["train_args"]["save_party_models"]
+    picture = tmp_path / "tsne_pair.png"
+    pair = _entry_point(TSNE_PAIR)
+    assert pair[1:3] == [f"outputs/tsne/{run.name}" for run in runs] and pair[-2] == "--out"
+    assert cli([pair[0], *map(str, runs), *pair[3:-1], str(picture)]) == 0
+    assert picture.stat().st_size > 10_000
+    done |= {*TSNE_RUNS, TSNE_PAIR}
 
     assert done == {c for c, kind in COMMANDS.items() if kind == "single"}
     print(f"single-process README commands: {time.monotonic() - started:.1f} s")

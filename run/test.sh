@@ -7,7 +7,7 @@ bash run/setup.sh || exit 1
 .venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1
 .venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1
 bash run/docs.sh || exit 1
-.venv/bin/python -m pytest -q -n auto --dist worksteal "$@"
+.venv/bin/python -m pytest -q -n auto --dist load --maxschedchunk 2 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "run/test.sh: pytest collected no tests; that is a failure" >&2

@@ -10,6 +10,7 @@ in its velocity); the silos upload the model they were sent, moved by 0.01 x the
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -120,10 +121,11 @@ def test_each_hostile_kind_is_refused_naming_its_field(tmp_path, caplog):
     assert manager.rounds.recorder.records[0]["parties"] == 3
 
 
-def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(tmp_path):
+def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(tmp_path, caplog):
     """1,000 HELLOs from rank 1, each naming a new process (a restarted silo, again and again), within
     a second of its WELCOME: no WELCOME and no work more. A HELLO a second later is a restarted silo:
     it is welcomed and sent its work of the round once."""
+    caplog.set_level(logging.INFO, logger="fedml_moon.distributed.server_manager")  # formats every line
     manager, wire = _server(tmp_path)
     hello = {"config": manager.config, "explicit": [], "fresh_parties": []}
     sent = lambda kind: [x for x in wire.sent if x.get_type() == kind and x.get_receiver_id() == 1]  # noqa: E731
@@ -134,6 +136,7 @@ def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(
     time.sleep(1.1)
     _from(manager, 1, m.HELLO, parties=[0], process="restarted", **hello)
     assert len(sent(m.WELCOME)) == welcomes + 1 and len(sent(m.TRAIN)) == trains + 1
+    assert "rank 1 restarted during the train phase of round 0; sent its work again" in caplog.text
     time.sleep(1.1)
     _from(manager, 1, m.HELLO, parties=[0], process="again", **hello)
     assert len(sent(m.TRAIN)) == trains + 1  # its work of this phase goes out again once

@@ -256,7 +256,7 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
         ".venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1",
         ".venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1",
         "bash run/docs.sh || exit 1",  # the documentation, built --strict
-        '.venv/bin/python -m pytest -q -n auto --dist worksteal "$@"',  # the whole suite, on every core
+        '.venv/bin/python -m pytest -q -n auto --dist load --maxschedchunk 2 "$@"',  # every core
     ]
     positions = [test_sh.index(step) for step in steps]
     assert setup < positions[0] and positions == sorted(positions)

@@ -215,7 +215,9 @@ def test_a_waiting_grpc_silo_does_not_spin_but_fedmls_own_grpc_manager_does(tmp_
     )
     print(f"idle CPU over 4 s: plugin silo {ours:.3f} s, FedML gRPC manager {theirs:.3f} s")  # noqa: T201
     assert ours < 0.2, f"an idle silo used {ours:.2f} CPU seconds in 4 s"
-    assert theirs > 2.0, (
+    # a spinning loop takes a core's share (4 s alone; less while other tests share the cores), an
+    # idle one next to nothing
+    assert theirs > 0.5 and theirs > 10 * max(ours, 0.01), (
         f"FedML's own gRPC manager used only {theirs:.2f} CPU s idle; has FedML fixed its loop?"
     )
 

@@ -257,7 +257,12 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
             return
         self.resent.add(key)
         msg_type, params = self.assigned[rank]
-        log.info("rank %d restarted during the %s phase of round %d; sent its work again", *key)
+        log.info(
+            "rank %d restarted during the %s phase of round %d; sent its work again",
+            rank,
+            self.phase,
+            self.round_idx,
+        )
         self.send(msg_type, rank, **params)
 
     # --- waiting, and failures -----------------------------------------------------------------

@@ -78,7 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="run an algorithm through the conformance suite (every mode)")
     check.add_argument("algorithm", help="a registered algorithm name (train_args.algorithm)")
     check.add_argument("--cf", required=True, help="a config to start from (its algorithm is replaced)")
-    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key in every run of the check (repeatable)",
+    )
     check.add_argument("--modes", help="comma-separated subset of the modes (default: all)")
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
     _verbose(check)

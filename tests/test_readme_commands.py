@@ -195,6 +195,7 @@ COMMANDS: dict[str, str] = {
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
     "bash run/mpirun.sh [NP] ARGS...": "synopsis",
     "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",
+    "bash run/run_client.sh RANK CONFIG ...": "synopsis",  # its usage line; run above with the default
     "mpirun -np W+1": "fragment",  # prose: the MPI simulation's rank count
     "mpirun": "fragment",  # prose: the Tests section names the tool
     ".venv/bin/python -m fedml_moon": "fragment",  # prose: the command-line page names the module

@@ -526,6 +526,18 @@ def test_mpi_commands(tmp_path, home):
     print(f"MPI README commands: {time.monotonic() - started:.1f} s")
 
 
+def _grpc_comm(tmp_path: Path, out: Path) -> list[str]:
+    """What every process of a gRPC run here adds: an ipconfig CSV of the server's row only, on a free
+    port of 127.0.0.1, a bounded wait and the run's output folder."""
+    ipconfig = tmp_path / "ipconfig.csv"
+    port = conformance.free_port()
+    ipconfig.write_text(
+        f"eid,rank,grpc_server_ip,grpc_server_port,ingress_ip\n0,0,127.0.0.1,{port},127.0.0.1\n"
+    )
+    comm = ["--set", f"comm_args.grpc_ipconfig_path={ipconfig}", "--set", "comm_args.timeout_s=120"]
+    return [*comm, "--output-dir", str(out)]
+
+
 @needs_fmnist
 @pytest.mark.slow
 def test_grpc_commands(tmp_path, home):
@@ -533,14 +545,8 @@ def test_grpc_commands(tmp_path, home):
     the number of silos comes from train_args.client_num_in_total, the ipconfig CSV holds only the
     server's row, and silos take the run's config from the server."""
     started = time.monotonic()
-    ipconfig = tmp_path / "ipconfig.csv"
-    port = conformance.free_port()
-    ipconfig.write_text(
-        f"eid,rank,grpc_server_ip,grpc_server_port,ingress_ip\n0,0,127.0.0.1,{port},127.0.0.1\n"
-    )
     out = tmp_path / "run"
-    comm = ["--set", f"comm_args.grpc_ipconfig_path={ipconfig}", "--set", "comm_args.timeout_s=120"]
-    comm += ["--output-dir", str(out)]
+    comm = _grpc_comm(tmp_path, out)
     silos = [
         [*shlex.split(GRPC_SILO.replace("RANK", str(r))), *comm, "--set", "device_args.torch_threads=1"]
         for r in (1, 2)
@@ -564,14 +570,8 @@ def test_grpc_tls_commands(tmp_path, home):
     certs = work / "certs"
     with restored_main() as main:
         assert main([str(certs) if w == "certs/" else w for w in _entry_point(CERTS_LOCAL)]) == 0
-    ipconfig = tmp_path / "ipconfig.csv"
-    port = conformance.free_port()
-    ipconfig.write_text(
-        f"eid,rank,grpc_server_ip,grpc_server_port,ingress_ip\n0,0,127.0.0.1,{port},127.0.0.1\n"
-    )
     out = tmp_path / "run"
-    comm = ["--set", f"comm_args.grpc_ipconfig_path={ipconfig}", "--set", "comm_args.timeout_s=120"]
-    comm += ["--output-dir", str(out)]
+    comm = _grpc_comm(tmp_path, out)
 
     def placed(command: str, rank: str) -> list[str]:
         words = shlex.split(command.replace("RANK", rank))

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from fedml_moon.config import Config, ConfigError, load_config
+from fedml_moon.conformance.processes import MODES
 from fedml_moon.core.checkpoint import CheckpointError
 from fedml_moon.core.validate import BadUpload
 
@@ -86,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override a config key in every run of the check (repeatable)",
     )
-    check.add_argument("--modes", help="comma-separated subset of the modes (default: all)")
+    check.add_argument(
+        "--modes",
+        help=f"comma-separated subset of the modes, standalone included (default: all: {', '.join(MODES)})",
+    )
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
     _verbose(check)
     config = sub.add_parser("config", help="the config keys: type, default, allowed values, description")

@@ -109,9 +109,12 @@ def _states(run_dir: Path, model_file: str, party: int | None) -> dict[str, dict
     return models
 
 
-def run_row(run_dir: Path, party: int | None, samples: int, seed: int | None = None) -> Row:
-    """One run's panels, embedded with `seed` (default: the run's own random seed)."""
-    cfg, model_file = _run_config(run_dir)
+def run_row(
+    run_dir: Path, party: int | None, samples: int, seed: int | None = None, read: tuple | None = None
+) -> Row:
+    """One run's panels, embedded with `seed` (default: the run's own random seed); `read`: the run's
+    `_run_config`, when the caller has it already."""
+    cfg, model_file = read or _run_config(run_dir)
     own_seed, m, algorithm = cfg.common_args.random_seed, cfg.model_args, cfg.train_args.algorithm
     seed = own_seed if seed is None else seed
     data = load_data(cfg.data_args, own_seed)
@@ -136,8 +139,9 @@ def rows(run_dirs: list[Path], party: int | None, samples: int = 2000) -> list[R
     """Every run's row, all embedded with the first run's random seed."""
     if not run_dirs:
         raise ConfigError("tsne: name at least one run folder")
-    seed = _run_config(run_dirs[0])[0].common_args.random_seed
-    return [run_row(run_dir, party, samples, seed) for run_dir in run_dirs]
+    read = [_run_config(run_dir) for run_dir in run_dirs]  # each summary once (and its warning)
+    seed = read[0][0].common_args.random_seed
+    return [run_row(d, party, samples, seed, r) for d, r in zip(run_dirs, read, strict=True)]
 
 
 def figure(drawn: list[Row]) -> Figure:

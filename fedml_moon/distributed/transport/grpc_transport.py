@@ -303,23 +303,24 @@ class GrpcServerTransport(QueueTransport):
             raise Refused(RESOURCE_EXHAUSTED, f"rank {wanted}'s stream ended: {why}", "stream replaced")
 
     def send_message(self, msg: Any) -> None:
-        """Queue a message in its silo's outbox (bounded; a heartbeat joins one already waiting)."""
+        """Queue a message in its silo's outbox; a heartbeat joins one already waiting there."""
         data = message_bytes(msg)
-        outbox = self._outbox(int(msg.get_receiver_id()))
-        before = outbox.dropped
-        outbox.put(data, heartbeat=coalesced_kind(msg.get_type()) == "heartbeat")
+        heartbeat = coalesced_kind(msg.get_type()) == "heartbeat"
+        self.send_bytes(int(msg.get_receiver_id()), data, heartbeat)
         self.bytes_sent += len(data)
+
+    def send_bytes(self, receiver: int, data: bytes, heartbeat: bool = False) -> None:
+        """Queue a frame in `receiver`'s outbox (bounded: past it the oldest go, and the log says so)."""
+        outbox = self._outbox(receiver)
+        before = outbox.dropped
+        outbox.put(data, heartbeat=heartbeat)
         if outbox.dropped > before:
-            rank = msg.get_receiver_id()
             self.refusals.refused(
-                f"rank {rank}",
-                f"dropped {outbox.dropped - before} of the oldest frames waiting for rank {rank}, which is "
-                f"not reading them ({outbox.max_frames} frames at most wait per silo)",
+                f"rank {receiver}",
+                f"dropped {outbox.dropped - before} of the oldest frames waiting for rank {receiver}, which "
+                f"is not reading them ({outbox.max_frames} frames at most wait per silo)",
                 reason="outbox full",
             )
-
-    def send_bytes(self, receiver: int, data: bytes) -> None:
-        self._outbox(receiver).put(data)
 
     def close(self) -> None:
         with self._lock:

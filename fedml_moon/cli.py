@@ -6,8 +6,9 @@ fedml-moon simulate --cf FILE [--set SECTION.KEY=VALUE ...] [--output-dir DIR]
 fedml-moon run --cf FILE [--rank R] [--role server|client] [--set ...] [--output-dir DIR]
     one process of a cross-silo run (common_args.training_type: cross_silo): the server (rank 0) or a
     silo; over MPI the rank comes from mpirun
-fedml-moon certs | check | sweep | report | tsne ...
-    test certificates, the conformance suite, sweeps, reports and t-SNE pictures (`--help` of each)
+fedml-moon certs | check | new | sweep | report | tsne ...
+    test certificates, the conformance suite, a new algorithm's plugin package, sweeps, reports and
+    t-SNE pictures (`--help` of each)
 fedml-moon config [SECTION[.KEY]]
     the config keys: type, default, allowed values, description
 
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedml_moon.config import Config, ConfigError, load_config
+from fedml_moon.config import Config, ConfigError, load_config, with_plugins
 from fedml_moon.conformance.processes import MODES
 from fedml_moon.core.checkpoint import CheckpointError
 from fedml_moon.core.validate import BadUpload
@@ -51,7 +52,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="go on from the newest checkpoint of the run in DIR (its output directory)",
     )
+    _plugin(parser)
     _verbose(parser)
+
+
+def _plugin(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="MODULE:ATTRIBUTE",
+        help="load an algorithm from a module on the Python path or in this directory, without installing "
+        "it (repeatable; adds to common_args.plugins), e.g. --plugin fedml_moon_fedproto:spec",
+    )
 
 
 def _verbose(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of the modes, standalone included (default: all: {', '.join(MODES)})",
     )
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
+    _plugin(check)
     _verbose(check)
+    new = sub.add_parser("new", help="write a plugin package for a new algorithm (passes `check` as written)")
+    new.add_argument("name", help="the algorithm's name, a lowercase identifier (train_args.algorithm)")
+    new.add_argument("--dir", help="where the package goes (default: ./NAME); must be empty or new")
+    _verbose(new)
     config = sub.add_parser("config", help="the config keys: type, default, allowed values, description")
     config.add_argument(
         "selector",
@@ -178,6 +197,16 @@ def _check(args: argparse.Namespace) -> int:
     failed = sum(not c.ok for c in checks)
     sys.stdout.write(f"{args.algorithm}: {len(checks) - failed} of {len(checks)} checks passed\n")
     return 0 if not failed else 1
+
+
+def _new(args: argparse.Namespace) -> int:
+    from fedml_moon.kit import write_plugin
+
+    folder = Path(args.dir or args.name)
+    written = write_plugin(args.name, folder)
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+    log.info("next: fedml-moon check %s --cf %s", args.name, folder / f"{args.name}.yaml")
+    return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -304,10 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        if getattr(args, "plugins", None):
+            args.overrides = with_plugins(args.cf, args.overrides, args.plugins)
         if args.command == "check":
             return _check(args)
         if args.command == "certs":
             return _certs(args)
+        if args.command == "new":
+            return _new(args)
         if args.command == "sweep":
             return _sweep(args)
         if args.command == "config":

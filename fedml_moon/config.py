@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import re
 import types
 import typing
@@ -21,7 +22,7 @@ from fedml_moon.config_schema import (
     require,
 )
 from fedml_moon.privacy.options import privacy_checks
-from fedml_moon.registry import get_algorithm
+from fedml_moon.registry import get_algorithm, load_plugin
 
 __all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "config_to_dict"]
 
@@ -282,8 +283,32 @@ def _stream_checks(cfg: Config, summed: dict[str, str]) -> None:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read `path` (FedML's fedml_config.yaml layout), apply `--set` overrides, validate."""
-    raw = _read_yaml(Path(path))
-    return config_from_dict(_merge(raw, parse_overrides(overrides or [])))
+    raw = _merge(_read_yaml(Path(path)), parse_overrides(overrides or []))
+    load_config_plugins(raw, Path(path).resolve().parent)
+    return config_from_dict(raw)
+
+
+def with_plugins(path: str | Path, overrides: list[str], plugins: list[str]) -> list[str]:
+    """`overrides` plus one that adds `plugins` (--plugin) to the config's `common_args.plugins`."""
+    if not plugins:
+        return list(overrides)
+    raw = _merge(_read_yaml(Path(path)), parse_overrides(overrides))
+    listed = (raw.get("common_args") or {}).get("plugins")
+    listed = listed if isinstance(listed, list) else []
+    listed = [*listed, *(p for p in plugins if p not in listed)]
+    return [*overrides, f"common_args.plugins={json.dumps(listed)}"]
+
+
+def load_config_plugins(raw: dict[str, Any], folder: Path) -> list[str]:
+    """Register the algorithms `common_args.plugins` names (`registry.load_plugin`), looked for on the
+    Python path, then in `folder` (the config file's) and the current directory; returns their names."""
+    plugins = (raw.get("common_args") or {}).get("plugins") or []
+    require(
+        isinstance(plugins, list) and all(isinstance(p, str) for p in plugins),
+        "common_args.plugins",
+        f"must be a list of module:attribute strings, e.g. [fedml_moon_fedproto:spec]; got {plugins!r}",
+    )
+    return [load_plugin(ref, (folder, Path.cwd())).name for ref in plugins]
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

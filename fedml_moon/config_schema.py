@@ -24,6 +24,8 @@ class CommonArgs:
     """FedML's scenario key, handed to FedML as it is (the plugin does horizontal federated learning)"""
     using_mlops: bool = False
     """FedML's cloud MLOps; must be false (FedML's cloud is never contacted)"""
+    plugins: list[str] = field(default_factory=list)
+    """algorithms to load as module:attribute from the config's folder, this directory or the Python path"""
 
     def check(self) -> None:
         require(
@@ -127,7 +129,7 @@ FEDERATED_OPTIMIZERS = ("FedAvg",)  # FedML's aggregation switch; the algorithm 
 CLIENT_OPTIMIZERS = ("sgd",)
 STATE_STORES = ("memory", "disk")
 BAD_UPLOAD_ACTIONS = ("skip", "stop")
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp64")
 SWITCHES = (True, False, "auto")  # train_args.cuda_graphs, device_args.using_gpu
 
 
@@ -170,7 +172,7 @@ class TrainArgs:
     save_party_models: bool = False
     """write each party's latest upload to party_models/party_<id>.pt (for fedml-moon tsne --party)"""
     precision: str = "fp32"
-    """local training's arithmetic: fp32 (TF32 off), tf32 (CUDA only), bf16 (autocast, one party at a time)"""
+    """arithmetic: fp32 (TF32 off), tf32 (CUDA), bf16 (autocast, one party at a time), fp64 (all float64, slow)"""
     stream_uploads: bool = False
     """sum the uploads a chunk of parties at a time instead of holding the round's (standalone only)"""
 
@@ -222,7 +224,8 @@ class TrainArgs:
         require(
             self.precision in PRECISIONS,
             "train_args.precision",
-            "choose fp32 (float32), tf32 (TF32 tensor cores, CUDA) or bf16 (bfloat16 autocast); "
+            "choose fp32 (float32), tf32 (TF32 tensor cores, CUDA), bf16 (bfloat16 autocast) or fp64 "
+            "(float64 throughout); "
             f"got {self.precision!r}",
         )
         require(

@@ -1,15 +1,20 @@
 """Algorithm registry: name -> (client side, server side, options). Unknown names list the choices.
 
-Algorithms come from this package, from `register()` calls, and from installed packages that declare
+Algorithms come from this package, from `register()` calls, from installed packages that declare
 an entry point in the group `fedml_moon.algorithms` whose object is an AlgorithmSpec (or a function
-returning one); see examples/headprox.
+returning one; see examples/headprox), and from modules named as `module:attribute` in
+`common_args.plugins` or `--plugin` (`load_plugin`: no installation needed).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from fedml_moon.algorithms.base import ClientAlgorithm, NoOptions, ServerAlgorithm
 from fedml_moon.algorithms.baselines import (
@@ -65,6 +70,14 @@ register(AlgorithmSpec("lg", LGClient, LGServer, LGOptions, "LG-FedAvg: local la
 ENTRY_POINT_GROUP = "fedml_moon.algorithms"
 log = logging.getLogger(__name__)
 _plugins_loaded = False
+_searched: dict[str, list[str]] = {"entry points": [], "plugins": []}  # what get_algorithm looked in
+
+
+def _as_spec(obj: object) -> AlgorithmSpec:
+    spec = obj() if callable(obj) and not isinstance(obj, AlgorithmSpec) else obj
+    if not isinstance(spec, AlgorithmSpec):
+        raise TypeError(f"it gives a {type(spec).__name__}, not an AlgorithmSpec")
+    return spec
 
 
 def load_plugins(again: bool = False) -> list[str]:
@@ -77,11 +90,10 @@ def load_plugins(again: bool = False) -> list[str]:
     _plugins_loaded = True
     added = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if f"{ep.name} = {ep.value}" not in _searched["entry points"]:
+            _searched["entry points"].append(f"{ep.name} = {ep.value}")
         try:
-            spec = ep.load()
-            spec = spec() if callable(spec) and not isinstance(spec, AlgorithmSpec) else spec
-            if not isinstance(spec, AlgorithmSpec):
-                raise TypeError(f"it gives a {type(spec).__name__}, not an AlgorithmSpec")
+            spec = _as_spec(ep.load())
         except Exception as err:
             log.warning("algorithm plugin %s (%s) not loaded: %s", ep.name, ep.value, err)
             continue
@@ -95,13 +107,66 @@ def load_plugins(again: bool = False) -> list[str]:
     return added
 
 
+def load_plugin(ref: str, search: Sequence[Path] = ()) -> AlgorithmSpec:
+    """Register the algorithm `ref` names, "module:attribute" (an AlgorithmSpec, or a function
+    returning one), importing the module from the Python path or, after it, the folders `search`
+    (the config file's, the current directory). A ConfigError names what is wrong."""
+    module_name, sep, attr = str(ref).partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"common_args.plugins: {ref!r} is not module:attribute, e.g. fedml_moon_fedproto:spec"
+        )
+    if ref not in _searched["plugins"]:
+        _searched["plugins"].append(ref)
+    sys.path.extend(p for p in dict.fromkeys(str(Path(f).resolve()) for f in search) if p not in sys.path)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not module_name.startswith(err.name):
+            failed = f"importing {module_name} failed: {err}"
+            raise ConfigError(f"common_args.plugins: {ref!r}: {failed}") from None
+        where = ", ".join(str(f) for f in search) or "nowhere else"
+        raise ConfigError(
+            f"common_args.plugins: {ref!r}: no module {module_name!r} on the Python path or in {where}; "
+            "give a module importable from the config's folder or this directory, or install its package"
+        ) from None
+    except Exception as err:
+        raise ConfigError(f"common_args.plugins: {ref!r}: importing {module_name} failed: {err!r}") from None
+    if not hasattr(module, attr):
+        raise ConfigError(f"common_args.plugins: {ref!r}: module {module_name} has no {attr!r}")
+    try:
+        spec = _as_spec(getattr(module, attr))
+    except Exception as err:
+        raise ConfigError(f"common_args.plugins: {ref!r}: {err}") from None
+    taken = ALGORITHMS.get(spec.name)
+    if taken is not None and taken != spec:
+        raise ConfigError(
+            f"common_args.plugins: {ref!r} names its algorithm {spec.name!r}, which "
+            f"{taken.client.__module__} has taken; rename one"
+        )
+    return register(spec)
+
+
+def searched() -> str:
+    """Where algorithms were looked for, in words (for an unknown name)."""
+    points = ", ".join(_searched["entry points"]) or "none installed"
+    plugins = ", ".join(_searched["plugins"]) or "none"
+    return (
+        f"searched the built-in algorithms, the entry points of group {ENTRY_POINT_GROUP} ({points}) and "
+        f"common_args.plugins / --plugin ({plugins})"
+    )
+
+
 def get_algorithm(name: str) -> AlgorithmSpec:
-    """The spec for `name`; a ConfigError listing the choices when unknown."""
+    """The spec for `name`; a ConfigError listing the choices and where it looked when unknown."""
     load_plugins()
     key = str(name).lower()
     if key not in ALGORITHMS:
         load_plugins(again=True)
     if key not in ALGORITHMS:
         choices = ", ".join(sorted(ALGORITHMS))
-        raise ConfigError(f"train_args.algorithm: unknown algorithm {name!r}; choose one of {choices}")
+        raise ConfigError(
+            f"train_args.algorithm: unknown algorithm {name!r}; choose one of {choices} ({searched()}; "
+            "an algorithm outside this package is named with --plugin module:spec)"
+        )
     return ALGORITHMS[key]

@@ -28,7 +28,17 @@ def cli():
 def test_every_subcommand_takes_verbose():
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == {"simulate", "run", "certs", "check", "config", "sweep", "report", "tsne"}
+    assert set(sub.choices) == {
+        "simulate",
+        "run",
+        "certs",
+        "check",
+        "new",
+        "config",
+        "sweep",
+        "report",
+        "tsne",
+    }
     for name, command in sub.choices.items():
         assert any(a.option_strings == ["-v", "--verbose"] for a in command._actions), name
 

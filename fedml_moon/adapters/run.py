@@ -22,6 +22,7 @@ from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
 from fedml_moon.engine.pace import Pace, resolve_pace
+from fedml_moon.engine.precision import default_dtype
 from fedml_moon.metrics import RunRecorder
 from fedml_moon.registry import get_algorithm
 from fedml_moon.tracking import WandbRun
@@ -161,6 +162,7 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, 
     else:
         vars(args).update(vars(fedml_args(cfg, out_dir)))
     seed, train = cfg.common_args.random_seed, cfg.train_args
+    default_dtype(train.precision)  # fp64: the data and the model in float64
     np.random.seed(seed)
     device = select_device(cfg, rank)
     log.info("device: %s", describe(device, cfg.device_args.using_gpu))
@@ -199,6 +201,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
     server_algo.class_counts = {p: [int(n) for n in row] for p, row in enumerate(base.fed.counts.tolist())}
     aggregator = PluginServerAggregator(copy.deepcopy(base.model).to(base.device), base.args, server_algo)
     samples, privacy, secure = party_samples(base), None, cfg.privacy_args.secure_aggregation
+    check_sum_form(cfg, server_algo, aggregator.global_state)
     if cfg.privacy_args.on:
         weights = {p: server_algo.sum_weight(n) for p, n in samples.items()}
         per_round = train.client_num_per_round
@@ -230,6 +233,24 @@ def build_server(base: Base, out_dir: Path) -> Any:
         terms=base.spec.client.terms,
         steps=(train.epochs, train.batch_size),
     )
+
+
+def check_sum_form(cfg: Config, algorithm: Any, global_state: Any) -> None:
+    """Under `privacy_args` or `train_args.stream_uploads` the server learns only the round's sums: a
+    config error, before the first round, when the algorithm's sum form would lose part of an upload
+    (`engine.summed.sum_form_problem`)."""
+    from fedml_moon.engine.summed import sum_form_problem
+
+    p = cfg.privacy_args
+    key = "train_args.stream_uploads" if cfg.train_args.stream_uploads else None
+    if p.on:
+        key = "privacy_args.secure_aggregation" if p.secure_aggregation else "privacy_args.dp_clip_norm"
+    if key is None:
+        return
+    name = cfg.train_args.algorithm
+    problem = sum_form_problem(algorithm, algorithm.upload_spec(global_state, 0), name)
+    if problem is not None:
+        raise ConfigError(f"{key}: {problem}")
 
 
 def party_samples(base: Base) -> dict[int, int]:

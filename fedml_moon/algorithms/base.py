@@ -81,6 +81,16 @@ class LocalResult:
     model: nn.Module
     data: Iterable
 
+    def batches(self) -> Iterable:
+        """The party's training data as (x, y) batches in a fixed order, without augmentation: for
+        statistics of the final model (e.g. per-class mean representations)."""
+        return self.data.plain() if hasattr(self.data, "plain") else self.data
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes (the width of the model's classifier)."""
+        return int(self.model.classifier.out_features)
+
 
 class Net(Protocol):
     """A party's network inside a step: `net(x)` the model's output (`core.models.ModelOutput`) in

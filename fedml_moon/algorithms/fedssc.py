@@ -92,7 +92,7 @@ def class_prototypes(
     sums: torch.Tensor | None = None
     counts = torch.zeros(num_classes, dtype=torch.long)
     for x, y in loader:
-        z = model(x).z.float().cpu()
+        z = model(x).z.detach().cpu().to(torch.get_default_dtype())  # the model's (fp64: float64)
         if sums is None:
             sums = torch.zeros(num_classes, z.shape[1])
         sums.index_add_(0, y.cpu(), z)
@@ -134,10 +134,8 @@ class FedSSCClient(MoonClient):
     def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
         """MOON's, and the class prototypes of the final model over the party's data (Eq. 4)."""
         payload = super().finish(r, ctx, done)
-        source = done.data.plain() if hasattr(done.data, "plain") else done.data
-        num_classes = done.model.classifier.out_features
         payload["prototypes"], payload["present"] = class_prototypes(
-            done.model, source, num_classes, self.options.min_class_samples
+            done.model, done.batches(), done.num_classes, self.options.min_class_samples
         )
         return payload
 
@@ -177,7 +175,8 @@ def keep_previous(
     """Copies of the previous prototypes [C, D] and mask [C], or zeros and an empty mask."""
     if previous is None:
         return torch.zeros(shape), torch.zeros(shape[0], dtype=torch.bool)
-    return previous[0].detach().clone().float(), previous[1].detach().clone().bool()
+    dtype = torch.get_default_dtype()
+    return previous[0].detach().clone().to(dtype), previous[1].detach().clone().bool()
 
 
 class FedSSCServer(ServerAlgorithm):
@@ -198,7 +197,8 @@ class FedSSCServer(ServerAlgorithm):
         return payload
 
     def upload_spec(self, global_state: OrderedDict, party_id: int) -> dict:
-        """The model, a prototype per class [C, D] (float32) and which classes it holds [C] (bool)."""
+        """The model, a prototype per class [C, D] (the model's float dtype) and which classes it holds
+        [C] (bool)."""
         spec = super().upload_spec(global_state, party_id)
         classes, dim = global_state["classifier.weight"].shape
         spec["prototypes"] = torch.empty(classes, dim, device="meta")
@@ -248,7 +248,7 @@ class FedSSCServer(ServerAlgorithm):
         protos = sums.fields["prototypes"] / counts.clamp(min=1.0).unsqueeze(1)
         previous = None if self.prototypes is None else (self.prototypes, self.present)
         before, mask = keep_previous(previous, protos.shape)
-        self.prototypes = torch.where(fresh.unsqueeze(1), protos.float(), before)
+        self.prototypes = torch.where(fresh.unsqueeze(1), protos.to(before.dtype), before)
         self.present = fresh | mask
         return super().aggregate_sums(global_state, sums)
 

@@ -155,7 +155,8 @@ class ScaffoldServer(ServerAlgorithm):
     def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
         """The same two lines from the round's sums: the mean update, and sum_S delta c_i."""
         averaged = super().aggregate_sums(global_state, sums)
-        self.move_c({n: t.float() for n, t in sums.fields["delta_c"].items()}, sums.count)
+        dtype = torch.get_default_dtype()  # the model's (train_args.precision: fp64 makes it float64)
+        self.move_c({n: t.to(dtype) for n, t in sums.fields["delta_c"].items()}, sums.count)
         return averaged
 
     def move_c(self, totals: Tensors, count: int) -> None:

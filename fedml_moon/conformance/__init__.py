@@ -1,4 +1,6 @@
-"""Run one config in every mode on this machine and check that the modes agree.
+"""Run one config in every mode on this machine and check that the modes agree, that a stopped run
+resumes where it stopped, that secure sums carry what the plain aggregate reads, and that stacked
+parties compute what sequential ones do.
 
 Modes: standalone, the MPI simulation (N parties on W < N workers, with sampling), cross-silo over
 MPI, cross-silo over gRPC (silos started before the server) and MQTT + S3 (a mosquitto broker and a
@@ -7,7 +9,16 @@ started here is stopped again, and every wait is bounded. Used by `fedml-moon ch
 the test suite.
 """
 
-from fedml_moon.conformance.checks import Check, check_algorithm, party_states, payload_problems, same_tree
+from fedml_moon.conformance.checks import (
+    Check,
+    check_algorithm,
+    party_states,
+    payload_problems,
+    resume_check,
+    same_tree,
+)
+from fedml_moon.conformance.inprocess import Traced, traced_run
+from fedml_moon.conformance.paths import Outcome, float64_rounds, secure_vs_plain
 from fedml_moon.conformance.processes import (
     MODES,
     TINY,
@@ -26,8 +37,17 @@ from fedml_moon.conformance.processes import (
     wait_for_port,
     write_ipconfig,
 )
+from fedml_moon.conformance.snapshot import differences, snapshot
 
 __all__ = [
+    "Outcome",
+    "Traced",
+    "differences",
+    "float64_rounds",
+    "resume_check",
+    "secure_vs_plain",
+    "snapshot",
+    "traced_run",
     "MODES",
     "TINY",
     "Check",

@@ -1,103 +1,67 @@
-"""The conformance suite any registered algorithm can be run through (`fedml-moon check ALGORITHM`)."""
+"""The conformance suite any registered algorithm can be run through (`fedml-moon check ALGORITHM`).
+
+On tiny data (`TINY`: 3 parties, 2 sampled per round, 3 rounds) it runs the algorithm the ways a
+contributor cannot try by hand, and names what differs: payloads that no transport can carry; a
+run that does not repeat itself; stacked and sequential parties that compute something else (one
+local round from identical inputs in float32, every round in float64); a run stopped and resumed
+that does not go on as the uninterrupted one (server state, party states, final model); a secure
+sum that loses part of an upload; and every deployment mode against the standalone run.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedml_moon.conformance.processes import MODES, TINY, RunResult, compare, run_mode, services
+from fedml_moon.conformance.inprocess import (
+    FLOAT32_ONE_ROUND,
+    FLOAT64_ROUNDS,
+    Traced,
+    stopped_run,
+    traced_run,
+)
+from fedml_moon.conformance.paths import Outcome, float64_rounds, secure_vs_plain
+from fedml_moon.conformance.processes import (
+    MODES,
+    TINY,
+    RunResult,
+    compare,
+    process_env,
+    run_mode,
+    services,
+    spawn,
+    wait_all,
+)
+from fedml_moon.conformance.snapshot import differences, snapshot
+
+STOP_AFTER = 1  # the round after whose checkpoint the resume check stops its run
+RESUMED = ("uninterrupted", "resumed")
 
 
 def party_states(run_dir: Path) -> dict[str, dict]:
-    """Every party's stored state (state_store: disk) under a run folder, wherever its worker kept it."""
+    """Every party's stored state (state_store: disk) under a run folder, wherever its worker kept it;
+    an empty state (a party that keeps nothing) is left out, as a party never stored."""
     import torch
 
-    return {p.name: torch.load(p, weights_only=True) for p in sorted(run_dir.rglob("party_state/party_*.pt"))}
+    states = {
+        p.name: torch.load(p, weights_only=True) for p in sorted(run_dir.rglob("party_state/party_*.pt"))
+    }
+    return {name: state for name, state in states.items() if state}
 
 
 def same_tree(a: object, b: object, atol: float = 1e-5) -> bool:
     """Nested dicts / lists of tensors and JSON values equal (tensors to `atol`)."""
-    import torch
-
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor)
-            and a.shape == b.shape
-            and torch.allclose(a.double(), b.double(), atol=atol, rtol=0)
-        )
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same_tree(a[k], b[k], atol) for k in a)
-    if isinstance(a, (list, tuple)):
-        return (
-            isinstance(b, (list, tuple))
-            and len(a) == len(b)
-            and all(same_tree(x, y, atol) for x, y in zip(a, b, strict=True))
-        )
-    return a == b
+    return not differences(snapshot(a), snapshot(b), atol=atol)
 
 
 def payload_problems(config: str | Path, overrides: list[str], folder: Path) -> list[str]:
     """Run the config in this process and check that every payload, report and party state holds only
     tensors, dicts, lists and JSON values (what the transports can carry, decoded without pickle)."""
-    from fedml_moon.adapters.run import assemble
-    from fedml_moon.config import load_config
-    from fedml_moon.core.codec import decode, encode
-    from fedml_moon.core.validate import BadUpload
-
-    problems: list[str] = []
-
-    def check(obj: object, where: str) -> None:
-        try:
-            if not same_tree(obj, decode(encode(obj)), atol=0.0):
-                problems.append(f"{where}: changes when encoded and decoded")
-        except (TypeError, ValueError) as err:
-            problems.append(f"{where}: {err}")
-
-    run = assemble(load_config(config, overrides), folder / "payloads")
-    server, runner = run.loop.server, run.loop.runner
-    downloads, train, evaluate = server.downloads, runner.train, runner.evaluate
-
-    def checked_downloads(r: int) -> dict:
-        out = downloads(r)
-        for party, payload in out.items():
-            check(payload, f"round {r}: the server's payload for party {party}")
-        return out
-
-    def checked_train(party: int, download: dict, r: int) -> tuple:
-        n, upload = train(party, download, r)
-        check(upload, f"round {r}: party {party}'s upload")
-        check(runner.trainer.store.get(party), f"round {r}: party {party}'s state")
-        return n, upload
-
-    def checked_evaluate(party: int, download: dict) -> dict:
-        report = evaluate(party, download)
-        check(report, f"party {party}'s evaluation report")
-        return report
-
-    server.downloads, runner.train, runner.evaluate = checked_downloads, checked_train, checked_evaluate
-    try:
-        run.loop.run()
-    except BadUpload as err:  # what was found before it still counts, and comes first
-        problems.append(f"the server refused the uploads: {err}")
-    return problems
-
-
-def batched_check(config: str | Path, overrides: list[str], folder: Path, ref: RunResult) -> Check:
-    """The sampled parties trained together (`parties_in_parallel`) end within 1e-4 of the sequential
-    run `ref`; the note says how many trained together (the log's first batched round)."""
-    run = run_mode("standalone", config, [*overrides, "train_args.parties_in_parallel=3"], folder / "batched")
-    name = "batched (parties_in_parallel: 3): final model within 1e-4 of sequential"
-    if not run.ok:
-        return Check(name, False, run.tail(15))
-    diff, problems = compare(ref, run)  # metrics within 1e-4
-    logs = "".join(p.read_text(errors="replace") for p in run.logs)
-    together = re.search(r"round \d+: (\d+) parties trained together \(batched\)", logs)
-    if together is None:
-        return Check(name, False, "no parties trained together: the log has no batched round")
-    note = f"{together.group(1)} parties trained together"
-    return Check(name, diff <= 1e-4 and not problems, f"{diff:g} {problems[:3]}", note)
+    traced = traced_run(config, overrides, folder / "payloads")
+    stopped = [f"the server refused the uploads: {traced.error}"] if "BadUpload" in traced.error else []
+    return traced.problems + stopped
 
 
 @dataclass
@@ -108,33 +72,81 @@ class Check:
     note: str = ""  # said whatever the outcome
 
 
-def check_algorithm(
-    config: str | Path, overrides: list[str], folder: Path, modes: tuple[str, ...] = MODES
+def _from(name: str, outcome: Outcome) -> Check:
+    if outcome.skipped:
+        return Check(name, True, note=f"not applicable: {outcome.skipped}")
+    if outcome.error:
+        return Check(name, False, outcome.error, outcome.note)
+    return Check(name, not outcome.problems, "; ".join(outcome.problems[:4]), outcome.note)
+
+
+def _one_round_check(traced: Traced) -> Check:
+    name = (
+        "stacked parties: one local round from identical inputs equals sequential "
+        f"(float32, {FLOAT32_ONE_ROUND:g})"
+    )
+    if not traced.together:
+        return Check(
+            name,
+            False,
+            "no round trained parties together" + (f": {traced.replay[0]}" if traced.replay else ""),
+        )
+    note = f"groups of {sorted(set(traced.together))} parties trained together"
+    return Check(name, not traced.replay, "; ".join(traced.replay[:4]), note)
+
+
+def _hint(problems: list[str]) -> str:
+    if any(p.startswith("at the start") and ": server." in p for p in problems):
+        return (
+            " -- the server algorithm keeps this across rounds, but its state() / load_state() do not "
+            "carry it: add it to both"
+        )
+    if any(": party." in p for p in problems):
+        return " -- the party side keeps this on itself; keep it in the party's state (PartyRound.state)"
+    return ""
+
+
+def resume_check(config: Path, overrides: list[str], folder: Path, traced: Traced) -> Check:
+    """The run stopped after round STOP_AFTER's checkpoint and resumed in a fresh process (the probe)
+    holds at every round's start what the uninterrupted `traced` run held, and ends the same."""
+    import torch
+
+    name = (
+        f"stopped after round {STOP_AFTER} and resumed: the same server state, party states and final model"
+    )
+    out, saved = folder / "resumed", folder / "resumed-snapshots.pt"
+    sets = [*overrides, "train_args.parties_in_parallel=1", "train_args.checkpoint_every=1"]
+    why = stopped_run(config, sets, out, STOP_AFTER)
+    if why:
+        return Check(name, False, f"the run to stop: {why}")
+    cmd = [sys.executable, "-m", "fedml_moon.conformance.probe", "--cf", str(config)]
+    for item in sets:
+        cmd += ["--set", item]
+    cmd += ["--resume", str(out), "--snapshots", str(saved)]
+    log = folder / "resumed.log"
+    codes = wait_all([spawn(cmd, log, process_env(folder / "home"), Path.cwd())], 300)
+    if codes != [0] or not saved.is_file():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        return Check(name, False, f"the resumed run failed (exit {codes[0]}):\n{tail}")
+    seen = torch.load(saved, weights_only=True)
+    problems = []
+    for r in sorted(seen):
+        found = differences(traced.snapshots.get(r), seen[r], names=RESUMED)
+        if found:
+            problems += [f"at the start of round {r}: {d}" for d in found[:4]]
+            break
+    problems += differences(party_states(traced.folder), party_states(out), "party states", names=RESUMED)[:4]
+    model = RunResult("resumed", out, [0], [])
+    diff, metrics = compare(RunResult("traced", traced.folder, [0], []), model)
+    if diff > 0.0 or metrics:
+        problems.append(f"final model differs by {diff:g}; {metrics[:3]}")
+    return Check(name, not problems, "; ".join(problems[:6]) + _hint(problems))
+
+
+def _modes(
+    config: Path, overrides: list[str], folder: Path, ref: RunResult, modes: tuple[str, ...]
 ) -> list[Check]:
-    """The conformance suite: payloads carry only tensors and JSON values, a seed gives the same run
-    twice, and every mode gives the standalone loop's final model, metrics and per-party states."""
-    overrides, folder = [*TINY, *overrides], Path(folder).resolve()
-    checks = []
-    problems = payload_problems(config, overrides, folder)
-    checks.append(
-        Check(
-            "payloads, reports and party states are tensors and JSON values",
-            not problems,
-            "; ".join(problems[:3]),
-        )
-    )
-    ref = run_mode("standalone", config, overrides, folder)
-    if not ref.ok:
-        return [*checks, Check("standalone run", False, ref.tail())]
-    again = run_mode("standalone", config, overrides, folder / "again")
-    diff, diffs = compare(ref, again) if again.ok else (float("inf"), ["the second run failed"])
-    checks.append(
-        Check(
-            "deterministic for a seed (standalone twice)", diff == 0.0 and not diffs, f"{diff:g} {diffs[:3]}"
-        )
-    )
-    checks.append(batched_check(config, overrides, folder, ref))
-    ref_states = party_states(ref.out_dir)
+    checks, ref_states = [], party_states(ref.out_dir)
     with contextlib.ExitStack() as stack:
         svc = stack.enter_context(services(folder / "services")) if "mqtt-s3" in modes else None
         for mode in (m for m in modes if m != "standalone"):
@@ -145,22 +157,48 @@ def check_algorithm(
                 )
                 continue
             diff, diffs = compare(ref, run)
-            checks.append(
-                Check(
-                    f"{mode}: same final model (<= 1e-5) and metrics",
-                    diff <= 1e-5 and not diffs,
-                    f"{diff:g} {diffs[:3]}",
-                )
-            )
+            name = f"{mode}: same final model (<= 1e-5) and metrics"
+            checks.append(Check(name, diff <= 1e-5 and not diffs, f"{diff:g} {diffs[:3]}"))
             states = party_states(run.out_dir)
-            same = states.keys() == ref_states.keys() and all(
-                same_tree(ref_states[k], states[k]) for k in states
-            )
+            found = differences(ref_states, states, "party states", 1e-5, ("standalone", mode))
             checks.append(
-                Check(
-                    f"{mode}: every party's state follows the party",
-                    same,
-                    f"{sorted(states)} vs {sorted(ref_states)}",
-                )
+                Check(f"{mode}: every party's state follows the party", not found, "; ".join(found[:3]))
             )
     return checks
+
+
+def check_algorithm(
+    config: str | Path, overrides: list[str], folder: Path, modes: tuple[str, ...] = MODES
+) -> list[Check]:
+    """The conformance suite (module docstring); each check says what it compared and, failing, where
+    the two sides differ."""
+    from fedml_moon.config import load_config
+
+    overrides = [*TINY, "train_args.checkpoint_every=1", *overrides]  # every run the resume check's
+    folder, config = Path(folder).resolve(), Path(config).resolve()
+    train = load_config(config, overrides).train_args
+    traced = traced_run(config, overrides, folder / "traced")
+    checks = [
+        Check(
+            "payloads, reports and party states are tensors and JSON values",
+            not traced.problems,
+            "; ".join(traced.problems[:3]),
+        )
+    ]
+    if traced.error:
+        return [*checks, Check("the standalone run (in this process)", False, traced.error)]
+    checks.append(_one_round_check(traced))
+    ref = run_mode("standalone", config, overrides, folder)
+    if not ref.ok:
+        return [*checks, Check("standalone run", False, ref.tail())]
+    diff, diffs = compare(ref, RunResult("traced", traced.folder, [0], []))
+    name = "the same run twice (the command line and this process): same final model and metrics"
+    checks.append(Check(name, diff == 0.0 and not diffs, f"{diff:g} {diffs[:3]}"))
+    outcome = float64_rounds(config, overrides, folder / "float64", train.client_num_per_round)
+    checks.append(
+        _from(f"stacked parties equal sequential over every round in float64 ({FLOAT64_ROUNDS:g})", outcome)
+    )
+    checks.append(resume_check(config, overrides, folder, traced))
+    outcome = secure_vs_plain(config, overrides, folder / "secure", train.client_num_in_total)
+    checks.append(_from("secure aggregation: the aggregate equals the plain one", outcome))
+    return checks + _modes(config, overrides, folder, ref, modes)

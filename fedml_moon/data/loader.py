@@ -52,7 +52,8 @@ class PartyLoader:
     Each ``iter()`` is one epoch: the order is reshuffled (when ``shuffle``) with the loader's own
     generator, seeded from ``seed`` and ``party_id``, so epochs differ from each other while the whole
     sequence is reproducible. A batch is ``x = (augment(images[idx] / 255) - mean) / std`` float32
-    [B, C, H, W] and ``y = labels[idx]`` int64 [B], both on ``device``.
+    (float64 under train_args.precision fp64) [B, C, H, W] and ``y = labels[idx]`` int64 [B], both on
+    ``device``.
 
     With ``drop_last`` the incomplete final batch is dropped, except when the party holds fewer than
     ``batch_size`` samples: then one smaller batch with all of them is yielded instead of nothing.
@@ -87,8 +88,9 @@ class PartyLoader:
         self.num_samples = int(self.indices.numel())
         self.device = torch.device(device) if device is not None else images.device
         self._norm = (tuple(float(m) for m in mean), tuple(float(d) for d in std))  # as given, on the host
-        self._mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
-        self._std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
+        dtype = torch.get_default_dtype()  # float32, or float64 under train_args.precision: fp64
+        self._mean = torch.tensor(mean, dtype=dtype).view(1, -1, 1, 1).to(self.device)
+        self._std = torch.tensor(std, dtype=dtype).view(1, -1, 1, 1).to(self.device)
         where = images.device if images.device.type == "cuda" else torch.device("cpu")
         self.generator = torch.Generator(device=where).manual_seed(_party_seed(seed, party_id))
 
@@ -117,7 +119,7 @@ class PartyLoader:
 
     def _batch(self, idx: torch.Tensor, drawn: Draw | None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.images.device)
-        x = self.images[idx].to(self.device).float().div_(255.0)
+        x = self.images[idx].to(self.device).to(self._mean.dtype).div_(255.0)
         x = apply(x, self.augment, drawn)
         x = (x - self._mean) / self._std  # both on self.device: no copy per batch
         y = self.labels[idx.to(self.labels.device)].to(self.device)

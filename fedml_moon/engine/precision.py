@@ -6,8 +6,11 @@
 * `bf16`: the forward passes (the student's and the teachers') under `torch.autocast` to bfloat16;
   weights, gradients, SGD state, the loss reductions autocast keeps in float32, and the running loss
   sums stay float32. Runs on CPUs too; one party at a time (`BF16_STACKED` says why).
+* `fp64`: the whole run in float64 (the model, every batch, the server's state): slow, and for checks
+  that must tell a real difference between two computations from float32 rounding (`fedml-moon
+  check` compares stacked and sequential parties over rounds this way). `default_dtype` sets it.
 
-Evaluation is not affected: the trained weights are float32 in every setting.
+Evaluation is not affected: the trained weights are float32 in every setting but fp64.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp64")
 BF16_STACKED = (
     "train_args.precision: bf16 trains one party at a time: autocast does not reach inside torch.func.vmap "
     "(a linear layer's bias is added in float32, and vmap's BatchNorm rule refuses bfloat16 inputs with "
@@ -37,6 +40,14 @@ def training_precision(kind: str) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def default_dtype(kind: str) -> torch.dtype:
+    """Set PyTorch's default float dtype for a run of precision `kind` (float64 for fp64, else
+    float32) before its data loaders and model are made; returns it."""
+    dtype = torch.float64 if kind == "fp64" else torch.float32
+    torch.set_default_dtype(dtype)
+    return dtype
 
 
 def forward_precision(kind: str, device: torch.device) -> contextlib.AbstractContextManager:

@@ -33,7 +33,12 @@ if TYPE_CHECKING:
 
 CHECKPOINT_DIR = "checkpoint"
 FREE_PREFIXES = ("tracking_args.", "device_args.", "comm_args.")  # how and where, not what
-FREE_KEYS = {"train_args.checkpoint_every", "data_args.data_cache_dir", "data_args.download"}
+FREE_KEYS = {
+    "train_args.checkpoint_every",
+    "data_args.data_cache_dir",
+    "data_args.download",
+    "common_args.plugins",  # where the algorithm comes from; its name is bound
+}
 BOUND_KEYS = {"comm_args.backend"}  # a checkpoint belongs to one mode
 
 

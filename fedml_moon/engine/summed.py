@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fedml_moon.algorithms.base import Payload
+from fedml_moon.algorithms.base import Payload, ServerAlgorithm
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.privacy.mod import secure_sum
@@ -21,6 +21,31 @@ from fedml_moon.privacy.party import party_vector
 from fedml_moon.privacy.sums import Sums, contribution
 
 Result = tuple[float, Payload]  # (number of samples, upload)
+
+
+def sum_form_problem(algorithm: ServerAlgorithm, spec: dict, name: str) -> str | None:
+    """Why the sum form would not carry what `algorithm`'s uploads hold (`spec`: its `upload_spec`),
+    or None. Every upload field but the party's id must be named in `summed` (a field it does not name
+    would be dropped from the round's sums), every field it names must be in the upload, and an
+    algorithm that sums more than the model reads it back in its own `aggregate_sums`."""
+    kind, summed = type(algorithm).__name__, algorithm.summed
+    lost = sorted(k for k in spec if k not in summed and k != "party_id")
+    if lost:
+        return (
+            f"{name}'s uploads hold {lost}, which {kind}.summed does not name, so the round's sums would "
+            f'drop them; add each to summed ("update": the weighted mean change from what was sent, '
+            f'"sum": summed as it is) and read it back in {kind}.aggregate_sums'
+        )
+    absent = sorted(k for k in summed if k not in spec)
+    if absent:
+        return f"{kind}.summed names {absent}, which {name}'s upload_spec does not hold; name upload fields"
+    if set(summed) - {"model"} and type(algorithm).aggregate_sums is ServerAlgorithm.aggregate_sums:
+        extra = sorted(set(summed) - {"model"})
+        return (
+            f"{kind}.summed names {extra}, but {kind}.aggregate_sums is ServerAlgorithm's, which reads "
+            f"only 'model': override aggregate_sums to read {extra} from the sums"
+        )
+    return None
 
 
 def add_into(total: Any, part: Any) -> Any:

@@ -113,9 +113,9 @@ def _readme(name: str, folder: Path) -> str:
 
 A fedml_moon algorithm. `{{package}}/__init__.py` holds it; `{name}.yaml` runs it.
 
-    fedml-moon simulate --cf {folder}/{name}.yaml            # a run
-    fedml-moon check {name} --cf {folder}/{name}.yaml        # the conformance suite
-    pip install -e {folder}                                   # installed: its entry point registers it
+    fedml-moon simulate --cf {folder}/{name}.yaml  # a run
+    fedml-moon check {name} --cf {folder}/{name}.yaml  # the conformance suite
+    pip install -e {folder}  # installed, its entry point registers it (no plugins key needed)
 """
 
 

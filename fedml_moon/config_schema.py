@@ -172,7 +172,7 @@ class TrainArgs:
     save_party_models: bool = False
     """write each party's latest upload to party_models/party_<id>.pt (for fedml-moon tsne --party)"""
     precision: str = "fp32"
-    """arithmetic: fp32 (TF32 off), tf32 (CUDA), bf16 (autocast, one party at a time), fp64 (all float64, slow)"""
+    """arithmetic: fp32 (TF32 off), tf32 (CUDA), bf16 (autocast, one party at a time), fp64 (all float64)"""
     stream_uploads: bool = False
     """sum the uploads a chunk of parties at a time instead of holding the round's (standalone only)"""
 

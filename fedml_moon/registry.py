@@ -8,13 +8,16 @@ returning one; see examples/headprox), and from modules named as `module:attribu
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 
 from fedml_moon.algorithms.base import ClientAlgorithm, NoOptions, ServerAlgorithm
 from fedml_moon.algorithms.baselines import (
@@ -107,20 +110,51 @@ def load_plugins(again: bool = False) -> list[str]:
     return added
 
 
+def _import_file(ref: str, name: str, search: Sequence[Path]) -> ModuleType:
+    """The module in the file `name` (absolute, or under one of `search`), imported once per file."""
+    path = Path(name)
+    found = [path] if path.is_absolute() else [Path(f) / path for f in search]
+    found = [p.resolve() for p in found if p.is_file()]
+    if not found:
+        where = ", ".join(str(f) for f in search) or "nowhere"
+        raise ConfigError(f"common_args.plugins: {ref!r}: no file {name} (looked in {where})")
+    key = "fedml_moon_plugin_" + hashlib.sha256(str(found[0]).encode()).hexdigest()[:12]
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, found[0])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[key]
+        raise
+    return module
+
+
+def _import(ref: str, module_name: str, search: Sequence[Path]) -> ModuleType:
+    if module_name.endswith(".py"):
+        return _import_file(ref, module_name, search)
+    sys.path.extend(p for p in dict.fromkeys(str(Path(f).resolve()) for f in search) if p not in sys.path)
+    return importlib.import_module(module_name)
+
+
 def load_plugin(ref: str, search: Sequence[Path] = ()) -> AlgorithmSpec:
     """Register the algorithm `ref` names, "module:attribute" (an AlgorithmSpec, or a function
     returning one), importing the module from the Python path or, after it, the folders `search`
-    (the config file's, the current directory). A ConfigError names what is wrong."""
-    module_name, sep, attr = str(ref).partition(":")
+    (the config file's, the current directory); or "path/to/file.py:attribute", the file found as
+    given or under `search`. A ConfigError names what is wrong."""
+    module_name, sep, attr = str(ref).rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(
             f"common_args.plugins: {ref!r} is not module:attribute, e.g. fedml_moon_fedproto:spec"
         )
     if ref not in _searched["plugins"]:
         _searched["plugins"].append(ref)
-    sys.path.extend(p for p in dict.fromkeys(str(Path(f).resolve()) for f in search) if p not in sys.path)
     try:
-        module = importlib.import_module(module_name)
+        module = _import(ref, module_name, search)
+    except ConfigError:
+        raise
     except ModuleNotFoundError as err:
         if err.name is None or not module_name.startswith(err.name):
             failed = f"importing {module_name} failed: {err}"

@@ -104,6 +104,8 @@ def test_the_example_passes_the_conformance_suite(tmp_path, monkeypatch, capsys)
         signal.signal(signal.SIGTERM, sigterm)
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    assert "fedprox_head: 11 of 11 checks passed" in out
-    batched = "PASS  batched (parties_in_parallel: 3): final model within 1e-4 of sequential"
-    assert f"{batched} (2 parties trained together)" in out  # the example writes one form: it runs batched
+    assert "fedprox_head: 14 of 14 checks passed" in out
+    stacked = "PASS  stacked parties: one local round from identical inputs equals sequential (float32, 1e-05)"
+    assert f"{stacked} (groups of [2] parties trained together)" in out  # one form: it runs stacked
+    for said in ("over every round in float64", "stopped after round 1 and resumed", "secure aggregation"):
+        assert f"PASS  {said}" in out or f"PASS  stacked parties equal sequential {said}" in out

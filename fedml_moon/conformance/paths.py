@@ -24,6 +24,10 @@ class Outcome:
     skipped: str = ""
     note: str = ""
 
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.error
+
 
 def _one_round(config: str | Path, overrides: list[str], folder: Path) -> tuple[Any, dict]:
     """Round 0 of the run, in this process: (the run, the uploads the server aggregated)."""

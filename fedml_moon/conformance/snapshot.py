@@ -104,8 +104,12 @@ def differences(
             for i, (x, y) in enumerate(zip(a, b, strict=True))
             for d in differences(x, y, f"{path}[{i}]", atol, names)
         ]
-    if type(a) is not type(b) or a != b:
-        if isinstance(a, float) and isinstance(b, float) and abs(a - b) <= atol:
+    if isinstance(a, float) and isinstance(b, float) and a != b:
+        gap = abs(a - b)
+        if gap <= atol:
             return []
+        said = f"{names[0]} {a:.9g}, {names[1]} {b:.9g} (differ by {gap:.3g}; allowed {atol:g})"
+        return [f"{path or 'value'}: {said}"]
+    if type(a) is not type(b) or a != b:
         return [f"{path or 'value'}: {names[0]} {describe(a)}, {names[1]} {describe(b)}"]
     return []

@@ -23,12 +23,13 @@ from fedml_moon.privacy.sums import Sums, contribution
 Result = tuple[float, Payload]  # (number of samples, upload)
 
 
-def sum_form_problem(algorithm: ServerAlgorithm, spec: dict, name: str) -> str | None:
+def sum_form_problem(algorithm: ServerAlgorithm | type, spec: dict, name: str) -> str | None:
     """Why the sum form would not carry what `algorithm`'s uploads hold (`spec`: its `upload_spec`),
     or None. Every upload field but the party's id must be named in `summed` (a field it does not name
     would be dropped from the round's sums), every field it names must be in the upload, and an
     algorithm that sums more than the model reads it back in its own `aggregate_sums`."""
-    kind, summed = type(algorithm).__name__, algorithm.summed
+    cls = algorithm if isinstance(algorithm, type) else type(algorithm)
+    kind, summed = cls.__name__, cls.summed
     lost = sorted(k for k in spec if k not in summed and k != "party_id")
     if lost:
         return (
@@ -39,7 +40,7 @@ def sum_form_problem(algorithm: ServerAlgorithm, spec: dict, name: str) -> str |
     absent = sorted(k for k in summed if k not in spec)
     if absent:
         return f"{kind}.summed names {absent}, which {name}'s upload_spec does not hold; name upload fields"
-    if set(summed) - {"model"} and type(algorithm).aggregate_sums is ServerAlgorithm.aggregate_sums:
+    if set(summed) - {"model"} and cls.aggregate_sums is ServerAlgorithm.aggregate_sums:
         extra = sorted(set(summed) - {"model"})
         return (
             f"{kind}.summed names {extra}, but {kind}.aggregate_sums is ServerAlgorithm's, which reads "

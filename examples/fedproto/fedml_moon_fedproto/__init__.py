@@ -1,9 +1,11 @@
-"""fedproto: a fedml_moon algorithm, as `fedml-moon new fedproto` wrote it.
+"""fedproto: FedProto's prototype exchange (Tan et al., AAAI 2022) on top of FedAvg, as the tutorial
+"Write an algorithm" builds it from `fedml-moon new fedproto`.
 
-As written it is FedAvg with label smoothing (`label_smoothing`, 0 by default: plain FedAvg), and it
-passes `fedml-moon check fedproto --cf fedproto.yaml`. Every hook of both sides is here with what the
-default does; change the ones your algorithm needs and delete the others (each falls back to the
-same default). The contract: fedml_moon/algorithms/base.py; the tutorial "Write an algorithm".
+Each party adds to its cross-entropy lambda times the squared distance between each sample's
+representation z and the global prototype of its class (the local objective's L_R, as the authors'
+code computes it: MSE per sample), and uploads the mean representation of each class it holds
+(a local prototype); the server averages them per class into the global prototypes it sends next
+round. Unlike the paper, whose parties keep heterogeneous models, the model is averaged too (FedAvg).
 """
 
 from __future__ import annotations
@@ -26,106 +28,150 @@ from fedml_moon.algorithms.base import (
 )
 from fedml_moon.config_schema import require
 from fedml_moon.core.aggregation import clone_state
-from fedml_moon.privacy.sums import UPDATE, Sums
+from fedml_moon.privacy.sums import SUM, UPDATE, Sums
 from fedml_moon.registry import AlgorithmSpec
 
+WEIGHTINGS = ("parties", "samples")
 
+
+# --8<-- [start:options]
 @dataclass
 class FedprotoOptions:
-    """The config's `algorithm_args`: one field per option, each with a docstring (it is the
-    option's entry in `fedml-moon config algorithm_args`) and a check of its values."""
+    """The config's `algorithm_args`."""
 
-    label_smoothing: float = 0.0
-    """label smoothing of the cross-entropy, in [0, 1); 0 is plain cross-entropy (FedAvg)"""
+    ld: float = 1.0
+    """lambda, the weight of the prototype term; 0 gives FedAvg (the paper and its code use 1)"""
+    weighting: str = "parties"
+    """a class's global prototype: parties (the mean over the parties that hold it, the authors'
+    code) or samples (weighted by each party's samples of the class, the paper's aggregation)"""
 
     def check(self) -> None:
-        require(0 <= self.label_smoothing < 1, "algorithm_args.label_smoothing", "must be in [0, 1)")
+        require(self.ld >= 0, "algorithm_args.ld", "lambda must be >= 0")
+        require(self.weighting in WEIGHTINGS, "algorithm_args.weighting", f"one of {', '.join(WEIGHTINGS)}")
 
 
+# --8<-- [end:options]
+
+
+def prototype_loss(
+    z: torch.Tensor, y: torch.Tensor, protos: torch.Tensor, known: torch.Tensor
+) -> torch.Tensor:
+    """FedProto's L_R as the authors' code computes it: the mean squared difference between each
+    sample's representation z [B, D] and the global prototype [C, D] of its class y [B]; samples of
+    a class without a global prototype (`known` [C], bool) add 0."""
+    gap = torch.where(known[y].unsqueeze(1), z - protos[y], torch.zeros_like(z))
+    return (gap**2).mean()
+
+
+@torch.no_grad()
+def class_means(done: LocalResult) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final model's mean representation z of each class over the party's data [C, D] and the
+    party's samples per class [C] (FedProto's local prototype C_i^(j))."""
+    model, sums, counts = done.model, None, torch.zeros(done.num_classes)
+    was_training = model.training
+    model.eval()
+    for x, y in done.batches():
+        z = model(x).z.detach().cpu()
+        sums = torch.zeros(done.num_classes, z.shape[1]) if sums is None else sums
+        sums.index_add_(0, y.cpu(), z.to(sums.dtype))
+        counts += torch.bincount(y.cpu(), minlength=done.num_classes).to(counts.dtype)
+    model.train(was_training)
+    return sums / counts.clamp(min=1).unsqueeze(1), counts
+
+
+# --8<-- [start:client]
 class FedprotoClient(ClientAlgorithm):
-    """The party side. The engine runs it for one party on the model itself or for several stacked
-    (torch.func.vmap): write `loss` and the step hooks as functions of their arguments, with no
-    Python `if` on a tensor's value (use torch.where), and keep nothing of a round on `self`."""
+    """CE + lambda * L_R against the server's prototypes; uploads the model and its class means."""
 
     name = "fedproto"
-    terms = ("ce",)  # the named terms `loss` returns: the training metrics a party reports
+    terms = ("ce", "proto")
 
     def context(self, r: PartyRound) -> Context:
-        """Before the first step. `r.received`: what the server sent (`FedprotoServer.download`);
-        `r.state`: what this party kept from its earlier rounds; `r.round_idx`, `r.party`,
-        `r.trainable`. Returns the model to start from, the learning rate and what `loss` reads:
-        `shared` (equal for every party: the server's values) and `party` (this party's own
-        tensors)."""
-        return Context(r.received["model"], self.train_args.learning_rate, shared={}, party={})
+        """The server's model, and (shared by every party) its prototypes and which classes have
+        one; None before the first aggregation."""
+        shared = {"protos": r.received.get("protos"), "known": r.received.get("known")}
+        return Context(r.received["model"], self.train_args.learning_rate, shared=shared)
 
     def loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> tuple[torch.Tensor, dict]:
-        """One batch, x [B, ...], y [B]: the loss and its named terms (detached). `net(x)` gives
-        (h, z, logits): the encoder's representation, the projection and the classifier's output;
-        `net.params` the trainable parameters by name; `net.frozen(state, x)` a teacher's output."""
-        ce = F.cross_entropy(net(x).logits, y, label_smoothing=self.options.label_smoothing)
-        return ce, {"ce": ce.detach()}
-
-    def before_step(self, params: dict, grads: dict, ctx: dict, rows: torch.Tensor | None) -> None:
-        """After backward, before the SGD step: change `grads` in place (tensors [K, ...], K parties
-        stacked, K = 1 for one; only the rows `rows` step, None: all). Nothing by default."""
-
-    def after_step(self, params: dict, ctx: dict, rows: torch.Tensor | None, lr: float) -> None:
-        """After the SGD step: change `params` in place (as `before_step`). Nothing by default."""
+        out = net(x)
+        ce = F.cross_entropy(out.logits, y)
+        if ctx["protos"] is None:  # the same for every party of a round: not a branch on data
+            proto = ce.new_zeros(())
+        else:
+            proto = prototype_loss(out.z, y, ctx["protos"], ctx["known"])
+        return ce + self.options.ld * proto, {"ce": ce.detach(), "proto": proto.detach()}
 
     def finish(self, r: PartyRound, ctx: Context, done: LocalResult) -> Payload:
-        """After the last step: update what the party keeps (`r.state`, in place) and return its
-        upload. `done.final` is the trained model's state, `done.model` a module holding it,
-        `done.batches()` the party's data in a fixed order, `done.num_classes` the classes.
-        Every field the upload holds is declared in `FedprotoServer.upload_spec`."""
-        return {"model": clone_state(done.final), "party_id": int(r.party)}
-
-    def personal_state(self, state: dict) -> dict | None:
-        """The entries of the party's model that are its own, not the server's (None: none)."""
-        return None
+        """The model, and each class's mean representation times its weight (1 for a class the party
+        holds under `parties`, its samples of it under `samples`) with the weights."""
+        means, counts = class_means(done)
+        weight = counts if self.options.weighting == "samples" else (counts > 0).to(counts.dtype)
+        payload = {"model": clone_state(done.final), "party_id": int(r.party)}
+        payload["proto_sum"], payload["proto_weight"] = means * weight.unsqueeze(1), weight
+        return payload
 
 
+# --8<-- [end:client]
+
+
+# --8<-- [start:server]
 class FedprotoServer(ServerAlgorithm):
-    """The server side. What it keeps across rounds goes into `state` and comes back in
-    `load_state` (a stopped run resumes from them); under `privacy_args` (secure aggregation, DP)
-    and `train_args.stream_uploads` it learns only the round's sums of what `summed` names, and
-    `aggregate_sums` must make the same new state from them as `aggregate` from the uploads."""
+    """FedAvg for the model; per class, the weighted mean of the parties' prototypes (a class no
+    party sent this round keeps its previous global prototype)."""
 
-    # each upload field but the party's id: "update" (the weighted mean change from what was sent)
-    # or "sum" (summed as it is); a field not named here is a config error under privacy_args
-    summed: ClassVar[dict[str, str]] = {"model": UPDATE}
+    summed: ClassVar[dict[str, str]] = {"model": UPDATE, "proto_sum": SUM, "proto_weight": SUM}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.protos: torch.Tensor | None = None  # [C, D]
+        self.known: torch.Tensor | None = None  # [C], bool
 
     def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
-        """What the server sends a party: the global model (add what `context` reads)."""
-        return super().download(global_state, party_id)
+        payload = super().download(global_state, party_id)
+        if self.protos is not None:
+            payload["protos"], payload["known"] = self.protos, self.known
+        return payload
 
     def upload_spec(self, global_state: OrderedDict, party_id: int) -> dict:
-        """What party `party_id`'s upload must hold, exactly: tensors by name, shape and dtype (a
-        tensor on the "meta" device stands for one, e.g. torch.empty(10, 256, device="meta")),
-        other fields by value. The server refuses any upload that differs."""
-        return super().upload_spec(global_state, party_id)
+        """The model, and a prototype sum [C, D] and weight [C] per class (the classifier reads z)."""
+        spec = super().upload_spec(global_state, party_id)
+        classes, dim = global_state["classifier.weight"].shape
+        spec["proto_sum"] = torch.empty(classes, dim, device="meta")
+        spec["proto_weight"] = torch.empty(classes, device="meta")
+        return spec
+
+    def update_protos(self, proto_sum: torch.Tensor, weight: torch.Tensor) -> None:
+        """Global prototypes from the round's sums over its parties (the weighted mean per class)."""
+        fresh = weight > 0
+        mean = (proto_sum / weight.clamp(min=1e-12).unsqueeze(1)).to(torch.get_default_dtype())
+        before = self.protos if self.protos is not None else torch.zeros_like(mean)
+        self.protos = torch.where(fresh.unsqueeze(1), mean, before)
+        self.known = fresh if self.known is None else fresh | self.known
 
     def aggregate(self, global_state: OrderedDict, uploads: list[tuple[float, Payload]]) -> OrderedDict:
-        """The new global state from (samples, upload) pairs: the sample-weighted average of the
-        models, or `server_args.robust_aggregation`'s rule (`self.mean`), then server momentum."""
+        sums = torch.stack([p["proto_sum"].double() for _, p in uploads]).sum(dim=0)
+        weights = torch.stack([p["proto_weight"].double() for _, p in uploads]).sum(dim=0)
+        self.update_protos(sums, weights)
         return super().aggregate(global_state, uploads)
 
     def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
-        """The same from the round's sums: `sums.fields[name]` for each field of `summed` (float64),
-        `sums.weight` the sum of the parties' weights, `sums.count` the parties summed."""
+        self.update_protos(sums.fields["proto_sum"], sums.fields["proto_weight"])
         return super().aggregate_sums(global_state, sums)
 
     def state(self) -> dict:
-        """What the server keeps across rounds (tensors and JSON values), for checkpoints."""
-        return super().state()
+        return {**super().state(), "protos": self.protos, "known": self.known}
 
     def load_state(self, state: dict) -> None:
-        """Restore what `state()` returned."""
         super().load_state(state)
+        self.protos, self.known = state["protos"], state["known"]
+
+
+# --8<-- [end:server]
 
 
 def spec() -> AlgorithmSpec:
     """The algorithm as the registry knows it (the package's entry point and `common_args.plugins`
     name this function)."""
     return AlgorithmSpec(
-        "fedproto", FedprotoClient, FedprotoServer, FedprotoOptions, "FedAvg with label smoothing"
+        "fedproto", FedprotoClient, FedprotoServer, FedprotoOptions, "FedProto's prototypes + FedAvg"
     )

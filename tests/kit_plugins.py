@@ -1,0 +1,94 @@
+"""Plugins for the contributor kit's tests, loaded as `common_args.plugins` (`tests.kit_plugins:NAME`)
+by every process a check starts: the tutorial's FedProto broken the ways contributors break
+algorithms, and a correct algorithm whose loss is full of ReLU kinks."""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import torch.nn.functional as F
+
+from fedml_moon.algorithms.base import ClientAlgorithm, NoOptions, ServerAlgorithm
+from fedml_moon.privacy.sums import UPDATE, Sums
+from fedml_moon.registry import AlgorithmSpec
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fedproto"
+if str(EXAMPLE) not in sys.path:
+    sys.path.append(str(EXAMPLE))
+
+from fedml_moon_fedproto import FedprotoClient, FedprotoOptions, FedprotoServer  # noqa: E402
+
+
+class ForgetfulServer(FedprotoServer):
+    """Keeps prototypes across rounds but checkpoints only what ServerAlgorithm does."""
+
+    state = ServerAlgorithm.state
+    load_state = ServerAlgorithm.load_state
+
+
+class UnsummedServer(FedprotoServer):
+    """Its sum form names the model only: under privacy_args the prototypes would be dropped."""
+
+    summed = {"model": UPDATE}
+
+
+class SumsIgnoredServer(FedprotoServer):
+    """Names the prototypes in `summed`, but its aggregate_sums never reads them."""
+
+    def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
+        return ServerAlgorithm.aggregate_sums(self, global_state, sums)
+
+
+class BranchyClient(FedprotoClient):
+    """Doubles its prototype term when the batch's cross-entropy is high: a Python branch on data."""
+
+    name = "proto_branchy"
+
+    def loss(self, net, x, y, ctx):
+        loss, terms = super().loss(net, x, y, ctx)
+        return (loss * 2 if terms["ce"].item() > 1.0 else loss), terms
+
+
+class HingeClient(ClientAlgorithm):
+    """A correct algorithm with many kinks: the multi-class hinge loss (Crammer-Singer) on the
+    logits plus a ReLU margin on the projection's norm."""
+
+    name = "hinge_kinks"
+    terms = ("hinge", "norm")
+
+    def loss(self, net, x, y, ctx):
+        out = net(x)
+        true = out.logits.gather(1, y.unsqueeze(1))
+        margins = F.relu(1.0 + out.logits - true).sum(dim=1) - 1.0
+        hinge = margins.mean()
+        norm = F.relu(out.z.norm(dim=1) - 1.0).mean()
+        return hinge + 0.1 * norm, {"hinge": hinge.detach(), "norm": norm.detach()}
+
+
+def _proto(name: str, client: type = FedprotoClient, server: type = FedprotoServer) -> AlgorithmSpec:
+    return AlgorithmSpec(name, client, server, FedprotoOptions, f"FedProto ({name})")
+
+
+def forgetful() -> AlgorithmSpec:
+    return _proto("proto_forgetful", server=ForgetfulServer)
+
+
+def unsummed() -> AlgorithmSpec:
+    return _proto("proto_unsummed", server=UnsummedServer)
+
+
+def sums_ignored() -> AlgorithmSpec:
+    return _proto("proto_sums_ignored", server=SumsIgnoredServer)
+
+
+def branchy() -> AlgorithmSpec:
+    return _proto("proto_branchy", client=BranchyClient)
+
+
+def hinge() -> AlgorithmSpec:
+    return AlgorithmSpec("hinge_kinks", HingeClient, ServerAlgorithm, NoOptions, "hinge loss")
+
+
+__all__ = ["branchy", "forgetful", "hinge", "sums_ignored", "unsummed"]

@@ -1,0 +1,200 @@
+"""`fedml-moon check` fails the algorithms contributors break silently, naming the cause, and passes
+a correct one whose loss is full of ReLU kinks; plugins load without installing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedml_moon import conformance, registry
+from fedml_moon.algorithms.base import ServerAlgorithm
+from fedml_moon.config import load_config
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.engine.summed import sum_form_problem
+from fedml_moon.errors import ConfigError
+from fedml_moon.privacy.sums import SUM, UPDATE
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS = ROOT / "tests" / "kit_plugins.py"
+FEDPROTO = ROOT / "examples" / "fedproto" / "fedproto.yaml"
+needs_fmnist = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+
+
+def plugin(name: str) -> list[str]:
+    """The overrides that load tests/kit_plugins.py's `name` and run it."""
+    spec = {"hinge": "hinge_kinks"}.get(name, f"proto_{name}")
+    return [*conformance.TINY, f"common_args.plugins=[{PLUGINS}:{name}]", f"train_args.algorithm={spec}"]
+
+
+@pytest.fixture
+def registry_copy(monkeypatch):
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    monkeypatch.setattr(registry, "_searched", {"entry points": [], "plugins": []})
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def test_a_module_on_the_path_or_a_file_loads_without_installing(registry_copy):
+    spec = registry.load_plugin("fedml_moon_fedproto:spec", [FEDPROTO.parent])
+    assert registry.get_algorithm("fedproto") is spec and spec.server.__name__ == "FedprotoServer"
+    again = registry.load_plugin(f"{PLUGINS}:hinge", [])
+    assert again == registry.load_plugin("tests/kit_plugins.py:hinge", [ROOT])  # one module per file
+    cfg = load_config(FEDPROTO, [])  # the config's own key, found beside the config
+    assert cfg.common_args.plugins == ["fedml_moon_fedproto:spec"] and cfg.train_args.algorithm == "fedproto"
+
+
+@pytest.mark.parametrize(
+    ("ref", "says"),
+    [
+        ("no_module_of_this_name:spec", "no module 'no_module_of_this_name' on the Python path or in"),
+        ("os:no_such_attribute", "module os has no 'no_such_attribute'"),
+        ("os:getcwd", "not an AlgorithmSpec"),
+        ("just_a_name", "is not module:attribute"),
+        ("missing/file.py:spec", "no file missing/file.py"),
+    ],
+)
+def test_a_plugin_that_cannot_load_is_named_with_why(registry_copy, ref, says):
+    with pytest.raises(ConfigError, match="common_args.plugins") as err:
+        registry.load_plugin(ref, [ROOT])
+    assert says in str(err.value)
+
+
+def test_an_unknown_name_says_where_it_looked(registry_copy):
+    registry.load_plugin(f"{PLUGINS}:hinge", [])
+    with pytest.raises(ConfigError) as err:
+        registry.get_algorithm("fedprotoo")
+    said = str(err.value)
+    assert "unknown algorithm 'fedprotoo'" in said and "hinge_kinks" in said
+    assert "entry points of group fedml_moon.algorithms (fedprox_head = fedml_moon_headprox:spec)" in said
+    assert f"common_args.plugins / --plugin ({PLUGINS}:hinge)" in said and "--plugin module:spec" in said
+
+
+def test_a_plugin_whose_name_is_taken_is_refused(registry_copy, tmp_path):
+    (tmp_path / "thief.py").write_text(
+        "from fedml_moon.registry import ALGORITHMS, AlgorithmSpec\n"
+        "moon = ALGORITHMS['moon']\n"
+        "spec = AlgorithmSpec('moon', moon.client, moon.server, dict, 'not MOON')\n"
+    )
+    with pytest.raises(ConfigError, match="names its algorithm 'moon', which fedml_moon.algorithms.moon"):
+        registry.load_plugin("thief.py:spec", [tmp_path])
+    assert registry.ALGORITHMS["moon"].summary == "model-contrastive FL (CVPR 2021)"
+
+
+def test_the_sum_form_must_carry_every_upload_field():
+    import torch
+
+    spec = {"model": {}, "party_id": 0, "protos": torch.empty(2, device="meta")}
+
+    class Unsummed(ServerAlgorithm):
+        pass
+
+    class Unread(ServerAlgorithm):
+        summed = {"model": UPDATE, "protos": SUM}
+
+    class Stray(ServerAlgorithm):
+        summed = {"model": UPDATE, "protos": SUM, "extra": SUM}
+
+        def aggregate_sums(self, global_state, sums):
+            return global_state
+
+    said = sum_form_problem(Unsummed, spec, "demo")
+    assert "demo's uploads hold ['protos'], which Unsummed.summed does not name" in said
+    assert (
+        "Unread.summed names ['protos'], but Unread.aggregate_sums is ServerAlgorithm's"
+        in sum_form_problem(Unread, spec, "demo")
+    )
+    assert "Stray.summed names ['extra'], which demo's upload_spec does not hold" in sum_form_problem(
+        Stray, spec, "demo"
+    )
+    assert sum_form_problem(Stray, {**spec, "extra": torch.empty(1)}, "demo") is None
+
+
+@needs_fmnist
+@pytest.mark.parametrize("key", ["privacy_args.secure_aggregation=true", "train_args.stream_uploads=true"])
+def test_the_engine_refuses_a_sum_form_that_drops_a_field(tmp_path, key):
+    """Through the command line: exit 2 before any round, naming the algorithm and the fields."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedml_moon",
+        "simulate",
+        "--cf",
+        str(FEDPROTO),
+        "--output-dir",
+        str(tmp_path),
+    ]
+    for item in [
+        *plugin("unsummed"),
+        "train_args.client_num_per_round=3",
+        "validation_args.local_test=false",
+        key,
+    ]:
+        cmd += ["--set", item]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    said = done.stderr
+    assert (
+        f"config error: {key.split('=')[0]}: proto_unsummed's uploads hold ['proto_sum', 'proto_weight']"
+        in said
+    )
+    assert "UnsummedServer.summed does not name" in said and not (tmp_path / "metrics.jsonl").exists()
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_check_names_server_state_that_a_resume_loses(tmp_path):
+    overrides = plugin("forgetful")
+    traced = conformance.traced_run(FEDPROTO, overrides, tmp_path / "traced")
+    check = conformance.resume_check(FEDPROTO, overrides, tmp_path, traced)
+    assert not check.ok
+    assert (
+        "at the start of round 2: server.protos: uninterrupted a tensor [10, 256] float32, resumed None"
+        in check.detail
+    )
+    assert "state() / load_state() do not carry it" in check.detail
+
+
+@needs_fmnist
+def test_check_names_a_sum_form_that_drops_or_ignores_a_field(tmp_path):
+    dropped = conformance.secure_vs_plain(FEDPROTO, plugin("unsummed"), tmp_path / "a", 3)
+    assert "secure aggregation refuses" in dropped.error and "['proto_sum', 'proto_weight']" in dropped.error
+    ignored = conformance.secure_vs_plain(FEDPROTO, plugin("sums_ignored"), tmp_path / "b", 3)
+    assert any(p.startswith("server algorithm.protos: plain a tensor [10, 256]") for p in ignored.problems)
+    assert "secure None" in ignored.problems[0] or any("secure None" in p for p in ignored.problems)
+    fine = conformance.secure_vs_plain(
+        FEDPROTO, ["common_args.random_seed=0", *conformance.TINY], tmp_path / "c", 3
+    )
+    assert not fine.problems and not fine.error, fine
+
+
+@needs_fmnist
+def test_check_names_a_branch_on_data_that_parties_trained_together_cannot_take(tmp_path):
+    traced = conformance.traced_run(FEDPROTO, plugin("branchy"), tmp_path)
+    assert not traced.error  # one party at a time runs it
+    assert traced.replay and all(" trained together failed: RuntimeError" in r for r in traced.replay)
+    assert traced.replay[0].startswith("round 0, parties [")
+    assert "branches on a tensor's value" in traced.replay[0] and "torch.where" in traced.replay[0]
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_a_correct_plugin_full_of_relu_kinks_passes(tmp_path):
+    """Hinge losses on logits and norms: kinks everywhere, and 10 rounds of 3 parties, 2 epochs. In
+    float32 a pre-activation within rounding of a kink can go one way stacked and the other
+    sequentially, and the gap grows; in float64 the two agree within 1e-9 over every round, so
+    the check passes, saying how far float32 drifted."""
+    from fedml_moon.conformance.checks import _one_round_check
+
+    overrides = [*plugin("hinge"), "train_args.comm_round=10", "train_args.client_num_per_round=3"]
+    overrides += ["train_args.epochs=2"]
+    config = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
+    traced = conformance.traced_run(config, overrides, tmp_path / "traced")
+    float64 = conformance.float64_rounds(config, overrides, tmp_path / "f64", 3)
+    assert float64.ok and "groups of [3]" in float64.note, float64
+    check = _one_round_check(traced, float64)
+    assert check.ok and "groups of [3] parties trained together" in check.note, check
+    print(check.note)  # how far float32 drifted, if it did: rounding, as float64 says

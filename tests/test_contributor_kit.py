@@ -105,7 +105,62 @@ def test_the_example_passes_the_conformance_suite(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert "fedprox_head: 14 of 14 checks passed" in out
-    stacked = "PASS  stacked parties: one local round from identical inputs equals sequential (float32, 1e-05)"
+    stacked = (
+        "PASS  stacked parties: one local round from identical inputs equals sequential (float32, 1e-05)"
+    )
     assert f"{stacked} (groups of [2] parties trained together)" in out  # one form: it runs stacked
     for said in ("over every round in float64", "stopped after round 1 and resumed", "secure aggregation"):
         assert f"PASS  {said}" in out or f"PASS  stacked parties equal sequential {said}" in out
+
+
+def test_new_writes_a_plugin_package_that_loads_without_installing(tmp_path, monkeypatch):
+    from fedml_moon.config import load_config
+    from fedml_moon.kit import write_plugin
+
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    written = write_plugin("fed_demo", tmp_path / "fed_demo")
+    names = sorted(str(p.relative_to(tmp_path)) for p in written)
+    assert names == [
+        "fed_demo/README.md",
+        "fed_demo/fed_demo.yaml",
+        "fed_demo/fedml_moon_fed_demo/__init__.py",
+        "fed_demo/pyproject.toml",
+        "fed_demo/tests/test_fed_demo.py",
+    ]
+    cfg = load_config(tmp_path / "fed_demo" / "fed_demo.yaml", [])  # its plugins key, beside the config
+    spec = registry.get_algorithm("fed_demo")
+    assert cfg.train_args.algorithm == "fed_demo" and spec.client.__name__ == "FedDemoClient"
+    assert spec.server.__name__ == "FedDemoServer" and cfg.algorithm_args.label_smoothing == 0.0
+    code = (tmp_path / "fed_demo" / "fedml_moon_fed_demo" / "__init__.py").read_text()
+    for hook in ("context", "loss", "before_step", "after_step", "finish", "personal_state"):
+        assert f"    def {hook}(" in code  # both sides' hooks, each with what the default does
+    for hook in ("download", "upload_spec", "aggregate", "aggregate_sums", "state", "load_state"):
+        assert f"    def {hook}(" in code
+    test = (tmp_path / "fed_demo" / "tests" / "test_fed_demo.py").read_text()
+    assert '"check", "fed_demo", "--cf"' in test
+    assert 'fed_demo = "fedml_moon_fed_demo:spec"' in (tmp_path / "fed_demo" / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [("FedDemo", "lowercase identifier"), ("1st", "lowercase identifier"), ("class", "lowercase identifier")]
+    + [("moon", "an algorithm of that name exists"), ("fedprox_head", "an algorithm of that name exists")],
+)
+def test_new_refuses_a_name_it_cannot_use(tmp_path, name, says):
+    from fedml_moon.config import ConfigError
+    from fedml_moon.kit import write_plugin
+
+    with pytest.raises(ConfigError, match=says):
+        write_plugin(name, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_new_leaves_a_folder_with_files_alone(tmp_path):
+    from fedml_moon.config import ConfigError
+    from fedml_moon.kit import write_plugin
+
+    (tmp_path / "mine.txt").write_text("kept")
+    with pytest.raises(ConfigError, match="is not empty"):
+        write_plugin("fed_demo", tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]

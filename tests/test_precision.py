@@ -3,6 +3,8 @@ precision's own (bf16 runs on this CPU; TF32 needs CUDA and is checked where one
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -98,3 +100,22 @@ def test_the_config_refuses_what_cannot_run_naming_the_key(sets, message):
 
     with pytest.raises(ConfigError, match=message):
         load_config("config/fashion_mnist/moon.yaml", sets)
+
+
+def test_fp64_runs_everything_in_float64_and_fp32_stays_float32(tmp_path):
+    """train_args.precision fp64: the model, every batch and the server's state in float64; the
+    default dtype is the process's again afterwards; fp32 batches stay float32."""
+    import torch
+
+    from fedml_moon.conformance import TINY
+    from fedml_moon.conformance.inprocess import quiet_run
+
+    config = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "fedavg.yaml"
+    for precision, dtype in (("fp64", torch.float64), ("fp32", torch.float32)):
+        overrides = [*TINY, "train_args.comm_round=1", f"train_args.precision={precision}"]
+        with quiet_run(config, overrides, tmp_path / precision) as run:
+            x, _ = next(iter(run.dataset.train_data_local_dict[0]))
+            run.loop.run()
+            assert x.dtype == dtype
+            assert {t.dtype for t in run.loop.server.aggregator.global_state.values()} == {dtype}
+        assert torch.get_default_dtype() == torch.float32

@@ -119,16 +119,24 @@ A fedml_moon algorithm. `{{package}}/__init__.py` holds it; `{name}.yaml` runs i
 """
 
 
+def _taken(name: str) -> bool:
+    """Whether `name` is an algorithm already (built in, or an installed plugin's), or the template's."""
+    from fedml_moon.registry import get_algorithm
+
+    try:
+        get_algorithm(name)
+    except ConfigError:
+        return name == "newalgo"
+    return True
+
+
 def write_plugin(name: str, folder: Path) -> list[Path]:
     """Write the plugin package for algorithm `name` into `folder` (module docstring); returns the
     files written. A ConfigError for a name that is not a lowercase identifier or already an
     algorithm, or a folder that holds files."""
-    from fedml_moon.registry import ALGORITHMS, load_plugins
-
-    load_plugins()
     if not NAME.fullmatch(name) or keyword.iskeyword(name):
         raise ConfigError(f"new {name!r}: a name is a lowercase identifier (a-z, 0-9, _), e.g. fedproto")
-    if name in ALGORITHMS or name == "newalgo":
+    if _taken(name):
         raise ConfigError(f"new {name!r}: an algorithm of that name exists; choose another")
     if folder.exists() and any(folder.iterdir()):
         raise ConfigError(f"new {name}: {folder} is not empty; give an empty or new folder (--dir)")

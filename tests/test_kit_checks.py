@@ -198,3 +198,20 @@ def test_a_correct_plugin_full_of_relu_kinks_passes(tmp_path):
     check = _one_round_check(traced, float64)
     assert check.ok and "groups of [3] parties trained together" in check.note, check
     print(check.note)  # how far float32 drifted, if it did: rounding, as float64 says
+
+
+def test_a_silo_never_takes_plugins_from_the_server(registry_copy):
+    """`common_args.plugins` is each process's own: not among the settings a server shares, and a
+    server that sends it anyway is refused before anything is imported."""
+    from fedml_moon.distributed.deploy import shared_config, with_shared
+
+    cfg = load_config(FEDPROTO, [])
+    shared = shared_config(cfg)
+    assert "common_args.random_seed" in shared and not any(
+        k.startswith("common_args.plugins") for k in shared
+    )
+    hostile = {**shared, "common_args.plugins": [f"{PLUGINS}:hinge"]}
+    with pytest.raises(ConfigError, match=r"never takes from it: \['common_args.plugins'\]"):
+        with_shared(cfg, hostile)
+    assert "hinge_kinks" not in registry.ALGORITHMS
+    assert with_shared(cfg, shared).train_args.algorithm == "fedproto"

@@ -169,8 +169,8 @@ def test_an_algorithm_written_here_passes_the_conformance_suite_batched_included
     tmp_path, monkeypatch, capsys
 ):
     """Registered through an entry point (a dist-info folder on the path of this process and of the
-    check's), `fedml-moon check` runs it: payloads and states, determinism, and its parties trained
-    together (K = 2 of the tiny run's sampled parties) within 1e-4 of the sequential run."""
+    check's), `fedml-moon check` runs it: payloads and states, stacked parties (K = 2 of the tiny run's
+    sampled parties) against sequential, determinism, float64 rounds, resume and secure sums."""
     site = tmp_path / "site"
     dist = site / "smooth_demo-0.dist-info"
     dist.mkdir(parents=True)
@@ -188,6 +188,8 @@ def test_an_algorithm_written_here_passes_the_conformance_suite_batched_included
         code = main(["check", "smooth_demo", "--cf", config, "--modes", "standalone"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    assert "smooth_demo: 3 of 3 checks passed" in out
-    batched = "PASS  batched (parties_in_parallel: 3): final model within 1e-4 of sequential"
-    assert f"{batched} (2 parties trained together)" in out
+    assert "smooth_demo: 6 of 6 checks passed" in out
+    stacked = (
+        "PASS  stacked parties: one local round from identical inputs equals sequential (float32, 1e-05)"
+    )
+    assert f"{stacked} (groups of [2] parties trained together)" in out

@@ -55,6 +55,9 @@ def with_shared(cfg: Config, shared: dict[str, Any]) -> Config:
     place of its own; its local settings (comm_args, device, data folder, state store, W&B) stay."""
     full = config_to_dict(cfg)
     full["algorithm_args"] = {}  # the server's algorithm decides which options exist
+    foreign = sorted(k for k in shared if not any(k == s or k.startswith(f"{s}.") for s in PARTY_KEYS))
+    if foreign:  # e.g. common_args.plugins: what this process loads is its own business
+        raise ConfigError(f"the server sent settings a silo never takes from it: {foreign[:10]}")
     for key, value in shared.items():
         section, _, name = key.partition(".")
         full.setdefault(section, {})[name] = value

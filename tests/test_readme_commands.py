@@ -173,6 +173,7 @@ COMMANDS: dict[str, str] = {
     EDGE_COPY: "mqtt",
     MOTO: "mqtt",
     ".venv/bin/fedml-moon check fedprox_head --cf examples/headprox/headprox.yaml": "contributor-kit",
+    ".venv/bin/python benchmarks/stacked_rounding.py": "benchmark",
     ".venv/bin/pip install -e .": "install",
     ".venv/bin/pip install -e examples/headprox": "install",
     ".venv/bin/python benchmarks/transport_cost.py": "benchmark",

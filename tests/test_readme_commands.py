@@ -30,6 +30,7 @@ import re
 import runpy
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -174,6 +175,12 @@ COMMANDS: dict[str, str] = {
     MOTO: "mqtt",
     ".venv/bin/fedml-moon check fedprox_head --cf examples/headprox/headprox.yaml": "contributor-kit",
     ".venv/bin/python benchmarks/stacked_rounding.py": "benchmark",
+    ".venv/bin/fedml-moon new fedproto": "tutorial-new",
+    ".venv/bin/fedml-moon check fedproto --cf fedproto/fedproto.yaml": "tutorial-new",
+    ".venv/bin/fedml-moon check fedproto --cf examples/fedproto/fedproto.yaml --modes standalone": "tutorial",
+    ".venv/bin/fedml-moon simulate --cf examples/fedproto/fedproto.yaml --set train_args.comm_round=2": (
+        "tutorial"
+    ),
     ".venv/bin/pip install -e .": "install",
     ".venv/bin/pip install -e examples/headprox": "install",
     ".venv/bin/python benchmarks/transport_cost.py": "benchmark",
@@ -614,3 +621,39 @@ def test_mqtt_s3_commands(tmp_path, home):
             _quiet(log_path)
     _completed(out, 1)
     print(f"MQTT + S3 README commands: {time.monotonic() - started:.1f} s")
+
+
+# --- the contributor tutorial ---------------------------------------------------------------------
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_the_package_fedml_moon_new_writes_passes_check_in_every_mode(tmp_path, home):
+    """The tutorial's first two commands as written, in a folder of their own (its `.venv` this
+    repository's): `new` writes ./fedproto, and `check` passes it without installing, every mode."""
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    commands = [c for c, kind in COMMANDS.items() if kind == "tutorial-new"]
+    assert [shlex.split(c)[1] for c in commands] == ["new", "check"]
+    outputs = []
+    for command in commands:
+        done = subprocess.run(
+            shlex.split(command), cwd=tmp_path, env=_env(home), capture_output=True, text=True, timeout=900
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        outputs.append(done.stdout)
+    assert (tmp_path / "fedproto" / "fedml_moon_fedproto" / "__init__.py").is_file()
+    assert "fedproto: 14 of 14 checks passed" in outputs[1], outputs[1]
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_the_tutorials_fedproto_runs_and_passes_check(tmp_path, cli, capsys):
+    """The finished FedProto (examples/fedproto): its standalone checks, and a run."""
+    check, run = [c for c, kind in COMMANDS.items() if kind == "tutorial"]
+    assert cli(_entry_point(check)) == 0
+    out = capsys.readouterr().out
+    assert "fedproto: 6 of 6 checks passed" in out, out
+    assert cli([*_entry_point(run), *_sets(run), "--output-dir", str(tmp_path / "fedproto")]) == 0
+    summary = _completed(tmp_path / "fedproto", 2)
+    assert summary["config"]["train_args"]["algorithm"] == "fedproto"
+    assert summary["config"]["common_args"]["plugins"] == ["fedml_moon_fedproto:spec"]

@@ -215,3 +215,26 @@ def test_a_silo_never_takes_plugins_from_the_server(registry_copy):
         with_shared(cfg, hostile)
     assert "hinge_kinks" not in registry.ALGORITHMS
     assert with_shared(cfg, shared).train_args.algorithm == "fedproto"
+
+
+def test_a_mode_that_ends_elsewhere_is_named_by_tensor_entry_and_both_values(tmp_path):
+    import json
+
+    import torch
+
+    from fedml_moon.conformance.checks import run_differences
+    from fedml_moon.conformance.processes import RunResult
+
+    runs = []
+    for name, bias in (("standalone", 0.5), ("grpc", 0.5 + 1.37e-4)):
+        out = tmp_path / name
+        out.mkdir()
+        torch.save(
+            {"w": torch.zeros(2, 2), "classifier.bias": torch.tensor([0.0, bias])}, out / "final_model.pt"
+        )
+        (out / "metrics.jsonl").write_text(json.dumps({"round": 0, "test_acc": 0.5}) + "\n")
+        runs.append(RunResult(name, out, [0], []))
+    (found,) = run_differences(*runs, 1e-5, ("standalone", "cross-silo-grpc"))
+    assert found.startswith("final model.classifier.bias[1]: standalone 0.5, cross-silo-grpc 0.50013697")
+    assert "differ by 0.000137; allowed 1e-05" in found
+    assert run_differences(*runs, 1e-3, ("standalone", "cross-silo-grpc")) == []

@@ -1,4 +1,5 @@
-"""Suite-wide scheduling: the slow, multi-process tests start first.
+"""Suite-wide scheduling: the slow, multi-process tests start first; and every test leaves the
+algorithm registry (and the Python path plugins extend) as it found it.
 
 `bash run/test.sh` runs the suite on every core with pytest-xdist (`-n auto --dist load
 --maxschedchunk 2`): each worker is handed two tests at a time, in collection order, as it finishes
@@ -9,8 +10,20 @@ on another's order.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+
+from fedml_moon import registry
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _registry_as_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Algorithms a test registers (plugins a config names, `register` calls) go with the test."""
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    monkeypatch.setattr(registry, "_searched", {k: list(v) for k, v in registry._searched.items()})
+    monkeypatch.setattr(sys, "path", list(sys.path))

@@ -55,6 +55,7 @@ def test_the_strict_build_fails_on_what_drifts(tmp_path):
         shutil.copy(ROOT / name, copy / name)
     shutil.copytree(ROOT / "docs", copy / "docs", ignore=shutil.ignore_patterns("__pycache__"))
     (copy / "fedml_moon").symlink_to(ROOT / "fedml_moon")  # mkdocstrings reads the package's source
+    (copy / "examples").symlink_to(ROOT / "examples")  # the tutorial includes the example's code
     docs = copy / "docs"
     (docs / "how-to" / "orphan.md").write_text("# A page nobody linked\n")
     page = docs / "tutorials" / "first-run.md"

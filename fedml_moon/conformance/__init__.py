@@ -15,7 +15,6 @@ from fedml_moon.conformance.checks import (
     party_states,
     payload_problems,
     resume_check,
-    same_tree,
 )
 from fedml_moon.conformance.inprocess import Traced, traced_run
 from fedml_moon.conformance.paths import Outcome, float64_rounds, secure_vs_plain
@@ -37,7 +36,7 @@ from fedml_moon.conformance.processes import (
     wait_for_port,
     write_ipconfig,
 )
-from fedml_moon.conformance.snapshot import differences, snapshot
+from fedml_moon.conformance.snapshot import differences, same_tree, snapshot
 
 __all__ = [
     "Outcome",

@@ -42,19 +42,10 @@ RESUMED = ("uninterrupted", "resumed")
 
 
 def party_states(run_dir: Path) -> dict[str, dict]:
-    """Every party's stored state (state_store: disk) under a run folder, wherever its worker kept it;
-    an empty state (a party that keeps nothing) is left out, as a party never stored."""
+    """Every party's stored state (state_store: disk) under a run folder, wherever its worker kept it."""
     import torch
 
-    states = {
-        p.name: torch.load(p, weights_only=True) for p in sorted(run_dir.rglob("party_state/party_*.pt"))
-    }
-    return {name: state for name, state in states.items() if state}
-
-
-def same_tree(a: object, b: object, atol: float = 1e-5) -> bool:
-    """Nested dicts / lists of tensors and JSON values equal (tensors to `atol`)."""
-    return not differences(snapshot(a), snapshot(b), atol=atol)
+    return {p.name: torch.load(p, weights_only=True) for p in sorted(run_dir.rglob("party_state/party_*.pt"))}
 
 
 def payload_problems(config: str | Path, overrides: list[str], folder: Path) -> list[str]:
@@ -154,7 +145,8 @@ def resume_check(config: Path, overrides: list[str], folder: Path, traced: Trace
         if found:
             problems += [f"at the start of round {r}: {d}" for d in found[:4]]
             break
-    problems += differences(party_states(traced.folder), party_states(out), "party states", names=RESUMED)[:4]
+    kept = [{k: v for k, v in party_states(d).items() if v} for d in (traced.folder, out)]  # {}: none
+    problems += differences(*kept, "party states", names=RESUMED)[:4]
     problems += run_differences(
         RunResult("traced", traced.folder, [0], []), RunResult("resumed", out, [0], []), 0.0, RESUMED
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fedml_moon.conformance.snapshot import differences, snapshot
+from fedml_moon.conformance.snapshot import differences, same_tree, snapshot
 
 FLOAT32_ONE_ROUND = 1e-5  # stacked vs sequential, one local round from identical inputs (float32)
 FLOAT64_ROUNDS = 1e-9  # stacked vs sequential over every round, the whole run in float64
@@ -86,7 +86,6 @@ def counting_groups(sizes: list[int]) -> Iterator[None]:
 
 
 def _payload_check(problems: list[str]) -> Any:
-    from fedml_moon.conformance.checks import same_tree
     from fedml_moon.core.codec import decode, encode
 
     def check(obj: object, where: str) -> None:
@@ -126,8 +125,27 @@ def _watch_payloads(run: Any, traced: Traced) -> None:
 
 
 def _held(runner: Any, parties: list[int]) -> dict:
-    """Deep copies of the parties' stored states and data streams (`PartyRunner.state`)."""
-    return copy.deepcopy(runner.state(parties))
+    """Deep copies of the parties' stored states (whether stored at all) and data streams."""
+    store = runner.trainer.store
+    return {
+        p: {
+            "stored": p in store,
+            "state": copy.deepcopy(store.get(p)) if p in store else {},
+            "rng": runner.train_local[p].generator.get_state().clone(),
+        }
+        for p in parties
+    }
+
+
+def _put_back(runner: Any, held: dict) -> None:
+    """The store and the data streams exactly as `_held` found them."""
+    store = runner.trainer.store
+    for party, saved in held.items():
+        if saved["stored"]:
+            store.put(party, copy.deepcopy(saved["state"]))
+        else:
+            store.drop(party)
+        runner.train_local[party].generator.set_state(saved["rng"])
 
 
 def _replay(runner: Any, traced: Traced) -> None:
@@ -141,7 +159,7 @@ def _replay(runner: Any, traced: Traced) -> None:
         if len(tasks) < 2:
             return done
         after = _held(runner, parties)
-        runner.load_state(before)
+        _put_back(runner, before)
         runner.parallel = len(tasks)
         try:
             with counting_groups(traced.together):
@@ -158,7 +176,7 @@ def _replay(runner: Any, traced: Traced) -> None:
             traced.replay.append(stacked_failure(r, parties, err))
         finally:
             runner.parallel = 1
-            runner.load_state(after)
+            _put_back(runner, after)
         return done
 
     runner.train_many = train_many

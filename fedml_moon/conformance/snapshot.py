@@ -113,3 +113,8 @@ def differences(
     if type(a) is not type(b) or a != b:
         return [f"{path or 'value'}: {names[0]} {describe(a)}, {names[1]} {describe(b)}"]
     return []
+
+
+def same_tree(a: object, b: object, atol: float = 1e-5) -> bool:
+    """Nested dicts / lists of tensors and JSON values equal (tensors to `atol`)."""
+    return not differences(snapshot(a), snapshot(b), atol=atol)

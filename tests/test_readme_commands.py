@@ -173,7 +173,9 @@ COMMANDS: dict[str, str] = {
     EDGE: "mqtt",
     EDGE_COPY: "mqtt",
     MOTO: "mqtt",
-    ".venv/bin/fedml-moon check fedprox_head --cf examples/headprox/headprox.yaml": "contributor-kit",
+    ".venv/bin/fedml-moon check fedprox_head --cf examples/headprox/headprox.yaml --modes standalone": (
+        "contributor-kit"
+    ),
     ".venv/bin/python benchmarks/stacked_rounding.py": "benchmark",
     ".venv/bin/fedml-moon new fedproto": "tutorial-new",
     ".venv/bin/fedml-moon check fedproto --cf fedproto/fedproto.yaml": "tutorial-new",

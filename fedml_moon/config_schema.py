@@ -14,6 +14,9 @@ from fedml_moon.privacy.options import PrivacyArgs
 TRAINING_TYPES = ("simulation", "cross_silo")
 
 
+SCENARIOS = ("horizontal", "hierarchical")
+
+
 @dataclass
 class CommonArgs:
     training_type: str = "simulation"
@@ -21,7 +24,7 @@ class CommonArgs:
     random_seed: int = 0
     """the run's one seed: partition, sampling, local test splits, initial models, batch orders"""
     scenario: str = "horizontal"
-    """FedML's scenario key, handed to FedML as it is (the plugin does horizontal federated learning)"""
+    """horizontal (a silo is one process) or hierarchical (a silo is a torchrun group, data-parallel)"""
     using_mlops: bool = False
     """FedML's cloud MLOps; must be false (FedML's cloud is never contacted)"""
     plugins: list[str] = field(default_factory=list)
@@ -34,6 +37,11 @@ class CommonArgs:
             f"{self.training_type!r} is not supported; use 'simulation' or 'cross_silo'",
         )
         require(not self.using_mlops, "common_args.using_mlops", "FedML's cloud MLOps is not used; set false")
+        require(
+            self.scenario in SCENARIOS,
+            "common_args.scenario",
+            f"horizontal (a silo is one process) or hierarchical (a torchrun group); got {self.scenario!r}",
+        )
 
 
 AUGMENTATIONS = ("none", "cifar10", "cifar100", "crop-flip")  # data.augment implements them
@@ -265,6 +273,10 @@ class DeviceArgs:
     """the CUDA device of the standalone run and the server (worker or silo r: GPU (r - 1) % GPUs); >= 0"""
     torch_threads: int | str = "auto"
     """PyTorch's intra-op threads: an integer >= 1, or auto (OMP_NUM_THREADS, else half the cores)"""
+    n_node_in_silo: int = 1
+    """hierarchical silos: the hosts of a silo's torchrun group (torchrun --nnodes); >= 1"""
+    n_proc_per_node: int = 1
+    """hierarchical silos: the processes per host of a silo's group (torchrun --nproc-per-node); >= 1"""
 
     def check(self) -> None:
         require(
@@ -273,6 +285,13 @@ class DeviceArgs:
             f"true, false or auto (a CUDA device when one is visible); got {self.using_gpu!r}",
         )
         require(self.gpu_id >= 0, "device_args.gpu_id", "must be >= 0")
+        for key in ("n_node_in_silo", "n_proc_per_node"):
+            value = getattr(self, key)
+            require(
+                type(value) is int and value >= 1,
+                f"device_args.{key}",
+                f"must be an integer >= 1; got {value!r}",
+            )
         ok = self.torch_threads == "auto" or (isinstance(self.torch_threads, int) and self.torch_threads >= 1)
         require(
             ok, "device_args.torch_threads", f"must be 'auto' or an integer >= 1; got {self.torch_threads!r}"

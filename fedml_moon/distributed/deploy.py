@@ -24,6 +24,7 @@ from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_ov
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.state import make_store
 from fedml_moon.distributed.managers import config_differences
+from fedml_moon.distributed.silo_group import Channel, Group, follow, join, lead
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,7 @@ class DistributedProcess:
     rank: int
     rounds: Any = None  # the server's ServerRounds
     status: str = "failed"
+    on_exit: Any = None  # a hierarchical silo's leader: tells its group the run is over
 
     def run(self) -> None:
         status = "failed"
@@ -205,6 +207,8 @@ class DistributedProcess:
             if self.rounds is not None and not self.rounds.summary:
                 self.rounds.finish(status)
             self.status = status
+            if self.on_exit is not None:
+                self.on_exit(status)
 
 
 def build_process(
@@ -216,17 +220,19 @@ def build_process(
     local_procs: int = 1,
     resume: bool = False,
     explicit: list[str] | None = None,
+    group: Group | None = None,
 ) -> DistributedProcess:
     """Build rank `rank` of a distributed run (the server writes the run records to `out_dir`, a
     worker its own files to `out_dir/rank-<rank>`). With `resume` the server goes on from its newest
     checkpoint and tells the workers which of theirs to load. `explicit`: the shared settings this
-    process was given with --set (a worker's must agree with the server's)."""
+    process was given with --set (a worker's must agree with the server's). `group`: a hierarchical
+    silo's leader (`silo_group`)."""
     from fedml_moon.distributed.server_manager import PluginServerManager
 
     workers = worker_count(cfg, size)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
     if rank != 0:
-        return _build_worker(cfg, folder, rank, size, comm, local_procs, list(explicit or []))
+        return _build_worker(cfg, folder, rank, size, comm, local_procs, list(explicit or []), group)
     if resume and rank == 0:
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs)
@@ -250,20 +256,14 @@ def build_process(
     return DistributedProcess(manager, rank, rounds)
 
 
-def _build_worker(
-    cfg: Config, folder: Path, rank: int, size: int | None, comm: Any, local_procs: int, explicit: list[str]
-) -> DistributedProcess:
-    """A worker or silo: its transport now; its data and parties when the server's WELCOME names the
-    run's config (`with_shared`)."""
-    from fedml_moon.distributed.client_manager import Built, Local, PluginClientManager
+def _worker_build(
+    cfg: Config, folder: Path, rank: int, size: int | None, local_procs: int, args: Any, store: Any
+):
+    """A worker's `build(shared)`: its data and parties from the run's shared settings."""
 
-    transport = make_transport(cfg, rank, worker_count(cfg, size), comm)
-    args = build_args(cfg, folder, rank, local_procs)
-    store = make_store(cfg.train_args.state_store, folder / "party_state")
-    expected = parties_of(cfg, size, rank)
-    local = Local(shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store])
+    def build(shared: dict[str, Any]) -> Any:
+        from fedml_moon.distributed.client_manager import Built
 
-    def build(shared: dict[str, Any]) -> Built:
         run_cfg = with_shared(cfg, shared)
         taken = config_differences(shared_config(cfg), shared)
         if taken:
@@ -277,10 +277,55 @@ def _build_worker(
             run_cfg,
         )
 
+    return build
+
+
+def run_follower(cfg: Config, out_dir: Path, rank: int, group: Group) -> str:
+    """A hierarchical silo's process other than its leader: builds and trains what the leader
+    broadcasts, in its own folder (out_dir/rank-R/process-k), until the leader says stop."""
+    folder = Path(out_dir) / f"rank-{rank}" / f"process-{group.rank}"
+    args = build_args(cfg, folder, rank, group.local_size)
+    store = make_store(cfg.train_args.state_store, folder / "party_state")
+    return follow(_worker_build(cfg, folder, rank, None, group.local_size, args, store), Channel(), group)
+
+
+def _build_worker(
+    cfg: Config,
+    folder: Path,
+    rank: int,
+    size: int | None,
+    comm: Any,
+    local_procs: int,
+    explicit: list[str],
+    group: Group | None = None,
+) -> DistributedProcess:
+    """A worker or silo: its transport now; its data and parties when the server's WELCOME names the
+    run's config (`with_shared`)."""
+    from fedml_moon.distributed.client_manager import Local, PluginClientManager
+
+    transport = make_transport(cfg, rank, worker_count(cfg, size), comm)
+    args = build_args(cfg, folder, rank, local_procs)
+    store = make_store(cfg.train_args.state_store, folder / "party_state")
+    expected = parties_of(cfg, size, rank)
+    local = Local(shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store])
+    build = _worker_build(cfg, folder, rank, size, local_procs, args, store)
+
+    if group is None:
+        manager = PluginClientManager(
+            args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg)
+        )
+        return DistributedProcess(manager, rank)
+    channel = Channel()
+    lead_build = lead(build, channel, group)
     manager = PluginClientManager(
-        args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg)
+        args, transport, local, lead_build, rank, cfg.comm_args, folder, server_address(cfg)
     )
-    return DistributedProcess(manager, rank)
+
+    def on_exit(status: str) -> None:
+        if status == "completed":  # else the leader just exits, and its group's next receive fails
+            channel.send("stop", status=status)
+
+    return DistributedProcess(manager, rank, on_exit=on_exit)
 
 
 def parties_of(cfg: Config, size: int | None, rank: int) -> list[int]:
@@ -324,7 +369,17 @@ def run_process(
         from mpi4py import MPI
 
         local_procs = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit)
+    group = join(cfg, rank)  # a hierarchical silo's torchrun group, or None
+    if group is not None:
+        if cfg.comm_args.backend == "MPI":
+            raise ConfigError(
+                "common_args.scenario: hierarchical silos talk to the server over GRPC or MQTT_S3 (torchrun "
+                "starts them, not mpirun); set comm_args.backend, or scenario: horizontal"
+            )
+        local_procs = group.local_size
+        if not group.leader:
+            return run_follower(cfg, Path(out_dir), rank, group)
+    proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group)
     base_args = proc.manager.args
     fedml.FedMLRunner(base_args, None, None, None, algorithm_flow=proc).run()
     return proc.status

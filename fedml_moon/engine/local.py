@@ -27,6 +27,7 @@ from fedml_moon.algorithms.base import (
     make_optimizer,
 )
 from fedml_moon.core.batched import tree_map
+from fedml_moon.engine import data_parallel
 from fedml_moon.engine.precision import forward_precision, summable
 
 
@@ -116,9 +117,7 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
     for _ in range(algorithm.train_args.epochs):
         for x, y in job.loader:
             optimizer.zero_grad(set_to_none=True)
-            with forward_precision(precision, device):
-                loss, terms = algorithm.loss(net, x, y, both)
-            loss.backward()
+            terms = backward(algorithm, net, x, y, both, precision, device)
             if before:
                 algorithm.before_step(
                     params, {n: g.unsqueeze(0) for n, g in filled_grads(net.params).items()}, stacked, None
@@ -126,12 +125,48 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
             optimizer.step()
             if after:
                 algorithm.after_step(params, stacked, None, ctx.lr)
-            terms["loss"] = loss.detach()
             for key, value in terms.items():
                 value = summable(value)
                 sums[key] = sums[key] + value if key in sums else value.clone()
             job.steps += 1
     job.final, job.sums = None, sums  # the model holds it
+
+
+def backward(
+    algorithm: ClientAlgorithm,
+    net: ModuleNet,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    ctx: dict,
+    precision: str,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """One batch's loss, backward; returns its terms and "loss" (detached). In a silo's data-parallel
+    group (`engine.data_parallel`) this process takes its slice of the batch, its loss is scaled by
+    its share, and the gradients and terms are summed over the group: the whole batch's."""
+    group = data_parallel.current()
+    share = 1.0
+    if group is not None:
+        x, y, share = group.shard(x, y)
+    if group is not None and y.shape[0] == 0:  # a batch smaller than the group: nothing here
+        terms = {name: torch.zeros((), device=device) for name in (*algorithm.terms, "loss")}
+    else:
+        with forward_precision(precision, device):
+            loss, terms = algorithm.loss(net, x, y, ctx)
+        (loss * share if group is not None else loss).backward()
+        terms = {**terms, "loss": loss.detach()}
+    if group is None:
+        return terms
+    names = (*algorithm.terms, "loss")
+    undeclared = sorted(set(terms) - set(names))
+    if undeclared:
+        raise ValueError(
+            f"{type(algorithm).__name__}.loss returned the terms {undeclared}, which `terms` does not declare"
+        )
+    group.sum_grads(net.params)
+    return group.sum_terms(
+        {n: summable(terms[n]) * share if n in terms else torch.zeros((), device=device) for n in names}
+    )
 
 
 def filled_grads(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,162 @@
+"""A silo made of several processes (FedML's hierarchical cross-silo, `common_args.scenario:
+hierarchical`): `torchrun` starts the group on one or more hosts, its processes form one
+torch.distributed process group (gloo on CPUs, nccl on GPUs), and only the group's rank 0, the
+leader, talks to the server. The leader hands the group every piece of work that changes a party
+(the run's config once, each round's training, a party state to load) through `Channel`, a broadcast
+of the codec's bytes (safetensors + JSON: nothing is un-pickled), and the group trains it
+data-parallel (`engine.data_parallel`): each step's batch split across the processes, gradients
+summed. The followers hold the same party states as the leader, step for step; the leader alone
+evaluates, checkpoints and uploads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedml_moon.config import Config
+from fedml_moon.core.codec import decode, encode
+from fedml_moon.engine.data_parallel import DataParallel, active
+from fedml_moon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process in its silo's group: its rank there, the group's size, and this host's processes."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def data_parallel(self) -> DataParallel:
+        return DataParallel(self.rank, self.size)
+
+
+def join(cfg: Config, silo_rank: int) -> Group | None:
+    """Form the silo's process group when `common_args.scenario` is hierarchical and this process is
+    a silo (rank >= 1); None otherwise. Refuses, naming the keys, a group torchrun did not start or
+    whose size is not `device_args.n_node_in_silo` x `n_proc_per_node`."""
+    if cfg.common_args.scenario != "hierarchical" or silo_rank == 0:
+        return None
+    missing = [k for k in TORCHRUN_ENV if k not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"common_args.scenario: torchrun starts a hierarchical silo and sets {', '.join(missing)}"
+            "; start the silo as torchrun --nnodes N --nproc-per-node P ... fedml-moon run ... (docs: "
+            "how-to/deployment-modes.md), or set scenario: horizontal"
+        )
+    d = cfg.device_args
+    size, expected = int(os.environ["WORLD_SIZE"]), d.n_node_in_silo * d.n_proc_per_node
+    if size != expected:
+        raise ConfigError(
+            f"device_args.n_node_in_silo x n_proc_per_node is {d.n_node_in_silo} x {d.n_proc_per_node} = "
+            f"{expected}, but torchrun started {size} processes for silo {silo_rank}; make them agree"
+        )
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.is_available() and d.using_gpu is not False else "gloo"
+    timeout = datetime.timedelta(seconds=max(60.0, 10 * cfg.comm_args.timeout_s))
+    dist.init_process_group(backend, timeout=timeout)
+    group = Group(
+        dist.get_rank(), size, int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    )
+    log.info(
+        "silo %d: process %d of %d (%s), pid %d", silo_rank, group.rank, group.size, backend, os.getpid()
+    )
+    return group
+
+
+class Channel:
+    """The leader's broadcasts to its group: a command and its fields, as the codec's bytes."""
+
+    def send(self, command: str, **fields: Any) -> None:
+        data = torch.frombuffer(bytearray(encode({"command": command, **fields})), dtype=torch.uint8)
+        self._broadcast(data)
+
+    def receive(self) -> tuple[str, dict[str, Any]]:
+        message = decode(self._broadcast(None).numpy().tobytes())
+        return str(message.pop("command")), message
+
+    @staticmethod
+    def _broadcast(data: torch.Tensor | None) -> torch.Tensor:
+        import torch.distributed as dist
+
+        size = torch.tensor([0 if data is None else data.numel()], dtype=torch.int64)
+        dist.broadcast(size, src=0)
+        buffer = data if data is not None else torch.empty(int(size.item()), dtype=torch.uint8)
+        dist.broadcast(buffer, src=0)
+        return buffer
+
+
+def _states_out(states: dict) -> dict:
+    return {str(p): s for p, s in states.items()}
+
+
+class GroupRunner:
+    """The leader's PartyRunner: training and party states go to the whole group first."""
+
+    def __init__(self, runner: Any, channel: Channel, group: Group) -> None:
+        self.runner, self.channel, self.group = runner, channel, group
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
+
+    def train_many(self, tasks: list, round_idx: int) -> list:
+        self.channel.send("train", round=round_idx, tasks=[{"party": int(p), "payload": d} for p, d in tasks])
+        with active(self.group.data_parallel()):
+            return self.runner.train_many(tasks, round_idx)
+
+    def load_state(self, states: dict) -> None:
+        self.channel.send("load", states=_states_out(states))
+        self.runner.load_state(states)
+
+
+def lead(build: Callable[[dict], Any], channel: Channel, group: Group) -> Callable[[dict], Any]:
+    """The leader's `build`: the group builds from the same shared config, and its runner leads."""
+
+    def built(shared: dict) -> Any:
+        channel.send("build", config=shared)
+        out = build(shared)
+        out.runner = GroupRunner(out.runner, channel, group)
+        return out
+
+    return built
+
+
+def follow(build: Callable[[dict], Any], channel: Channel, group: Group) -> str:
+    """A follower's whole life: do what the leader broadcasts until it says stop."""
+    built = None
+    while True:
+        command, fields = channel.receive()
+        if command == "stop":
+            return str(fields.get("status", "completed"))
+        if command == "build":
+            built = build(fields["config"])
+        elif command == "train" and built is not None:
+            tasks = [(int(t["party"]), t["payload"]) for t in fields["tasks"]]
+            with active(group.data_parallel()):
+                built.runner.train_many(tasks, int(fields["round"]))
+            log.info(
+                "silo group process %d of %d: round %s trained on its slice of every batch",
+                group.rank,
+                group.size,
+                fields["round"],
+            )
+        elif command == "load" and built is not None:
+            built.runner.load_state(fields["states"])
+        else:
+            raise RuntimeError(f"silo group: {command!r} from the leader before the run's config")

@@ -1,0 +1,211 @@
+"""A silo of several processes (common_args.scenario: hierarchical): each step's batch split across a
+torch.distributed group (gloo on 127.0.0.1), gradients summed, trains what the one-process silo
+trains; the algorithm does not know."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import signal
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from fedml_moon.config_schema import ServerArgs, TrainArgs
+from fedml_moon.conformance import free_port
+from fedml_moon.core.models import build_model
+from fedml_moon.engine.batched import train_party
+from fedml_moon.engine.data_parallel import DataParallel, active
+from fedml_moon.registry import get_algorithm
+
+ROUNDS, BATCH = 2, 10
+
+
+def test_a_batch_is_split_in_contiguous_slices_that_cover_it_once():
+    x, y = torch.arange(10).view(10, 1), torch.arange(10)
+    for size in (1, 2, 3, 4, 12):
+        parts = [DataParallel(r, size).shard(x, y) for r in range(size)]
+        assert torch.equal(torch.cat([p[1] for p in parts]), y)
+        assert abs(sum(p[2] for p in parts) - 1.0) < 1e-12
+        assert max(len(p[1]) for p in parts) - min(len(p[1]) for p in parts) <= 1
+
+
+def _options(name: str):
+    spec = get_algorithm(name)
+    extra = {"lg": {"split_preset": "head"}}.get(name, {})
+    return spec, spec.options(**extra)
+
+
+def _party_rounds(name: str, group: DataParallel | None) -> dict:
+    """ROUNDS local rounds of one party through the algorithm's both sides (the server algorithm
+    moving the model between them), data-parallel over `group` when given; the uploads."""
+    torch.manual_seed(0)
+    spec, options = _options(name)
+    train = TrainArgs(algorithm=name, epochs=1, batch_size=BATCH, learning_rate=0.05, momentum=0.9)
+
+    def factory() -> torch.nn.Module:
+        return build_model("simple-cnn", (1, 28, 28), 10, True, 32)
+
+    model = factory()
+    generator = torch.Generator().manual_seed(1)
+    data = [
+        (
+            torch.randn(BATCH, 1, 28, 28, generator=generator),
+            torch.randint(0, 10, (BATCH,), generator=generator),
+        )
+    ]
+    data += [
+        (torch.randn(7, 1, 28, 28, generator=generator), torch.randint(0, 10, (7,), generator=generator))
+    ]
+    client = spec.client(options, train, factory, 0)
+    server = spec.server(options, ServerArgs(), train, 0)
+    server.trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    server.class_counts = {0: [3] * 10}
+    global_state = server.setup(OrderedDict((k, v.clone()) for k, v in model.state_dict().items()))
+    state, uploads = {}, {}
+    for r in range(ROUNDS):
+        received = copy.deepcopy(server.download(global_state, 0))
+        with active(group):
+            _, upload = train_party(client, model, received, state, data, torch.device("cpu"), r, 0)
+        uploads[r] = upload
+        global_state = server.aggregate(global_state, [(17.0, upload)])
+    return uploads
+
+
+NAMES = ("scaffold", "lg", "moon", "fedssc", "fedprox")
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        uploads = {name: _party_rounds(name, DataParallel(rank, 2)) for name in NAMES}
+        torch.save(uploads, os.path.join(out, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_train_what_one_trains(tmp_path):
+    """SCAFFOLD's step hooks, LG-FedAvg's split, MOON's teachers, FedSSC's prototypes and FedProx's
+    anchor, each over two rounds with a last batch of 7 split 4 + 3: both processes of the group end
+    where the one-process party does (<= 1e-5), with the same upload."""
+    from fedml_moon.conformance.snapshot import differences, snapshot
+
+    torch.set_num_threads(1)
+    alone = {name: _party_rounds(name, None) for name in NAMES}
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        group = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        for name in NAMES:
+            names = ("one process", f"process {rank}")
+            found = differences(snapshot(alone[name]), snapshot(group[name]), name, 1e-5, names)
+            assert not found, found[:3]
+
+
+# --- a hierarchical silo in a cross-silo run over gRPC ----------------------------------------------
+
+CONFIG = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "moon.yaml"
+RUN = [
+    "data_args.max_train_samples=600",
+    "data_args.max_test_samples=200",
+    "train_args.client_num_in_total=2",
+    "train_args.client_num_per_round=2",
+    "train_args.comm_round=3",
+    "train_args.epochs=1",
+    "train_args.batch_size=32",
+    "tracking_args.enable_wandb=false",
+    "common_args.training_type=cross_silo",
+    "comm_args.backend=GRPC",
+    "comm_args.timeout_s=60",
+    "device_args.torch_threads=1",
+]
+
+
+def torchrun(port: int, nproc: int = 2) -> list[str]:
+    """torchrun starting `nproc` processes of one silo on this host (its group's store on `port`)."""
+    exe = Path(sys.executable).with_name("torchrun")
+    return [str(exe), "--nnodes", "1", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "-m", "fedml_moon"]  # fmt: skip
+
+
+def grpc_run(
+    folder: Path, hierarchical: int | None, extra: list[str] = (), kill_after: int | None = None
+) -> tuple[Path, list[int]]:
+    """Server and silos 1, 2 over gRPC on 127.0.0.1; silo `hierarchical` is a torchrun group of 2
+    processes. `kill_after`: SIGKILL its second process once that many rounds are recorded."""
+    from fedml_moon.conformance.processes import (
+        cli_command,
+        process_env,
+        spawn,
+        stop,
+        wait_all,
+        write_ipconfig,
+    )
+    from fedml_moon.conformance.recovery import wait_rounds
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ipconfig = write_ipconfig(folder / "ipconfig.csv", 3, free_port())
+    sets, out = [*RUN, f"comm_args.grpc_ipconfig_path={ipconfig}", *extra], folder / "run"
+    env, procs = process_env(folder / "home"), []
+    try:
+        for rank in (1, 2, 0):
+            cmd = [*cli_command("run", CONFIG, sets, out), "--rank", str(rank)]
+            if rank == hierarchical:
+                group = ["common_args.scenario=hierarchical", "device_args.n_proc_per_node=2"]
+                cmd = [*torchrun(free_port()), *cmd[3:], *[a for s in group for a in ("--set", s)]]
+            procs.append(spawn(cmd, folder / f"rank-{rank}.log", env, Path.cwd()))
+        if kill_after is not None:
+            wait_rounds(out, kill_after, 240)
+            _kill_second_process(folder / f"rank-{hierarchical}.log")
+        codes = wait_all(procs, 400)
+    finally:
+        for proc in procs:
+            stop(proc)
+    return out, codes
+
+
+def _kill_second_process(log: Path) -> None:
+    found = re.search(r"process 1 of 2 \(gloo\), pid (\d+)", log.read_text(errors="replace"))
+    assert found, log.read_text(errors="replace")[-2000:]
+    os.kill(int(found.group(1)), signal.SIGKILL)
+
+
+def _final(out: Path) -> dict:
+    return torch.load(out / "final_model.pt", weights_only=True)
+
+
+@pytest.mark.slow
+def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
+    """Server and two silos over gRPC, 3 rounds of MOON: silo 1 as torchrun's 2 processes (gloo)
+    gives the final model of the run whose silos are one process each (<= 1e-5)."""
+    flat, codes = grpc_run(tmp_path / "flat", None)
+    assert codes == [0, 0, 0], (tmp_path / "flat" / "rank-1.log").read_text()[-3000:]
+    group, codes = grpc_run(tmp_path / "group", 1)
+    assert codes == [0, 0, 0], (tmp_path / "group" / "rank-1.log").read_text()[-3000:]
+    log = (tmp_path / "group" / "rank-1.log").read_text()
+    assert "silo 1: process 0 of 2 (gloo)" in log and "silo 1: process 1 of 2 (gloo)" in log
+    for r in range(3):
+        assert f"silo group process 1 of 2: round {r} trained on its slice of every batch" in log
+    a, b = _final(flat), _final(group)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_dead_group_process_fails_its_silos_round_and_the_run_goes_on(tmp_path):
+    """SIGKILL to the second process of silo 1 after round 1: the silo's round fails, the server goes
+    on without it (min_reports 1), and the run completes its 3 rounds."""
+    out, codes = grpc_run(tmp_path, 1, ["comm_args.min_reports=1"], kill_after=1)
+    silo, other, server = codes
+    assert silo != 0 and other == 0 and server == 0, (tmp_path / "rank-0.log").read_text()[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["parties"] == 1

@@ -209,3 +209,62 @@ def test_a_dead_group_process_fails_its_silos_round_and_the_run_goes_on(tmp_path
     assert summary["status"] == "completed" and summary["rounds_completed"] == 3
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["parties"] == 1
+
+
+def _silo_config(*sets: str):
+    from fedml_moon.config import load_config
+
+    base = [*RUN, "comm_args.backend=MQTT_S3", "common_args.scenario=hierarchical", *sets]
+    return load_config(CONFIG, base)
+
+
+def test_a_group_torchrun_did_not_start_is_refused_naming_what_is_missing(monkeypatch):
+    from fedml_moon.distributed.silo_group import TORCHRUN_ENV, join
+    from fedml_moon.errors import ConfigError
+
+    for key in TORCHRUN_ENV:
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(
+        ConfigError, match="common_args.scenario: torchrun starts a hierarchical silo and sets RANK"
+    ):
+        join(_silo_config(), 1)
+    assert join(_silo_config(), 0) is None  # the server is never a group
+    assert join(_silo_config("common_args.scenario=horizontal"), 1) is None
+
+
+def test_a_group_of_the_wrong_size_is_refused_before_it_forms(monkeypatch):
+    from fedml_moon.distributed.silo_group import join
+    from fedml_moon.errors import ConfigError
+
+    env = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cfg = _silo_config("device_args.n_node_in_silo=1", "device_args.n_proc_per_node=2")
+    with pytest.raises(
+        ConfigError, match=r"n_node_in_silo x n_proc_per_node is 1 x 2 = 2, but torchrun started 3"
+    ):
+        join(cfg, 1)
+
+
+@pytest.mark.parametrize(
+    ("key", "says"),
+    [
+        ("common_args.scenario=vertical", r"horizontal \(a silo is one process\) or hierarchical"),
+        ("device_args.n_proc_per_node=0", "device_args.n_proc_per_node: must be an integer >= 1"),
+        ("device_args.n_node_in_silo=two", "device_args.n_node_in_silo"),
+    ],
+)
+def test_hierarchical_keys_are_checked(key, says):
+    from fedml_moon.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        _silo_config(key)
+
+
+def test_a_batchnorm_model_is_refused_in_a_group():
+    from fedml_moon.distributed.silo_group import refuse_batchnorm
+    from fedml_moon.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model_args.model: resnet50 has BatchNorm"):
+        refuse_batchnorm(build_model("resnet50", (3, 32, 32), 10, True, 32), "resnet50")
+    refuse_batchnorm(build_model("simple-cnn", (1, 28, 28), 10, True, 32), "simple-cnn")  # none: fine

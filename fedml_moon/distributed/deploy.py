@@ -24,7 +24,7 @@ from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_ov
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.state import make_store
 from fedml_moon.distributed.managers import config_differences
-from fedml_moon.distributed.silo_group import Channel, Group, follow, join, lead
+from fedml_moon.distributed.silo_group import Channel, Group, follow, join, lead, refuse_batchnorm
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,14 @@ def build_process(
 
 
 def _worker_build(
-    cfg: Config, folder: Path, rank: int, size: int | None, local_procs: int, args: Any, store: Any
+    cfg: Config,
+    folder: Path,
+    rank: int,
+    size: int | None,
+    local_procs: int,
+    args: Any,
+    store: Any,
+    group: Group | None = None,
 ):
     """A worker's `build(shared)`: its data and parties from the run's shared settings."""
 
@@ -270,6 +277,8 @@ def _worker_build(
             log.info("rank %d takes %d settings from the server: %s", rank, len(taken), ", ".join(taken))
         base = build_base(run_cfg, folder, rank, local_procs, args=args)
         base.args.rank = rank
+        if group is not None:
+            refuse_batchnorm(base.model, run_cfg.model_args.model)
         return Built(
             build_runner(base, folder, store),
             parties_of(run_cfg, size, rank),
@@ -286,7 +295,9 @@ def run_follower(cfg: Config, out_dir: Path, rank: int, group: Group) -> str:
     folder = Path(out_dir) / f"rank-{rank}" / f"process-{group.rank}"
     args = build_args(cfg, folder, rank, group.local_size)
     store = make_store(cfg.train_args.state_store, folder / "party_state")
-    return follow(_worker_build(cfg, folder, rank, None, group.local_size, args, store), Channel(), group)
+    return follow(
+        _worker_build(cfg, folder, rank, None, group.local_size, args, store, group), Channel(), group
+    )
 
 
 def _build_worker(
@@ -308,7 +319,7 @@ def _build_worker(
     store = make_store(cfg.train_args.state_store, folder / "party_state")
     expected = parties_of(cfg, size, rank)
     local = Local(shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store])
-    build = _worker_build(cfg, folder, rank, size, local_procs, args, store)
+    build = _worker_build(cfg, folder, rank, size, local_procs, args, store, group)
 
     if group is None:
         manager = PluginClientManager(

@@ -80,6 +80,18 @@ def join(cfg: Config, silo_rank: int) -> Group | None:
     return group
 
 
+def refuse_batchnorm(model: torch.nn.Module, name: str) -> None:
+    """A group splits each batch, and BatchNorm's statistics of a slice are not the batch's: models
+    with BatchNorm (resnet50) would train another model than the one-process silo, so they are
+    refused until synchronised BatchNorm is built."""
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise ConfigError(
+            f"model_args.model: {name} has BatchNorm, whose statistics over a slice of the batch are not "
+            "the batch's; a hierarchical silo trains models without BatchNorm (simple-cnn, mlp), or set "
+            "common_args.scenario: horizontal"
+        )
+
+
 class Channel:
     """The leader's broadcasts to its group: a command and its fields, as the codec's bytes."""
 

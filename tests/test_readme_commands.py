@@ -81,6 +81,23 @@ HEADPROX = ".venv/bin/fedml-moon simulate --cf examples/headprox/headprox.yaml"
 CERTS = ".venv/bin/fedml-moon certs certs/ --silos 10 --host server.example.org --host 203.0.113.5"
 MPI_SIMULATION = "bash run/mpirun.sh 3 simulate --cf config/modes/moon_mpi_simulation.yaml"
 MPI_CROSS_SILO = "bash run/mpirun.sh run --cf config/modes/moon_cross_silo_mpi.yaml"
+_TORCHRUN = (
+    ".venv/bin/torchrun --nnodes {nodes} --nproc-per-node {procs}"
+    " --master-addr 127.0.0.1 --master-port {port}"
+)
+_SILO_1 = (
+    " -m fedml_moon run --cf config/modes/moon_cross_silo_grpc.yaml --rank 1 --role client"
+    " --set common_args.scenario=hierarchical"
+)
+HIERARCHICAL = [
+    _TORCHRUN.format(nodes=1, procs=2, port=29500) + _SILO_1 + " --set device_args.n_proc_per_node=2",
+    *(
+        _TORCHRUN.format(nodes=f"2 --node-rank {k}", procs=1, port=29501)
+        + _SILO_1
+        + " --set device_args.n_node_in_silo=2"
+        for k in (0, 1)
+    ),
+]
 GRPC_SERVER = "bash run/run_server.sh"
 GRPC_SILO = "bash run/run_client.sh RANK"
 EDGE = ".venv/bin/fedml-moon run --cf config/modes/moon_edge_mqtt_s3.yaml --rank R"
@@ -178,6 +195,7 @@ COMMANDS: dict[str, str] = {
     ),
     ".venv/bin/python benchmarks/stacked_rounding.py": "benchmark",
     ".venv/bin/fedml-moon new fedproto": "tutorial-new",
+    **dict.fromkeys(HIERARCHICAL, "hierarchical"),
     ".venv/bin/fedml-moon check fedproto --cf fedproto/fedproto.yaml": "tutorial-new",
     ".venv/bin/fedml-moon check fedproto --cf examples/fedproto/fedproto.yaml --modes standalone": "tutorial",
     ".venv/bin/fedml-moon simulate --cf examples/fedproto/fedproto.yaml --set train_args.comm_round=2": (
@@ -659,3 +677,25 @@ def test_the_tutorials_fedproto_runs_and_passes_check(tmp_path, cli, capsys):
     summary = _completed(tmp_path / "fedproto", 2)
     assert summary["config"]["train_args"]["algorithm"] == "fedproto"
     assert summary["config"]["common_args"]["plugins"] == ["fedml_moon_fedproto:spec"]
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_hierarchical_commands(tmp_path, home):
+    """The deployment guide's hierarchical silo, as written: silo 1 as torchrun's group of 2 processes
+    on one host, then as 2 "hosts" of 1 process each (both here), beside silo 2 and the server."""
+    one, *two = [c for c, kind in COMMANDS.items() if kind == "hierarchical"]
+    assert "device_args.n_node_in_silo=2" in two[0] and "--node-rank 1" in two[1]
+    for name, group in (("one-host", [one]), ("two-hosts", two)):
+        out = tmp_path / name / "run"
+        (tmp_path / name).mkdir()
+        comm = _grpc_comm(tmp_path / name, out)
+        silo1 = [[*shlex.split(c), *comm, "--set", "device_args.torch_threads=1"] for c in group]
+        silo2 = [*shlex.split(GRPC_SILO.replace("RANK", "2")), *comm, "--set", "device_args.torch_threads=1"]
+        server = [*shlex.split(GRPC_SERVER), *_sets(GRPC_SERVER), *comm]
+        logs = _run_all([*silo1, silo2, server], tmp_path / name / "logs", home, 420)
+        _completed(out, 1)
+        said = "".join(p.read_text(errors="replace") for p in logs[: len(group)])
+        assert (
+            "silo 1: process 1 of 2 (gloo)" in said and "round 0 trained on its slice of every batch" in said
+        )

@@ -273,6 +273,10 @@ class DeviceArgs:
     """the CUDA device of the standalone run and the server (worker or silo r: GPU (r - 1) % GPUs); >= 0"""
     torch_threads: int | str = "auto"
     """PyTorch's intra-op threads: an integer >= 1, or auto (OMP_NUM_THREADS, else half the cores)"""
+    gpu_mapping_file: str | None = None
+    """FedML's GPU mapping YAML (host -> processes per GPU); null: each process by its rank on its host"""
+    gpu_mapping_key: str = "mapping_default"
+    """the section of gpu_mapping_file this run's processes take, one slot each, in process order"""
     n_node_in_silo: int = 1
     """hierarchical silos: the hosts of a silo's torchrun group (torchrun --nnodes); >= 1"""
     n_proc_per_node: int = 1
@@ -526,7 +530,7 @@ FEDML_PASSTHROUGH: dict[str, frozenset[str]] = {
     "common_args": frozenset({"config_version", "env_version"}),
     "data_args": frozenset({"partition_file"}),
     "train_args": frozenset({"client_id_list"}),
-    "device_args": frozenset({"worker_num", "gpu_mapping_file", "gpu_mapping_key", "device_type"}),
+    "device_args": frozenset({"worker_num", "device_type"}),
     "comm_args": frozenset({"mqtt_config_path", "s3_config_path"}),
     "tracking_args": frozenset({"log_file_dir"}),
 }

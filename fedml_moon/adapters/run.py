@@ -86,11 +86,12 @@ def describe(device: torch.device, using_gpu: bool | str) -> str:
 
 
 def select_device(cfg: Config, rank: int = 0) -> torch.device:
-    """`device_args.gpu_id` for the server (rank 0) and the standalone run; on GPUs (`using_gpu`) a
-    worker or silo of rank r >= 1 takes GPU (r - 1) % (number of visible GPUs)."""
+    """On GPUs (`using_gpu`): `adapters.gpus.select_gpu` (FedML's GPU mapping file, else the process's
+    rank on its host, else `device_args.gpu_id` for a lone process); else the CPU."""
     if uses_gpu(cfg):
-        gpu = cfg.device_args.gpu_id if rank == 0 else (rank - 1) % torch.cuda.device_count()
-        return torch.device(f"cuda:{gpu}")
+        from fedml_moon.adapters.gpus import select_gpu
+
+        return torch.device(f"cuda:{select_gpu(cfg, rank, torch.cuda.device_count())}")
     if cfg.device_args.using_gpu is True:
         log.warning("device_args.using_gpu is true but no CUDA device is visible; running on the CPU")
     return torch.device("cpu")

@@ -194,6 +194,9 @@ COMMANDS: dict[str, str] = {
         "contributor-kit"
     ),
     ".venv/bin/python benchmarks/stacked_rounding.py": "benchmark",
+    ".venv/bin/python benchmarks/silo_round.py": "benchmark",
+    ".venv/bin/python benchmarks/silo_round.py --batch 256": "benchmark",
+    ".venv/bin/python benchmarks/silo_round.py --precision fp64": "benchmark",
     ".venv/bin/fedml-moon new fedproto": "tutorial-new",
     **dict.fromkeys(HIERARCHICAL, "hierarchical"),
     ".venv/bin/fedml-moon check fedproto --cf fedproto/fedproto.yaml": "tutorial-new",

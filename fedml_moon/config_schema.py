@@ -281,6 +281,10 @@ class DeviceArgs:
     """hierarchical silos: the hosts of a silo's torchrun group (torchrun --nnodes); >= 1"""
     n_proc_per_node: int = 1
     """hierarchical silos: the processes per host of a silo's group (torchrun --nproc-per-node); >= 1"""
+    pg_master_address: str | None = None
+    """hierarchical silos: the group's first host (torchrun --master-addr must agree); null: any"""
+    pg_master_port: int | None = None
+    """hierarchical silos: the group's rendezvous port (torchrun --master-port must agree); null: any"""
 
     def check(self) -> None:
         require(

@@ -136,31 +136,36 @@ def torchrun(port: int, nproc: int = 2) -> list[str]:
             "--master-port", str(port), "-m", "fedml_moon"]  # fmt: skip
 
 
+def _commands(folder: Path, hierarchical: int | None, extra: list[str]) -> tuple[dict[int, list[str]], Path]:
+    """The command of each rank (1, 2, then the server 0) of a gRPC run on 127.0.0.1 in `folder`;
+    silo `hierarchical` as a torchrun group of 2 processes."""
+    from fedml_moon.conformance.processes import cli_command, write_ipconfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ipconfig = write_ipconfig(folder / "ipconfig.csv", 3, free_port())
+    sets, out = [*RUN, f"comm_args.grpc_ipconfig_path={ipconfig}", *extra], folder / "run"
+    cmds = {}
+    for rank in (1, 2, 0):
+        cmd = [*cli_command("run", CONFIG, sets, out), "--rank", str(rank)]
+        if rank == hierarchical:
+            group = ["common_args.scenario=hierarchical", "device_args.n_proc_per_node=2"]
+            cmd = [*torchrun(free_port()), *cmd[3:], *[a for s in group for a in ("--set", s)]]
+        cmds[rank] = cmd
+    return cmds, out
+
+
 def grpc_run(
     folder: Path, hierarchical: int | None, extra: list[str] = (), kill_after: int | None = None
 ) -> tuple[Path, list[int]]:
     """Server and silos 1, 2 over gRPC on 127.0.0.1; silo `hierarchical` is a torchrun group of 2
     processes. `kill_after`: SIGKILL its second process once that many rounds are recorded."""
-    from fedml_moon.conformance.processes import (
-        cli_command,
-        process_env,
-        spawn,
-        stop,
-        wait_all,
-        write_ipconfig,
-    )
+    from fedml_moon.conformance.processes import process_env, spawn, stop, wait_all
     from fedml_moon.conformance.recovery import wait_rounds
 
-    folder.mkdir(parents=True, exist_ok=True)
-    ipconfig = write_ipconfig(folder / "ipconfig.csv", 3, free_port())
-    sets, out = [*RUN, f"comm_args.grpc_ipconfig_path={ipconfig}", *extra], folder / "run"
+    cmds, out = _commands(folder, hierarchical, list(extra))
     env, procs = process_env(folder / "home"), []
     try:
-        for rank in (1, 2, 0):
-            cmd = [*cli_command("run", CONFIG, sets, out), "--rank", str(rank)]
-            if rank == hierarchical:
-                group = ["common_args.scenario=hierarchical", "device_args.n_proc_per_node=2"]
-                cmd = [*torchrun(free_port()), *cmd[3:], *[a for s in group for a in ("--set", s)]]
+        for rank, cmd in cmds.items():
             procs.append(spawn(cmd, folder / f"rank-{rank}.log", env, Path.cwd()))
         if kill_after is not None:
             wait_rounds(out, kill_after, 240)

@@ -66,6 +66,13 @@ def join(cfg: Config, silo_rank: int) -> Group | None:
             f"device_args.n_node_in_silo x n_proc_per_node is {d.n_node_in_silo} x {d.n_proc_per_node} = "
             f"{expected}, but torchrun started {size} processes for silo {silo_rank}; make them agree"
         )
+    for key, env in (("pg_master_address", "MASTER_ADDR"), ("pg_master_port", "MASTER_PORT")):
+        given = getattr(d, key)
+        if given is not None and str(given) != os.environ[env]:
+            raise ConfigError(
+                f"device_args.{key} is {given!r}, but torchrun's {env} is {os.environ[env]!r}; make them "
+                "agree (or leave the key null)"
+            )
     import torch.distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() and d.using_gpu is not False else "gloo"

@@ -117,23 +117,8 @@ def test_the_sum_form_must_carry_every_upload_field():
 @pytest.mark.parametrize("key", ["privacy_args.secure_aggregation=true", "train_args.stream_uploads=true"])
 def test_the_engine_refuses_a_sum_form_that_drops_a_field(tmp_path, key):
     """Through the command line: exit 2 before any round, naming the algorithm and the fields."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "fedml_moon",
-        "simulate",
-        "--cf",
-        str(FEDPROTO),
-        "--output-dir",
-        str(tmp_path),
-    ]
-    for item in [
-        *plugin("unsummed"),
-        "train_args.client_num_per_round=3",
-        "validation_args.local_test=false",
-        key,
-    ]:
-        cmd += ["--set", item]
+    sets = [*plugin("unsummed"), "train_args.client_num_per_round=3", "validation_args.local_test=false", key]
+    cmd = conformance.cli_command("simulate", FEDPROTO, sets, tmp_path)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     said = done.stderr

@@ -28,7 +28,7 @@ from fedml_moon.conformance.processes import (
     MODES,
     TINY,
     RunResult,
-    compare,
+    metric_differences,
     process_env,
     run_mode,
     services,
@@ -51,19 +51,23 @@ def party_states(run_dir: Path) -> dict[str, dict]:
 def payload_problems(config: str | Path, overrides: list[str], folder: Path) -> list[str]:
     """Run the config in this process and check that every payload, report and party state holds only
     tensors, dicts, lists and JSON values (what the transports can carry, decoded without pickle)."""
+    from fedml_moon.core.validate import BadUpload
+
     traced = traced_run(config, overrides, folder / "payloads")
-    stopped = [f"the server refused the uploads: {traced.error}"] if "BadUpload" in traced.error else []
-    return traced.problems + stopped
+    if traced.exception is not None and not isinstance(traced.exception, BadUpload):
+        raise traced.exception
+    stopped = [f"the server refused the uploads: {traced.exception}"] if traced.exception else []
+    return traced.problems + stopped  # what was found before a refusal still counts, and comes first
 
 
 def run_differences(a: RunResult, b: RunResult, atol: float, names: tuple[str, str]) -> list[str]:
     """Where two runs' final models differ beyond `atol` (by tensor and entry, with both values),
-    then the metrics that differ beyond 1e-4 (`processes.compare`)."""
+    then the metrics that differ beyond 1e-4 (`processes.metric_differences`)."""
     import torch
 
     models = [torch.load(r.out_dir / "final_model.pt", map_location="cpu", weights_only=True) for r in (a, b)]
     found = differences(snapshot(models[0]), snapshot(models[1]), "final model", atol, names)
-    return found[:3] + compare(a, b)[1][:3]
+    return found[:3] + metric_differences(a, b)[:3]
 
 
 @dataclass

@@ -38,10 +38,11 @@ class Traced:
     replay: list[str] = field(default_factory=list)
     together: list[int] = field(default_factory=list)
     error: str = ""  # the run stopped: why
+    exception: Exception | None = None  # what stopped it
 
 
 @contextlib.contextmanager
-def quiet_run(config: str | Path, overrides: list[str], folder: Path, resume: bool = False) -> Iterator[Any]:
+def quiet_run(config: str | Path, overrides: list[str], folder: Path) -> Iterator[Any]:
     """A standalone run assembled in this process (`adapters.run.assemble`), its INFO logging held
     back; PyTorch's default dtype (fp64 changes it) and the log level are restored after."""
     from fedml_moon.adapters.run import assemble
@@ -52,7 +53,7 @@ def quiet_run(config: str | Path, overrides: list[str], folder: Path, resume: bo
     for logger in loggers:  # the package's INFO lines and FedML's (on the root logger)
         logger.setLevel(logging.WARNING)
     try:
-        yield assemble(load_config(config, overrides), folder, resume)
+        yield assemble(load_config(config, overrides), folder)
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
@@ -208,7 +209,7 @@ def traced_run(config: str | Path, overrides: list[str], folder: Path) -> Traced
         try:
             run.loop.run()
         except Exception as err:
-            traced.error = f"{type(err).__name__}: {err}"
+            traced.error, traced.exception = f"{type(err).__name__}: {err}", err
         traced.snapshots[len(traced.snapshots)] = algorithm_objects(run)  # after the last round
     return traced
 

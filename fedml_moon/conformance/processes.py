@@ -258,6 +258,11 @@ def compare(a: RunResult, b: RunResult) -> tuple[float, list[str]]:
     ma = torch.load(a.out_dir / "final_model.pt", map_location="cpu", weights_only=True)
     mb = torch.load(b.out_dir / "final_model.pt", map_location="cpu", weights_only=True)
     diff = max(float((ma[k].double() - mb[k].double()).abs().max()) for k in ma)
+    return diff, metric_differences(a, b)
+
+
+def metric_differences(a: RunResult, b: RunResult) -> list[str]:
+    """The recorded metrics of two runs that differ beyond 1e-4 (round times aside), by round."""
     ra, rb = _records(a.out_dir), _records(b.out_dir)
     problems = [] if len(ra) == len(rb) else [f"{len(ra)} vs {len(rb)} rounds recorded"]
     for x, y in zip(ra, rb, strict=False):
@@ -270,7 +275,7 @@ def compare(a: RunResult, b: RunResult) -> tuple[float, list[str]]:
             )
             if not same:
                 problems.append(f"round {x['round']} {key}: {value} vs {other}")
-    return diff, problems
+    return problems
 
 
 def _records(out_dir: Path) -> list[dict]:

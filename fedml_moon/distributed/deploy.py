@@ -24,7 +24,15 @@ from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_ov
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.state import make_store
 from fedml_moon.distributed.managers import config_differences
-from fedml_moon.distributed.silo_group import Channel, Group, follow, join, lead, refuse_batchnorm
+from fedml_moon.distributed.silo_group import (
+    Channel,
+    Group,
+    ending,
+    follow,
+    join,
+    lead,
+    refuse_batchnorm,
+)
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
 
 log = logging.getLogger(__name__)
@@ -319,23 +327,13 @@ def _build_worker(
     store = make_store(cfg.train_args.state_store, folder / "party_state")
     expected = parties_of(cfg, size, rank)
     local = Local(shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store])
-    build = _worker_build(cfg, folder, rank, size, local_procs, args, store, group)
-
-    if group is None:
-        manager = PluginClientManager(
-            args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg)
-        )
-        return DistributedProcess(manager, rank)
-    channel = Channel()
-    lead_build = lead(build, channel, group)
+    build, on_exit = _worker_build(cfg, folder, rank, size, local_procs, args, store, group), None
+    if group is not None:  # a hierarchical silo's leader: its group builds and trains with it
+        channel = Channel()
+        build, on_exit = lead(build, channel, group), ending(channel)
     manager = PluginClientManager(
-        args, transport, local, lead_build, rank, cfg.comm_args, folder, server_address(cfg)
+        args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg)
     )
-
-    def on_exit(status: str) -> None:
-        if status == "completed":  # else the leader just exits, and its group's next receive fails
-            channel.send("stop", status=status)
-
     return DistributedProcess(manager, rank, on_exit=on_exit)
 
 

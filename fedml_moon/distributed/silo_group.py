@@ -156,6 +156,17 @@ def lead(build: Callable[[dict], Any], channel: Channel, group: Group) -> Callab
     return built
 
 
+def ending(channel: Channel) -> Callable[[str], None]:
+    """The leader's last word to its group: stop after a completed run; after a failed one the
+    leader just exits, and the group's next receive fails."""
+
+    def end(status: str) -> None:
+        if status == "completed":
+            channel.send("stop", status=status)
+
+    return end
+
+
 def follow(build: Callable[[dict], Any], channel: Channel, group: Group) -> str:
     """A follower's whole life: do what the leader broadcasts until it says stop."""
     built = None

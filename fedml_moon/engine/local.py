@@ -145,19 +145,19 @@ def backward(
     group (`engine.data_parallel`) this process takes its slice of the batch, its loss is scaled by
     its share, and the gradients and terms are summed over the group: the whole batch's."""
     group = data_parallel.current()
-    share = 1.0
-    if group is not None:
-        x, y, share = group.shard(x, y)
-    if group is not None and y.shape[0] == 0:  # a batch smaller than the group: nothing here
-        terms = {name: torch.zeros((), device=device) for name in (*algorithm.terms, "loss")}
-    else:
+    if group is None:
         with forward_precision(precision, device):
             loss, terms = algorithm.loss(net, x, y, ctx)
-        (loss * share if group is not None else loss).backward()
-        terms = {**terms, "loss": loss.detach()}
-    if group is None:
-        return terms
+        loss.backward()
+        return {**terms, "loss": loss.detach()}
+    x, y, share = group.shard(x, y)
     names = (*algorithm.terms, "loss")
+    terms = {}
+    if y.shape[0] > 0:  # else a batch smaller than the group: nothing here
+        with forward_precision(precision, device):
+            loss, terms = algorithm.loss(net, x, y, ctx)
+        (loss * share).backward()
+        terms = {**terms, "loss": loss.detach()}
     undeclared = sorted(set(terms) - set(names))
     if undeclared:
         raise ValueError(

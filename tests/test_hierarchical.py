@@ -199,6 +199,8 @@ def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
     assert "silo 1: process 0 of 2 (gloo)" in log and "silo 1: process 1 of 2 (gloo)" in log
     for r in range(3):
         assert f"silo group process 1 of 2: round {r} trained on its slice of every batch" in log
+    server = (tmp_path / "group" / "rank-0.log").read_text()  # only the leader talks to the server
+    assert server.count("rank 1 subscribed") == 1 and "refused" not in server.lower()
     a, b = _final(flat), _final(group)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
 

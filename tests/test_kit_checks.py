@@ -198,6 +198,10 @@ def test_a_silo_never_takes_plugins_from_the_server(registry_copy):
     hostile = {**shared, "common_args.plugins": [f"{PLUGINS}:hinge"]}
     with pytest.raises(ConfigError, match=r"never takes from it: \['common_args.plugins'\]"):
         with_shared(cfg, hostile)
+    for key, value in (("common_args.scenario", "hierarchical"), ("device_args.n_proc_per_node", 8)):
+        assert key not in shared  # a silo's own settings, which no server sends
+        with pytest.raises(ConfigError, match=f"never takes from it: \\['{key}'\\]"):
+            with_shared(cfg, {**shared, key: value})
     assert "hinge_kinks" not in registry.ALGORITHMS
     assert with_shared(cfg, shared).train_args.algorithm == "fedproto"
 

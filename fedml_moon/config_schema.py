@@ -285,6 +285,8 @@ class DeviceArgs:
     """hierarchical silos: the group's first host (torchrun --master-addr must agree); null: any"""
     pg_master_port: int | None = None
     """hierarchical silos: the group's rendezvous port (torchrun --master-port must agree); null: any"""
+    sync_batchnorm: bool = True
+    """hierarchical silos: BatchNorm over the whole batch (all-reduced); false: each process's slice"""
 
     def check(self) -> None:
         require(

@@ -19,7 +19,8 @@ import torch.multiprocessing as mp
 
 from fedml_moon.config_schema import ServerArgs, TrainArgs
 from fedml_moon.conformance import free_port
-from fedml_moon.core.models import build_model
+from fedml_moon.core.models import MoonNet, build_model
+from fedml_moon.engine import sync_batchnorm
 from fedml_moon.engine.batched import train_party
 from fedml_moon.engine.data_parallel import DataParallel, active
 from fedml_moon.registry import get_algorithm
@@ -42,7 +43,31 @@ def _options(name: str):
     return spec, spec.options(**extra)
 
 
-def _party_rounds(name: str, group: DataParallel | None) -> dict:
+class BatchNormEncoder(torch.nn.Module):
+    """A small encoder with BatchNorm2d and BatchNorm1d (resnet50's BatchNorm, at a test's size)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 6, 5, stride=2)
+        self.bn2 = torch.nn.BatchNorm2d(6)
+        self.fc = torch.nn.Linear(6 * 12 * 12, 40)
+        self.bn1 = torch.nn.BatchNorm1d(40)
+        self.out_features = 40
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn2(self.conv(x)))
+        return torch.relu(self.bn1(self.fc(torch.flatten(x, 1))))
+
+
+def _model(name: str) -> torch.nn.Module:
+    if name == "batchnorm":
+        return MoonNet(BatchNormEncoder(), 10, True, 32)
+    return build_model(name, (1, 28, 28), 10, True, 32)
+
+
+def _party_rounds(
+    name: str, group: DataParallel | None, model_name: str = "simple-cnn", batch: int = BATCH
+) -> dict:
     """ROUNDS local rounds of one party through the algorithm's both sides (the server algorithm
     moving the model between them), data-parallel over `group` when given; the uploads."""
     torch.manual_seed(0)
@@ -50,18 +75,15 @@ def _party_rounds(name: str, group: DataParallel | None) -> dict:
     train = TrainArgs(algorithm=name, epochs=1, batch_size=BATCH, learning_rate=0.05, momentum=0.9)
 
     def factory() -> torch.nn.Module:
-        return build_model("simple-cnn", (1, 28, 28), 10, True, 32)
+        return _model(model_name)
 
     model = factory()
+    if group is not None:
+        sync_batchnorm.convert(model)
     generator = torch.Generator().manual_seed(1)
     data = [
-        (
-            torch.randn(BATCH, 1, 28, 28, generator=generator),
-            torch.randint(0, 10, (BATCH,), generator=generator),
-        )
-    ]
-    data += [
-        (torch.randn(7, 1, 28, 28, generator=generator), torch.randint(0, 10, (7,), generator=generator))
+        (torch.randn(n, 1, 28, 28, generator=generator), torch.randint(0, 10, (n,), generator=generator))
+        for n in (batch, 7)
     ]
     client = spec.client(options, train, factory, 0)
     server = spec.server(options, ServerArgs(), train, 0)
@@ -79,6 +101,20 @@ def _party_rounds(name: str, group: DataParallel | None) -> dict:
 
 
 NAMES = ("scaffold", "lg", "moon", "fedssc", "fedprox")
+BN_NAMES = ("moon", "scaffold", "lg")  # on the BatchNorm model: synchronised, then DDP's slices
+CASES = [(n, "simple-cnn", True) for n in NAMES] + [
+    (n, "batchnorm", sync) for sync in (True, False) for n in BN_NAMES
+]
+
+
+def _all_cases(group: DataParallel | None) -> dict:
+    return {
+        f"{name}/{model}/{sync}": _party_rounds(
+            name, None if group is None else DataParallel(group.rank, group.size, sync_batchnorm=sync), model
+        )
+        for name, model, sync in CASES
+        if group is not None or sync
+    }
 
 
 def _worker(rank: int, port: int, out: str) -> None:
@@ -87,8 +123,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        uploads = {name: _party_rounds(name, DataParallel(rank, 2)) for name in NAMES}
-        torch.save(uploads, os.path.join(out, f"{rank}.pt"))
+        torch.save(_all_cases(DataParallel(rank, 2)), os.path.join(out, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -96,18 +131,32 @@ def _worker(rank: int, port: int, out: str) -> None:
 def test_two_processes_train_what_one_trains(tmp_path):
     """SCAFFOLD's step hooks, LG-FedAvg's split, MOON's teachers, FedSSC's prototypes and FedProx's
     anchor, each over two rounds with a last batch of 7 split 4 + 3: both processes of the group end
-    where the one-process party does (<= 1e-5), with the same upload."""
+    where the one-process party does (<= 1e-5), with the same upload; on a model with BatchNorm2d
+    and BatchNorm1d too (synchronised BatchNorm: the whole batch's statistics). Without
+    synchronisation (DDP's default) each slice's statistics give another model (by > 1e-5), which
+    both processes still hold alike (the leader's running statistics)."""
     from fedml_moon.conformance.snapshot import differences, snapshot
 
     torch.set_num_threads(1)
-    alone = {name: _party_rounds(name, None) for name in NAMES}
+    alone = _all_cases(None)
     mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    group = [torch.load(tmp_path / f"{rank}.pt", weights_only=True) for rank in (0, 1)]
     for rank in (0, 1):
-        group = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
-        for name in NAMES:
+        for case in alone:
             names = ("one process", f"process {rank}")
-            found = differences(snapshot(alone[name]), snapshot(group[name]), name, 1e-5, names)
+            found = differences(snapshot(alone[case]), snapshot(group[rank][case]), case, 1e-5, names)
             assert not found, found[:3]
+    for name in BN_NAMES:
+        synced, sliced = f"{name}/batchnorm/True", f"{name}/batchnorm/False"
+        assert not differences(snapshot(group[0][sliced]), snapshot(group[1][sliced]), name, 0.0)
+        assert differences(snapshot(alone[synced]), snapshot(group[0][sliced]), name, 1e-5)
+
+
+def test_a_batch_smaller_than_the_group_is_refused_with_synchronised_batchnorm():
+    """Every process takes part in every batch's statistics: a batch of 1 over 2 processes says so
+    (before any collective, so the whole group stops alike)."""
+    with pytest.raises(ValueError, match="batch of 1 samples cannot be split over the silo's 2 processes"):
+        _party_rounds("fedavg", DataParallel(0, 2), "batchnorm", batch=1)
 
 
 # --- a hierarchical silo in a cross-silo run over gRPC ----------------------------------------------
@@ -259,6 +308,7 @@ def test_a_group_of_the_wrong_size_is_refused_before_it_forms(monkeypatch):
         ("common_args.scenario=vertical", r"horizontal \(a silo is one process\) or hierarchical"),
         ("device_args.n_proc_per_node=0", "device_args.n_proc_per_node: must be an integer >= 1"),
         ("device_args.n_node_in_silo=two", "device_args.n_node_in_silo"),
+        ("device_args.sync_batchnorm=sometimes", "device_args.sync_batchnorm: must be true or false"),
     ],
 )
 def test_hierarchical_keys_are_checked(key, says):
@@ -268,10 +318,21 @@ def test_hierarchical_keys_are_checked(key, says):
         _silo_config(key)
 
 
-def test_a_batchnorm_model_is_refused_in_a_group():
-    from fedml_moon.distributed.silo_group import refuse_batchnorm
-    from fedml_moon.errors import ConfigError
+def test_a_groups_batchnorm_is_the_plain_module_outside_a_group():
+    """A silo's model keeps its parameters, buffers and state-dict keys (a group's upload is a plain
+    model's), and outside a group, or in eval mode, computes exactly what the plain model does."""
+    from fedml_moon.distributed.silo_group import Group, prepare_batchnorm
 
-    with pytest.raises(ConfigError, match="model_args.model: resnet50 has BatchNorm"):
-        refuse_batchnorm(build_model("resnet50", (3, 32, 32), 10, True, 32), "resnet50")
-    refuse_batchnorm(build_model("simple-cnn", (1, 28, 28), 10, True, 32), "simple-cnn")  # none: fine
+    torch.manual_seed(0)
+    plain = build_model("resnet50", (3, 32, 32), 10, True, 32)
+    model = copy.deepcopy(plain)
+    prepare_batchnorm(model, Group(0, 2, 0, 2))
+    converted = [m for m in model.modules() if isinstance(m, sync_batchnorm.GroupBatchNorm)]
+    assert len(converted) == 53  # resnet50's BatchNorm2d layers
+    assert list(model.state_dict()) == list(plain.state_dict())
+    x = torch.randn(4, 3, 32, 32)
+    for mode in ("train", "eval"):
+        getattr(plain, mode)(), getattr(model, mode)()
+        assert torch.equal(plain(x).logits, model(x).logits)
+    pairs = zip(plain.state_dict().values(), model.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)

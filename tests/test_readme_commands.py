@@ -702,3 +702,20 @@ def test_hierarchical_commands(tmp_path, home):
         assert (
             "silo 1: process 1 of 2 (gloo)" in said and "round 0 trained on its slice of every batch" in said
         )
+
+
+def test_a_master_port_in_use_stops_torchrun_naming_it(home):
+    """The guide's promise: the one-host silo command with its --master-port already taken stops
+    within seconds (exit 1), its last line naming the port and that it is in use."""
+    import socket
+
+    one = next(c for c, kind in COMMANDS.items() if kind == "hierarchical")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = shlex.split(one.replace("--master-port 29500", f"--master-port {port}"))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_env(home))
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1
+    assert f"port: {port}" in last and "EADDRINUSE, message: address already in use" in last, last

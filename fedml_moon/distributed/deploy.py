@@ -31,7 +31,7 @@ from fedml_moon.distributed.silo_group import (
     follow,
     join,
     lead,
-    refuse_batchnorm,
+    prepare_batchnorm,
 )
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
 
@@ -286,7 +286,7 @@ def _worker_build(
         base = build_base(run_cfg, folder, rank, local_procs, args=args)
         base.args.rank = rank
         if group is not None:
-            refuse_batchnorm(base.model, run_cfg.model_args.model)
+            prepare_batchnorm(base.model, group)
         return Built(
             build_runner(base, folder, store),
             parties_of(run_cfg, size, rank),

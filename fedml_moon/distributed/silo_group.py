@@ -5,8 +5,9 @@ leader, talks to the server. The leader hands the group every piece of work that
 (the run's config once, each round's training, a party state to load) through `Channel`, a broadcast
 of the codec's bytes (safetensors + JSON: nothing is un-pickled), and the group trains it
 data-parallel (`engine.data_parallel`): each step's batch split across the processes, gradients
-summed. The followers hold the same party states as the leader, step for step; the leader alone
-evaluates, checkpoints and uploads.
+summed, BatchNorm's statistics over the whole batch (`engine.sync_batchnorm`). The followers hold
+the same party states as the leader, step for step; the leader alone evaluates, checkpoints and
+uploads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 
 from fedml_moon.config import Config
 from fedml_moon.core.codec import decode, encode
+from fedml_moon.engine import sync_batchnorm
 from fedml_moon.engine.data_parallel import DataParallel, active
 from fedml_moon.errors import ConfigError
 
@@ -37,13 +39,14 @@ class Group:
     size: int
     local_rank: int
     local_size: int
+    sync_batchnorm: bool = True  # the leader's device_args.sync_batchnorm, for the whole group
 
     @property
     def leader(self) -> bool:
         return self.rank == 0
 
     def data_parallel(self) -> DataParallel:
-        return DataParallel(self.rank, self.size)
+        return DataParallel(self.rank, self.size, sync_batchnorm=self.sync_batchnorm)
 
 
 def join(cfg: Config, silo_rank: int) -> Group | None:
@@ -78,8 +81,14 @@ def join(cfg: Config, silo_rank: int) -> Group | None:
     backend = "nccl" if torch.cuda.is_available() and d.using_gpu is not False else "gloo"
     timeout = datetime.timedelta(seconds=max(60.0, 10 * cfg.comm_args.timeout_s))
     dist.init_process_group(backend, timeout=timeout)
+    sync = torch.tensor([int(d.sync_batchnorm)])
+    dist.broadcast(sync, src=0)  # one setting for the group: its leader's
     group = Group(
-        dist.get_rank(), size, int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        dist.get_rank(),
+        size,
+        int(os.environ["LOCAL_RANK"]),
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        bool(sync.item()),
     )
     log.info(
         "silo %d: process %d of %d (%s), pid %d", silo_rank, group.rank, group.size, backend, os.getpid()
@@ -87,15 +96,15 @@ def join(cfg: Config, silo_rank: int) -> Group | None:
     return group
 
 
-def refuse_batchnorm(model: torch.nn.Module, name: str) -> None:
-    """A group splits each batch, and BatchNorm's statistics of a slice are not the batch's: models
-    with BatchNorm (resnet50) would train another model than the one-process silo, so they are
-    refused until synchronised BatchNorm is built."""
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise ConfigError(
-            f"model_args.model: {name} has BatchNorm, whose statistics over a slice of the batch are not "
-            "the batch's; a hierarchical silo trains models without BatchNorm (simple-cnn, mlp), or set "
-            "common_args.scenario: horizontal"
+def prepare_batchnorm(model: torch.nn.Module, group: Group) -> None:
+    """A group splits each batch: the model's BatchNorm layers become `GroupBatchNorm`s, which take
+    the whole batch's statistics (`device_args.sync_batchnorm`, the default) or their slice's."""
+    count = sync_batchnorm.convert(model)
+    if count:
+        log.info(
+            "silo group: %d BatchNorm layers take %s",
+            count,
+            "the whole batch's statistics" if group.sync_batchnorm else "their slice's statistics (DDP's)",
         )
 
 

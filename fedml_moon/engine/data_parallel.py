@@ -7,6 +7,7 @@ computes the algorithm's loss on it, scaled by its share of the batch, and the g
 over the group (`sum_grads`, an all-reduce): the sum is the gradient of the whole batch's mean loss,
 which the one-process silo computes, so every process takes the same SGD step (the algorithm's step
 hooks see the same gradients everywhere). The loss terms for the metrics are summed the same way.
+BatchNorm takes the whole batch's statistics (`engine.sync_batchnorm`, `sync_batchnorm`).
 The algorithm never knows: `engine.local` asks `current()` and the group is entered with `active`.
 """
 
@@ -27,6 +28,7 @@ class DataParallel:
     rank: int
     size: int
     group: Any = None  # a torch.distributed ProcessGroup (None: the default group)
+    sync_batchnorm: bool = True  # BatchNorm over the whole batch; False: each slice's (DDP's default)
 
     def shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """This process's slice of the batch (x [B, ...], y [B]) and its share of the batch, n_k / B."""

@@ -27,7 +27,7 @@ from fedml_moon.algorithms.base import (
     make_optimizer,
 )
 from fedml_moon.core.batched import tree_map
-from fedml_moon.engine import data_parallel
+from fedml_moon.engine import data_parallel, sync_batchnorm
 from fedml_moon.engine.precision import forward_precision, summable
 
 
@@ -150,6 +150,12 @@ def backward(
             loss, terms = algorithm.loss(net, x, y, ctx)
         loss.backward()
         return {**terms, "loss": loss.detach()}
+    if group.sync_batchnorm and y.shape[0] < group.size and sync_batchnorm.has_batchnorm(net.model):
+        raise ValueError(
+            f"a batch of {y.shape[0]} samples cannot be split over the silo's {group.size} processes with "
+            "synchronised BatchNorm (each takes part in every batch's statistics): make "
+            "train_args.batch_size and every party's samples at least the group's size"
+        )
     x, y, share = group.shard(x, y)
     names = (*algorithm.terms, "loss")
     terms = {}
@@ -164,6 +170,8 @@ def backward(
             f"{type(algorithm).__name__}.loss returned the terms {undeclared}, which `terms` does not declare"
         )
     group.sum_grads(net.params)
+    if not group.sync_batchnorm:
+        sync_batchnorm.share_buffers(net.model, group.group)
     return group.sum_terms(
         {n: summable(terms[n]) * share if n in terms else torch.zeros((), device=device) for n in names}
     )

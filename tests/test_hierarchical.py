@@ -4,6 +4,7 @@ trains; the algorithm does not know."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -204,32 +205,60 @@ def _commands(folder: Path, hierarchical: int | None, extra: list[str]) -> tuple
 
 
 def grpc_run(
-    folder: Path, hierarchical: int | None, extra: list[str] = (), kill_after: int | None = None
+    folder: Path,
+    hierarchical: int | None,
+    extra: list[str] = (),
+    kill_after: int | None = None,
+    restart_after: int | None = None,
 ) -> tuple[Path, list[int]]:
     """Server and silos 1, 2 over gRPC on 127.0.0.1; silo `hierarchical` is a torchrun group of 2
-    processes. `kill_after`: SIGKILL its second process once that many rounds are recorded."""
+    processes. `kill_after`: SIGKILL its second process once that many rounds are recorded.
+    `restart_after`: then SIGKILL the server and the group's torchrun, and start both again (the
+    server with --resume)."""
     from fedml_moon.conformance.processes import process_env, spawn, stop, wait_all
     from fedml_moon.conformance.recovery import wait_rounds
 
     cmds, out = _commands(folder, hierarchical, list(extra))
-    env, procs = process_env(folder / "home"), []
+    env, procs = process_env(folder / "home"), {}
     try:
         for rank, cmd in cmds.items():
-            procs.append(spawn(cmd, folder / f"rank-{rank}.log", env, Path.cwd()))
+            procs[rank] = spawn(cmd, folder / f"rank-{rank}.log", env, Path.cwd())
         if kill_after is not None:
             wait_rounds(out, kill_after, 240)
-            _kill_second_process(folder / f"rank-{hierarchical}.log")
-        codes = wait_all(procs, 400)
+            os.kill(_group_pids(folder / f"rank-{hierarchical}.log")[1], signal.SIGKILL)
+        if restart_after is not None:
+            wait_rounds(out, restart_after, 240)
+            for rank in (0, hierarchical):
+                stop(procs[rank], first=signal.SIGKILL)
+            _gone(_group_pids(folder / f"rank-{hierarchical}.log").values(), 30)
+            again = {hierarchical: cmds[hierarchical], 0: [*cmds[0], "--resume", str(out)]}
+            for rank, cmd in again.items():
+                procs[rank] = spawn(cmd, folder / f"rank-{rank}-again.log", env, Path.cwd())
+        codes = wait_all([procs[r] for r in (1, 2, 0)], 400)
     finally:
-        for proc in procs:
+        for proc in procs.values():
             stop(proc)
     return out, codes
 
 
-def _kill_second_process(log: Path) -> None:
-    found = re.search(r"process 1 of 2 \(gloo\), pid (\d+)", log.read_text(errors="replace"))
-    assert found, log.read_text(errors="replace")[-2000:]
-    os.kill(int(found.group(1)), signal.SIGKILL)
+def _group_pids(log: Path) -> dict[int, int]:
+    """process -> pid of a torchrun group, from the lines its processes log as they join."""
+    found = re.findall(r"process (\d) of 2 \(gloo\), pid (\d+)", log.read_text(errors="replace"))
+    assert len(found) == 2, log.read_text(errors="replace")[-2000:]
+    return {int(k): int(pid) for k, pid in found}
+
+
+def _gone(pids, timeout_s: float) -> None:
+    """Every pid has exited within `timeout_s` (a group's processes end with their torchrun)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (alive := [p for p in pids if Path(f"/proc/{p}").exists()]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in alive:  # the test leaves nothing behind, whatever it finds
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive, f"group processes {alive} outlived their torchrun"
 
 
 def _final(out: Path) -> dict:
@@ -238,18 +267,24 @@ def _final(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
-    """Server and two silos over gRPC, 3 rounds of MOON: silo 1 as torchrun's 2 processes (gloo)
-    gives the final model of the run whose silos are one process each (<= 1e-5)."""
+    """Server and two silos over gRPC, 3 rounds of MOON: silo 1 as torchrun's 2 processes (gloo),
+    killed with the server (SIGKILL to both, after round 1's checkpoint; the group's processes end
+    with their torchrun) and restarted (the server with --resume), gives the final model of the run
+    whose silos are one process each, never interrupted (<= 1e-5)."""
     flat, codes = grpc_run(tmp_path / "flat", None)
     assert codes == [0, 0, 0], (tmp_path / "flat" / "rank-1.log").read_text()[-3000:]
-    group, codes = grpc_run(tmp_path / "group", 1)
-    assert codes == [0, 0, 0], (tmp_path / "group" / "rank-1.log").read_text()[-3000:]
-    log = (tmp_path / "group" / "rank-1.log").read_text()
-    assert "silo 1: process 0 of 2 (gloo)" in log and "silo 1: process 1 of 2 (gloo)" in log
+    extra = ["train_args.checkpoint_every=1"]
+    group, codes = grpc_run(tmp_path / "group", 1, extra, restart_after=1)
+    logs = {name: (tmp_path / "group" / f"{name}.log").read_text() for name in ("rank-1", "rank-1-again")}
+    assert codes == [0, 0, 0], logs["rank-1-again"][-3000:]
+    for log in logs.values():
+        assert "silo 1: process 0 of 2 (gloo)" in log and "silo 1: process 1 of 2 (gloo)" in log
     for r in range(3):
-        assert f"silo group process 1 of 2: round {r} trained on its slice of every batch" in log
-    server = (tmp_path / "group" / "rank-0.log").read_text()  # only the leader talks to the server
-    assert server.count("rank 1 subscribed") == 1 and "refused" not in server.lower()
+        said = f"silo group process 1 of 2: round {r} trained on its slice of every batch"
+        assert said in logs["rank-1" if r == 0 else "rank-1-again"]
+    for name in ("rank-0", "rank-0-again"):  # only the leader talks to the server
+        server = (tmp_path / "group" / f"{name}.log").read_text()
+        assert server.count("rank 1 subscribed") == 1 and "refused" not in server.lower(), server[-3000:]
     a, b = _final(flat), _final(group)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,7 @@ from fedml_moon.engine.data_parallel import DataParallel, active
 from fedml_moon.errors import ConfigError
 
 log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -78,6 +81,7 @@ def join(cfg: Config, silo_rank: int) -> Group | None:
             )
     import torch.distributed as dist
 
+    die_with_parent()
     backend = "nccl" if torch.cuda.is_available() and d.using_gpu is not False else "gloo"
     timeout = datetime.timedelta(seconds=max(60.0, 10 * cfg.comm_args.timeout_s))
     dist.init_process_group(backend, timeout=timeout)
@@ -94,6 +98,22 @@ def join(cfg: Config, silo_rank: int) -> Group | None:
         "silo %d: process %d of %d (%s), pid %d", silo_rank, group.rank, group.size, backend, os.getpid()
     )
     return group
+
+
+def die_with_parent() -> None:
+    """A group process ends (SIGTERM) when its torchrun dies, even by SIGKILL: torchrun starts each
+    process in its own session, so a process left behind would go on as the silo beside the
+    restarted group (its leader taking the silo's stream from the server). Linux only (prctl)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        log.warning("could not ask to end with torchrun (prctl errno %d)", ctypes.get_errno())
+    elif os.getppid() != parent:  # torchrun died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def prepare_batchnorm(model: torch.nn.Module, group: Group) -> None:

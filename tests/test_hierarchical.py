@@ -186,14 +186,20 @@ def torchrun(port: int, nproc: int = 2) -> list[str]:
             "--master-port", str(port), "-m", "fedml_moon"]  # fmt: skip
 
 
-def _commands(folder: Path, hierarchical: int | None, extra: list[str]) -> tuple[dict[int, list[str]], Path]:
-    """The command of each rank (1, 2, then the server 0) of a gRPC run on 127.0.0.1 in `folder`;
-    silo `hierarchical` as a torchrun group of 2 processes."""
+def _commands(
+    folder: Path, hierarchical: int | None, extra: list[str], svc=None
+) -> tuple[dict[int, list[str]], Path]:
+    """The command of each rank (1, 2, then the server 0) of a gRPC run on 127.0.0.1 in `folder`
+    (with `svc`, the loopback broker and S3 endpoint: an MQTT + S3 run); silo `hierarchical` as a
+    torchrun group of 2 processes."""
     from fedml_moon.conformance.processes import cli_command, write_ipconfig
 
     folder.mkdir(parents=True, exist_ok=True)
-    ipconfig = write_ipconfig(folder / "ipconfig.csv", 3, free_port())
-    sets, out = [*RUN, f"comm_args.grpc_ipconfig_path={ipconfig}", *extra], folder / "run"
+    if svc is None:
+        comm = [f"comm_args.grpc_ipconfig_path={write_ipconfig(folder / 'ipconfig.csv', 3, free_port())}"]
+    else:
+        comm = ["comm_args.backend=MQTT_S3", f"comm_args.run_id=group-{free_port()}", *svc.overrides]
+    sets, out = [*RUN, *comm, *extra], folder / "run"
     cmds = {}
     for rank in (1, 2, 0):
         cmd = [*cli_command("run", CONFIG, sets, out), "--rank", str(rank)]
@@ -204,21 +210,22 @@ def _commands(folder: Path, hierarchical: int | None, extra: list[str]) -> tuple
     return cmds, out
 
 
-def grpc_run(
+def silo_run(
     folder: Path,
     hierarchical: int | None,
     extra: list[str] = (),
     kill_after: int | None = None,
     restart_after: int | None = None,
+    svc=None,
 ) -> tuple[Path, list[int]]:
     """Server and silos 1, 2 over gRPC on 127.0.0.1; silo `hierarchical` is a torchrun group of 2
     processes. `kill_after`: SIGKILL its second process once that many rounds are recorded.
     `restart_after`: then SIGKILL the server and the group's torchrun, and start both again (the
-    server with --resume)."""
+    server with --resume). `svc`: over MQTT + S3 through these loopback services."""
     from fedml_moon.conformance.processes import process_env, spawn, stop, wait_all
     from fedml_moon.conformance.recovery import wait_rounds
 
-    cmds, out = _commands(folder, hierarchical, list(extra))
+    cmds, out = _commands(folder, hierarchical, list(extra), svc)
     env, procs = process_env(folder / "home"), {}
     try:
         for rank, cmd in cmds.items():
@@ -271,10 +278,10 @@ def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
     killed with the server (SIGKILL to both, after round 1's checkpoint; the group's processes end
     with their torchrun) and restarted (the server with --resume), gives the final model of the run
     whose silos are one process each, never interrupted (<= 1e-5)."""
-    flat, codes = grpc_run(tmp_path / "flat", None)
+    flat, codes = silo_run(tmp_path / "flat", None)
     assert codes == [0, 0, 0], (tmp_path / "flat" / "rank-1.log").read_text()[-3000:]
     extra = ["train_args.checkpoint_every=1"]
-    group, codes = grpc_run(tmp_path / "group", 1, extra, restart_after=1)
+    group, codes = silo_run(tmp_path / "group", 1, extra, restart_after=1)
     logs = {name: (tmp_path / "group" / f"{name}.log").read_text() for name in ("rank-1", "rank-1-again")}
     assert codes == [0, 0, 0], logs["rank-1-again"][-3000:]
     for log in logs.values():
@@ -291,11 +298,17 @@ def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
 
 @pytest.mark.slow
 def test_a_dead_group_process_fails_its_silos_round_and_the_run_goes_on(tmp_path):
-    """SIGKILL to the second process of silo 1 after round 1: the silo's round fails, the server goes
-    on without it (min_reports 1), and the run completes its 3 rounds."""
-    out, codes = grpc_run(tmp_path, 1, ["comm_args.min_reports=1"], kill_after=1)
+    """Over MQTT + S3 (a broker and an S3 endpoint on 127.0.0.1): silo 1's group trains round 0
+    through its leader; SIGKILL to its second process after round 1: the silo's round fails, the
+    server goes on without it (min_reports 1), and the run completes its 3 rounds."""
+    from fedml_moon.conformance.processes import services
+
+    with services(tmp_path / "services") as svc:
+        out, codes = silo_run(tmp_path / "run", 1, ["comm_args.min_reports=1"], kill_after=1, svc=svc)
     silo, other, server = codes
-    assert silo != 0 and other == 0 and server == 0, (tmp_path / "rank-0.log").read_text()[-3000:]
+    log = (tmp_path / "run" / "rank-1.log").read_text()
+    assert "silo group process 1 of 2: round 0 trained on its slice of every batch" in log
+    assert silo != 0 and other == 0 and server == 0, (tmp_path / "run" / "rank-0.log").read_text()[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == 3
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -88,6 +88,13 @@ def test_mpirun_script_adds_root_and_oversubscribe_flags(tmp_path):
     many = _mpirun_sh(tmp_path, "1000", "run", "--cf", "x.yaml", "--set", "a.b=c")
     assert "--oversubscribe" in many
     assert many[many.index("-np") :] == ["-np", "1000", program, "run", "--cf", "x.yaml", "--set", "a.b=c"]
+    hosts = "config/modes/mpi_hostfile"
+    spread = _mpirun_sh(tmp_path, "--hostfile", hosts, "3", "simulate", "--cf", "x.yaml")
+    assert spread[spread.index("--hostfile") :] == ["--hostfile", hosts, "-np", "3", program, "simulate",
+                                                    "--cf", "x.yaml"]  # fmt: skip
+    missing = subprocess.run(["bash", "run/mpirun.sh", "--hostfile", "no-such-file", "run"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert missing.returncode == 2 and "--hostfile needs an existing file" in missing.stderr
 
 
 def test_mpi_ranks_of_a_cross_silo_run():

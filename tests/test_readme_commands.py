@@ -81,6 +81,9 @@ HEADPROX = ".venv/bin/fedml-moon simulate --cf examples/headprox/headprox.yaml"
 CERTS = ".venv/bin/fedml-moon certs certs/ --silos 10 --host server.example.org --host 203.0.113.5"
 MPI_SIMULATION = "bash run/mpirun.sh 3 simulate --cf config/modes/moon_mpi_simulation.yaml"
 MPI_CROSS_SILO = "bash run/mpirun.sh run --cf config/modes/moon_cross_silo_mpi.yaml"
+MPI_HOSTS = (
+    "bash run/mpirun.sh --hostfile config/modes/mpi_hostfile run --cf config/modes/moon_cross_silo_mpi.yaml"
+)
 _TORCHRUN = (
     ".venv/bin/torchrun --nnodes {nodes} --nproc-per-node {procs}"
     " --master-addr 127.0.0.1 --master-port {port}"
@@ -185,6 +188,7 @@ COMMANDS: dict[str, str] = {
     "bash run/docs.sh": "docs",  # run/test.sh runs it; tests/test_docs.py breaks it on purpose
     ".venv/bin/mkdocs serve": "docs",  # a server for editing: the site it serves is the one built
     MPI_CROSS_SILO: "mpi",
+    MPI_HOSTS: "mpi",
     GRPC_SERVER: "grpc",
     GRPC_SILO: "grpc",
     EDGE: "mqtt",
@@ -224,7 +228,7 @@ COMMANDS: dict[str, str] = {
     # 21 recorded runs, 4 minutes; their digests are bitwise for one machine and PyTorch build
     ".venv/bin/python tests/recorded_runs.py --check tests/recorded_runs.json": "benchmark",
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
-    "bash run/mpirun.sh [NP] ARGS...": "synopsis",
+    "bash run/mpirun.sh [--hostfile FILE] [NP] ARGS...": "synopsis",
     "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",
     "bash run/run_client.sh RANK CONFIG ...": "synopsis",  # its usage line; run above with the default
     "mpirun -np W+1": "fragment",  # prose: the MPI simulation's rank count
@@ -543,10 +547,10 @@ def _complete_copy(template: Path, folder: Path, config: dict) -> None:
 @pytest.mark.slow
 def test_mpi_commands(tmp_path, home):
     """run/mpirun.sh adds what mpirun needs here (root, 2 cores); the cross-silo run takes its rank
-    count from the config (2 silos at tiny scale: 3 ranks)."""
+    count from the config (2 silos at tiny scale: 3 ranks), also through the guide's hostfile."""
     started = time.monotonic()
     cmds, outs = [], []
-    for i, command in enumerate((MPI_SIMULATION, MPI_CROSS_SILO)):
+    for i, command in enumerate((MPI_SIMULATION, MPI_CROSS_SILO, MPI_HOSTS)):
         outs.append(tmp_path / f"run-{i}")
         cmds.append([*shlex.split(command), *_sets(command), "--output-dir", str(outs[-1])])
     for log_path in _run_all(cmds, tmp_path / "logs", home, 420):

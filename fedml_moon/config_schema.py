@@ -270,7 +270,7 @@ class DeviceArgs:
     using_gpu: bool | str = "auto"
     """auto: a CUDA device when one is visible; true: the same, warning when none is; false: the CPU"""
     gpu_id: int = 0
-    """the CUDA device of the standalone run and the server (worker or silo r: GPU (r - 1) % GPUs); >= 0"""
+    """the CUDA device of a lone process (standalone, server, gRPC/MQTT silo); groups: rank on host; >= 0"""
     torch_threads: int | str = "auto"
     """PyTorch's intra-op threads: an integer >= 1, or auto (OMP_NUM_THREADS, else half the cores)"""
     gpu_mapping_file: str | None = None

@@ -332,6 +332,8 @@ def test_a_group_torchrun_did_not_start_is_refused_naming_what_is_missing(monkey
         ConfigError, match="common_args.scenario: torchrun starts a hierarchical silo and sets RANK"
     ):
         join(_silo_config(), 1)
+    with pytest.raises(ConfigError, match="hierarchical silos talk to the server over GRPC or MQTT_S3"):
+        join(_silo_config("comm_args.backend=MPI"), 1)  # before anything of torchrun's is looked for
     assert join(_silo_config(), 0) is None  # the server is never a group
     assert join(_silo_config("common_args.scenario=horizontal"), 1) is None
 

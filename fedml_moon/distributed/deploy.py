@@ -380,11 +380,6 @@ def run_process(
         local_procs = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
     group = join(cfg, rank)  # a hierarchical silo's torchrun group, or None
     if group is not None:
-        if cfg.comm_args.backend == "MPI":
-            raise ConfigError(
-                "common_args.scenario: hierarchical silos talk to the server over GRPC or MQTT_S3 (torchrun "
-                "starts them, not mpirun); set comm_args.backend, or scenario: horizontal"
-            )
         local_procs = group.local_size
         if not group.leader:
             return run_follower(cfg, Path(out_dir), rank, group)

@@ -54,10 +54,15 @@ class Group:
 
 def join(cfg: Config, silo_rank: int) -> Group | None:
     """Form the silo's process group when `common_args.scenario` is hierarchical and this process is
-    a silo (rank >= 1); None otherwise. Refuses, naming the keys, a group torchrun did not start or
-    whose size is not `device_args.n_node_in_silo` x `n_proc_per_node`."""
+    a silo (rank >= 1); None otherwise. Refuses, naming the keys, the MPI backend, a group torchrun
+    did not start or whose size is not `device_args.n_node_in_silo` x `n_proc_per_node`."""
     if cfg.common_args.scenario != "hierarchical" or silo_rank == 0:
         return None
+    if cfg.comm_args.backend == "MPI":
+        raise ConfigError(
+            "common_args.scenario: hierarchical silos talk to the server over GRPC or MQTT_S3 (torchrun "
+            "starts them, not mpirun); set comm_args.backend, or scenario: horizontal"
+        )
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
         raise ConfigError(

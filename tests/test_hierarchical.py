@@ -220,10 +220,11 @@ def silo_run(
 ) -> tuple[Path, list[int]]:
     """Server and silos 1, 2 over gRPC on 127.0.0.1; silo `hierarchical` is a torchrun group of 2
     processes. `kill_after`: SIGKILL its second process once that many rounds are recorded.
-    `restart_after`: then SIGKILL the server and the group's torchrun, and start both again (the
-    server with --resume). `svc`: over MQTT + S3 through these loopback services."""
+    `restart_after`: once that many rounds are checkpointed, SIGKILL the server and the group's
+    torchrun, and start both again (the server with --resume). `svc`: over MQTT + S3 through these
+    loopback services."""
     from fedml_moon.conformance.processes import process_env, spawn, stop, wait_all
-    from fedml_moon.conformance.recovery import wait_rounds
+    from fedml_moon.conformance.recovery import wait_checkpoint, wait_rounds
 
     cmds, out = _commands(folder, hierarchical, list(extra), svc)
     env, procs = process_env(folder / "home"), {}
@@ -234,7 +235,7 @@ def silo_run(
             wait_rounds(out, kill_after, 240)
             os.kill(_group_pids(folder / f"rank-{hierarchical}.log")[1], signal.SIGKILL)
         if restart_after is not None:
-            wait_rounds(out, restart_after, 240)
+            wait_checkpoint(out, restart_after - 1, 240)
             for rank in (0, hierarchical):
                 stop(procs[rank], first=signal.SIGKILL)
             _gone(_group_pids(folder / f"rank-{hierarchical}.log").values(), 30)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -50,9 +51,15 @@ def _records(out: Path) -> list[dict]:
 
 
 def _kill_when(proc, out: Path, rounds_done: int, extra_s: float) -> None:
+    """SIGKILL once `rounds_done` rounds are recorded and the first checkpoint is written (a run
+    killed before any checkpoint has nothing to resume: --resume refuses it), `extra_s` later."""
     deadline = time.monotonic() + 240
     path = out / "metrics.jsonl"
-    while not (path.exists() and len(path.read_text().splitlines()) >= rounds_done):
+    while not (
+        path.exists()
+        and len(path.read_text().splitlines()) >= rounds_done
+        and checkpoint.latest(out / "checkpoint") is not None
+    ):
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
         time.sleep(0.05)
     time.sleep(extra_s)
@@ -195,6 +202,27 @@ def test_a_refused_resume_changes_nothing_in_the_run_folder(tmp_path, monkeypatc
     assert cli.main(["simulate", "--cf", str(FEDSSC), *other, "--resume", str(out)]) == 2
     assert {name: (out / name).read_bytes() for name in files} == before
     assert not started and not list(out.glob("model_at_*.pt"))
+
+
+@needs_fmnist
+def test_a_run_without_a_checkpoint_is_refused_naming_the_setting(tmp_path, monkeypatch, capfd):
+    """A run killed before its first checkpoint (its first rounds recorded) has nothing to resume:
+    --resume exits 2 naming LATEST and train_args.checkpoint_every, and leaves the run's folder as
+    it was."""
+    from fedml_moon import cli
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    sets = [x for o in [*conformance.TINY, "train_args.comm_round=1"] for x in ("--set", o)]
+    assert cli.main(["simulate", "--cf", str(FEDSSC), *sets, "--output-dir", str(out)]) == 0
+    shutil.rmtree(out / "checkpoint")  # what a SIGKILL before the first checkpoint leaves
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert "metrics.jsonl" in before
+    capfd.readouterr()
+    assert cli.main(["simulate", "--cf", str(FEDSSC), *sets, "--resume", str(out)]) == 2
+    said = capfd.readouterr().err
+    assert "LATEST is missing" in said and "train_args.checkpoint_every" in said, said
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def test_a_write_that_dies_midway_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedml_moon.conformance.processes import cli_command, process_env, spawn, stop, wait_all
+from fedml_moon.core.checkpoint import latest
 
 
 @dataclass
@@ -36,6 +37,16 @@ def wait_rounds(out: Path, n: int, timeout_s: float) -> None:
     while recorded(out) < n:
         if time.monotonic() > deadline:
             raise TimeoutError(f"fewer than {n} rounds recorded in {out} after {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def wait_checkpoint(out: Path, round_idx: int, timeout_s: float) -> None:
+    """Until the run in `out` has a complete checkpoint of `round_idx` or later (a round's metrics
+    row is written before its checkpoint: a server killed between the two resumes from the one before)."""
+    deadline = time.monotonic() + timeout_s
+    while (done := latest(out / "checkpoint")) is None or done < round_idx:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no checkpoint of round {round_idx} in {out} after {timeout_s:.0f} s")
         time.sleep(0.1)
 
 

@@ -256,8 +256,8 @@ def _mpi() -> tuple[object, int, int]:
     return comm, comm.Get_rank(), comm.Get_size()
 
 
-def _rank_of(args: argparse.Namespace, cfg: Config) -> tuple[int, int | None, object]:
-    """(rank, size, comm) of this process."""
+def _rank_of(args: argparse.Namespace, cfg: Config) -> tuple[int, int | None, object, object]:
+    """(rank, size, comm, place in a hierarchical silo's group under mpirun) of this process."""
     if cfg.comm_args.backend == "MPI":
         comm, rank, size = _mpi()
         if size < 2:
@@ -268,17 +268,23 @@ def _rank_of(args: argparse.Namespace, cfg: Config) -> tuple[int, int | None, ob
             raise ConfigError(
                 f"--rank {args.rank} disagrees with mpirun's rank {rank}; leave --rank out under MPI"
             )
-        return rank, size, comm
+        if cfg.common_args.scenario == "hierarchical" and cfg.common_args.training_type == "cross_silo":
+            from fedml_moon.distributed.mpi_silos import split
+
+            servers, rank, size, placed = split(comm, cfg)  # the server's and leaders' comm
+            return rank, size, servers, placed
+        return rank, size, comm, None
     if args.rank is None or args.rank < 0:
         raise ConfigError(
             f"--rank: {cfg.comm_args.backend} processes are started one by one; give --rank (0 = server)"
         )
-    return args.rank, None, None
+    return args.rank, None, None, None
 
 
 def mpi_ranks(argv: list[str]) -> int:
     """How many MPI ranks `fedml-moon ARGV` needs (run/mpirun.sh without NP): a cross-silo run over
-    MPI has one silo per party plus the server, train_args.client_num_in_total + 1 after --set."""
+    MPI has one silo per party plus the server, train_args.client_num_in_total + 1 after --set (a
+    hierarchical one N x P + 1: `mpi_silos`)."""
     args = build_parser().parse_args(argv)
     if args.command != "run":
         raise ConfigError(
@@ -290,6 +296,10 @@ def mpi_ranks(argv: list[str]) -> int:
             f"{args.cf}: training_type {cfg.common_args.training_type} / backend {cfg.comm_args.backend} "
             "does not run under mpirun; cross-silo over MPI needs cross_silo / MPI"
         )
+    if cfg.common_args.scenario == "hierarchical":
+        from fedml_moon.distributed.mpi_silos import group_size
+
+        return cfg.train_args.client_num_in_total * group_size(cfg) + 1
     return cfg.train_args.client_num_in_total + 1
 
 
@@ -304,12 +314,13 @@ def _check_command(command: str, cfg: Config) -> None:
 def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     from fedml_moon.distributed.deploy import explicit_keys, run_process
 
-    rank, size, comm = _rank_of(args, cfg)
+    rank, size, comm, placed = _rank_of(args, cfg)
     if getattr(args, "role", None) and args.role != ("server" if rank == 0 else "client"):
         raise ConfigError(f"--role {args.role} disagrees with rank {rank} (rank 0 is the server)")
     _setup_logging(args.verbose, rank)
     explicit = explicit_keys(args.overrides, cfg)  # a silo's own --set must agree with the server's
-    status = run_process(cfg, out_dir, rank, size, comm, resume=bool(args.resume), explicit=explicit)
+    resume = bool(args.resume)
+    status = run_process(cfg, out_dir, rank, size, comm, resume, explicit, placed)
     log.info("rank %d finished: %s", rank, status)
     return 0 if status == "completed" else 1
 

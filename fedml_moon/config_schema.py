@@ -24,7 +24,7 @@ class CommonArgs:
     random_seed: int = 0
     """the run's one seed: partition, sampling, local test splits, initial models, batch orders"""
     scenario: str = "horizontal"
-    """horizontal (a silo is one process) or hierarchical (a silo is a torchrun group, data-parallel)"""
+    """horizontal (a silo is one process) or hierarchical (a silo is a group of processes, data-parallel)"""
     using_mlops: bool = False
     """FedML's cloud MLOps; must be false (FedML's cloud is never contacted)"""
     plugins: list[str] = field(default_factory=list)
@@ -40,7 +40,7 @@ class CommonArgs:
         require(
             self.scenario in SCENARIOS,
             "common_args.scenario",
-            f"horizontal (a silo is one process) or hierarchical (a torchrun group); got {self.scenario!r}",
+            f"horizontal (a silo is one process) or hierarchical (a process group); got {self.scenario!r}",
         )
 
 
@@ -282,9 +282,11 @@ class DeviceArgs:
     n_proc_per_node: int = 1
     """hierarchical silos: the processes per host of a silo's group (torchrun --nproc-per-node); >= 1"""
     pg_master_address: str | None = None
-    """hierarchical silos: the group's first host (torchrun --master-addr must agree); null: any"""
+    """hierarchical silos: the group's first host (torchrun --master-addr must agree); null: any
+    (under mpirun: 127.0.0.1 for a group on one host, else the leader's host)"""
     pg_master_port: int | None = None
-    """hierarchical silos: the group's rendezvous port (torchrun --master-port must agree); null: any"""
+    """hierarchical silos: the group's rendezvous port (torchrun --master-port must agree); null: any
+    (under mpirun: silo s takes this + s - 1, null a free port)"""
     sync_batchnorm: bool = True
     """hierarchical silos: BatchNorm over the whole batch (all-reduced); false: each process's slice"""
 

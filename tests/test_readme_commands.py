@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from fedml_moon import conformance
@@ -83,6 +84,9 @@ MPI_SIMULATION = "bash run/mpirun.sh 3 simulate --cf config/modes/moon_mpi_simul
 MPI_CROSS_SILO = "bash run/mpirun.sh run --cf config/modes/moon_cross_silo_mpi.yaml"
 MPI_HOSTS = (
     "bash run/mpirun.sh --hostfile config/modes/mpi_hostfile run --cf config/modes/moon_cross_silo_mpi.yaml"
+)
+MPI_HIERARCHICAL = (
+    MPI_CROSS_SILO + " --set common_args.scenario=hierarchical --set device_args.n_proc_per_node=2"
 )
 _TORCHRUN = (
     ".venv/bin/torchrun --nnodes {nodes} --nproc-per-node {procs}"
@@ -189,6 +193,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/mkdocs serve": "docs",  # a server for editing: the site it serves is the one built
     MPI_CROSS_SILO: "mpi",
     MPI_HOSTS: "mpi",
+    MPI_HIERARCHICAL: "mpi",
     GRPC_SERVER: "grpc",
     GRPC_SILO: "grpc",
     EDGE: "mqtt",
@@ -547,18 +552,62 @@ def _complete_copy(template: Path, folder: Path, config: dict) -> None:
 @pytest.mark.slow
 def test_mpi_commands(tmp_path, home):
     """run/mpirun.sh adds what mpirun needs here (root, 2 cores); the cross-silo run takes its rank
-    count from the config (2 silos at tiny scale: 3 ranks), also through the guide's hostfile."""
+    count from the config (2 silos at tiny scale: 3 ranks), also through the guide's hostfile. The
+    hierarchical one (2 silos of 2 processes: 5 ranks, after the others), stopped (SIGTERM to
+    mpirun) after its first checkpoint and started again with --resume, ends on the model of the
+    run of one-process silos (8 rounds each, in float64: <= 1e-12; float32 rounding alone grows to
+    about 1e-4 over those 190 steps a party)."""
     started = time.monotonic()
     cmds, outs = [], []
-    for i, command in enumerate((MPI_SIMULATION, MPI_CROSS_SILO, MPI_HOSTS)):
+    commands = (MPI_SIMULATION, MPI_CROSS_SILO, MPI_HOSTS, MPI_HIERARCHICAL)
+    for i, command in enumerate(commands):
         outs.append(tmp_path / f"run-{i}")
-        cmds.append([*shlex.split(command), *_sets(command), "--output-dir", str(outs[-1])])
-    for log_path in _run_all(cmds, tmp_path / "logs", home, 420):
+        sets = _sets(command)
+        if command in (MPI_CROSS_SILO, MPI_HIERARCHICAL):  # long enough to be stopped midway
+            sets = _sets(command + "".join(f" --set {s}" for s in COMPARED)) + [
+                a for s in COMPARED for a in ("--set", s)
+            ]
+        cmds.append([*shlex.split(command), *sets, "--output-dir", str(outs[-1])])
+    logs = _run_all(cmds[:3], tmp_path / "logs", home, 420)
+    _stop_after_first_checkpoint(cmds[3], outs[3], tmp_path / "stopped.log", home)
+    logs += _run_all([[*cmds[3], "--resume", str(outs[3])]], tmp_path / "resumed", home, 420)
+    for log_path in logs:
         text = _quiet(log_path)
         assert {"rank 0", "rank 1", "rank 2"} <= set(re.findall(r"rank \d+", text)), text[-2000:]
-    for out in outs:
-        _completed(out, 1)
+    assert "resuming after the checkpoint of round" in text, text[-3000:]
+    for silo in (1, 2):
+        for process in (0, 1):
+            assert f"silo {silo}: process {process} of 2 (gloo)" in text, text[-3000:]
+    assert text.count("silo group process 1 of 2: round 7 trained") == 2, text[-3000:]  # a follower each
+    for out, rounds in zip(outs, (1, 8, 1, 8), strict=True):
+        _completed(out, rounds)
+    one, group = (torch.load(o / "final_model.pt", weights_only=True) for o in (outs[1], outs[3]))
+    assert one["encoder.conv1.weight"].dtype == torch.float64
+    assert max(float((one[k] - group[k]).abs().max()) for k in one) <= 1e-12
     print(f"MPI README commands: {time.monotonic() - started:.1f} s")
+
+
+COMPARED = [
+    "train_args.comm_round=8",
+    "data_args.max_train_samples=3000",
+    "train_args.batch_size=64",
+    "train_args.precision=fp64",
+    "train_args.checkpoint_every=1",
+]
+"""What the MPI runs of one-process and hierarchical silos add to TINY."""
+
+
+def _stop_after_first_checkpoint(cmd: list[str], out: Path, log: Path, home: Path) -> None:
+    """Start `cmd` (an mpirun job), SIGTERM it once its first checkpoint is written, before its end."""
+    from fedml_moon.conformance.recovery import wait_checkpoint
+
+    proc = conformance.spawn(cmd, log, _env(home), ROOT)
+    try:
+        wait_checkpoint(out, 0, 240)
+        assert proc.poll() is None and not (out / "summary.json").exists(), log.read_text()[-3000:]
+    finally:
+        conformance.stop(proc)
+    assert proc.returncode != 0
 
 
 def _grpc_comm(tmp_path: Path, out: Path) -> list[str]:

@@ -3,7 +3,8 @@
 Modes (`common_args.training_type` x `comm_args.backend`):
   simulation + MPI       MPI simulation: W = size - 1 workers simulate N parties, party p on rank
                          1 + p % W (a fixed map: a party's state and data never leave its worker)
-  cross_silo + MPI       one process per silo: party p is rank p + 1 (W = N)
+  cross_silo + MPI       one process per silo: party p is rank p + 1 (W = N); hierarchical silos:
+                         P processes each, the leaders ranked as silos (mpi_silos)
   cross_silo + GRPC      the same over gRPC; the server's address from the ipconfig CSV (its rank-0 row)
   cross_silo + MQTT_S3   the same over an MQTT broker and an S3-compatible store
 The run's config is the server's: a worker builds its data and parties from the shared settings the
@@ -24,6 +25,7 @@ from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_ov
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.state import make_store
 from fedml_moon.distributed.managers import config_differences
+from fedml_moon.distributed.mpi_silos import Placement
 from fedml_moon.distributed.silo_group import (
     Channel,
     Group,
@@ -297,14 +299,14 @@ def _worker_build(
     return build
 
 
-def run_follower(cfg: Config, out_dir: Path, rank: int, group: Group) -> str:
+def run_follower(cfg: Config, out_dir: Path, rank: int, group: Group, size: int | None = None) -> str:
     """A hierarchical silo's process other than its leader: builds and trains what the leader
     broadcasts, in its own folder (out_dir/rank-R/process-k), until the leader says stop."""
     folder = Path(out_dir) / f"rank-{rank}" / f"process-{group.rank}"
     args = build_args(cfg, folder, rank, group.local_size)
     store = make_store(cfg.train_args.state_store, folder / "party_state")
     return follow(
-        _worker_build(cfg, folder, rank, None, group.local_size, args, store, group), Channel(), group
+        _worker_build(cfg, folder, rank, size, group.local_size, args, store, group), Channel(), group
     )
 
 
@@ -369,8 +371,11 @@ def run_process(
     comm: Any = None,
     resume: bool = False,
     explicit: list[str] | None = None,
+    placed: Placement | None = None,
 ) -> str:
-    """Build and run one process through FedML's `FedMLRunner(..., algorithm_flow=...)`; its status."""
+    """Build and run one process through FedML's `FedMLRunner(..., algorithm_flow=...)`; its status.
+    `placed`: this process's place in a hierarchical silo's group under mpirun (`comm` is then the
+    server's and leaders' communicator, None for the group's other processes)."""
     import fedml
 
     local_procs = 1
@@ -378,11 +383,11 @@ def run_process(
         from mpi4py import MPI
 
         local_procs = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    group = join(cfg, rank)  # a hierarchical silo's torchrun group, or None
+    group = join(cfg, rank, placed)  # a hierarchical silo's group, or None
     if group is not None:
         local_procs = group.local_size
         if not group.leader:
-            return run_follower(cfg, Path(out_dir), rank, group)
+            return run_follower(cfg, Path(out_dir), rank, group, size)
     proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group)
     base_args = proc.manager.args
     fedml.FedMLRunner(base_args, None, None, None, algorithm_flow=proc).run()

@@ -1,13 +1,13 @@
 """A silo made of several processes (FedML's hierarchical cross-silo, `common_args.scenario:
-hierarchical`): `torchrun` starts the group on one or more hosts, its processes form one
-torch.distributed process group (gloo on CPUs, nccl on GPUs), and only the group's rank 0, the
-leader, talks to the server. The leader hands the group every piece of work that changes a party
-(the run's config once, each round's training, a party state to load) through `Channel`, a broadcast
-of the codec's bytes (safetensors + JSON: nothing is un-pickled), and the group trains it
-data-parallel (`engine.data_parallel`): each step's batch split across the processes, gradients
-summed, BatchNorm's statistics over the whole batch (`engine.sync_batchnorm`). The followers hold
-the same party states as the leader, step for step; the leader alone evaluates, checkpoints and
-uploads.
+hierarchical`): `torchrun` starts the group on one or more hosts (or mpirun starts the whole job:
+`mpi_silos`), its processes form one torch.distributed process group (gloo on CPUs, nccl on GPUs),
+and only the group's rank 0, the leader, talks to the server. The leader hands the group every
+piece of work that changes a party (the run's config once, each round's training, a party state to
+load) through `Channel`, a broadcast of the codec's bytes (safetensors + JSON: nothing is
+un-pickled), and the group trains it data-parallel (`engine.data_parallel`): each step's batch
+split across the processes, gradients summed, BatchNorm's statistics over the whole batch
+(`engine.sync_batchnorm`). The followers hold the same party states as the leader, step for step;
+the leader alone evaluates, checkpoints and uploads.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 
 from fedml_moon.config import Config
 from fedml_moon.core.codec import decode, encode
+from fedml_moon.distributed.mpi_silos import Placement
 from fedml_moon.engine import sync_batchnorm
 from fedml_moon.engine.data_parallel import DataParallel, active
 from fedml_moon.errors import ConfigError
@@ -52,23 +53,44 @@ class Group:
         return DataParallel(self.rank, self.size, sync_batchnorm=self.sync_batchnorm)
 
 
-def join(cfg: Config, silo_rank: int) -> Group | None:
+def join(cfg: Config, silo_rank: int, placed: Placement | None = None) -> Group | None:
     """Form the silo's process group when `common_args.scenario` is hierarchical and this process is
-    a silo (rank >= 1); None otherwise. Refuses, naming the keys, the MPI backend, a group torchrun
-    did not start or whose size is not `device_args.n_node_in_silo` x `n_proc_per_node`."""
+    a silo (rank >= 1); None otherwise. `placed`: where mpirun put this process (`mpi_silos.split`);
+    else torchrun's environment, refused, naming the keys, when torchrun did not start the group or
+    its size is not `device_args.n_node_in_silo` x `n_proc_per_node`."""
     if cfg.common_args.scenario != "hierarchical" or silo_rank == 0:
         return None
-    if cfg.comm_args.backend == "MPI":
-        raise ConfigError(
-            "common_args.scenario: hierarchical silos talk to the server over GRPC or MQTT_S3 (torchrun "
-            "starts them, not mpirun); set comm_args.backend, or scenario: horizontal"
+    placed = placed or torchrun_placement(cfg, silo_rank)
+    import torch.distributed as dist
+
+    die_with_parent()
+    d = cfg.device_args
+    backend = "nccl" if torch.cuda.is_available() and d.using_gpu is not False else "gloo"
+    timeout = datetime.timedelta(seconds=max(60.0, 10 * cfg.comm_args.timeout_s))
+    if placed.init_method is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(
+            backend, init_method=placed.init_method, rank=placed.rank, world_size=placed.size, timeout=timeout
         )
+    sync = torch.tensor([int(d.sync_batchnorm)])
+    dist.broadcast(sync, src=0)  # one setting for the group: its leader's
+    group = Group(dist.get_rank(), placed.size, placed.local_rank, placed.local_size, bool(sync.item()))
+    log.info(
+        "silo %d: process %d of %d (%s), pid %d", silo_rank, group.rank, group.size, backend, os.getpid()
+    )
+    return group
+
+
+def torchrun_placement(cfg: Config, silo_rank: int) -> Placement:
+    """This process's place in its group, from torchrun's environment (checked against the config)."""
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
         raise ConfigError(
             f"common_args.scenario: torchrun starts a hierarchical silo and sets {', '.join(missing)}"
             "; start the silo as torchrun --nnodes N --nproc-per-node P ... fedml-moon run ... (docs: "
-            "how-to/deployment-modes.md), or set scenario: horizontal"
+            "how-to/deployment-modes.md), under mpirun with comm_args.backend: MPI, or set scenario: "
+            "horizontal"
         )
     d = cfg.device_args
     size, expected = int(os.environ["WORLD_SIZE"]), d.n_node_in_silo * d.n_proc_per_node
@@ -84,25 +106,8 @@ def join(cfg: Config, silo_rank: int) -> Group | None:
                 f"device_args.{key} is {given!r}, but torchrun's {env} is {os.environ[env]!r}; make them "
                 "agree (or leave the key null)"
             )
-    import torch.distributed as dist
-
-    die_with_parent()
-    backend = "nccl" if torch.cuda.is_available() and d.using_gpu is not False else "gloo"
-    timeout = datetime.timedelta(seconds=max(60.0, 10 * cfg.comm_args.timeout_s))
-    dist.init_process_group(backend, timeout=timeout)
-    sync = torch.tensor([int(d.sync_batchnorm)])
-    dist.broadcast(sync, src=0)  # one setting for the group: its leader's
-    group = Group(
-        dist.get_rank(),
-        size,
-        int(os.environ["LOCAL_RANK"]),
-        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-        bool(sync.item()),
-    )
-    log.info(
-        "silo %d: process %d of %d (%s), pid %d", silo_rank, group.rank, group.size, backend, os.getpid()
-    )
-    return group
+    local = int(os.environ["LOCAL_RANK"]), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return Placement(int(os.environ["RANK"]), size, *local)
 
 
 def die_with_parent() -> None:

@@ -65,8 +65,20 @@ def test_a_roster_with_another_neighbourhood_than_the_graphs_is_refused():
         SecAggError, match=r"party 0: the roster hands it the neighbourhood \[.*\], but the round"
     ):
         r.parties[0].share({v: keys[v] for v in chosen}, r.digests)
-    forged = {**r.digests, 5: hashlib.sha256(b"a key set of the server's choosing").digest()}
-    with pytest.raises(SecAggError, match="keys in the roster do not match its digest|roster hands it"):
+    neighbour = next(v for v in sorted(rosters[0]) if v != 0)
+    forged = {**r.digests, neighbour: hashlib.sha256(b"a key set of the server's choosing").digest()}
+    with pytest.raises(SecAggError, match=f"party {neighbour}'s keys in the roster do not match its digest"):
+        r.parties[0].share(rosters[0], forged)
+    # another digest moves the graph; one that moves party 0's neighbourhood is refused (one that
+    # leaves it where it was gives the server nothing: party 0 shares with its true neighbours)
+    other = next(v for v in range(10) if v not in rosters[0])
+    for salt in range(1000):
+        forged = {**r.digests, other: hashlib.sha256(f"forged {salt}".encode()).digest()}
+        if RoundGraph.draw(r.parties[0].round_idx, forged, 2).members(0) != sorted(rosters[0]):
+            break
+    else:
+        pytest.fail("no forged digest in 1000 moved party 0's neighbourhood")
+    with pytest.raises(SecAggError, match="the roster hands it the neighbourhood"):
         r.parties[0].share(rosters[0], forged)
     with pytest.raises(SecAggError, match="do not hold the digest of the keys it advertised"):
         r.parties[0].share(rosters[0], {**r.digests, 0: bytes(32)})

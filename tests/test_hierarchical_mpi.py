@@ -1,11 +1,10 @@
 """Hierarchical silos under one mpirun (fedml_moon.distributed.mpi_silos): where each rank stands,
 how many ranks a job needs, and a job of the wrong size refused by every rank with the -np to give.
-(The guide's command, its model against one-process silos and its resume: test_readme_commands.py
-`test_mpi_commands`.)"""
+(The guide's command, its model against one-process silos, a dead group process ending the job,
+and its resume: test_readme_commands.py `test_mpi_commands`.)"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -46,51 +45,13 @@ def test_run_mpirun_sh_counts_the_server_and_every_group_process():
 
 @pytest.mark.slow
 def test_every_rank_of_a_job_of_the_wrong_size_says_the_np_to_give(tmp_path):
-    """Through mpirun: 4 ranks for 2 silos of 2 processes; each rank exits 2 naming -np 5, before
+    """Through mpirun: 3 ranks for 2 silos of 2 processes; each rank exits 2 naming -np 5, before
     it builds anything (no output folder)."""
     sets = ["train_args.client_num_in_total=2", "train_args.client_num_per_round=2", *GROUPS]
-    cmd = ["bash", "run/mpirun.sh", "4", "run", "--cf", str(MPI_CONFIG)]
+    cmd = ["bash", "run/mpirun.sh", "3", "run", "--cf", str(MPI_CONFIG)]
     cmd += [a for s in sets for a in ("--set", s)] + ["--output-dir", str(tmp_path / "run")]
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     said = done.stdout + done.stderr
-    assert done.returncode != 0 and said.count("mpirun -np 5, not 4") == 4, said[-3000:]
+    assert done.returncode != 0 and said.count("mpirun -np 5, not 3") == 3, said[-3000:]
     assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.slow
-def test_a_dead_group_process_ends_the_mpirun_job_and_leaves_no_rank_behind(tmp_path):
-    """SIGKILL to silo 1's second process once the first round is checkpointed: mpirun ends the
-    whole job (non-zero) within a minute, every rank with it; the checkpoint stays for --resume."""
-    import re
-    import signal
-    import time
-
-    from fedml_moon import conformance
-    from fedml_moon.conformance.recovery import wait_checkpoint, wait_for
-
-    sets = [*conformance.TINY, "train_args.client_num_in_total=2", "train_args.client_num_per_round=2"]
-    sets += [
-        *GROUPS,
-        "train_args.comm_round=50",
-        "train_args.checkpoint_every=1",
-        "device_args.torch_threads=1",
-    ]
-    out, log = tmp_path / "run", tmp_path / "job.log"
-    cmd = ["bash", "run/mpirun.sh", "run", "--cf", str(MPI_CONFIG)]
-    cmd += [a for s in sets for a in ("--set", s)] + ["--output-dir", str(out)]
-    job = conformance.spawn(cmd, log, conformance.process_env(tmp_path / "home"), ROOT)
-    try:
-        wait_for(log, "silo 2: process 1 of 2", 240)
-        pids = [int(p) for p in re.findall(r"silo \d: process \d of 2 \(gloo\), pid (\d+)", log.read_text())]
-        wait_checkpoint(out, 0, 240)
-        follower = int(re.search(r"silo 1: process 1 of 2 \(gloo\), pid (\d+)", log.read_text()).group(1))
-        os.kill(follower, signal.SIGKILL)
-        code = job.wait(timeout=60)
-        deadline = time.monotonic() + 30
-        while (alive := [p for p in pids if Path(f"/proc/{p}").exists()]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        conformance.stop(job)
-    assert code != 0 and not alive, (code, alive, log.read_text()[-3000:])
-    assert (out / "checkpoint" / "LATEST").is_file() and not (out / "final_model.pt").exists()

@@ -30,6 +30,7 @@ import re
 import runpy
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -553,10 +554,10 @@ def _complete_copy(template: Path, folder: Path, config: dict) -> None:
 def test_mpi_commands(tmp_path, home):
     """run/mpirun.sh adds what mpirun needs here (root, 2 cores); the cross-silo run takes its rank
     count from the config (2 silos at tiny scale: 3 ranks), also through the guide's hostfile. The
-    hierarchical one (2 silos of 2 processes: 5 ranks, after the others), stopped (SIGTERM to
-    mpirun) after its first checkpoint and started again with --resume, ends on the model of the
-    run of one-process silos (8 rounds each, in float64: <= 1e-12; float32 rounding alone grows to
-    about 1e-4 over those 190 steps a party)."""
+    hierarchical one (2 silos of 2 processes: 5 ranks, after the others), whose job ends when a
+    group process is killed after the first checkpoint, started again with --resume, ends on the
+    model of the run of one-process silos (8 rounds each, in float64: <= 1e-12; float32 rounding
+    alone grows to about 1e-4 over those 190 steps a party)."""
     started = time.monotonic()
     cmds, outs = [], []
     commands = (MPI_SIMULATION, MPI_CROSS_SILO, MPI_HOSTS, MPI_HIERARCHICAL)
@@ -569,7 +570,7 @@ def test_mpi_commands(tmp_path, home):
             ]
         cmds.append([*shlex.split(command), *sets, "--output-dir", str(outs[-1])])
     logs = _run_all(cmds[:3], tmp_path / "logs", home, 420)
-    _stop_after_first_checkpoint(cmds[3], outs[3], tmp_path / "stopped.log", home)
+    _kill_a_group_process_after_the_first_checkpoint(cmds[3], outs[3], tmp_path / "killed.log", home)
     logs += _run_all([[*cmds[3], "--resume", str(outs[3])]], tmp_path / "resumed", home, 420)
     for log_path in logs:
         text = _quiet(log_path)
@@ -597,17 +598,29 @@ COMPARED = [
 """What the MPI runs of one-process and hierarchical silos add to TINY."""
 
 
-def _stop_after_first_checkpoint(cmd: list[str], out: Path, log: Path, home: Path) -> None:
-    """Start `cmd` (an mpirun job), SIGTERM it once its first checkpoint is written, before its end."""
+def _kill_a_group_process_after_the_first_checkpoint(
+    cmd: list[str], out: Path, log: Path, home: Path
+) -> None:
+    """Start `cmd` (an mpirun job of hierarchical silos); once its first checkpoint is written, SIGKILL
+    silo 1's second process: mpirun ends the whole job (non-zero) within a minute, no rank left."""
     from fedml_moon.conformance.recovery import wait_checkpoint
 
-    proc = conformance.spawn(cmd, log, _env(home), ROOT)
+    job = conformance.spawn(cmd, log, _env(home), ROOT)
     try:
         wait_checkpoint(out, 0, 240)
-        assert proc.poll() is None and not (out / "summary.json").exists(), log.read_text()[-3000:]
+        assert job.poll() is None and not (out / "summary.json").exists(), log.read_text()[-3000:]
+        pids = dict(re.findall(r"silo (\d: process \d) of 2 \(gloo\), pid (\d+)", log.read_text()))
+        assert len(pids) == 4, log.read_text()[-3000:]
+        os.kill(int(pids["1: process 1"]), signal.SIGKILL)
+        code = job.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while (
+            alive := [p for p in pids.values() if Path(f"/proc/{p}").exists()]
+        ) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
-        conformance.stop(proc)
-    assert proc.returncode != 0
+        conformance.stop(job)
+    assert code != 0 and not alive, (code, alive, log.read_text()[-3000:])
 
 
 def _grpc_comm(tmp_path: Path, out: Path) -> list[str]:

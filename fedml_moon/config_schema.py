@@ -282,11 +282,9 @@ class DeviceArgs:
     n_proc_per_node: int = 1
     """hierarchical silos: the processes per host of a silo's group (torchrun --nproc-per-node); >= 1"""
     pg_master_address: str | None = None
-    """hierarchical silos: the group's first host (torchrun --master-addr must agree); null: any
-    (under mpirun: 127.0.0.1 for a group on one host, else the leader's host)"""
+    """hierarchical silos: the group's first host (torchrun --master-addr); null: any (mpirun: leader's)"""
     pg_master_port: int | None = None
-    """hierarchical silos: the group's rendezvous port (torchrun --master-port must agree); null: any
-    (under mpirun: silo s takes this + s - 1, null a free port)"""
+    """hierarchical silos: the group's port, as torchrun's --master-port (mpirun: silo s takes it + s - 1)"""
     sync_batchnorm: bool = True
     """hierarchical silos: BatchNorm over the whole batch (all-reduced); false: each process's slice"""
 

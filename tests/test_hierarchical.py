@@ -217,12 +217,14 @@ def silo_run(
     kill_after: int | None = None,
     restart_after: int | None = None,
     svc=None,
+    rejoin: bool = False,
 ) -> tuple[Path, list[int]]:
     """Server and silos 1, 2 over gRPC on 127.0.0.1; silo `hierarchical` is a torchrun group of 2
-    processes. `kill_after`: SIGKILL its second process once that many rounds are recorded.
-    `restart_after`: once that many rounds are checkpointed, SIGKILL the server and the group's
-    torchrun, and start both again (the server with --resume). `svc`: over MQTT + S3 through these
-    loopback services."""
+    processes. `kill_after`: SIGKILL its second process once that many rounds are recorded (with
+    `rejoin`: once its torchrun has ended, its command again; the codes then start with the first
+    torchrun's). `restart_after`: once that many rounds are checkpointed, SIGKILL the server and the
+    group's torchrun, and start both again (the server with --resume). `svc`: over MQTT + S3
+    through these loopback services."""
     from fedml_moon.conformance.processes import process_env, spawn, stop, wait_all
     from fedml_moon.conformance.recovery import wait_checkpoint, wait_rounds
 
@@ -231,9 +233,16 @@ def silo_run(
     try:
         for rank, cmd in cmds.items():
             procs[rank] = spawn(cmd, folder / f"rank-{rank}.log", env, Path.cwd())
+        first = []
         if kill_after is not None:
             wait_rounds(out, kill_after, 240)
-            os.kill(_group_pids(folder / f"rank-{hierarchical}.log")[1], signal.SIGKILL)
+            pids = _group_pids(folder / f"rank-{hierarchical}.log")
+            os.kill(pids[1], signal.SIGKILL)
+        if kill_after is not None and rejoin:
+            first = wait_all([procs[hierarchical]], 120)
+            _gone(pids.values(), 30)
+            log = folder / f"rank-{hierarchical}-again.log"
+            procs[hierarchical] = spawn(cmds[hierarchical], log, env, Path.cwd())
         if restart_after is not None:
             wait_checkpoint(out, restart_after - 1, 240)
             for rank in (0, hierarchical):
@@ -242,7 +251,7 @@ def silo_run(
             again = {hierarchical: cmds[hierarchical], 0: [*cmds[0], "--resume", str(out)]}
             for rank, cmd in again.items():
                 procs[rank] = spawn(cmd, folder / f"rank-{rank}-again.log", env, Path.cwd())
-        codes = wait_all([procs[r] for r in (1, 2, 0)], 400)
+        codes = first + wait_all([procs[r] for r in (1, 2, 0)], 400)
     finally:
         for proc in procs.values():
             stop(proc)
@@ -304,22 +313,30 @@ def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_dead_group_process_fails_its_silos_round_and_the_run_goes_on(tmp_path):
+def test_a_dead_group_process_fails_its_silos_round_and_the_restarted_group_rejoins(tmp_path):
     """Over MQTT + S3 (a broker and an S3 endpoint on 127.0.0.1): silo 1's group trains round 0
-    through its leader; SIGKILL to its second process after round 1: the silo's round fails, the
-    server goes on without it (min_reports 1), and the run completes its 3 rounds."""
+    through its leader; SIGKILL to its second process after round 1: the silo's round fails, its
+    torchrun ends (exit != 0), the server goes on without it (min_reports 1); the group's torchrun
+    command started again rejoins (both processes train every round from then on, to the last),
+    and the run completes."""
     from fedml_moon.conformance.processes import services
 
+    sets = ["comm_args.min_reports=1", "train_args.comm_round=30"]
     with services(tmp_path / "services") as svc:
-        out, codes = silo_run(tmp_path / "run", 1, ["comm_args.min_reports=1"], kill_after=1, svc=svc)
-    silo, other, server = codes
-    log = (tmp_path / "run" / "rank-1.log").read_text()
-    assert "silo group process 1 of 2: round 0 trained on its slice of every batch" in log
-    assert silo != 0 and other == 0 and server == 0, (tmp_path / "run" / "rank-0.log").read_text()[-3000:]
+        out, codes = silo_run(tmp_path / "run", 1, sets, kill_after=1, svc=svc, rejoin=True)
+    folder = tmp_path / "run"
+    dead, silo, other, server = codes
+    first, again = [(folder / name).read_text() for name in ("rank-1.log", "rank-1-again.log")]
+    assert "silo group process 1 of 2: round 0 trained on its slice of every batch" in first
+    assert dead != 0 and (silo, other, server) == (0, 0, 0), (folder / "rank-0.log").read_text()[-3000:]
+    assert re.search(r"rank 1 (is back|restarted during)", (folder / "rank-0.log").read_text())
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 30
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["parties"] == 1
+    without = [r["round"] for r in records if r["parties"] == 1]
+    assert without == list(range(1, without[-1] + 1)) and without[-1] < 29, [r["parties"] for r in records]
+    trained = [int(r) for r in re.findall(r"silo group process 1 of 2: round (\d+) trained", again)]
+    assert trained == list(range(without[-1] + 1, 30)), again[-3000:]
 
 
 def _silo_config(*sets: str):

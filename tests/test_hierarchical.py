@@ -360,6 +360,15 @@ def test_a_group_torchrun_did_not_start_is_refused_naming_what_is_missing(monkey
     assert join(_silo_config("common_args.scenario=horizontal"), 1) is None
 
 
+def test_on_gpus_the_leaders_cpu_broadcasts_go_through_gloo_and_cuda_tensors_through_nccl():
+    """nccl carries CUDA tensors only; the leader's broadcasts (`Channel`, the group's settings) are
+    CPU tensors, so a group on GPUs takes both backends, one per device type."""
+    from fedml_moon.distributed.silo_group import group_backend
+
+    assert group_backend(cuda=False) == "gloo"
+    assert group_backend(cuda=True) == "cpu:gloo,cuda:nccl"
+
+
 def test_a_group_of_the_wrong_size_is_refused_before_it_forms(monkeypatch):
     from fedml_moon.distributed.silo_group import join
     from fedml_moon.errors import ConfigError

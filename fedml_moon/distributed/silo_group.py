@@ -63,9 +63,13 @@ def join(cfg: Config, silo_rank: int, placed: Placement | None = None) -> Group 
     placed = placed or torchrun_placement(cfg, silo_rank)
     import torch.distributed as dist
 
+    from fedml_moon.adapters.run import select_device, uses_gpu
+
     die_with_parent()
     d = cfg.device_args
-    backend = "nccl" if torch.cuda.is_available() and d.using_gpu is not False else "gloo"
+    backend = group_backend(uses_gpu(cfg))
+    if uses_gpu(cfg):  # nccl's collectives run on this process's own GPU
+        torch.cuda.set_device(select_device(cfg, silo_rank))
     timeout = datetime.timedelta(seconds=max(60.0, 10 * cfg.comm_args.timeout_s))
     if placed.init_method is None:
         dist.init_process_group(backend, timeout=timeout)
@@ -80,6 +84,12 @@ def join(cfg: Config, silo_rank: int, placed: Placement | None = None) -> Group 
         "silo %d: process %d of %d (%s), pid %d", silo_rank, group.rank, group.size, backend, os.getpid()
     )
     return group
+
+
+def group_backend(cuda: bool) -> str:
+    """The group's torch.distributed backend: gloo on CPUs; on GPUs nccl for CUDA tensors (gradients,
+    loss terms, BatchNorm's sums) and gloo for CPU tensors (the leader's broadcasts, `Channel`)."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
 def torchrun_placement(cfg: Config, silo_rank: int) -> Placement:

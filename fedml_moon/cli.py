@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -235,8 +236,10 @@ def default_output_dir(cfg: Config) -> Path:
     return Path("outputs") / f"{name}-{cfg.comm_args.run_id}"  # the same folder for every process
 
 
-def _setup_logging(verbose: bool, rank: int | None = None) -> None:
+def _setup_logging(verbose: bool, rank: int | None = None, process: int | None = None) -> None:
+    """Log lines name the rank, and the process within a hierarchical silo's group."""
     who = f" rank {rank}" if rank is not None else ""
+    who += f" process {process}" if process is not None else ""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format=f"%(asctime)s{who} %(levelname)s %(name)s: %(message)s",
@@ -311,13 +314,22 @@ def _check_command(command: str, cfg: Config) -> None:
         raise ConfigError("common_args.training_type: simulations are started with `fedml-moon simulate`")
 
 
+def _group_process(cfg: Config, rank: int, placed: object) -> int | None:
+    """This process's rank in its hierarchical silo's group (mpirun's placement or torchrun's RANK)."""
+    if cfg.common_args.scenario != "hierarchical" or rank == 0:
+        return None
+    if placed is not None:
+        return int(placed.rank)
+    return int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
+
+
 def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     from fedml_moon.distributed.deploy import explicit_keys, run_process
 
     rank, size, comm, placed = _rank_of(args, cfg)
     if getattr(args, "role", None) and args.role != ("server" if rank == 0 else "client"):
         raise ConfigError(f"--role {args.role} disagrees with rank {rank} (rank 0 is the server)")
-    _setup_logging(args.verbose, rank)
+    _setup_logging(args.verbose, rank, _group_process(cfg, rank, placed))
     explicit = explicit_keys(args.overrides, cfg)  # a silo's own --set must agree with the server's
     resume = bool(args.resume)
     status = run_process(cfg, out_dir, rank, size, comm, resume, explicit, placed)

@@ -360,6 +360,27 @@ def test_a_group_torchrun_did_not_start_is_refused_naming_what_is_missing(monkey
     assert join(_silo_config("common_args.scenario=horizontal"), 1) is None
 
 
+def test_a_rank_of_one_process_that_torchrun_started_several_times_is_refused(monkeypatch):
+    """Each copy would act as the whole rank (two silos 1, two servers): the server says to start it
+    without torchrun, a horizontal silo names the --set that make it a group; one copy is fine."""
+    from fedml_moon.distributed.silo_group import join
+    from fedml_moon.errors import ConfigError
+
+    env = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    horizontal = _silo_config("common_args.scenario=horizontal")
+    fix = "--set common_args.scenario=hierarchical --set device_args.n_node_in_silo=2 "
+    fix += "--set device_args.n_proc_per_node=2"
+    with pytest.raises(ConfigError, match=re.escape(f"torchrun started 4 processes of silo 1: add {fix}")):
+        join(horizontal, 1)
+    for cfg in (horizontal, _silo_config()):
+        with pytest.raises(ConfigError, match=r"4 processes of the server \(rank 0\), which is one process"):
+            join(cfg, 0)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert join(horizontal, 1) is None and join(horizontal, 0) is None
+
+
 def test_on_gpus_the_leaders_cpu_broadcasts_go_through_gloo_and_cuda_tensors_through_nccl():
     """nccl carries CUDA tensors only; the leader's broadcasts (`Channel`, the group's settings) are
     CPU tensors, so a group on GPUs takes both backends, one per device type."""

@@ -768,6 +768,36 @@ def test_hierarchical_commands(tmp_path, home):
         assert (
             "silo 1: process 1 of 2 (gloo)" in said and "round 0 trained on its slice of every batch" in said
         )
+        assert " rank 1 process 1 INFO " in said and " rank 1 process 0 INFO " in said  # as the guide says
+
+
+@pytest.mark.parametrize(
+    ("left_out", "says"),
+    [
+        (
+            "--set common_args.scenario=hierarchical ",
+            "common_args.scenario is horizontal (a silo is one process)",
+        ),
+        (
+            "--set device_args.n_proc_per_node=2",
+            "n_node_in_silo x n_proc_per_node is 1 x 1 = 1, but torchrun",
+        ),
+    ],
+)
+def test_the_one_host_silo_command_missing_a_key_is_refused_naming_the_sets_to_add(home, left_out, says):
+    """The guide's one-host silo command with one of its --set left out: every process refuses before
+    anything is built (no output folder), naming the --set that make it agree with torchrun; without
+    the scenario each process would otherwise act as the whole silo 1."""
+    from fedml_moon.conformance import free_port
+
+    one = next(c for c, kind in COMMANDS.items() if kind == "hierarchical")
+    assert left_out in one
+    cmd = one.replace(left_out, "").replace("--master-port 29500", f"--master-port {free_port()}")
+    argv = [*shlex.split(cmd), "--output-dir", str(home / "never")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=_env(home), cwd=ROOT)
+    fix = "--set device_args.n_node_in_silo=1 --set device_args.n_proc_per_node=2"
+    assert done.returncode == 1 and done.stderr.count(says) == 2 and done.stderr.count(fix) == 2, done.stderr
+    assert not (home / "never").exists()
 
 
 def test_a_master_port_in_use_stops_torchrun_naming_it(home):

@@ -57,8 +57,10 @@ def join(cfg: Config, silo_rank: int, placed: Placement | None = None) -> Group 
     """Form the silo's process group when `common_args.scenario` is hierarchical and this process is
     a silo (rank >= 1); None otherwise. `placed`: where mpirun put this process (`mpi_silos.split`);
     else torchrun's environment, refused, naming the keys, when torchrun did not start the group or
-    its size is not `device_args.n_node_in_silo` x `n_proc_per_node`."""
+    its size is not `device_args.n_node_in_silo` x `n_proc_per_node`, and a server or one-process
+    silo that torchrun started several times (each would act as the whole rank)."""
     if cfg.common_args.scenario != "hierarchical" or silo_rank == 0:
+        refuse_copies(cfg, silo_rank)
         return None
     placed = placed or torchrun_placement(cfg, silo_rank)
     import torch.distributed as dist
@@ -92,13 +94,37 @@ def group_backend(cuda: bool) -> str:
     return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
+def _torchrun_sizes() -> str:
+    """The --set that make a silo's keys agree with the torchrun that started this process."""
+    nodes, procs = os.environ.get("GROUP_WORLD_SIZE", "N"), os.environ.get("LOCAL_WORLD_SIZE", "P")
+    return f"--set device_args.n_node_in_silo={nodes} --set device_args.n_proc_per_node={procs}"
+
+
+def refuse_copies(cfg: Config, rank: int) -> None:
+    """torchrun started several processes of a rank that is one process (the server, or a silo whose
+    `common_args.scenario` is horizontal): refused, each would otherwise act as the whole rank."""
+    size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if "TORCHELASTIC_RUN_ID" not in os.environ or size <= 1:
+        return
+    if rank == 0:
+        raise ConfigError(
+            f"torchrun started {size} processes of the server (rank 0), which is one process: start it "
+            "without torchrun (only a hierarchical silo is a group)"
+        )
+    raise ConfigError(
+        f"common_args.scenario is {cfg.common_args.scenario} (a silo is one process), but torchrun started "
+        f"{size} processes of silo {rank}: add --set common_args.scenario=hierarchical {_torchrun_sizes()}, "
+        "or start the silo without torchrun"
+    )
+
+
 def torchrun_placement(cfg: Config, silo_rank: int) -> Placement:
     """This process's place in its group, from torchrun's environment (checked against the config)."""
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
         raise ConfigError(
             f"common_args.scenario: torchrun starts a hierarchical silo and sets {', '.join(missing)}"
-            "; start the silo as torchrun --nnodes N --nproc-per-node P ... fedml-moon run ... (docs: "
+            "; start the silo as torchrun --nnodes N --nproc-per-node P ... -m fedml_moon run ... (docs: "
             "how-to/deployment-modes.md), under mpirun with comm_args.backend: MPI, or set scenario: "
             "horizontal"
         )
@@ -107,7 +133,8 @@ def torchrun_placement(cfg: Config, silo_rank: int) -> Placement:
     if size != expected:
         raise ConfigError(
             f"device_args.n_node_in_silo x n_proc_per_node is {d.n_node_in_silo} x {d.n_proc_per_node} = "
-            f"{expected}, but torchrun started {size} processes for silo {silo_rank}; make them agree"
+            f"{expected}, but torchrun started {size} processes for silo {silo_rank}; make them agree: "
+            f"{_torchrun_sizes()}, or change torchrun's --nnodes / --nproc-per-node"
         )
     for key, env in (("pg_master_address", "MASTER_ADDR"), ("pg_master_port", "MASTER_PORT")):
         given = getattr(d, key)

@@ -70,7 +70,7 @@ TINY = [
 
 NOISE = ("RequestsDependencyWarning", "pkg_resources is deprecated", "args.rank = ")
 """What FedML's start-up used to print in every process (tests `fedml_moon.adapters.compat`)."""
-LOG_LINE = re.compile(r"\d\d:\d\d:\d\d( rank \d+)? [A-Z]+ \S+: ")
+LOG_LINE = re.compile(r"\d\d:\d\d:\d\d( rank \d+( process \d+)?)? [A-Z]+ \S+: ")
 
 MAIN_JOB = "bash run/main.sh --set train_args.comm_round=5"
 STANDALONE = ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml"

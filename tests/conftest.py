@@ -1,5 +1,6 @@
 """Suite-wide scheduling: the slow, multi-process tests start first; and every test leaves the
-algorithm registry (and the Python path plugins extend) as it found it.
+algorithm registry (and the Python path plugins extend) and the root logger's handlers as it found
+them.
 
 `bash run/test.sh` runs the suite on every core with pytest-xdist (`-n auto --dist load
 --maxschedchunk 2`): each worker is handed two tests at a time, in collection order, as it finishes
@@ -10,7 +11,9 @@ on another's order.
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,3 +30,14 @@ def _registry_as_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
     monkeypatch.setattr(registry, "_searched", {k: list(v) for k, v in registry._searched.items()})
     monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_as_found() -> Iterator[None]:
+    """A handler a test's `main` installs writes to that test's captured output, closed after it: a
+    later test's log line would fail on it ("I/O operation on closed file")."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

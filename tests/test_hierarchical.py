@@ -238,11 +238,11 @@ def silo_run(
             wait_rounds(out, kill_after, 240)
             pids = _group_pids(folder / f"rank-{hierarchical}.log")
             os.kill(pids[1], signal.SIGKILL)
-        if kill_after is not None and rejoin:
-            first = wait_all([procs[hierarchical]], 120)
-            _gone(pids.values(), 30)
-            log = folder / f"rank-{hierarchical}-again.log"
-            procs[hierarchical] = spawn(cmds[hierarchical], log, env, Path.cwd())
+            if rejoin:
+                first = wait_all([procs[hierarchical]], 120)
+                _gone(pids.values(), 30)
+                log = folder / f"rank-{hierarchical}-again.log"
+                procs[hierarchical] = spawn(cmds[hierarchical], log, env, Path.cwd())
         if restart_after is not None:
             wait_checkpoint(out, restart_after - 1, 240)
             for rank in (0, hierarchical):

@@ -69,8 +69,9 @@ def join(cfg: Config, silo_rank: int, placed: Placement | None = None) -> Group 
 
     die_with_parent()
     d = cfg.device_args
-    backend = group_backend(uses_gpu(cfg))
-    if uses_gpu(cfg):  # nccl's collectives run on this process's own GPU
+    cuda = uses_gpu(cfg)
+    backend = group_backend(cuda)
+    if cuda:  # nccl's collectives run on this process's own GPU
         torch.cuda.set_device(select_device(cfg, silo_rank))
     timeout = datetime.timedelta(seconds=max(60.0, 10 * cfg.comm_args.timeout_s))
     if placed.init_method is None:

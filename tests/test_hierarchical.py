@@ -308,6 +308,9 @@ def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
     for name in ("rank-0", "rank-0-again"):  # only the leader talks to the server
         server = (tmp_path / "group" / f"{name}.log").read_text()
         assert server.count("rank 1 subscribed") == 1 and "refused" not in server.lower(), server[-3000:]
+    # the leader alone checkpoints (docs/reference/outputs.md): its folder, never a follower's
+    leader, follower = group / "rank-1", group / "rank-1" / "process-1"
+    assert (leader / "checkpoint").is_dir() and follower.is_dir() and not (follower / "checkpoint").exists()
     a, b = _final(flat), _final(group)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-5
 

@@ -27,9 +27,12 @@ setup(
         "cryptography",
         "scikit-learn",
         "dp-accounting",
+        "pandas",
+        "pyarrow<24",  # pyarrow 24 and later need numpy 2; FedML 0.9.6 pins numpy<2
     ],
     extras_require={
         "mpi": ["mpi4py"],
+        "hf": ["datasets"],  # data_args.dataset: hf (Hugging Face datasets saved to disk, or their parquet)
         "test": [
             "pytest",
             "pytest-xdist",
@@ -39,6 +42,7 @@ setup(
             "moto[server]",
             "mkdocs-material",
             "mkdocstrings[python]",
+            "datasets",
         ],
     },
     entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:main"]},

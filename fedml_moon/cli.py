@@ -6,6 +6,8 @@ fedml-moon simulate --cf FILE [--set SECTION.KEY=VALUE ...] [--output-dir DIR]
 fedml-moon run --cf FILE [--rank R] [--role server|client] [--set ...] [--output-dir DIR]
     one process of a cross-silo run (common_args.training_type: cross_silo): the server (rank 0) or a
     silo; over MPI the rank comes from mpirun
+fedml-moon data DIR [--dataset imagefolder|table|hf] [--natural]
+    what a site's data folder holds, the config lines that agree with it, and the problems found
 fedml-moon certs | check | new | sweep | report | tsne ...
     test certificates, the conformance suite, a new algorithm's plugin package, sweeps, reports and
     t-SNE pictures (`--help` of each)
@@ -121,6 +123,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="a section (train_args) or one key (train_args.algorithm); none: every section",
     )
     _verbose(config)
+    data = sub.add_parser(
+        "data", help="what a site's data folder holds: classes, counts, sizes, statistics, problems"
+    )
+    data.add_argument("folder", help="the folder a run's data_args.data_cache_dir would name")
+    data.add_argument(
+        "--dataset", choices=("imagefolder", "table", "hf"), help="its format (default: guessed)"
+    )
+    data.add_argument(
+        "--natural", action="store_true", help="one sub-folder (or party-column value) per party"
+    )
+    for name, default in (("label", "label"), ("party", "party"), ("image", "image")):
+        data.add_argument(
+            f"--{name}-column", default=default, help=f"the {name} column of a table or HF dataset"
+        )
+    _verbose(data)
     sweep = sub.add_parser("sweep", help="run a grid of simulations (algorithms x seeds x settings)")
     sweep.add_argument("sweep_file", help="a sweep file: base config, grid, output folder")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (threads per run: cores / jobs)")
@@ -227,6 +244,24 @@ def _sweep(args: argparse.Namespace) -> int:
         runs[0].folder.parent if runs else "-",
     )
     return 1 if outcome.failed else 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    """Print what the folder holds; exit 1 when problems were found, 2 when it cannot be read."""
+    from fedml_moon.data.formats import DataFileError
+    from fedml_moon.data.inspect import inspect
+
+    folder = Path(args.folder).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"{args.folder}: no such folder; name the folder holding the site's data")
+    try:
+        text, problems = inspect(
+            folder, args.dataset, args.natural, args.label_column, args.party_column, args.image_column
+        )
+    except DataFileError as err:
+        raise ConfigError(str(err)) from None
+    sys.stdout.write(text)
+    return 1 if problems else 0
 
 
 def default_output_dir(cfg: Config) -> Path:
@@ -366,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
             return _new(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "data":
+            return _data(args)
         if args.command == "config":
             from fedml_moon.config_reference import text
 

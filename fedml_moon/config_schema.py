@@ -45,15 +45,37 @@ class CommonArgs:
 
 
 AUGMENTATIONS = ("none", "cifar10", "cifar100", "crop-flip")  # data.augment implements them
-PARTITIONS = ("hetero", "homo", "shards")
+PARTITIONS = ("hetero", "homo", "shards", "natural")
+SITE_FORMATS = ("imagefolder", "table", "hf", "plugin")  # a site's own data: data.site reads them
 
 
 @dataclass
 class DataArgs:
     dataset: str = "fashion-mnist"
-    """the data set to train and test on (underscores for hyphens and any case are accepted)"""
+    """a public data set (fashion-mnist, mnist, cifar10, cifar100, tiny-imagenet; any case, _ for -) or
+    a site's own data: imagefolder, table (CSV / Parquet), hf (a saved Hugging Face dataset), plugin"""
     data_cache_dir: str | None = None
     """the folder holding the data files, then their only source; null: Debian's package, else ./data"""
+    classes: list[str] | None = None
+    """the ordered class names every site's data must use (a site's own data: required); null: the
+    public data set's"""
+    image_size: int | None = None
+    """the input's side in pixels: a site's images are resized to image_size x image_size (a table: 1)"""
+    channels: int | None = None
+    """the input's channels (1 grey, 3 RGB; a table: its number of feature columns); every image must
+    have them"""
+    label_column: str = "label"
+    """a table's or Hugging Face dataset's column holding the class (a name in classes, or its index)"""
+    image_column: str = "image"
+    """a Hugging Face dataset's column holding the images"""
+    party_column: str = "party"
+    """a table's or Hugging Face dataset's column naming each sample's party (partition_method natural)"""
+    feature_columns: list[str] | None = None
+    """a table's feature columns, in the model's order; null: every column but the label and party"""
+    plugin: str | None = None
+    """dataset plugin: module:function returning the site's (train, test) torch Datasets (a silo's own)"""
+    test_fraction: float = 0.2
+    """a site's data without a test split: the seeded share of each party's samples kept for testing"""
     download: bool = False
     """download missing data files into data_cache_dir (./data when it is null); needs network access"""
     partition_method: str = "hetero"
@@ -80,8 +102,9 @@ class DataArgs:
             self.partition_method in PARTITIONS,
             "data_args.partition_method",
             f"{self.partition_method!r} is unknown; choose one of {', '.join(PARTITIONS)} "
-            "(hetero = Dirichlet, homo = IID, shards = label shards)",
+            "(hetero = Dirichlet, homo = IID, shards = label shards, natural = the data's own parties)",
         )
+        self._check_site()
         require(self.partition_alpha > 0, "data_args.partition_alpha", "the Dirichlet beta must be > 0")
         require(self.shards_per_client >= 1, "data_args.shards_per_client", "must be >= 1")
         for key in ("max_train_samples", "max_test_samples"):
@@ -104,6 +127,75 @@ class DataArgs:
             "data_args.augmentation",
             f"choose one of {', '.join(AUGMENTATIONS)}, or null for the dataset's default",
         )
+
+    @property
+    def site_format(self) -> bool:
+        """Whether `dataset` names a site's own data (imagefolder, table, hf, plugin)."""
+        return self.dataset in SITE_FORMATS
+
+    def _check_site(self) -> None:
+        """The agreement a site's own data is checked against: classes, input shape, its keys."""
+        require(
+            self.partition_method != "natural" or self.site_format,
+            "data_args.partition_method",
+            f"natural partitions come with a site's own data (dataset: {', '.join(SITE_FORMATS)}); "
+            f"{self.dataset} has none: choose hetero, homo or shards",
+        )
+        require(
+            self.partition_method != "natural"
+            or (self.max_train_samples is None and self.max_test_samples is None),
+            "data_args.max_train_samples",
+            "a natural partition keeps every party's samples; leave max_train_samples and max_test_samples "
+            "null",
+        )
+        require(0 < self.test_fraction < 1, "data_args.test_fraction", "must be between 0 and 1")
+        for key in ("image_size", "channels"):
+            value = getattr(self, key)
+            require(value is None or value >= 1, f"data_args.{key}", "must be >= 1, or null")
+        if str(self.dataset).lower() in SITE_FORMATS:
+            self.dataset = str(self.dataset).lower()
+        if self.classes is not None:
+            names = [str(c) for c in self.classes]
+            twice = sorted({c for c in names if names.count(c) > 1})
+            require(
+                len(names) >= 2 and not twice,
+                "data_args.classes",
+                f"needs two or more distinct class names{f'; named twice: {twice}' if twice else ''}",
+            )
+            self.classes = names
+        if not self.site_format:
+            return
+        need = ["classes"] + (["channels"] if self.dataset == "table" and not self.feature_columns else [])
+        need += ["image_size", "channels"] if self.dataset != "table" else []
+        for key in need:
+            require(
+                getattr(self, key) is not None,
+                f"data_args.{key}",
+                f"a site's own data ({self.dataset}) is checked against the run's agreement: give "
+                "data_args.classes, image_size and channels (`fedml-moon data DIR` prints them for a folder)",
+            )
+        self._check_table()
+        require(
+            self.dataset != "plugin" or bool(self.plugin),
+            "data_args.plugin",
+            "dataset: plugin needs data_args.plugin: module:function (returning the train and test Datasets)",
+        )
+
+    def _check_table(self) -> None:
+        if self.dataset != "table":
+            return
+        require(
+            self.image_size in (None, 1), "data_args.image_size", "a table row is (channels, 1, 1): use 1"
+        )
+        self.image_size = 1
+        if self.feature_columns is not None:
+            n = len(self.feature_columns)
+            require(
+                self.channels in (None, n),
+                "data_args.channels",
+                f"{self.channels} for {n} feature_columns; a table's channels are its feature columns",
+            )
+            self.channels = n
 
 
 @dataclass

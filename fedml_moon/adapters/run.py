@@ -19,7 +19,7 @@ from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.core.schedule import quorum
 from fedml_moon.core.state import make_store
-from fedml_moon.data.federated import FederatedData, prepare
+from fedml_moon.data.federated import FederatedData, prepare, show_partition
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
@@ -154,20 +154,22 @@ def build_args(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) 
 
 
 def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, args: Any = None) -> Base:
-    """Load and partition the data, build the initial model (from the seed), initialise FedML (or, with
-    `args` from `build_args`, bring those args up to `cfg`).
+    """Load and partition the data (before anything is written: data refused leave `out_dir` as it
+    was), initialise FedML (or, with `args` from `build_args`, bring those args up to `cfg`), build the
+    initial model (from the seed).
 
     Every process of a run does this identically, so every process holds the same partition."""
+    seed, train = cfg.common_args.random_seed, cfg.train_args
+    default_dtype(train.precision)  # fp64: the data and the model in float64
+    fed = prepare(cfg.data_args, train.client_num_in_total, seed)  # refused data write nothing
     if args is None:
         args = build_args(cfg, out_dir, rank, local_procs)
     else:
         vars(args).update(vars(fedml_args(cfg, out_dir)))
-    seed, train = cfg.common_args.random_seed, cfg.train_args
-    default_dtype(train.precision)  # fp64: the data and the model in float64
     np.random.seed(seed)
     device = select_device(cfg, rank)
     log.info("device: %s", describe(device, cfg.device_args.using_gpu))
-    fed = prepare(cfg.data_args, train.client_num_in_total, seed, out_dir)
+    show_partition(fed, cfg.data_args, out_dir)
     dataset = build_fedml_dataset(
         fed.data,
         fed.train_parts,

@@ -23,6 +23,7 @@ STREAMS: dict[str, int] = {
     "subsample_test": 3,  # data_args.max_test_samples
     "party_init": 4,  # MOON's own random initialisation of a party (unseen_party_prev: own-init)
     "prototypes": 5,  # FedSSC's random choice of the parties behind each class prototype
+    "site_test_split": 6,  # a site's own data without a test split: its seeded local test share
 }
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedml_moon.data.formats import DataFileError, load_cifar, load_mnist_like, load_tiny_imagenet
+from fedml_moon.data.holdings import Holdings
 
 logger = logging.getLogger(__name__)
 
@@ -34,29 +34,7 @@ class DataNotFoundError(FileNotFoundError):
     """A data set is neither on disk nor downloadable with the current settings."""
 
 
-@dataclass
-class DatasetTensors:
-    """A whole data set in memory.
-
-    Images are uint8 [N, C, H, W] (scaled to [0, 1] and normalised with ``mean``/``std`` per batch);
-    labels are int64 [N]; ``augment`` names the training augmentation (see ``augment_batch``).
-    """
-
-    name: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    num_classes: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    augment: str
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one image."""
-        c, h, w = self.x_train.shape[1:]
-        return int(c), int(h), int(w)
+DatasetTensors = Holdings  # the former name of the one type every reader produces
 
 
 def _canonical(name: str) -> str:
@@ -66,13 +44,13 @@ def _canonical(name: str) -> str:
     return key
 
 
-def _to_tensors(name: str, arrays: tuple[np.ndarray, ...]) -> DatasetTensors:
+def _to_tensors(name: str, arrays: tuple[np.ndarray, ...]) -> Holdings:
     num_classes, mean, std, augment = _STATS[name]
     x_train, y_train, x_test, y_test = (torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
     logger.info(
         "%s: %d train / %d test images of shape %s", name, len(x_train), len(x_test), x_train.shape[1:]
     )
-    return DatasetTensors(name, x_train, y_train, x_test, y_test, num_classes, mean, std, augment)
+    return Holdings(name, x_train, y_train, x_test, y_test, num_classes, mean, std, augment)
 
 
 def _download(name: str, root: str) -> tuple:
@@ -171,7 +149,7 @@ def _default_sources(key: str, download: bool) -> tuple:
     raise DataNotFoundError(f"{key} not found ({tried}). To get it, {_hint(key)}.")
 
 
-def load_dataset(name: str, data_dir: str | None, download: bool = False) -> DatasetTensors:
+def load_dataset(name: str, data_dir: str | None, download: bool = False) -> Holdings:
     """Load one of ``DATASETS`` fully into memory.
 
     With ``data_dir`` that folder is the only source (missing files are downloaded into it when

@@ -19,8 +19,9 @@ from fedml_moon.core.partition import (
     shard_partition,
 )
 from fedml_moon.core.seeds import rng, seed_sequence
-from fedml_moon.data.datasets import DataNotFoundError, DatasetTensors, load_dataset
+from fedml_moon.data.datasets import DataNotFoundError, load_dataset
 from fedml_moon.data.formats import DataFileError
+from fedml_moon.data.holdings import Holdings
 from fedml_moon.data.plot import format_partition_table, save_partition_heatmap
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class FederatedData:
-    data: DatasetTensors
+    data: Holdings
     train_parts: list[np.ndarray]
     test_parts: list[np.ndarray]
     counts: np.ndarray  # [n_parties, num_classes] training samples per class
@@ -43,7 +44,7 @@ def _subsample(
     return x[keep].contiguous(), y[keep].contiguous()
 
 
-def _override_transforms(args: DataArgs, data: DatasetTensors) -> None:
+def _override_transforms(args: DataArgs, data: Holdings) -> None:
     """data_args.normalize_mean / normalize_std / augmentation in place of the dataset's defaults."""
     channels = data.input_shape[0]
     if args.normalize_mean is not None and args.normalize_std is not None:
@@ -57,11 +58,36 @@ def _override_transforms(args: DataArgs, data: DatasetTensors) -> None:
         data.augment = args.augmentation
 
 
-def load_data(args: DataArgs, seed: int) -> DatasetTensors:
-    """Load the dataset named in the config, optionally subsampled (max_train/test_samples)."""
+def _agrees(args: DataArgs, data: Holdings) -> None:
+    """A public data set against what the config says of it (classes, image_size, channels), if it does."""
+    c, h, _ = data.input_shape
+    said = {
+        "classes": (args.classes and len(args.classes), data.num_classes, "classes"),
+        "image_size": (args.image_size, h, "pixels a side"),
+        "channels": (args.channels, c, "channels"),
+    }
+    for key, (given, actual, what) in said.items():
+        if given is not None and given != actual:
+            raise ConfigError(
+                f"data_args.{key}: {data.name} has {actual} {what}, the config says {given}; "
+                f"set it to {actual} or leave it null"
+            )
+
+
+def load_data(args: DataArgs, seed: int) -> Holdings:
+    """Load the data the config names (a public data set, optionally subsampled by max_train/test_samples,
+    or a site's own data, checked against the agreement)."""
     key = "data_args.data_cache_dir" if args.data_cache_dir else "data_args.dataset"
     try:
-        data = load_dataset(args.dataset, args.data_cache_dir, download=args.download)
+        if args.site_format:
+            from fedml_moon.data.site import load_site
+
+            data = load_site(args, seed)
+        else:
+            data = load_dataset(args.dataset, args.data_cache_dir, download=args.download)
+            _agrees(args, data)
+    except ConfigError:
+        raise
     except (DataNotFoundError, DataFileError) as err:
         raise ConfigError(f"{key}: {err}") from None
     except ValueError as err:
@@ -73,7 +99,7 @@ def load_data(args: DataArgs, seed: int) -> DatasetTensors:
     return data
 
 
-def partition(args: DataArgs, data: DatasetTensors, n_parties: int, seed: int) -> tuple[list, list]:
+def partition(args: DataArgs, data: Holdings, n_parties: int, seed: int) -> tuple[list, list]:
     """Training and local-test index sets per party, as the config's partition_method says.
 
     The training partition draws on the seed's root stream (as published); the local test splits on
@@ -86,6 +112,8 @@ def partition(args: DataArgs, data: DatasetTensors, n_parties: int, seed: int) -
             f"train_args.client_num_in_total: {n_parties} parties but only {len(y_train)} training samples; "
             "use fewer parties or more data"
         )
+    if args.partition_method == "natural":
+        return natural_partition(data, n_parties)
     try:
         if args.partition_method == "hetero":
             train = dirichlet_partition(
@@ -106,18 +134,37 @@ def partition(args: DataArgs, data: DatasetTensors, n_parties: int, seed: int) -
         ) from None
 
 
-def prepare(args: DataArgs, n_parties: int, seed: int, out_dir: Path | None = None) -> FederatedData:
-    """Load, partition, and show the partition (a table in the log, a heat map PNG in out_dir)."""
+def natural_partition(data: Holdings, n_parties: int) -> tuple[list, list]:
+    """The data's own parties (one folder or party-column value each), as they are."""
+    parties = data.parties
+    if parties is None:
+        raise ConfigError("data_args.partition_method: natural, but the data came without parties")
+    if n_parties != len(parties.names):
+        shown = ", ".join(parties.names[:6]) + (", ..." if len(parties.names) > 6 else "")
+        raise ConfigError(
+            f"train_args.client_num_in_total: {n_parties}, but the data hold {len(parties.names)} parties "
+            f"({shown}); set client_num_in_total: {len(parties.names)} (client_num_per_round at most that)"
+        )
+    return list(parties.train), list(parties.test)
+
+
+def prepare(args: DataArgs, n_parties: int, seed: int) -> FederatedData:
+    """Load and partition (nothing is written: `show_partition` does that)."""
     data = load_data(args, seed)
     train_parts, test_parts = partition(args, data, n_parties, seed)
     counts = partition_counts(data.y_train.numpy(), train_parts, data.num_classes)
+    return FederatedData(data, train_parts, test_parts, counts)
+
+
+def show_partition(fed: FederatedData, args: DataArgs, out_dir: Path | None = None) -> None:
+    """The partition as a table in the log and, with `out_dir`, a heat map PNG there."""
     log.info(
         "partition (%s), training samples per party and class:\n%s",
         args.partition_method,
-        format_partition_table(counts),
+        format_partition_table(fed.counts),
     )
     if out_dir is not None:
-        title = f"{data.name}: {args.partition_method} partition over {n_parties} parties"
-        path = save_partition_heatmap(counts, Path(out_dir) / "partition.png", title)
+        n_parties = len(fed.train_parts)
+        title = f"{fed.data.name}: {args.partition_method} partition over {n_parties} parties"
+        path = save_partition_heatmap(fed.counts, Path(out_dir) / "partition.png", title)
         log.info("partition heat map: %s", path)
-    return FederatedData(data, train_parts, test_parts, counts)

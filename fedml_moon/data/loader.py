@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from fedml_moon.data.augment import Draw, apply, draw, join
-from fedml_moon.data.datasets import DatasetTensors
+from fedml_moon.data.holdings import Holdings
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class PartyLoader:
 
     Each ``iter()`` is one epoch: the order is reshuffled (when ``shuffle``) with the loader's own
     generator, seeded from ``seed`` and ``party_id``, so epochs differ from each other while the whole
-    sequence is reproducible. A batch is ``x = (augment(images[idx] / 255) - mean) / std`` float32
+    sequence is reproducible. A batch is ``x = (augment(images[idx] / 255) - mean) / std`` (uint8 images;
+    floating-point values without the / 255) float32
     (float64 under train_args.precision fp64) [B, C, H, W] and ``y = labels[idx]`` int64 [B], both on
     ``device``.
 
@@ -119,7 +120,9 @@ class PartyLoader:
 
     def _batch(self, idx: torch.Tensor, drawn: Draw | None) -> tuple[torch.Tensor, torch.Tensor]:
         idx = idx.to(self.images.device)
-        x = self.images[idx].to(self.device).to(self._mean.dtype).div_(255.0)
+        x = self.images[idx].to(self.device).to(self._mean.dtype)
+        if self.images.dtype == torch.uint8:  # images; floating-point values are used as they are
+            x.div_(255.0)
         x = apply(x, self.augment, drawn)
         x = (x - self._mean) / self._std  # both on self.device: no copy per batch
         y = self.labels[idx.to(self.labels.device)].to(self.device)
@@ -186,7 +189,7 @@ def materialize(loaders: list[PartyLoader], plans: list[Plan]) -> tuple[torch.Te
 
 
 def build_fedml_dataset(
-    data: DatasetTensors,
+    data: Holdings,
     train_parts: list[np.ndarray],
     test_parts: list[np.ndarray] | None,
     batch_size: int,

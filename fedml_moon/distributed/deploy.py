@@ -46,7 +46,8 @@ PARTY_KEYS = (
     "algorithm_args",
     "privacy_args",
 )
-LOCAL_KEYS = {"data_args.data_cache_dir", "data_args.download", "train_args.state_store"}
+# a silo's own: where its data are, the code that reads them, where it keeps its state
+LOCAL_KEYS = {"data_args.data_cache_dir", "data_args.download", "data_args.plugin", "train_args.state_store"}
 
 
 def shared_config(cfg: Config) -> dict[str, Any]:
@@ -66,7 +67,9 @@ def with_shared(cfg: Config, shared: dict[str, Any]) -> Config:
     place of its own; its local settings (comm_args, device, data folder, state store, W&B) stay."""
     full = config_to_dict(cfg)
     full["algorithm_args"] = {}  # the server's algorithm decides which options exist
-    foreign = sorted(k for k in shared if not any(k == s or k.startswith(f"{s}.") for s in PARTY_KEYS))
+    foreign = sorted(
+        k for k in shared if k in LOCAL_KEYS or not any(k == s or k.startswith(f"{s}.") for s in PARTY_KEYS)
+    )
     if foreign:  # e.g. common_args.plugins: what this process loads is its own business
         raise ConfigError(f"the server sent settings a silo never takes from it: {foreign[:10]}")
     for key, value in shared.items():

@@ -37,6 +37,7 @@ FREE_KEYS = {
     "train_args.checkpoint_every",
     "data_args.data_cache_dir",
     "data_args.download",
+    "data_args.plugin",  # where a site's data reader comes from (what it reads is its data's business)
     "common_args.plugins",  # where the algorithm comes from; its name is bound
 }
 BOUND_KEYS = {"comm_args.backend"}  # a checkpoint belongs to one mode

@@ -1,0 +1,213 @@
+"""A site's own data (`data_args.dataset`: imagefolder, table, hf, plugin) read into `Holdings` and
+checked against the run's agreement (`data_args.classes`, `image_size`, `channels`) before anything
+trains. With `partition_method: natural` the data come split by their owners (a folder, or a party
+column's value, per party) and those are the parties."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.core.seeds import rng
+from fedml_moon.data.holdings import Holdings, Parties
+from fedml_moon.data.images import cached_decode, convert, list_images
+
+log = logging.getLogger(__name__)
+
+Split = tuple[torch.Tensor, np.ndarray]  # x [N, C, H, W] (uint8 or float), y int64 [N]
+Owned = dict[str, tuple[Split, Split | None]]  # party ("" for the whole site) -> (train, test or None)
+
+
+def owners(root: Path, natural: bool) -> dict[str, Path]:
+    """party -> its folder: with a natural partition every sub-folder of ``root`` (sorted by name, hidden
+    ones left out), else the site's whole folder under the name ""."""
+    if not natural:
+        return {"": root}
+    found = {d.name: d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".")}
+    if not found:
+        raise ConfigError(
+            f"data_args.partition_method: natural reads one folder per party under {root}, which has none; "
+            "lay the data out as <party>/<class>/<file> (or <party>/train/..., <party>/test/...)"
+        )
+    return found
+
+
+def image_folder(args: DataArgs, root: Path) -> Owned:
+    """torchvision's ImageFolder layout: ``F/train/<class>/`` and ``F/test/<class>/``, or ``F/<class>/``
+    (a seeded test share) for F the site's folder, or each party's with a natural partition."""
+    listed: list[tuple[str, str, list]] = []  # (party, split, [(path, label)])
+    for party, folder in owners(root, args.partition_method == "natural").items():
+        if (folder / "train").is_dir():
+            listed.append((party, "train", list_images(folder / "train", args.classes)))
+            if (folder / "test").is_dir():
+                listed.append((party, "test", list_images(folder / "test", args.classes)))
+        else:
+            listed.append((party, "train", list_images(folder, args.classes)))
+    paths = [Path(p) for _, _, items in listed for p, _ in items]
+    x = torch.from_numpy(cached_decode(root, paths, args.channels, args.image_size))
+    out: Owned = {}
+    start = 0
+    for party, split, items in listed:
+        part = (x[start : start + len(items)], np.array([c for _, c in items], dtype=np.int64))
+        start += len(items)
+        train, test = out.get(party, (None, None))
+        out[party] = (part, None) if split == "train" else (train, part)
+    return out
+
+
+def _as_sample(x: Any, args: DataArgs, where: str) -> torch.Tensor:
+    """A plugin's input: a PIL image (decoded as the image folders are) or a [C, H, W] tensor / array."""
+    from PIL import Image
+
+    if isinstance(x, Image.Image):
+        return torch.from_numpy(convert(x, args.channels, args.image_size, Path(where))[0])
+    t = torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor) else x
+    shape = (args.channels, args.image_size, args.image_size)
+    if tuple(t.shape) != shape:
+        raise ConfigError(
+            f"data_args.channels / image_size: {where} has shape {tuple(t.shape)}, the run agrees on "
+            f"{shape} ([channels, image_size, image_size]); make the plugin return that shape"
+        )
+    return t
+
+
+def labels_to_indices(values: Any, classes: list[str], where: str) -> np.ndarray:
+    """Class names (or their index, for ints) -> int64 indices into ``classes``; an unknown one is
+    refused, naming it and where it is."""
+    index = {c: i for i, c in enumerate(classes)}
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and str(v) not in index:
+            if not 0 <= int(v) < len(classes):
+                raise ConfigError(
+                    f"data_args.classes: {where}, sample {i}: label {int(v)} is no index into the run's "
+                    f"{len(classes)} classes; add the class to data_args.classes or drop the sample"
+                )
+            out[i] = int(v)
+        elif str(v) in index:
+            out[i] = index[str(v)]
+        else:
+            raise ConfigError(
+                f"data_args.classes: {where}, sample {i}: class {v!r} is not one the run names "
+                f"({', '.join(classes)}); add it to data_args.classes (every site the same list) or drop it"
+            )
+    return out
+
+
+def _dataset_split(dataset: Any, args: DataArgs, where: str) -> Split:
+    """Every (x, y) of a torch Dataset, in memory: x stacked (uint8, or float), y as class indices."""
+    xs, ys = [], []
+    for i in range(len(dataset)):
+        x, y = dataset[i]
+        xs.append(_as_sample(x, args, f"{where}[{i}]"))
+        ys.append(int(y) if isinstance(y, torch.Tensor) else y)
+    if not xs:
+        raise ConfigError(f"data_args.plugin: {where} is empty; a site needs samples to train on")
+    uint8 = all(x.dtype == torch.uint8 for x in xs)
+    x = (
+        torch.stack(xs)
+        if uint8
+        else torch.stack([x.float() / 255 if x.dtype == torch.uint8 else x for x in xs])
+    )
+    return x if uint8 else x.to(torch.get_default_dtype()), labels_to_indices(ys, args.classes, where)
+
+
+def plugin(args: DataArgs, load: Callable[[DataArgs], Any]) -> Owned:
+    """`data_args.plugin`: its function returns (train, test) torch Datasets (test may be None), or,
+    for a natural partition, {party: (train, test)}."""
+    got = load(args)
+    natural = args.partition_method == "natural"
+    if natural != isinstance(got, Mapping):
+        want = "{party name: (train, test)}" if natural else "(train, test)"
+        raise ConfigError(f"data_args.plugin: {args.plugin} returned a {type(got).__name__}; give {want}")
+    pairs = got if natural else {"": got}
+    out: Owned = {}
+    for party, pair in pairs.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ConfigError(
+                f"data_args.plugin: {args.plugin} must give (train, test) Datasets; got {pair!r:.80}"
+            )
+        name = f"{args.plugin}{f' party {party}' if party else ''}"
+        train = _dataset_split(pair[0], args, f"{name} train")
+        out[str(party)] = (train, None if pair[1] is None else _dataset_split(pair[1], args, f"{name} test"))
+    return out
+
+
+def _split_off(split: Split, fraction: float, gen: np.random.Generator) -> tuple[Split, Split]:
+    x, y = split
+    order = gen.permutation(len(y))
+    n_test = int(round(len(y) * fraction))
+    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+    return (x[train], y[train]), (x[test], y[test])
+
+
+def assemble(args: DataArgs, owned: Owned, seed: int) -> Holdings:
+    """The parties' splits (a seeded test share where a party has none) as one `Holdings`; with a
+    natural partition its `parties` index each party's samples, and the test set is their union."""
+    trains, tests = [], []
+    for i, (party, (train, test)) in enumerate(owned.items()):
+        if test is None:
+            train, test = _split_off(train, args.test_fraction, rng(seed, "site_test_split", i))
+        who = f"party {party!r}" if party else "the site"
+        if len(train[1]) == 0:
+            raise ConfigError(f"data_args.data_cache_dir: {who} holds no training samples; give it some")
+        trains.append(train)
+        tests.append(test)
+    if sum(len(t[1]) for t in tests) == 0:
+        raise ConfigError("data_args.test_fraction: no test samples; add a test split or raise test_fraction")
+    x_train, x_test = torch.cat([t[0] for t in trains]), torch.cat([t[0] for t in tests])
+    y_train = torch.from_numpy(np.concatenate([t[1] for t in trains]))
+    y_test = torch.from_numpy(np.concatenate([t[1] for t in tests]))
+    parties = None
+    if args.partition_method == "natural":
+        parties = Parties(
+            tuple(owned), _ranges([len(t[1]) for t in trains]), _ranges([len(t[1]) for t in tests])
+        )
+    c = int(x_train.shape[1])
+    return Holdings(
+        args.dataset, x_train, y_train, x_test, y_test, len(args.classes),
+        (0.0,) * c, (1.0,) * c, "none", tuple(args.classes), parties,
+    )  # fmt: skip
+
+
+def _ranges(sizes: list[int]) -> list[np.ndarray]:
+    ends = np.cumsum([0, *sizes])
+    return [np.arange(ends[i], ends[i + 1], dtype=np.int64) for i in range(len(sizes))]
+
+
+def load_site(args: DataArgs, seed: int, load_plugin: Callable[[str], Callable] | None = None) -> Holdings:
+    """Read the site's data as `data_args` says, checked against the agreement."""
+    if not args.data_cache_dir and args.dataset != "plugin":
+        raise ConfigError(
+            f"data_args.data_cache_dir: dataset {args.dataset} reads the site's own files; name their folder"
+        )
+    root = Path(args.data_cache_dir).expanduser() if args.data_cache_dir else Path.cwd()
+    if args.dataset == "imagefolder":
+        owned = image_folder(args, root)
+    elif args.dataset == "plugin":
+        owned = plugin(args, (load_plugin or plugin_function)(args.plugin))
+    else:
+        from fedml_moon.data import tables
+
+        owned = tables.table(args, root) if args.dataset == "table" else tables.hf(args, root)
+    holdings = assemble(args, owned, seed)
+    log.info(
+        "%s in %s: %d train / %d test samples of shape %s, %d classes%s",
+        args.dataset, root, len(holdings.y_train), len(holdings.y_test), holdings.input_shape,
+        holdings.num_classes, f", {len(owned)} parties" if holdings.parties else "",
+    )  # fmt: skip
+    return holdings
+
+
+def plugin_function(ref: str) -> Callable:
+    """`module:function` (or `file.py:function`), found as algorithm plugins are: on the Python path,
+    then in the current directory."""
+    from fedml_moon.registry import import_attribute
+
+    return import_attribute(ref, "data_args.plugin", (Path.cwd(),))

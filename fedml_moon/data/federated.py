@@ -86,6 +86,7 @@ def load_data(args: DataArgs, seed: int) -> Holdings:
         else:
             data = load_dataset(args.dataset, args.data_cache_dir, download=args.download)
             _agrees(args, data)
+            data.classes = tuple(args.classes or data.classes)
     except ConfigError:
         raise
     except (DataNotFoundError, DataFileError) as err:

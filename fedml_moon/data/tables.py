@@ -84,8 +84,8 @@ def features(df: pd.DataFrame, args: DataArgs, path: Path) -> list[str]:
 
 def frame_split(df: pd.DataFrame, args: DataArgs, path: Path) -> Split:
     """Rows -> x [N, F, 1, 1] in the default float dtype, y class indices [N]."""
-    names = features(df, args, path)
     labels = _column(df, args.label_column, "label_column", path, "the class")
+    names = features(df, args, path)
     x = torch.tensor(df[names].to_numpy(dtype=np.float64), dtype=torch.get_default_dtype())
     return x.reshape(len(df), len(names), 1, 1), labels_to_indices(labels.tolist(), args.classes, str(path))
 

@@ -18,7 +18,9 @@ from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
 from tests.site_data import CLASSES, fashion, party_folders, site_sets, write_pngs, write_table
 
-pytestmark = pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
+pytestmark = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
 ROOT = Path(__file__).resolve().parent.parent
 MOON = ROOT / "config" / "fashion_mnist" / "moon.yaml"
 
@@ -39,7 +41,9 @@ def _extra_class(root: Path) -> tuple[Path, str]:
 
 def _rgb_file(root: Path) -> tuple[Path, str]:
     folder = _grey_site(root)
-    Image.fromarray(np.zeros((28, 28, 3), dtype=np.uint8), mode="RGB").save(folder / "test" / "bag" / "rgb.png")
+    Image.fromarray(np.zeros((28, 28, 3), dtype=np.uint8), mode="RGB").save(
+        folder / "test" / "bag" / "rgb.png"
+    )
     return folder, "test/bag/rgb.png"
 
 
@@ -110,7 +114,10 @@ def _args(**kw) -> DataArgs:
         ({"partition_method": "natural", "max_train_samples": 100}, "keeps every party's samples"),
         ({"dataset": "plugin"}, "data_args.plugin"),
         ({"dataset": "table", "image_size": 5}, "a table row is"),
-        ({"dataset": "table", "image_size": None, "channels": 3, "feature_columns": ["a", "b"]}, "2 feature_col"),
+        (
+            {"dataset": "table", "image_size": None, "channels": 3, "feature_columns": ["a", "b"]},
+            "2 feature_col",
+        ),
         ({"test_fraction": 1.0}, "data_args.test_fraction"),
     ],
 )
@@ -120,17 +127,23 @@ def test_the_agreement_is_checked_with_the_config(kw, key):
 
 
 def test_a_natural_partition_takes_exactly_its_parties(tmp_path):
-    args = _args(data_cache_dir=str(party_folders(tmp_path, per_party=20, n_test=10)), partition_method="natural")
+    args = _args(
+        data_cache_dir=str(party_folders(tmp_path, per_party=20, n_test=10)), partition_method="natural"
+    )
     data = load_data(args, 0)
     assert data.parties.names == ("party-a", "party-b", "party-c")
-    with pytest.raises(ConfigError, match="client_num_in_total: 4, but the data hold 3 parties .*client_num_in_total: 3"):
+    with pytest.raises(
+        ConfigError, match="client_num_in_total: 4, but the data hold 3 parties .*client_num_in_total: 3"
+    ):
         partition(args, data, 4, 0)
     train, test = partition(args, data, 3, 0)
     assert sum(len(t) for t in test) == len(data.y_test) and sum(len(t) for t in train) == len(data.y_train)
 
 
 def test_a_public_data_set_is_held_to_what_the_config_says_of_it():
-    with pytest.raises(ConfigError, match="data_args.channels: fashion-mnist has 1 channels, the config says 3"):
+    with pytest.raises(
+        ConfigError, match="data_args.channels: fashion-mnist has 1 channels, the config says 3"
+    ):
         load_data(DataArgs(channels=3, max_train_samples=50, max_test_samples=20), 0)
     assert load_data(DataArgs(image_size=28, channels=1, classes=CLASSES), 0).classes == tuple(CLASSES)
 
@@ -168,11 +181,15 @@ def test_a_tables_labels_columns_and_parties_are_checked(tmp_path):
 
 def test_a_plugin_that_breaks_the_agreement_is_refused(monkeypatch):
     monkeypatch.chdir(ROOT)
-    with pytest.raises(ConfigError, match=r"wrong_shape train\[0\] has shape \(1, 32, 32\), the run agrees on"):
+    with pytest.raises(
+        ConfigError, match=r"wrong_shape train\[0\] has shape \(1, 32, 32\), the run agrees on"
+    ):
         load_data(_args(dataset="plugin", plugin="tests/site_plugin.py:wrong_shape"), 0)
     with pytest.raises(ConfigError, match="returned a dict; give \\(train, test\\)"):
         load_data(_args(dataset="plugin", plugin="tests/site_plugin.py:parties"), 0)
-    with pytest.raises(ConfigError, match="data_args.plugin: 'tests/site_plugin.py:nothing'.* has no 'nothing'"):
+    with pytest.raises(
+        ConfigError, match="data_args.plugin: 'tests/site_plugin.py:nothing'.* has no 'nothing'"
+    ):
         load_data(_args(dataset="plugin", plugin="tests/site_plugin.py:nothing"), 0)
 
 

@@ -48,6 +48,7 @@ class Survey:
         n, s, ss = self.sums[channels]
         mean = s / n
         std = np.sqrt(np.maximum(ss / n - mean * mean, 0.0))
+        std = np.where(std < 1e-6, 1.0, std)  # a constant channel: nothing to scale
         return channels, [round(float(m), 4) for m in mean], [round(float(d), 4) for d in std]
 
 
@@ -205,7 +206,11 @@ def report(root: Path, dataset: str, survey: Survey, natural: bool) -> str:
         lines += [f"  image_size: {side}", f"  channels: {channels}"]
         lines += [f"  normalize_mean: {_yaml_list(mean)}", f"  normalize_std: {_yaml_list(std)}"]
     if natural:
-        lines += ["train_args:", f"  client_num_in_total: {len(parties)}"]
+        lines += [
+            "train_args:",
+            f"  client_num_in_total: {len(parties)}",
+            f"  client_num_per_round: {len(parties)}",
+        ]
     lines.append("")
     lines += (
         [f"problems ({len(survey.problems)}):"] + [f"  {p}" for p in survey.problems[:50]]

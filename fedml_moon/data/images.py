@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}  # what an image of N channels is converted to
 ONE_BAND = {"1", "L", "I", "F", "I;16", "I;16L", "I;16B", "I;16N"}
 CACHE_PREFIX = ".fedml_moon-images-"
+CHUNK = 512  # images a thread decodes at a time
+THREADED_PIXELS = 64 * 64  # images this large (the first one's width x height) decode on threads
 
 
 def bands(img: Image.Image) -> int:
@@ -75,20 +77,38 @@ def decode(
         ) from None
 
 
+def _pixels(source: Path | bytes) -> int:
+    """Width x height from the file's header (0 when it cannot be read: `decode` will say why)."""
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
+            return img.size[0] * img.size[1]
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        return 0
+
+
 def decode_all(
     sources: Sequence[Path | bytes], channels: int, side: int, names: Sequence[str] = ()
 ) -> np.ndarray:
-    """Many images -> uint8 [N, channels, side, side], decoded on a few threads (PIL lets go of the
-    GIL while it decodes and resizes); the first bad file stops it, named."""
+    """Many images -> uint8 [N, channels, side, side]; the first bad file stops it, named.
+
+    Images of `THREADED_PIXELS` or more are decoded in chunks on a few threads (PIL lets go of the
+    GIL while it decodes and resizes); smaller ones on this thread, where the GIL-bound share of
+    each image outweighs the decoding and threads only take turns (benchmarks/site_data.py)."""
     out = np.empty((len(sources), channels, side, side), dtype=np.uint8)
     names = list(names) or [None] * len(sources)
-    workers = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
-    resized = 0
-    with ThreadPoolExecutor(workers) as pool:
-        done = pool.map(lambda a: decode(a[0], channels, side, a[1]), zip(sources, names, strict=True))
-        for i, (arr, was_resized) in enumerate(done):
-            out[i] = arr
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    threads = max(1, min(8, cores)) if sources and _pixels(sources[0]) >= THREADED_PIXELS else 1
+
+    def chunk(start: int) -> int:
+        resized = 0
+        for i in range(start, min(start + CHUNK, len(sources))):
+            out[i], was_resized = decode(sources[i], channels, side, names[i])
             resized += was_resized
+        return resized
+
+    starts = range(0, len(sources), CHUNK)
+    with ThreadPoolExecutor(threads) as pool:
+        resized = sum(pool.map(chunk, starts))
     if resized:
         log.info("resized %d of %d images to %dx%d", resized, len(sources), side, side)
     return out

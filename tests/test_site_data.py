@@ -151,7 +151,9 @@ def test_a_natural_partitions_test_set_is_the_union_of_the_parties_test_splits(s
 
     sets = site("imagefolder", sites["parties"], **{"data_args.partition_method": "natural"})
     summary = simulate(tmp_path / "run", sets)
-    counts = np.array(json.loads((tmp_path / "run" / "partition.json").read_text())["counts"])
+    partition = json.loads((tmp_path / "run" / "partition.json").read_text())
+    counts, names = np.array(partition["counts"]), partition["parties"]
+    assert names == sorted(MIXES)
     for p, (party, keep) in enumerate(sorted(MIXES.items())):
         held = [c for c in range(len(CLASSES)) if counts[p, c] > 0]
         assert held == keep, party

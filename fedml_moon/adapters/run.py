@@ -180,7 +180,8 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, 
         device=device,
         resident=device.type == "cuda",  # the data set lives on the GPU; batches never cross the bus
     )
-    (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist()}))
+    named = {"parties": list(fed.data.parties.names)} if fed.data.parties else {}
+    (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist(), **named}))
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
     try:

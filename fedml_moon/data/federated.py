@@ -164,6 +164,8 @@ def show_partition(fed: FederatedData, args: DataArgs, out_dir: Path | None = No
         args.partition_method,
         format_partition_table(fed.counts),
     )
+    if fed.data.parties is not None:
+        log.info("parties (natural): %s", ", ".join(f"{i} {n}" for i, n in enumerate(fed.data.parties.names)))
     if out_dir is not None:
         n_parties = len(fed.train_parts)
         title = f"{fed.data.name}: {args.partition_method} partition over {n_parties} parties"

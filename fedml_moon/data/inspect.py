@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from fedml_moon.data.images import IMG_EXTENSIONS, bands
-from fedml_moon.data.site import owners
+from fedml_moon.data.owned import owners
 from fedml_moon.data.tables import HF_MARKERS, READERS, find_table, read_frame
 
 log = logging.getLogger(__name__)

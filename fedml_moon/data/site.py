@@ -16,27 +16,11 @@ import torch
 from fedml_moon.config_schema import ConfigError, DataArgs
 from fedml_moon.core.seeds import rng
 from fedml_moon.data.holdings import Holdings, Parties
+from fedml_moon.data import tables
 from fedml_moon.data.images import cached_decode, convert, list_images
+from fedml_moon.data.owned import Owned, Split, labels_to_indices, owners
 
 log = logging.getLogger(__name__)
-
-Split = tuple[torch.Tensor, np.ndarray]  # x [N, C, H, W] (uint8 or float), y int64 [N]
-Owned = dict[str, tuple[Split, Split | None]]  # party ("" for the whole site) -> (train, test or None)
-
-
-def owners(root: Path, natural: bool) -> dict[str, Path]:
-    """party -> its folder: with a natural partition every sub-folder of ``root`` (sorted by name, hidden
-    ones left out), else the site's whole folder under the name ""."""
-    if not natural:
-        return {"": root}
-    found = {d.name: d for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(".")}
-    if not found:
-        raise ConfigError(
-            f"data_args.partition_method: natural reads one folder per party under {root}, which has none; "
-            "lay the data out as <party>/<class>/<file> (or <party>/train/..., <party>/test/...)"
-        )
-    return found
-
 
 def image_folder(args: DataArgs, root: Path) -> Owned:
     """torchvision's ImageFolder layout: ``F/train/<class>/`` and ``F/test/<class>/``, or ``F/<class>/``
@@ -75,29 +59,6 @@ def _as_sample(x: Any, args: DataArgs, where: str) -> torch.Tensor:
             f"{shape} ([channels, image_size, image_size]); make the plugin return that shape"
         )
     return t
-
-
-def labels_to_indices(values: Any, classes: list[str], where: str) -> np.ndarray:
-    """Class names (or their index, for ints) -> int64 indices into ``classes``; an unknown one is
-    refused, naming it and where it is."""
-    index = {c: i for i, c in enumerate(classes)}
-    out = np.empty(len(values), dtype=np.int64)
-    for i, v in enumerate(values):
-        if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and str(v) not in index:
-            if not 0 <= int(v) < len(classes):
-                raise ConfigError(
-                    f"data_args.classes: {where}, sample {i}: label {int(v)} is no index into the run's "
-                    f"{len(classes)} classes; add the class to data_args.classes or drop the sample"
-                )
-            out[i] = int(v)
-        elif str(v) in index:
-            out[i] = index[str(v)]
-        else:
-            raise ConfigError(
-                f"data_args.classes: {where}, sample {i}: class {v!r} is not one the run names "
-                f"({', '.join(classes)}); add it to data_args.classes (every site the same list) or drop it"
-            )
-    return out
 
 
 def _dataset_split(dataset: Any, args: DataArgs, where: str) -> Split:
@@ -193,8 +154,6 @@ def load_site(args: DataArgs, seed: int, load_plugin: Callable[[str], Callable] 
     elif args.dataset == "plugin":
         owned = plugin(args, (load_plugin or plugin_function)(args.plugin))
     else:
-        from fedml_moon.data import tables
-
         owned = tables.table(args, root) if args.dataset == "table" else tables.hf(args, root)
     holdings = assemble(args, owned, seed)
     log.info(
@@ -208,6 +167,6 @@ def load_site(args: DataArgs, seed: int, load_plugin: Callable[[str], Callable] 
 def plugin_function(ref: str) -> Callable:
     """`module:function` (or `file.py:function`), found as algorithm plugins are: on the Python path,
     then in the current directory."""
-    from fedml_moon.registry import import_attribute
+    from fedml_moon.plugins import import_attribute
 
     return import_attribute(ref, "data_args.plugin", (Path.cwd(),))

@@ -15,7 +15,7 @@ import torch
 from fedml_moon.config_schema import ConfigError, DataArgs
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.images import decode_all
-from fedml_moon.data.site import Owned, Split, labels_to_indices
+from fedml_moon.data.owned import Owned, Split, labels_to_indices
 
 log = logging.getLogger(__name__)
 

@@ -63,6 +63,7 @@ from tests.site_data import CLASSES
 args = DataArgs(dataset="imagefolder", data_cache_dir={str(folder)!r}, classes=CLASSES,
                 image_size={image_size}, channels={channels})
 args.check()
+args.check_agreement()
 start = time.perf_counter()
 held = load_site(args, 0)
 print(json.dumps({{"s": time.perf_counter() - start, "n": len(held.y_train) + len(held.y_test)}}))

@@ -233,6 +233,7 @@ def _robust_checks(cfg: Config) -> None:
 
 
 def _cross_checks(cfg: Config) -> None:
+    cfg.data_args.check_agreement()
     _mode_checks(cfg)
     _robust_checks(cfg)
     server = get_algorithm(cfg.train_args.algorithm).server

@@ -44,7 +44,7 @@ REQUIRED = "(required)"
 # (the class that defines the field, its name) -> the values its check() accepts
 CHOICES: dict[tuple[type, str], Sequence[Any]] = {
     (schema.CommonArgs, "training_type"): schema.TRAINING_TYPES,
-    (schema.DataArgs, "dataset"): DATASETS,
+    (schema.DataArgs, "dataset"): (*DATASETS, *schema.SITE_FORMATS),
     (schema.DataArgs, "partition_method"): schema.PARTITIONS,
     (schema.DataArgs, "augmentation"): schema.AUGMENTATIONS,
     (schema.ModelArgs, "model"): ENCODERS,

@@ -52,18 +52,15 @@ SITE_FORMATS = ("imagefolder", "table", "hf", "plugin")  # a site's own data: da
 @dataclass
 class DataArgs:
     dataset: str = "fashion-mnist"
-    """a public data set (fashion-mnist, mnist, cifar10, cifar100, tiny-imagenet; any case, _ for -) or
-    a site's own data: imagefolder, table (CSV / Parquet), hf (a saved Hugging Face dataset), plugin"""
+    """a public data set (any case, _ for -), or a site's own: imagefolder, table, hf, plugin (how-to/data)"""
     data_cache_dir: str | None = None
     """the folder holding the data files, then their only source; null: Debian's package, else ./data"""
     classes: list[str] | None = None
-    """the ordered class names every site's data must use (a site's own data: required); null: the
-    public data set's"""
+    """the ordered class names each site's data must use (a site's own data: required); null: the set's"""
     image_size: int | None = None
     """the input's side in pixels: a site's images are resized to image_size x image_size (a table: 1)"""
     channels: int | None = None
-    """the input's channels (1 grey, 3 RGB; a table: its number of feature columns); every image must
-    have them"""
+    """the input's channels, every image's (1 grey, 3 RGB; a table: its number of feature columns)"""
     label_column: str = "label"
     """a table's or Hugging Face dataset's column holding the class (a name in classes, or its index)"""
     image_column: str = "image"
@@ -79,7 +76,7 @@ class DataArgs:
     download: bool = False
     """download missing data files into data_cache_dir (./data when it is null); needs network access"""
     partition_method: str = "hetero"
-    """how training samples are split among parties: hetero (Dirichlet), homo (IID), shards (label shards)"""
+    """how training samples are split: hetero (Dirichlet), homo (IID), shards, natural (the data's parties)"""
     partition_alpha: float = 0.5
     """beta of hetero's per-class Dirichlet(beta) split: smaller is more skewed; > 0"""
     shards_per_client: int = 2
@@ -104,7 +101,6 @@ class DataArgs:
             f"{self.partition_method!r} is unknown; choose one of {', '.join(PARTITIONS)} "
             "(hetero = Dirichlet, homo = IID, shards = label shards, natural = the data's own parties)",
         )
-        self._check_site()
         require(self.partition_alpha > 0, "data_args.partition_alpha", "the Dirichlet beta must be > 0")
         require(self.shards_per_client >= 1, "data_args.shards_per_client", "must be >= 1")
         for key in ("max_train_samples", "max_test_samples"):
@@ -133,8 +129,9 @@ class DataArgs:
         """Whether `dataset` names a site's own data (imagefolder, table, hf, plugin)."""
         return self.dataset in SITE_FORMATS
 
-    def _check_site(self) -> None:
-        """The agreement a site's own data is checked against: classes, input shape, its keys."""
+    def check_agreement(self) -> None:
+        """The agreement a site's own data is checked against (classes, input shape, the keys its
+        format needs), across this section's keys; the config's cross checks call it."""
         require(
             self.partition_method != "natural" or self.site_format,
             "data_args.partition_method",

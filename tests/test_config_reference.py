@@ -29,6 +29,7 @@ from fedml_moon.config_schema import (
     MOMENTUM_STYLES,
     PARTITIONS,
     PRECISIONS,
+    SITE_FORMATS,
     STATE_STORES,
     SWITCHES,
     TLS_MODES,
@@ -49,7 +50,7 @@ OWN = [s for s in registry.ALGORITHMS.values() if s.client.__module__.startswith
 
 ALLOWED = {  # key (algorithm options: algorithm name, key) -> the constant its check() uses
     "common_args.training_type": TRAINING_TYPES,
-    "data_args.dataset": DATASETS,
+    "data_args.dataset": (*DATASETS, *SITE_FORMATS),
     "data_args.partition_method": PARTITIONS,
     "data_args.augmentation": AUGMENTATIONS,
     "model_args.model": ENCODERS,

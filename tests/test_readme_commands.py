@@ -159,6 +159,21 @@ DP = (
     "--set privacy_args.dp_noise_multiplier=0.1"
 )
 
+SITE_WRITE = ".venv/bin/python examples/site_data/write.py data/site"
+SITE_RUNS = [
+    f".venv/bin/fedml-moon simulate --cf config/site/{name}.yaml"
+    for name in ("folder", "parties", "hf", "plugin")
+]
+SITE_TABLES = [
+    ".venv/bin/fedml-moon simulate --cf config/site/table.yaml",
+    ".venv/bin/fedml-moon simulate --cf config/site/table.yaml"
+    " --set data_args.data_cache_dir=data/site/parquet",
+]
+SITE_INSPECT = [
+    ".venv/bin/fedml-moon data data/site/folder",
+    ".venv/bin/fedml-moon data data/site/parties --natural",
+]
+
 COMMANDS: dict[str, str] = {
     "bash run/main.sh": "script",
     "bash run/test.sh": "script",
@@ -186,6 +201,8 @@ COMMANDS: dict[str, str] = {
     TSNE_RUNS[1]: "single",
     TSNE_PAIR: "single",
     CONFIG_KEY: "single",
+    SITE_WRITE: "site-data",
+    **dict.fromkeys([*SITE_RUNS, *SITE_TABLES, *SITE_INSPECT], "site-data"),
     MPI_SIMULATION: "mpi",
     CERTS_LOCAL: "grpc-tls",
     TLS_SERVER: "grpc-tls",
@@ -205,6 +222,8 @@ COMMANDS: dict[str, str] = {
     ),
     ".venv/bin/python benchmarks/stacked_rounding.py": "benchmark",
     ".venv/bin/python benchmarks/silo_round.py": "benchmark",
+    ".venv/bin/python benchmarks/site_data.py": "benchmark",
+    ".venv/bin/python benchmarks/site_data.py --images 8000 --side 128 --rgb --image-size 64": "benchmark",
     ".venv/bin/python benchmarks/silo_round.py --batch 256": "benchmark",
     ".venv/bin/python benchmarks/silo_round.py --precision fp64": "benchmark",
     ".venv/bin/fedml-moon new fedproto": "tutorial-new",
@@ -536,6 +555,32 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
 
     assert done == {c for c, kind in COMMANDS.items() if kind == "single"}
     print(f"single-process README commands: {time.monotonic() - started:.1f} s")
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_site_data_commands(tmp_path, home, capsys, monkeypatch):
+    """The data how-to as a user types it, from a folder with the repository's config/ and examples/:
+    the example data written, inspected and each shipped site config run (one tiny round; the
+    folders' own parties and sizes kept)."""
+    for name in ("config", "examples", ".venv"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    words = shlex.split(SITE_WRITE)
+    subprocess.run(words, cwd=tmp_path, check=True, timeout=300, capture_output=True)
+    assert {p.name for p in (tmp_path / "data" / "site").iterdir()} >= {"folder", "parties", "csv", "hf"}
+    tiny = ["train_args.comm_round=1", "train_args.epochs=1", "device_args.torch_threads=1"]
+    with restored_main() as main:
+        for command in SITE_INSPECT:
+            capsys.readouterr()
+            assert main(_entry_point(command)) == 0, capsys.readouterr().out
+            assert "problems: none" in capsys.readouterr().out
+        for i, command in enumerate([*SITE_RUNS, *SITE_TABLES]):
+            out = tmp_path / f"run-{i}"
+            sets = [a for s in tiny for a in ("--set", s)]
+            assert main([*_entry_point(command), *sets, "--output-dir", str(out)]) == 0, command
+            _completed(out, 1)
 
 
 def _complete_copy(template: Path, folder: Path, config: dict) -> None:

@@ -188,6 +188,7 @@ def test_a_folder_decodes_once_and_a_changed_file_decodes_anew(sites, tmp_path, 
         dataset="imagefolder", data_cache_dir=str(folder), classes=CLASSES, image_size=28, channels=1
     )
     args.check()
+    args.check_agreement()
     first = load_site(args, 0)
     assert decoded == [800] and len(list(folder.glob(".fedml_moon-images-*.npy"))) == 1
     again = load_site(args, 0)
@@ -222,6 +223,7 @@ def test_images_are_resized_to_the_agreed_side_and_grey_scaled_only_when_grey(tm
         dataset="imagefolder", data_cache_dir=str(tmp_path), classes=CLASSES, image_size=28, channels=1
     )
     args.check()
+    args.check_agreement()
     held = load_site(args, 0)
     assert held.input_shape == (1, 28, 28) and len(held.y_train) + len(held.y_test) == 30
     assert held.y_test.numel() == 6  # test_fraction 0.2 of 30

@@ -101,6 +101,7 @@ def _args(**kw) -> DataArgs:
     base = {"classes": CLASSES, "image_size": 28, "channels": 1, "dataset": "imagefolder"}
     args = DataArgs(**{**base, **kw})
     args.check()
+    args.check_agreement()
     return args
 
 

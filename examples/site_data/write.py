@@ -34,10 +34,11 @@ MIXES = {  # party -> the classes it holds: party-a lacks "bag", party-c alone h
 }
 
 
-def fashion(n_train: int, n_test: int, offset: int = 0) -> tuple[np.ndarray, ...]:
-    """Fashion-MNIST images `offset`.. : x uint8 [N, 28, 28], y int64 [N], for train and test."""
+def fashion(n_train: int, n_test: int, offset: int = 0, test_offset: int = 0) -> tuple[np.ndarray, ...]:
+    """Fashion-MNIST's training images from `offset` and test images from `test_offset`:
+    x uint8 [N, 28, 28], y int64 [N], for train and test."""
     x_train, y_train, x_test, y_test = load_mnist_like(DEBIAN_FASHION_MNIST)
-    tr, te = slice(offset, offset + n_train), slice(offset, offset + n_test)
+    tr, te = slice(offset, offset + n_train), slice(test_offset, test_offset + n_test)
     return x_train[tr, 0], y_train[tr], x_test[te, 0], y_test[te]
 
 
@@ -57,7 +58,7 @@ def party_folders(root: Path, per_party: int = 300, n_test: int = 100, split: bo
     """``root/<party>/{train,test}/<class>/*.png`` (``root/<party>/<class>/`` without `split`), each
     party other images and its own class mix (`MIXES`), about `per_party` training images."""
     for k, (party, keep) in enumerate(MIXES.items()):
-        x, y, xt, yt = fashion(per_party * 2, n_test * 2, offset=k * per_party * 2)
+        x, y, xt, yt = fashion(per_party * 2, n_test * 2, k * per_party * 2, k * n_test * 2)
         write_pngs(root / party / ("train" if split else ""), x, y, keep)
         if split:
             write_pngs(root / party / "test", xt, yt, keep)

@@ -35,6 +35,7 @@ def test_every_subcommand_takes_verbose():
         "check",
         "new",
         "config",
+        "data",
         "sweep",
         "report",
         "tsne",

@@ -2,7 +2,12 @@
 the standalone loop, the MPI simulation (3 parties on 2 workers, 2 sampled per round), cross-silo over
 MPI, cross-silo over gRPC (silos started before the server) and MQTT + S3 (a real mosquitto and a
 moto S3 endpoint on 127.0.0.1), down to the final model's digest in summary.json. Real processes
-through the real command line."""
+through the real command line.
+
+The data are a site's own: Fashion-MNIST images written as per-party PNG folders, each party its own
+class mix (a natural partition, `data_args.partition_method: natural`), read by every process from
+its `data_cache_dir`. The public data sets' seeded partitions run through every mode in
+tests/test_secure_modes.py, the contributor kit's check and the guide's commands."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import pytest
 from fedml_moon import conformance
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from tests.site_data import party_folders, site_sets
 
 pytestmark = [
     pytest.mark.slow,
@@ -30,9 +36,20 @@ ALGORITHMS = {
     "scaffold": ("config/fashion_mnist/scaffold.yaml", []),
     "lg": (  # one FedAvg warm-up round, then LG rounds (local layers stay with their party)
         "config/fashion_mnist/lg.yaml",
-        ["data_args.partition_method=hetero", "algorithm_args.warmup_rounds=1", "train_args.batch_size=32"],
+        ["algorithm_args.warmup_rounds=1", "train_args.batch_size=32"],
     ),
 }
+PARTIES = [  # the conformance suite's tiny run on the whole of each party's folder
+    *(s for s in conformance.TINY if not s.startswith("data_args.max_")),
+    *site_sets(),
+    "data_args.dataset=imagefolder",
+    "data_args.partition_method=natural",
+]
+
+
+@pytest.fixture(scope="module")
+def parties(tmp_path_factory) -> Path:
+    return party_folders(tmp_path_factory.mktemp("parties"), per_party=150, n_test=50)
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +59,14 @@ def loopback_services(tmp_path_factory):
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_services):
+def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_services, parties):
     config, extra = ALGORITHMS[algorithm]
-    overrides = [*conformance.TINY, *extra]
+    overrides = [*PARTIES, f"data_args.data_cache_dir={parties}", *extra]
     ref = conformance.run_mode("standalone", ROOT / config, overrides, tmp_path)
     assert ref.ok, ref.tail()
     ref_states = conformance.party_states(ref.out_dir)
     ref_digest = json.loads((ref.out_dir / "summary.json").read_text())["final_model_sha256"]
-    trained = {p for parties in sample_schedule(3, 2, 3, seed=0) for p in parties}
+    trained = {p for chosen in sample_schedule(3, 2, 3, seed=0) for p in chosen}
     assert sorted(ref_states) == sorted(f"party_{p}.pt" for p in trained)
     for mode in conformance.MODES[1:]:
         run = conformance.run_mode(mode, ROOT / config, overrides, tmp_path, loopback_services)
@@ -64,3 +81,5 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
         assert all(conformance.same_tree(ref_states[k], states[k]) for k in states), (
             f"{mode}: a party's state differs"
         )
+    counts = json.loads((ref.out_dir / "partition.json").read_text())["counts"]
+    assert [sum(1 for n in row if n) for row in counts] == [8, 6, 5]  # each party's own class mix

@@ -239,3 +239,61 @@ def test_float_features_are_normalised_as_they_are_and_images_from_bytes_over_25
     pixels = torch.tensor([[[[255]]], [[[51]]]], dtype=torch.uint8)
     x, _ = next(iter(PartyLoader(pixels, torch.tensor([0, 1]), np.arange(2), 2)))
     assert x.flatten().tolist() == pytest.approx([1.0, 0.2])
+
+
+def test_a_party_column_makes_the_parties_of_a_table_and_of_a_hugging_face_dataset(tmp_path):
+    """Rows name their party: the parties are the column's values in sorted order, each holding its
+    rows (a test table needs rows of every party; without one a seeded share is kept back)."""
+    import datasets
+    import pandas as pd
+
+    from fedml_moon.config_schema import DataArgs
+    from fedml_moon.data.federated import load_data
+    from tests.site_data import table_frame
+
+    x, y, xt, yt = fashion(90, 30)
+    owner = [["lyon", "oslo", "kyiv"][i % 3] for i in range(90)]
+    (tmp_path / "t").mkdir()
+    train = table_frame(x, y)
+    train["party"] = owner
+    train.to_csv(tmp_path / "t" / "train.csv", index=False)
+    args = DataArgs(dataset="table", data_cache_dir=str(tmp_path / "t"), classes=CLASSES, channels=49)
+    args.partition_method = "natural"
+    args.check_agreement()
+    held = load_data(args, 0)
+    assert held.parties.names == ("kyiv", "lyon", "oslo")
+    for name, train_idx, test_idx in zip(
+        held.parties.names, held.parties.train, held.parties.test, strict=True
+    ):
+        assert len(train_idx) + len(test_idx) == owner.count(name) and len(test_idx) == 6  # 0.2 of 30
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(names=CLASSES),
+            "party": datasets.Value("string"),
+        }
+    )
+    splits = {
+        split: datasets.Dataset.from_dict(
+            {
+                "image": [Image.fromarray(i, mode="L") for i in xs],
+                "label": [int(c) for c in ys],
+                "party": who,
+            },
+            features=features,
+        )
+        for split, xs, ys, who in (("train", x, y, owner), ("test", xt, yt, owner[:30]))
+    }
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "hf"))
+    args = DataArgs(
+        dataset="hf", data_cache_dir=str(tmp_path / "hf"), classes=CLASSES, channels=1, image_size=28
+    )
+    args.partition_method = "natural"
+    args.check_agreement()
+    held = load_data(args, 0)
+    assert held.parties.names == ("kyiv", "lyon", "oslo")
+    first = held.parties.train[0]  # kyiv's: rows 2, 5, 8, ... of the training split, in order
+    assert torch.equal(held.x_train[first[0], 0], torch.from_numpy(x[2]))
+    assert held.y_train[first].tolist() == [int(c) for c in y[2::3]]
+    assert [len(t) for t in held.parties.test] == [10, 10, 10]
+    pd.testing.assert_index_equal(pd.Index(held.parties.names), pd.Index(sorted(set(owner))))

@@ -16,6 +16,7 @@ from PIL import Image
 from fedml_moon.config_schema import ConfigError, DataArgs
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
+from tests.helpers import restored_main
 from tests.site_data import CLASSES, fashion, party_folders, site_sets, write_pngs, write_table
 
 pytestmark = pytest.mark.skipif(
@@ -70,8 +71,9 @@ BREAKS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(BREAKS))
-def test_broken_data_is_refused_through_the_command_line_and_nothing_is_written_over(name, tmp_path):
+def _refused(name: str, tmp_path: Path, run) -> None:
+    """Break the data as BREAKS[name] says, run the command over an earlier run's folder; the
+    refusal names the culprit and the fix, exit code 2, the folder as it was, no round run."""
     make, problem, fix = BREAKS[name]
     folder, culprit = make(tmp_path / "site")
     table = "table" in name
@@ -83,18 +85,37 @@ def test_broken_data_is_refused_through_the_command_line_and_nothing_is_written_
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"round": 0, "test_acc": 0.5}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    command = [sys.executable, "-m", "fedml_moon", "simulate", "--cf", str(MOON), "--output-dir", str(out)]
-    command += ["--set", f"data_args.data_cache_dir={folder}", "--set", "tracking_args.enable_wandb=false"]
+    args = ["simulate", "--cf", str(MOON), "--output-dir", str(out)]
+    args += ["--set", f"data_args.data_cache_dir={folder}", "--set", "tracking_args.enable_wandb=false"]
     for s in sets:
-        command += ["--set", s]
-    env = {**os.environ, "HOME": str(tmp_path)}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
-    said = done.stdout + done.stderr
-    assert done.returncode == 2, said[-3000:]
+        args += ["--set", s]
+    code, said = run(args)
+    assert code == 2, said[-3000:]
     error = [line for line in said.splitlines() if "config error" in line]
     assert error and culprit in error[0] and problem in error[0] and fix in error[0], said[-3000:]
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert "round 0" not in said
+
+
+def test_broken_data_is_refused_by_the_command_as_a_process_and_nothing_is_written_over(tmp_path):
+    def process(args: list[str]) -> tuple[int, str]:
+        env = {**os.environ, "HOME": str(tmp_path)}
+        command = [sys.executable, "-m", "fedml_moon", *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+        return done.returncode, done.stdout + done.stderr
+
+    _refused("a file that does not decode", tmp_path, process)
+
+
+@pytest.mark.parametrize("name", sorted(BREAKS))
+def test_broken_data_is_refused_through_the_command_line_and_nothing_is_written_over(name, tmp_path, capsys):
+    def in_process(args: list[str]) -> tuple[int, str]:
+        with restored_main() as main:
+            code = main(args)
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    _refused(name, tmp_path, in_process)
 
 
 def _args(**kw) -> DataArgs:

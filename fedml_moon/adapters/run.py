@@ -161,14 +161,14 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, 
     Every process of a run does this identically, so every process holds the same partition."""
     seed, train = cfg.common_args.random_seed, cfg.train_args
     default_dtype(train.precision)  # fp64: the data and the model in float64
+    device = select_device(cfg, rank)
+    log.info("device: %s", describe(device, cfg.device_args.using_gpu))  # a run's first line
     fed = prepare(cfg.data_args, train.client_num_in_total, seed)  # refused data write nothing
     if args is None:
         args = build_args(cfg, out_dir, rank, local_procs)
     else:
         vars(args).update(vars(fedml_args(cfg, out_dir)))
     np.random.seed(seed)
-    device = select_device(cfg, rank)
-    log.info("device: %s", describe(device, cfg.device_args.using_gpu))
     show_partition(fed, cfg.data_args, out_dir)
     dataset = build_fedml_dataset(
         fed.data,

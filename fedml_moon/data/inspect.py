@@ -134,10 +134,10 @@ def survey_hf(root: Path, natural: bool, label: str, party: str, image: str) -> 
 
     import datasets
 
-    from fedml_moon.data.tables import _hf_splits
+    from fedml_moon.data.tables import hf_splits
 
     survey = Survey()
-    for split, (ds, _) in _hf_splits(root).items():
+    for split, (ds, _) in hf_splits(root).items():
         missing = [c for c in (label, image) if c not in ds.column_names]
         if missing:
             survey.problems.append(f"split {split}: no column {missing} (columns: {ds.column_names})")

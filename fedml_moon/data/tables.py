@@ -91,10 +91,10 @@ def frame_split(df: pd.DataFrame, args: DataArgs, path: Path) -> Split:
 
 
 def by_party(frames: dict[str, tuple[pd.DataFrame, Path]], args: DataArgs, make: Callable) -> Owned:
-    """{split: (frame, path)} -> party -> (train, test): one party per value of the party column
-    (natural, sorted by name), else the whole site."""
+    """{split: (frame, path)} -> party -> (train, test), each made by `make(split, rows, path)`: one
+    party per value of the party column (natural, sorted by name), else the whole site."""
     if args.partition_method != "natural":
-        out = {s: make(df, path) for s, (df, path) in frames.items()}
+        out = {s: make(s, df, path) for s, (df, path) in frames.items()}
         return {"": (out["train"], out.get("test"))}
     cols = {s: _column(df, args.party_column, "party_column", p, "each sample's party").astype(str)
             for s, (df, p) in frames.items()}  # fmt: skip
@@ -108,7 +108,7 @@ def by_party(frames: dict[str, tuple[pd.DataFrame, Path]], args: DataArgs, make:
         )
     out: Owned = {}
     for party in parties:
-        split = {s: make(df[cols[s] == party], path) for s, (df, path) in frames.items()}
+        split = {s: make(s, df[cols[s] == party], path) for s, (df, path) in frames.items()}
         out[party] = (split["train"], split.get("test"))
     return out
 
@@ -123,10 +123,10 @@ def table(args: DataArgs, root: Path) -> Owned:
         )
     test = find_table(root, "test")
     frames = {s: (read_frame(p), p) for s, p in (("train", train), ("test", test)) if p is not None}
-    return by_party(frames, args, lambda df, path: frame_split(df, args, path))
+    return by_party(frames, args, lambda _, df, path: frame_split(df, args, path))
 
 
-def _hf_splits(root: Path) -> dict[str, tuple[Any, Path]]:
+def hf_splits(root: Path) -> dict[str, tuple[Any, Path]]:
     try:
         import datasets
     except ImportError:
@@ -182,7 +182,7 @@ def hf_split(ds: Any, args: DataArgs, where: Path) -> Split:
 def hf(args: DataArgs, root: Path) -> Owned:
     """A dataset saved with `save_to_disk` (a DatasetDict with train and optionally test, or one Dataset)
     or its parquet files, with an image column and a label column (ClassLabel names or the names)."""
-    splits = _hf_splits(root)
+    splits = hf_splits(root)
     if args.partition_method != "natural":
         made = {s: hf_split(ds, args, where) for s, (ds, where) in splits.items()}
         return {"": (made["train"], made.get("test"))}
@@ -190,8 +190,7 @@ def hf(args: DataArgs, root: Path) -> Owned:
         s: (ds.select_columns([args.party_column]).to_pandas(), where) for s, (ds, where) in splits.items()
     }
 
-    def make(df: pd.DataFrame, where: Path) -> Split:
-        ds = splits["test" if where == splits.get("test", (None, None))[1] else "train"][0]
-        return hf_split(ds.select(df.index.to_numpy()), args, where)
+    def make(split: str, rows: pd.DataFrame, where: Path) -> Split:
+        return hf_split(splits[split][0].select(rows.index.to_numpy()), args, where)
 
     return by_party(frames, args, make)

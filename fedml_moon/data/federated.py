@@ -169,5 +169,8 @@ def show_partition(fed: FederatedData, args: DataArgs, out_dir: Path | None = No
     if out_dir is not None:
         n_parties = len(fed.train_parts)
         title = f"{fed.data.name}: {args.partition_method} partition over {n_parties} parties"
-        path = save_partition_heatmap(fed.counts, Path(out_dir) / "partition.png", title)
+        named = tuple(str(i) for i in range(fed.data.num_classes)) != fed.data.classes
+        parties = fed.data.parties.names if fed.data.parties is not None else ()
+        classes = fed.data.classes if named else ()
+        path = save_partition_heatmap(fed.counts, Path(out_dir) / "partition.png", title, parties, classes)
         log.info("partition heat map: %s", path)

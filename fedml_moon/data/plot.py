@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,19 @@ def _annotate(ax, counts: np.ndarray) -> None:
             ax.text(p, c, str(int(counts[c, p])), ha="center", va="center", fontsize=size, color=colour)
 
 
-def save_partition_heatmap(counts: np.ndarray, path: Path, title: str) -> Path:
+def save_partition_heatmap(
+    counts: np.ndarray,
+    path: Path,
+    title: str,
+    parties: Sequence[str] = (),
+    classes: Sequence[str] = (),
+) -> Path:
     """Save a heat map of ``counts`` [n_parties, num_classes] (party on x, class on y, as MOON's Fig. 5).
 
     Each cell shows its count (for up to ``MAX_ANNOTATED_CELLS`` cells); a colour bar gives the scale.
-    Rendered with the Agg canvas, so no display is needed. Returns ``path``.
+    The axes name the ``parties`` and ``classes`` when they are given and every tick fits (up to
+    20 of each); else their indices. Rendered with the Agg canvas, so no display is needed. Returns
+    ``path``.
     """
     grid = np.asarray(counts).T
     n_classes, n_parties = grid.shape
@@ -40,11 +49,15 @@ def save_partition_heatmap(counts: np.ndarray, path: Path, title: str) -> Path:
     fig.colorbar(image, ax=ax)
     if grid.size <= MAX_ANNOTATED_CELLS:
         _annotate(ax, grid)
-    ax.set_xlabel("party ID")
-    ax.set_ylabel("class ID")
-    ax.set_title(title)
+    ax.set_xlabel("party" if len(parties) == n_parties <= 20 else "party ID")
+    ax.set_ylabel("class" if len(classes) == n_classes <= 20 else "class ID")
+    ax.set_title(title, fontsize=9)
     ax.set_xticks(np.arange(n_parties)[:: max(1, n_parties // 20)])
     ax.set_yticks(np.arange(n_classes)[:: max(1, n_classes // 20)])
+    if len(parties) == n_parties <= 20:
+        ax.set_xticklabels(parties, rotation=30, ha="right")
+    if len(classes) == n_classes <= 20:
+        ax.set_yticklabels(classes)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

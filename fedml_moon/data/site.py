@@ -142,7 +142,7 @@ def _ranges(sizes: list[int]) -> list[np.ndarray]:
     return [np.arange(ends[i], ends[i + 1], dtype=np.int64) for i in range(len(sizes))]
 
 
-def load_site(args: DataArgs, seed: int, load_plugin: Callable[[str], Callable] | None = None) -> Holdings:
+def load_site(args: DataArgs, seed: int) -> Holdings:
     """Read the site's data as `data_args` says, checked against the agreement."""
     if not args.data_cache_dir and args.dataset != "plugin":
         raise ConfigError(
@@ -152,7 +152,7 @@ def load_site(args: DataArgs, seed: int, load_plugin: Callable[[str], Callable] 
     if args.dataset == "imagefolder":
         owned = image_folder(args, root)
     elif args.dataset == "plugin":
-        owned = plugin(args, (load_plugin or plugin_function)(args.plugin))
+        owned = plugin(args, plugin_function(args.plugin))
     else:
         owned = tables.table(args, root) if args.dataset == "table" else tables.hf(args, root)
     holdings = assemble(args, owned, seed)
@@ -165,8 +165,8 @@ def load_site(args: DataArgs, seed: int, load_plugin: Callable[[str], Callable] 
 
 
 def plugin_function(ref: str) -> Callable:
-    """`module:function` (or `file.py:function`), found as algorithm plugins are: on the Python path,
-    then in the current directory."""
+    """`module:function` (the module on the Python path or in the current directory) or
+    `path/to/file.py:function` (from the current directory): the dataset plugin's function."""
     from fedml_moon.plugins import import_attribute
 
     return import_attribute(ref, "data_args.plugin", (Path.cwd(),))

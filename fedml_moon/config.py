@@ -234,6 +234,13 @@ def _robust_checks(cfg: Config) -> None:
 
 def _cross_checks(cfg: Config) -> None:
     cfg.data_args.check_agreement()
+    side = cfg.data_args.image_size
+    require(
+        cfg.model_args.model not in ("simple-cnn", "lg-cnn") or side in (None, 28, 32),
+        "data_args.image_size",
+        f"{cfg.model_args.model} takes 28x28 or 32x32 images, not {side}x{side}; set image_size 28 or 32 "
+        "(images are resized to it), or choose a model that takes any size (resnet50, mlp)",
+    )
     _mode_checks(cfg)
     _robust_checks(cfg)
     server = get_algorithm(cfg.train_args.algorithm).server

@@ -72,8 +72,12 @@ def test_problems_are_named_and_the_command_exits_1(tmp_path, capsys):
     (tmp_path / "site" / "stray.png").write_bytes(b"")
     rc, text = _inspect(tmp_path / "site", capsys=capsys)
     assert rc == 1
-    for said in ("left out (no image extension): bag/notes.txt", "does not decode: coat/cut.png",
-                 "left out (not in a class folder): stray.png", "mixed image modes"):  # fmt: skip
+    for said in (
+        "left out (no image extension): bag/notes.txt",
+        "does not decode: coat/cut.png",
+        "left out (not in a class folder): stray.png",
+        "mixed channel counts {1: 30, 3: 1}",
+    ):
         assert said in text, text
     assert "28x28: 30, 32x32: 1" in text
 

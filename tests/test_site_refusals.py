@@ -188,7 +188,7 @@ def test_a_tables_labels_columns_and_parties_are_checked(tmp_path):
     train["f7"] = 0.5
     train.loc[5, "f8"] = None
     train.to_csv(folder / "train.csv", index=False)
-    with pytest.raises(ConfigError, match=r"column 'f8' has no value in row 5"):
+    with pytest.raises(ConfigError, match=r"column 'f8' has no finite value in row 5"):
         load_data(_args(**base), 0)
     train = train.dropna()
     train.to_csv(folder / "train.csv", index=False)

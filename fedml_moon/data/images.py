@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension, make_dataset
 
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.errors import ConfigError
@@ -48,6 +48,9 @@ def convert(img: Image.Image, channels: int, side: int, where: Path) -> tuple[np
             f"{channels}; convert it to mode {MODES.get(channels, 'RGB')} (or, if every site's "
             f"images have {have}, set data_args.channels: {have})",
         )
+    if img.mode.startswith("I;16") or img.mode == "I":  # 16-bit grey: scaled, not clipped, to 8 bits
+        wide = np.asarray(img, dtype=np.float64)
+        img = Image.fromarray(np.round(wide / 257.0 if wide.max() > 255 else wide).astype(np.uint8), mode="L")
     out = img if img.mode == MODES[channels] else img.convert(MODES[channels])
     resized = out.size != (side, side)
     if resized:
@@ -82,7 +85,7 @@ def _pixels(source: Path | bytes) -> int:
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
             return img.size[0] * img.size[1]
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         return 0
 
 
@@ -119,7 +122,9 @@ def list_images(folder: Path, classes: Sequence[str]) -> list[tuple[str, int]]:
     files with an image extension, sub-folders included), sorted; a class folder the run's classes do
     not name is refused, naming it."""
     try:
-        found, _ = find_classes(str(folder))
+        found = [c for c in find_classes(str(folder))[0] if not hidden(c)]
+        if not found:
+            raise FileNotFoundError(folder)
     except FileNotFoundError:
         raise ConfigError(
             f"data_args.data_cache_dir: {folder} has no class folders; lay the images out as "
@@ -133,14 +138,28 @@ def list_images(folder: Path, classes: Sequence[str]) -> list[tuple[str, int]]:
             "(every site the same list, in the same order) or move the folder out of the data"
         )
     index = {c: i for i, c in enumerate(classes)}
-    return make_dataset(str(folder), {c: index[c] for c in found}, IMG_EXTENSIONS, allow_empty=True)
+    return make_dataset(str(folder), {c: index[c] for c in found}, is_valid_file=is_image, allow_empty=True)
+
+
+def hidden(name: str) -> bool:
+    """Left out of the data: dot-files and dot-folders (``.DS_Store``, macOS's ``._x.png``,
+    ``.ipynb_checkpoints``) and macOS archives' ``__MACOSX``."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
+def is_image(path: str) -> bool:
+    """A file the image folders read: one of torchvision's image extensions, not hidden."""
+    return has_file_allowed_extension(path, IMG_EXTENSIONS) and not hidden(os.path.basename(path))
 
 
 def _fingerprint(root: Path, paths: Sequence[Path], channels: int, side: int) -> str:
     """Paths below `root` (a folder moved or copied with its times keeps its cache), sizes, times."""
     h = hashlib.sha256(json.dumps([1, channels, side]).encode())
     for p in paths:
-        st = os.stat(p)
+        try:
+            st = os.stat(p)
+        except OSError as err:  # a broken link, a file gone while listing
+            raise DataFileError(Path(p), f"cannot be read ({err.strerror}); fix or remove it") from None
         h.update(f"{Path(p).relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:20]
 

@@ -4,6 +4,7 @@ and every problem found (files that do not decode, files left out, mixed channel
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,7 +13,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fedml_moon.data.images import IMG_EXTENSIONS, bands
+from fedml_moon.data.images import bands, hidden, is_image
+from fedml_moon.data.site import TEST_FOLDERS
 from fedml_moon.data.owned import owners
 from fedml_moon.data.tables import HF_MARKERS, READERS, find_table, read_frame
 
@@ -25,6 +27,7 @@ class Survey:
 
     counts: dict[tuple[str, str], Counter] = field(default_factory=dict)
     modes: Counter = field(default_factory=Counter)
+    channels: Counter = field(default_factory=Counter)
     sizes: Counter = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)
     sums: dict[int, np.ndarray] = field(default_factory=dict)  # channels -> [3, C]: n, sum, sum of squares
@@ -55,6 +58,7 @@ class Survey:
 def _survey_image(survey: Survey, img: Image.Image, where: str) -> None:
     img.load()
     survey.modes[img.mode] += 1
+    survey.channels[bands(img)] += 1
     survey.sizes[img.size] += 1
     if img.mode in ("P", "PA") or bands(img) not in (1, 3, 4) or img.mode not in ("L", "RGB", "RGBA"):
         img = img.convert({1: "L", 3: "RGB", 4: "RGBA"}.get(bands(img), "RGB"))
@@ -63,15 +67,15 @@ def _survey_image(survey: Survey, img: Image.Image, where: str) -> None:
 
 def _image_split(survey: Survey, folder: Path, key: tuple[str, str], root: Path) -> None:
     counts = survey.counts.setdefault(key, Counter())
-    for class_dir in sorted(d for d in folder.iterdir() if d.is_dir()):
-        for path in sorted(p for p in class_dir.rglob("*") if p.is_file()):
-            if not path.name.lower().endswith(IMG_EXTENSIONS):
+    for class_dir in sorted(d for d in folder.iterdir() if d.is_dir() and not hidden(d.name)):
+        for path in sorted(p for p in class_dir.rglob("*") if p.is_file() and not hidden(p.name)):
+            if not is_image(str(path)):
                 survey.problems.append(f"left out (no image extension): {path.relative_to(root)}")
                 continue
             try:
                 with Image.open(path) as img:
                     _survey_image(survey, img, str(path))
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
                 survey.problems.append(f"does not decode: {path.relative_to(root)} ({err})")
                 continue
             counts[class_dir.name] += 1
@@ -83,11 +87,12 @@ def survey_images(root: Path, natural: bool) -> Survey:
     """An ImageFolder layout (each party's, with `natural`), every image opened and decoded."""
     survey = Survey()
     for party, folder in owners(root, natural).items():
-        splits = [s for s in ("train", "test") if (folder / s).is_dir()] or [""]
-        for split in splits:
-            _image_split(survey, folder / split if split else folder, (party, split or "train"), root)
-    if len(survey.modes) > 1:
-        survey.problems.append(f"mixed image modes {dict(survey.modes)}: a run takes one channel count")
+        test = next((s for s in TEST_FOLDERS if (folder / s).is_dir()), None)
+        splits = [("train", "train"), *([(test, "test")] if test else [])] if (folder / "train").is_dir() else []
+        for name, split in splits or [("", "train")]:
+            _image_split(survey, folder / name if name else folder, (party, split), root)
+    if len(survey.channels) > 1:
+        survey.problems.append(f"mixed channel counts {dict(survey.channels)} (modes {dict(survey.modes)}): a run takes one")
     return survey
 
 
@@ -111,6 +116,8 @@ def survey_table(root: Path, natural: bool, label: str, party: str) -> Survey:
         survey.features = survey.features or numeric
         if split == "train":
             survey.add_values(df[numeric].dropna().to_numpy(dtype=np.float64))
+        if natural and party not in df.columns:
+            survey.problems.append(f"{path.name}: no party column {party!r} (columns: {list(df.columns)})")
         groups = df.groupby(df[party].astype(str)) if natural and party in df.columns else [("", df)]
         for name, rows in groups:
             survey.counts[(str(name), split)] = Counter(rows[label].astype(str))
@@ -123,7 +130,7 @@ def detect(root: Path) -> str:
     """imagefolder, table or hf, from what the folder holds."""
     if find_table(root, "train") is not None:
         return "table"
-    if any((root / m).is_file() for m in HF_MARKERS) or any(root.glob("*.parquet")):
+    if any((root / m).is_file() for m in HF_MARKERS) or any(root.rglob("*.parquet")):
         return "hf"
     return "imagefolder"
 
@@ -132,18 +139,21 @@ def survey_hf(root: Path, natural: bool, label: str, party: str, image: str) -> 
     """A saved Hugging Face dataset: label counts (per party), every image decoded."""
     import io
 
-    import datasets
-
     from fedml_moon.data.tables import hf_splits
 
+    splits = hf_splits(root)  # says how to install datasets when it is missing
+    import datasets
+
     survey = Survey()
-    for split, (ds, _) in hf_splits(root).items():
+    for split, (ds, _) in splits.items():
         missing = [c for c in (label, image) if c not in ds.column_names]
         if missing:
             survey.problems.append(f"split {split}: no column {missing} (columns: {ds.column_names})")
             continue
         feature, labels = ds.features[label], ds[label]
         names = [feature.names[i] for i in labels] if isinstance(feature, datasets.ClassLabel) else labels
+        if natural and party not in ds.column_names:
+            survey.problems.append(f"split {split}: no party column {party!r} (columns: {ds.column_names})")
         owners_of = [str(p) for p in ds[party]] if natural and party in ds.column_names else [""] * len(ds)
         for who, name in zip(owners_of, names, strict=True):
             survey.counts.setdefault((who, split), Counter())[str(name)] += 1
@@ -153,13 +163,14 @@ def survey_hf(root: Path, natural: bool, label: str, party: str, image: str) -> 
                 src = io.BytesIO(r["bytes"]) if r.get("bytes") is not None else r["path"]
                 with Image.open(src) as img:
                     _survey_image(survey, img, f"{split} row {i}")
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+            except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
                 survey.problems.append(f"does not decode: {split} row {i} ({err})")
     return survey
 
 
 def _yaml_list(values: list) -> str:
-    return "[" + ", ".join(str(v) for v in values) + "]"
+    """A YAML flow list; strings quoted (JSON's quoting is YAML's), so `no` or `01` stay names."""
+    return "[" + ", ".join(json.dumps(v) if isinstance(v, str) else str(v) for v in values) + "]"
 
 
 def _counts_table(survey: Survey, classes: list[str]) -> list[str]:

@@ -21,16 +21,24 @@ from fedml_moon.data.images import cached_decode, convert, list_images
 from fedml_moon.data.owned import Owned, Split, labels_to_indices, owners
 
 log = logging.getLogger(__name__)
+TEST_FOLDERS = ("test", "val")  # an image folder's test split, the first of these that is there
 
 def image_folder(args: DataArgs, root: Path) -> Owned:
-    """torchvision's ImageFolder layout: ``F/train/<class>/`` and ``F/test/<class>/``, or ``F/<class>/``
-    (a seeded test share) for F the site's folder, or each party's with a natural partition."""
+    """torchvision's ImageFolder layout: ``F/train/<class>/`` and ``F/test/<class>/`` (or ``F/val/``),
+    or ``F/<class>/`` (a seeded test share) for F the site's folder, or each party's with a natural
+    partition."""
     listed: list[tuple[str, str, list]] = []  # (party, split, [(path, label)])
     for party, folder in owners(root, args.partition_method == "natural").items():
+        test = next((folder / s for s in TEST_FOLDERS if (folder / s).is_dir()), None)
         if (folder / "train").is_dir():
             listed.append((party, "train", list_images(folder / "train", args.classes)))
-            if (folder / "test").is_dir():
-                listed.append((party, "test", list_images(folder / "test", args.classes)))
+            if test is not None:
+                listed.append((party, "test", list_images(test, args.classes)))
+        elif test is not None:
+            raise ConfigError(
+                f"data_args.data_cache_dir: {folder} has {test.name}/ but no train/; put the training "
+                f"images in {folder / 'train'}/<class>/ (or leave {test.name}/ out: <class>/ folders alone)"
+            )
         else:
             listed.append((party, "train", list_images(folder, args.classes)))
     paths = [Path(p) for _, _, items in listed for p, _ in items]
@@ -52,6 +60,11 @@ def _as_sample(x: Any, args: DataArgs, where: str) -> torch.Tensor:
     if isinstance(x, Image.Image):
         return torch.from_numpy(convert(x, args.channels, args.image_size, Path(where))[0])
     t = torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor) else x
+    if t.dtype != torch.uint8 and not t.is_floating_point():
+        raise ConfigError(
+            f"data_args.plugin: {where} is a {t.dtype} tensor; give uint8 pixels (scaled by 1/255) or "
+            "floating-point values (used as they are)"
+        )
     shape = (args.channels, args.image_size, args.image_size)
     if tuple(t.shape) != shape:
         raise ConfigError(
@@ -67,7 +80,7 @@ def _dataset_split(dataset: Any, args: DataArgs, where: str) -> Split:
     for i in range(len(dataset)):
         x, y = dataset[i]
         xs.append(_as_sample(x, args, f"{where}[{i}]"))
-        ys.append(int(y) if isinstance(y, torch.Tensor) else y)
+        ys.append(int(y) if isinstance(y, (torch.Tensor, np.integer)) else y)
     if not xs:
         raise ConfigError(f"data_args.plugin: {where} is empty; a site needs samples to train on")
     uint8 = all(x.dtype == torch.uint8 for x in xs)
@@ -76,18 +89,22 @@ def _dataset_split(dataset: Any, args: DataArgs, where: str) -> Split:
         if uint8
         else torch.stack([x.float() / 255 if x.dtype == torch.uint8 else x for x in xs])
     )
-    return x if uint8 else x.to(torch.get_default_dtype()), labels_to_indices(ys, args.classes, where)
+    return x if uint8 else x.to(torch.get_default_dtype()), labels_to_indices(ys, args.classes, where, True)
 
 
 def plugin(args: DataArgs, load: Callable[[DataArgs], Any]) -> Owned:
     """`data_args.plugin`: its function returns (train, test) torch Datasets (test may be None), or,
     for a natural partition, {party: (train, test)}."""
-    got = load(args)
+    try:
+        got = load(args)
+    except Exception as err:
+        log.debug("data_args.plugin %s failed", args.plugin, exc_info=True)
+        raise ConfigError(f"data_args.plugin: {args.plugin} raised {err!r} (-v shows where)") from None
     natural = args.partition_method == "natural"
     if natural != isinstance(got, Mapping):
         want = "{party name: (train, test)}" if natural else "(train, test)"
         raise ConfigError(f"data_args.plugin: {args.plugin} returned a {type(got).__name__}; give {want}")
-    pairs = got if natural else {"": got}
+    pairs = dict(sorted(got.items(), key=lambda kv: str(kv[0]))) if natural else {"": got}
     out: Owned = {}
     for party, pair in pairs.items():
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -118,10 +135,21 @@ def assemble(args: DataArgs, owned: Owned, seed: int) -> Holdings:
         who = f"party {party!r}" if party else "the site"
         if len(train[1]) == 0:
             raise ConfigError(f"data_args.data_cache_dir: {who} holds no training samples; give it some")
+        if len(test[1]) == 0 and args.partition_method == "natural":
+            raise ConfigError(
+                f"data_args.data_cache_dir: {who} holds no test samples; give it a test split, or more "
+                "samples for the seeded test share (data_args.test_fraction)"
+            )
         trains.append(train)
         tests.append(test)
     if sum(len(t[1]) for t in tests) == 0:
-        raise ConfigError("data_args.test_fraction: no test samples; add a test split or raise test_fraction")
+        raise ConfigError(
+            "data_args.data_cache_dir: no test samples; fill the test split, or leave it out for a seeded "
+            "share of data_args.test_fraction"
+        )
+    kinds = {t[0].dtype for t in trains + tests}
+    if len(kinds) > 1:
+        raise ConfigError(f"data_args.plugin: the parties' samples mix {sorted(map(str, kinds))}; give one kind")
     x_train, x_test = torch.cat([t[0] for t in trains]), torch.cat([t[0] for t in tests])
     y_train = torch.from_numpy(np.concatenate([t[1] for t in trains]))
     y_test = torch.from_numpy(np.concatenate([t[1] for t in tests]))

@@ -60,7 +60,7 @@ def _column(df: pd.DataFrame, name: str, key: str, path: Path, what: str) -> pd.
 
 def features(df: pd.DataFrame, args: DataArgs, path: Path) -> list[str]:
     """The feature columns in the model's order, checked: there, numeric, no gaps, as many as agreed."""
-    skip = {args.label_column} | ({args.party_column} if args.partition_method == "natural" else set())
+    skip = {args.label_column, args.party_column}
     names = list(args.feature_columns or [c for c in df.columns if c not in skip])
     for name in names:
         col = _column(df, name, "feature_columns", path, "a feature")
@@ -69,9 +69,9 @@ def features(df: pd.DataFrame, args: DataArgs, path: Path) -> list[str]:
                 f"data_args.feature_columns: {path} column {name!r} holds {col.dtype} values, not numbers; "
                 "encode it as numbers, or list only numeric columns in data_args.feature_columns"
             )
-        if col.isna().any():
-            row = int(np.flatnonzero(col.isna().to_numpy())[0])
-            raise DataFileError(path, f"column {name!r} has no value in row {row}; fill or drop such rows")
+        if not np.isfinite(col.to_numpy(dtype=np.float64)).all():
+            row = int(np.flatnonzero(~np.isfinite(col.to_numpy(dtype=np.float64)))[0])
+            raise DataFileError(path, f"column {name!r} has no finite value in row {row}; fill or drop such rows")
     if len(names) != args.channels:
         raise ConfigError(
             f"data_args.channels: {path} has {len(names)} feature columns ({', '.join(map(str, names[:8]))}"
@@ -85,6 +85,11 @@ def features(df: pd.DataFrame, args: DataArgs, path: Path) -> list[str]:
 def frame_split(df: pd.DataFrame, args: DataArgs, path: Path) -> Split:
     """Rows -> x [N, F, 1, 1] in the default float dtype, y class indices [N]."""
     labels = _column(df, args.label_column, "label_column", path, "the class")
+    if labels.isna().any():
+        row = int(np.flatnonzero(labels.isna().to_numpy())[0])
+        raise DataFileError(path, f"row {row} has no {args.label_column!r}; label or drop it")
+    if pd.api.types.is_float_dtype(labels) and (labels == labels.round()).all():
+        labels = labels.astype(np.int64)  # 3.0 read back from a CSV is the class named "3"
     names = features(df, args, path)
     x = torch.tensor(df[names].to_numpy(dtype=np.float64), dtype=torch.get_default_dtype())
     return x.reshape(len(df), len(names), 1, 1), labels_to_indices(labels.tolist(), args.classes, str(path))
@@ -166,6 +171,9 @@ def hf_split(ds: Any, args: DataArgs, where: Path) -> Split:
     feature = ds.features[args.label_column]
     labels = ds[args.label_column]
     if isinstance(feature, datasets.ClassLabel):
+        if any(i < 0 for i in labels):  # -1: unlabelled
+            row = next(r for r, i in enumerate(labels) if i < 0)
+            raise DataFileError(where, f"row {row} has no label ({args.label_column} -1); label or drop it")
         labels = [feature.names[i] for i in labels]
     try:
         raw = ds.cast_column(args.image_column, datasets.Image(decode=False))[args.image_column]

@@ -31,3 +31,14 @@ SITE = {  # the config lines a site's Fashion-MNIST folders agree to
 def site_sets(extra: dict[str, str] | None = None) -> list[str]:
     """`--set` overrides for the agreement (and `extra`)."""
     return [f"{k}={v}" for k, v in {**SITE, **(extra or {})}.items()]
+
+
+def site_args(**kw):
+    """Checked `DataArgs` of a grey 28x28 image-folder site with these classes (`kw` replaces any)."""
+    from fedml_moon.config_schema import DataArgs
+
+    base = {"classes": CLASSES, "image_size": 28, "channels": 1, "dataset": "imagefolder"}
+    args = DataArgs(**{**base, **kw})
+    args.check()
+    args.check_agreement()
+    return args

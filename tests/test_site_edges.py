@@ -14,24 +14,16 @@ import yaml
 from PIL import Image
 
 from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data
 from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, table_frame, write_pngs
+from tests.site_data import CLASSES, fashion, site_args, table_frame, write_pngs
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _args(**kw) -> DataArgs:
-    base = {"classes": CLASSES, "image_size": 28, "channels": 1, "dataset": "imagefolder"}
-    args = DataArgs(**{**base, **kw})
-    args.check()
-    args.check_agreement()
-    return args
 
 
 def _grey(root: Path, n: int = 40) -> Path:
@@ -48,12 +40,12 @@ def test_hidden_files_and_folders_are_left_out_and_val_is_the_test_split(tmp_pat
     (site / "train" / "__MACOSX" / "bag").mkdir(parents=True)
     (site / "train" / "bag" / "._00001.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
     (site / "train" / "bag" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
-    held = load_data(_args(data_cache_dir=str(site)), 0)
+    held = load_data(site_args(data_cache_dir=str(site)), 0)
     assert len(held.y_train) == 40 and len(held.y_test) == 10  # val/ is the test split
     (site / "test").mkdir()
     _grey(site / "only-test" / "test", 5)
     with pytest.raises(ConfigError, match="has test/ but no train/"):
-        load_data(_args(data_cache_dir=str(site / "only-test")), 0)
+        load_data(site_args(data_cache_dir=str(site / "only-test")), 0)
 
 
 def test_sixteen_bit_grey_is_scaled_to_eight_bits_not_clipped(tmp_path):
@@ -62,7 +54,7 @@ def test_sixteen_bit_grey_is_scaled_to_eight_bits_not_clipped(tmp_path):
         (tmp_path / c).mkdir(parents=True)
         for i in range(5):
             Image.fromarray(wide).save(tmp_path / c / f"{i}.png")  # a 16-bit grey PNG
-    held = load_data(_args(data_cache_dir=str(tmp_path)), 0)
+    held = load_data(site_args(data_cache_dir=str(tmp_path)), 0)
     expected = np.round(wide.astype(np.float64) / 257).astype(np.uint8)
     assert np.array_equal(held.x_train[0, 0].numpy(), expected)
 
@@ -71,7 +63,7 @@ def test_a_broken_link_and_a_failing_plugin_are_named(tmp_path, monkeypatch):
     site = _grey(tmp_path / "site")
     os.symlink(tmp_path / "gone.png", site / "bag" / "link.png")
     with pytest.raises(ConfigError, match=r"link.png: cannot be read"):
-        load_data(_args(data_cache_dir=str(site)), 0)
+        load_data(site_args(data_cache_dir=str(site)), 0)
     plugin = tmp_path / "failing.py"
     plugin.write_text(
         "import torch\n"
@@ -83,9 +75,9 @@ def test_a_broken_link_and_a_failing_plugin_are_named(tmp_path, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"failing.py:load raised RuntimeError\('the archive is locked'\)"):
-        load_data(_args(dataset="plugin", plugin="failing.py:load"), 0)
+        load_data(site_args(dataset="plugin", plugin="failing.py:load"), 0)
     with pytest.raises(ConfigError, match=r"is a torch.int64 tensor; give uint8 pixels"):
-        load_data(_args(dataset="plugin", plugin="failing.py:wide"), 0)
+        load_data(site_args(dataset="plugin", plugin="failing.py:wide"), 0)
 
 
 def test_unlabelled_rows_are_refused_and_a_party_column_is_never_a_feature(tmp_path):
@@ -102,22 +94,22 @@ def test_unlabelled_rows_are_refused_and_a_party_column_is_never_a_feature(tmp_p
         "data_cache_dir": str(tmp_path / "t"),
         "classes": [str(i) for i in range(10)],
     }
-    held = load_data(_args(**numbered, channels=49, image_size=None), 0)
+    held = load_data(site_args(**numbered, channels=49, image_size=None), 0)
     assert held.input_shape == (49, 1, 1)  # the party column is left out of the features
     assert sorted(set(held.y_train.tolist()) | set(held.y_test.tolist())) == sorted(set(int(c) for c in y))
     frame.loc[4, "label"] = None
     frame.to_csv(tmp_path / "t" / "train.csv", index=False)
     with pytest.raises(ConfigError, match="row 4 has no 'label'"):
-        load_data(_args(**numbered, channels=49, image_size=None), 0)
+        load_data(site_args(**numbered, channels=49, image_size=None), 0)
     frame.loc[4, "label"], frame.loc[7, "f3"] = 1.0, float("inf")
     frame.to_csv(tmp_path / "t" / "train.csv", index=False)
     with pytest.raises(ConfigError, match="column 'f3' has no finite value in row 7"):
-        load_data(_args(**numbered, channels=49, image_size=None), 0)
+        load_data(site_args(**numbered, channels=49, image_size=None), 0)
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
     rows = {"image": [Image.fromarray(i, mode="L") for i in x[:6]], "label": [0, 1, -1, 2, 3, 4]}
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "hf"))
     with pytest.raises(ConfigError, match=r"row 2 has no label \(label -1\)"):
-        load_data(_args(dataset="hf", data_cache_dir=str(tmp_path / "hf")), 0)
+        load_data(site_args(dataset="hf", data_cache_dir=str(tmp_path / "hf")), 0)
 
 
 def test_a_cnn_that_cannot_take_the_agreed_side_is_refused_with_the_config(tmp_path):

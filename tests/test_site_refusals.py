@@ -17,7 +17,7 @@ from fedml_moon.config_schema import ConfigError, DataArgs
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
 from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, party_folders, site_sets, write_pngs, write_table
+from tests.site_data import CLASSES, fashion, party_folders, site_args, site_sets, write_pngs, write_table
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -118,14 +118,6 @@ def test_broken_data_is_refused_through_the_command_line_and_nothing_is_written_
     _refused(name, tmp_path, in_process)
 
 
-def _args(**kw) -> DataArgs:
-    base = {"classes": CLASSES, "image_size": 28, "channels": 1, "dataset": "imagefolder"}
-    args = DataArgs(**{**base, **kw})
-    args.check()
-    args.check_agreement()
-    return args
-
-
 @pytest.mark.parametrize(
     "kw, key",
     [
@@ -145,11 +137,11 @@ def _args(**kw) -> DataArgs:
 )
 def test_the_agreement_is_checked_with_the_config(kw, key):
     with pytest.raises(ConfigError, match=key):
-        _args(**kw)
+        site_args(**kw)
 
 
 def test_a_natural_partition_takes_exactly_its_parties(tmp_path):
-    args = _args(
+    args = site_args(
         data_cache_dir=str(party_folders(tmp_path, per_party=20, n_test=10)), partition_method="natural"
     )
     data = load_data(args, 0)
@@ -179,26 +171,26 @@ def test_a_tables_labels_columns_and_parties_are_checked(tmp_path):
     train.loc[3, "label"] = "jacket"
     train.to_csv(folder / "train.csv", index=False)
     with pytest.raises(ConfigError, match=r"train.csv, sample 3: class 'jacket' is not one the run names"):
-        load_data(_args(**base), 0)
+        load_data(site_args(**base), 0)
     train.loc[3, "label"] = "bag"
     train["f7"] = train["f7"].astype(str) + "x"
     train.to_csv(folder / "train.csv", index=False)
     with pytest.raises(ConfigError, match=r"column 'f7' holds .* not numbers"):
-        load_data(_args(**base), 0)
+        load_data(site_args(**base), 0)
     train["f7"] = 0.5
     train.loc[5, "f8"] = None
     train.to_csv(folder / "train.csv", index=False)
     with pytest.raises(ConfigError, match=r"column 'f8' has no finite value in row 5"):
-        load_data(_args(**base), 0)
+        load_data(site_args(**base), 0)
     train = train.dropna()
     train.to_csv(folder / "train.csv", index=False)
     with pytest.raises(ConfigError, match=r"data_args.channels: .* 49 feature columns .* agrees on 48"):
-        load_data(_args(**{**base, "channels": 48}), 0)
-    chosen = load_data(_args(**{**base, "channels": None, "feature_columns": ["f3", "f1"]}), 0)
+        load_data(site_args(**{**base, "channels": 48}), 0)
+    chosen = load_data(site_args(**{**base, "channels": None, "feature_columns": ["f3", "f1"]}), 0)
     assert chosen.input_shape == (2, 1, 1)
     assert chosen.x_train[0, :, 0, 0].tolist() == pytest.approx(train[["f3", "f1"]].iloc[0].tolist())
     with pytest.raises(ConfigError, match="party_column: .* has no column 'party'"):
-        load_data(_args(**base, partition_method="natural"), 0)
+        load_data(site_args(**base, partition_method="natural"), 0)
 
 
 def test_a_plugin_that_breaks_the_agreement_is_refused(monkeypatch):
@@ -206,13 +198,13 @@ def test_a_plugin_that_breaks_the_agreement_is_refused(monkeypatch):
     with pytest.raises(
         ConfigError, match=r"wrong_shape train\[0\] has shape \(1, 32, 32\), the run agrees on"
     ):
-        load_data(_args(dataset="plugin", plugin="tests/site_plugin.py:wrong_shape"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:wrong_shape"), 0)
     with pytest.raises(ConfigError, match="returned a dict; give \\(train, test\\)"):
-        load_data(_args(dataset="plugin", plugin="tests/site_plugin.py:parties"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:parties"), 0)
     with pytest.raises(
         ConfigError, match="data_args.plugin: 'tests/site_plugin.py:nothing'.* has no 'nothing'"
     ):
-        load_data(_args(dataset="plugin", plugin="tests/site_plugin.py:nothing"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:nothing"), 0)
 
 
 def test_a_silo_never_takes_its_data_folder_or_data_plugin_from_the_server():

@@ -14,8 +14,8 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from fedml_moon.data.images import bands, hidden, is_image
-from fedml_moon.data.site import TEST_FOLDERS
 from fedml_moon.data.owned import owners
+from fedml_moon.data.site import TEST_FOLDERS
 from fedml_moon.data.tables import HF_MARKERS, READERS, find_table, read_frame
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,13 @@ def _image_split(survey: Survey, folder: Path, key: tuple[str, str], root: Path)
             try:
                 with Image.open(path) as img:
                     _survey_image(survey, img, str(path))
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+            except (
+                UnidentifiedImageError,
+                OSError,
+                SyntaxError,
+                ValueError,
+                Image.DecompressionBombError,
+            ) as err:
                 survey.problems.append(f"does not decode: {path.relative_to(root)} ({err})")
                 continue
             counts[class_dir.name] += 1
@@ -88,11 +94,15 @@ def survey_images(root: Path, natural: bool) -> Survey:
     survey = Survey()
     for party, folder in owners(root, natural).items():
         test = next((s for s in TEST_FOLDERS if (folder / s).is_dir()), None)
-        splits = [("train", "train"), *([(test, "test")] if test else [])] if (folder / "train").is_dir() else []
+        splits = (
+            [("train", "train"), *([(test, "test")] if test else [])] if (folder / "train").is_dir() else []
+        )
         for name, split in splits or [("", "train")]:
             _image_split(survey, folder / name if name else folder, (party, split), root)
     if len(survey.channels) > 1:
-        survey.problems.append(f"mixed channel counts {dict(survey.channels)} (modes {dict(survey.modes)}): a run takes one")
+        survey.problems.append(
+            f"mixed channel counts {dict(survey.channels)} (modes {dict(survey.modes)}): a run takes one"
+        )
     return survey
 
 
@@ -163,7 +173,13 @@ def survey_hf(root: Path, natural: bool, label: str, party: str, image: str) -> 
                 src = io.BytesIO(r["bytes"]) if r.get("bytes") is not None else r["path"]
                 with Image.open(src) as img:
                     _survey_image(survey, img, f"{split} row {i}")
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+            except (
+                UnidentifiedImageError,
+                OSError,
+                SyntaxError,
+                ValueError,
+                Image.DecompressionBombError,
+            ) as err:
                 survey.problems.append(f"does not decode: {split} row {i} ({err})")
     return survey
 

@@ -15,13 +15,14 @@ import torch
 
 from fedml_moon.config_schema import ConfigError, DataArgs
 from fedml_moon.core.seeds import rng
-from fedml_moon.data.holdings import Holdings, Parties
 from fedml_moon.data import tables
+from fedml_moon.data.holdings import Holdings, Parties
 from fedml_moon.data.images import cached_decode, convert, list_images
 from fedml_moon.data.owned import Owned, Split, labels_to_indices, owners
 
 log = logging.getLogger(__name__)
 TEST_FOLDERS = ("test", "val")  # an image folder's test split, the first of these that is there
+
 
 def image_folder(args: DataArgs, root: Path) -> Owned:
     """torchvision's ImageFolder layout: ``F/train/<class>/`` and ``F/test/<class>/`` (or ``F/val/``),
@@ -149,7 +150,9 @@ def assemble(args: DataArgs, owned: Owned, seed: int) -> Holdings:
         )
     kinds = {t[0].dtype for t in trains + tests}
     if len(kinds) > 1:
-        raise ConfigError(f"data_args.plugin: the parties' samples mix {sorted(map(str, kinds))}; give one kind")
+        raise ConfigError(
+            f"data_args.plugin: the parties' samples mix {sorted(map(str, kinds))}; give one kind"
+        )
     x_train, x_test = torch.cat([t[0] for t in trains]), torch.cat([t[0] for t in tests])
     y_train = torch.from_numpy(np.concatenate([t[1] for t in trains]))
     y_test = torch.from_numpy(np.concatenate([t[1] for t in tests]))

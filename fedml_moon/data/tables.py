@@ -71,7 +71,9 @@ def features(df: pd.DataFrame, args: DataArgs, path: Path) -> list[str]:
             )
         if not np.isfinite(col.to_numpy(dtype=np.float64)).all():
             row = int(np.flatnonzero(~np.isfinite(col.to_numpy(dtype=np.float64)))[0])
-            raise DataFileError(path, f"column {name!r} has no finite value in row {row}; fill or drop such rows")
+            raise DataFileError(
+                path, f"column {name!r} has no finite value in row {row}; fill or drop such rows"
+            )
     if len(names) != args.channels:
         raise ConfigError(
             f"data_args.channels: {path} has {len(names)} feature columns ({', '.join(map(str, names[:8]))}"

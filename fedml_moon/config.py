@@ -232,8 +232,37 @@ def _robust_checks(cfg: Config) -> None:
     )
 
 
+def own_data(cfg: Config) -> bool:
+    """Whether each silo trains on its own data and the server holds none: cross-silo with a site's
+    own data (`data_args.dataset` imagefolder, table, hf or plugin) and `partition_method: natural`."""
+    data = cfg.data_args
+    return (
+        cfg.common_args.training_type == "cross_silo"
+        and data.site_format
+        and data.partition_method == "natural"
+    )
+
+
+def evaluation(cfg: Config) -> str:
+    """`validation_args.evaluation` resolved: auto is federated where the server holds no data
+    (`own_data`), else central."""
+    said = cfg.validation_args.evaluation
+    return said if said != "auto" else ("federated" if own_data(cfg) else "central")
+
+
+def _evaluation_checks(cfg: Config) -> None:
+    require(
+        evaluation(cfg) != "federated" or not cfg.privacy_args.secure_aggregation,
+        "validation_args.evaluation",
+        "federated evaluation under privacy_args.secure_aggregation would show the server each party's "
+        "test counts, which secure aggregation hides; evaluate centrally (validation_args.evaluation: "
+        "central, with a test set the server holds) or turn secure aggregation off",
+    )
+
+
 def _cross_checks(cfg: Config) -> None:
     cfg.data_args.check_agreement()
+    _evaluation_checks(cfg)
     side = cfg.data_args.image_size
     require(
         cfg.model_args.model not in ("simple-cnn", "lg-cnn") or side in (None, 28, 32),

@@ -349,9 +349,16 @@ class ValidationArgs:
     """evaluate the global model in rounds where round % N == 0, and in the last round; >= 1"""
     local_test: bool = False
     """also test each party's model on its own test split (local_test_acc); always on if personalised"""
+    evaluation: str = "auto"
+    """auto (federated where the server holds no data, else central), central (on the server) or federated"""
 
     def check(self) -> None:
         require(self.frequency_of_the_test >= 1, "validation_args.frequency_of_the_test", "must be >= 1")
+        require(
+            self.evaluation in ("auto", "central", "federated"),
+            "validation_args.evaluation",
+            f"{self.evaluation!r} is not auto, central or federated",
+        )
 
 
 @dataclass
@@ -562,6 +569,8 @@ class ServerArgs:
     """m: 1 = Krum, m > 1 = Multi-Krum (average of the m best); at most client_num_per_round - f"""
     clip_norm: float | None = None
     """M of norm_clip, the largest norm of an update; null: the median of the round's update norms; > 0"""
+    party_weights: str = "samples"
+    """each party's weight in the average: samples (its sample count, as the papers) or uniform (1 each)"""
 
     def check(self) -> None:
         require(
@@ -573,6 +582,11 @@ class ServerArgs:
             f"choose one of {', '.join(MOMENTUM_STYLES)}",
         )
         require(self.server_lr > 0, "server_args.server_lr", "must be > 0")
+        require(
+            self.party_weights in ("samples", "uniform"),
+            "server_args.party_weights",
+            f"{self.party_weights!r} is not samples or uniform",
+        )
         self.check_robust()
 
     def check_robust(self) -> None:

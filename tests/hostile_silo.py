@@ -25,7 +25,7 @@ from fedml.core.distributed.communication.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedml_moon.adapters.run import build_base, party_samples  # noqa: E402
+from fedml_moon.adapters.run import build_base, partition_claims  # noqa: E402
 from fedml_moon.config import load_config  # noqa: E402
 from fedml_moon.distributed import managers as m  # noqa: E402
 from fedml_moon.distributed.deploy import make_transport, shared_config, worker_count  # noqa: E402
@@ -69,7 +69,8 @@ def main() -> int:
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hostile %(message)s")
     cfg = load_config(a.cf, a.set)
-    samples = party_samples(build_base(cfg, Path(a.out)))[a.rank - 1]  # its party's true count
+    claim = partition_claims(build_base(cfg, Path(a.out)))[a.rank - 1]  # what it truly holds
+    samples = claim["samples"]
     terms, shared = get_algorithm(cfg.train_args.algorithm).client.terms, shared_config(cfg)
     transport = make_transport(cfg, a.rank, worker_count(cfg, None))
     inbox = Inbox()
@@ -91,6 +92,8 @@ def main() -> int:
             log.info("got %s", kind)
             if kind == m.REJOIN:
                 send(transport, m.HELLO, parties=[a.rank - 1], **hello)
+            elif kind == m.WELCOME:
+                send(transport, m.READY, claims=[{"party": a.rank - 1, "claim": claim}])
             elif kind == m.TRAIN:
                 task, round_idx = msg.get("tasks")[0], msg.get("round")
                 other = 0 if a.rank != 1 else 1

@@ -43,7 +43,8 @@ def _server(
     tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False
 ) -> tuple[PluginServerManager, Wire]:
     """The server manager of a tiny cross-silo run of `silos` silos of one party each (FedAvg, 2 rounds
-    unless `extra` says otherwise), every silo having said HELLO; with `resume`, from the newest
+    unless `extra` says otherwise), every silo having said HELLO and READY (its claims: the server's
+    own partition's); with `resume`, from the newest
     checkpoint in `tmp_path`."""
     overrides = [
         *conformance.TINY,
@@ -76,6 +77,7 @@ def _server(
     for rank in ranks:
         hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
         _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
+        _from(manager, rank, m.READY, claims=[{"party": rank - 1, "claim": rounds.claims[rank - 1]}])
     return manager, wire
 
 

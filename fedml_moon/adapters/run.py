@@ -14,12 +14,12 @@ import numpy as np
 import torch
 
 from fedml_moon.adapters import compat
-from fedml_moon.config import Config, config_to_dict
+from fedml_moon.config import Config, config_to_dict, evaluation, own_data
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.core.schedule import quorum
 from fedml_moon.core.state import make_store
-from fedml_moon.data.federated import FederatedData, prepare, show_partition
+from fedml_moon.data.federated import FederatedData, prepare, prepare_own, show_partition
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
@@ -146,6 +146,19 @@ def _model_factory(cfg: Config, fed: FederatedData):
     return factory
 
 
+def load_partition(cfg: Config, rank: int, role: str) -> FederatedData:
+    """This process's data (see `build_base`)."""
+    seed, n = cfg.common_args.random_seed, cfg.train_args.client_num_in_total
+    if role == "all" or not own_data(cfg):
+        return prepare(cfg.data_args, n, seed)
+    if role == "server":
+        fed = prepare_own(cfg.data_args, seed, None, central=evaluation(cfg) == "central")
+        how = "on its own test set" if len(fed.data.y_test) else "none: each site tests on its own split"
+        log.info("the server holds no training data; evaluation is %s (%s)", evaluation(cfg), how)
+        return fed
+    return prepare_own(cfg.data_args, seed, rank - 1)
+
+
 def build_args(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) -> Any:
     """PyTorch's threads and FedML's initialised args for a process of this run (no data yet)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,23 +166,28 @@ def build_args(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) 
     return compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
 
 
-def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, args: Any = None) -> Base:
+def build_base(
+    cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, args: Any = None, role: str = "all"
+) -> Base:
     """Load and partition the data (before anything is written: data refused leave `out_dir` as it
     was), initialise FedML (or, with `args` from `build_args`, bring those args up to `cfg`), build the
     initial model (from the seed).
 
-    Every process of a run does this identically, so every process holds the same partition."""
+    Every process of a run does this identically, so every process holds the same partition; but
+    in cross-silo on the sites' own data (`config.own_data`) a silo (`role` "silo") reads its own
+    party only and the server (`role` "server") none (`data.federated.prepare_own`)."""
     seed, train = cfg.common_args.random_seed, cfg.train_args
     default_dtype(train.precision)  # fp64: the data and the model in float64
     device = select_device(cfg, rank)
     log.info("device: %s", describe(device, cfg.device_args.using_gpu))  # a run's first line
-    fed = prepare(cfg.data_args, train.client_num_in_total, seed)  # refused data write nothing
+    fed = load_partition(cfg, rank, role)  # refused data write nothing
     if args is None:
         args = build_args(cfg, out_dir, rank, local_procs)
     else:
         vars(args).update(vars(fedml_args(cfg, out_dir)))
     np.random.seed(seed)
-    show_partition(fed, cfg.data_args, out_dir)
+    if fed.ids:
+        show_partition(fed, cfg.data_args, out_dir)
     dataset = build_fedml_dataset(
         fed.data,
         fed.train_parts,
@@ -179,9 +197,12 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, 
         train.drop_last,
         device=device,
         resident=device.type == "cuda",  # the data set lives on the GPU; batches never cross the bus
+        party_ids=fed.ids,
     )
-    named = {"parties": list(fed.data.parties.names)} if fed.data.parties else {}
-    (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist(), **named}))
+    if fed.ids:
+        named = {"parties": list(fed.data.parties.names)} if fed.data.parties else {}
+        ids = {"party_ids": fed.ids} if fed.party_ids is not None else {}
+        (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist(), **named, **ids}))
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
     try:
@@ -195,29 +216,24 @@ def build_base(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, 
 
 
 def build_server(base: Base, out_dir: Path) -> Any:
-    """The server's side: PluginServerAggregator, run records (and W&B), ServerRounds."""
+    """The server's side: PluginServerAggregator, run records (and W&B), ServerRounds. Where it holds
+    the partition (every mode but cross-silo on the sites' own data) it knows every party's claim."""
     from fedml_moon.adapters.aggregator import PluginServerAggregator
     from fedml_moon.engine.rounds import ServerRounds
-    from fedml_moon.privacy.mod import PrivateAggregation
 
     cfg, train = base.cfg, base.cfg.train_args
     server_algo = base.spec.server(cfg.algorithm_args, cfg.server_args, train, base.seed)
-    server_algo.class_counts = {p: [int(n) for n in row] for p, row in enumerate(base.fed.counts.tolist())}
     aggregator = PluginServerAggregator(copy.deepcopy(base.model).to(base.device), base.args, server_algo)
-    samples, privacy, secure = party_samples(base), None, cfg.privacy_args.secure_aggregation
     check_sum_form(cfg, server_algo, aggregator.global_state)
-    if cfg.privacy_args.on:
-        weights = {p: server_algo.sum_weight(n) for p, n in samples.items()}
-        per_round = train.client_num_per_round
-        fewest = quorum(cfg.comm_args.min_reports, per_round)
-        options, summed = cfg.privacy_args, server_algo.summed
-        metrics = ("loss", *base.spec.client.terms)
-        privacy = PrivateAggregation(options, summed, weights, per_round, samples, fewest, metrics)
-        privacy.set_model(server_algo.trainable, aggregator.global_state)  # before any file is written
-        privacy.set_ledger(out_dir / "privacy_ledger.jsonl")
+    claims = None
+    if base.fed.ids:  # the server computed the partition: it knows what every party holds
+        rows = zip(base.fed.ids, base.fed.counts.tolist(), strict=True)
+        server_algo.class_counts = {p: [int(n) for n in row] for p, row in rows}
+        claims = partition_claims(base)
+    make_privacy = privacy_factory(base, aggregator, out_dir) if cfg.privacy_args.on else None
     config = config_to_dict(cfg)
     recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
-    return ServerRounds(
+    rounds = ServerRounds(
         aggregator,
         recorder,
         n_parties=train.client_num_in_total,
@@ -228,15 +244,72 @@ def build_server(base: Base, out_dir: Path) -> Any:
         test_global=base.dataset.test_data_global,
         device=base.device,
         args=base.args,
-        party_eval=(cfg.validation_args.local_test or base.spec.client.personalized) and not secure,
+        party_eval=(cfg.validation_args.local_test or base.spec.client.personalized)
+        and not cfg.privacy_args.secure_aggregation,
         personalized=base.spec.client.personalized,
         on_bad_upload=train.on_bad_upload,
         save_party_models=train.save_party_models,
-        samples=samples,
-        privacy=privacy,
+        claims=claims,
+        make_privacy=make_privacy,
         terms=base.spec.client.terms,
         steps=(train.epochs, train.batch_size),
+        federated=evaluation(cfg) == "federated",
+        uniform=cfg.server_args.party_weights == "uniform",
     )
+    rounds.num_classes = base.fed.data.num_classes
+    return rounds
+
+
+def privacy_factory(base: Base, aggregator: Any, out_dir: Path) -> Any:
+    """privacy_args' accounting on the server, from the parties' weights (built when they are known:
+    before any file is written where the server computed the partition)."""
+    from fedml_moon.privacy.mod import PrivateAggregation
+
+    cfg, train, server_algo = base.cfg, base.cfg.train_args, aggregator.algorithm
+
+    def make(weights: dict[int, float]) -> PrivateAggregation:
+        summed_weights = {p: server_algo.sum_weight(w) for p, w in weights.items()}
+        fewest = quorum(cfg.comm_args.min_reports, train.client_num_per_round)
+        metrics = ("loss", *base.spec.client.terms)
+        privacy = PrivateAggregation(
+            cfg.privacy_args, server_algo.summed, summed_weights, train.client_num_per_round, weights,
+            fewest, metrics,
+        )  # fmt: skip
+        privacy.set_model(server_algo.trainable, aggregator.global_state)
+        privacy.set_ledger(out_dir / "privacy_ledger.jsonl")
+        return privacy
+
+    return make
+
+
+def partition_claims(base: Base) -> dict[int, Any]:
+    """Each party's claim under the run's partition (`held_claims`), where the server computed it: the
+    only counts it takes from a silo. At most `comm_args.max_party_samples` samples each."""
+    cap = base.cfg.comm_args.max_party_samples
+    claims = held_claims(base)
+    over = {p: c["samples"] for p, c in claims.items() if c["samples"] > cap}
+    if over:
+        raise ConfigError(
+            f"comm_args.max_party_samples: parties {sorted(over)[:10]} hold more than {cap} samples "
+            f"({max(over.values())}); raise the cap if this partition is intended"
+        )
+    return claims
+
+
+def held_claims(base: Base) -> dict[int, Any]:
+    """What each party this process holds would claim (`engine.claims.claims_of`)."""
+    from fedml_moon.engine.claims import claims_of
+
+    samples = {int(p): int(n) for p, n in base.dataset.train_data_local_num_dict.items()}
+    tests = {int(p): int(t.num_samples) for p, t in base.dataset.test_data_local_dict.items()}
+    counts = dict(zip(base.fed.ids, base.fed.counts.tolist(), strict=True))
+    return claims_of(samples, tests, counts, class_threshold(base.cfg))
+
+
+def class_threshold(cfg: Config) -> int | None:
+    """min_class_samples of an algorithm that shares class prototypes (FedSSC), else None."""
+    value = getattr(cfg.algorithm_args, "min_class_samples", None)
+    return None if value is None else int(value)
 
 
 def check_sum_form(cfg: Config, algorithm: Any, global_state: Any) -> None:
@@ -255,20 +328,6 @@ def check_sum_form(cfg: Config, algorithm: Any, global_state: Any) -> None:
     problem = sum_form_problem(algorithm, algorithm.upload_spec(global_state, 0), name)
     if problem is not None:
         raise ConfigError(f"{key}: {problem}")
-
-
-def party_samples(base: Base) -> dict[int, int]:
-    """Each party's training samples under the run's partition: the weight the server gives it, and the
-    only sample count it takes from a silo. At most `comm_args.max_party_samples` each."""
-    cap = base.cfg.comm_args.max_party_samples
-    samples = {int(p): int(n) for p, n in base.dataset.train_data_local_num_dict.items()}
-    over = {p: n for p, n in samples.items() if n > cap}
-    if over:
-        raise ConfigError(
-            f"comm_args.max_party_samples: parties {sorted(over)[:10]} hold more than {cap} samples "
-            f"({max(over.values())}); raise the cap if this partition is intended"
-        )
-    return samples
 
 
 def build_runner(base: Base, out_dir: Path, store: Any = None) -> Any:

@@ -16,7 +16,7 @@ from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm, PartyRound, Payload
 from fedml_moon.core.aggregation import clone_state
-from fedml_moon.core.evaluation import evaluate
+from fedml_moon.core.evaluation import evaluate, evaluate_counts, evaluate_ensemble_counts
 from fedml_moon.core.state import PartyStore
 from fedml_moon.engine.batched import PartyJob, train_parties
 from fedml_moon.engine.local import to_device
@@ -122,13 +122,36 @@ class PluginClientTrainer(ClientTrainer):
         return {"test_acc": acc, "test_loss": loss}
 
     def evaluate_party(self, party: int, test_data: Any, received: Any, device: torch.device) -> Payload:
-        """The party's own model (the server's model with the party's own state applied) on its own
-        test split `test_data`: what it reports on evaluation rounds, with its personal state for the
-        server's new test."""
-        state = self.store.get(party)
-        self.model.load_state_dict(self.algorithm.eval_state(as_payload(received), state))
-        acc, _ = evaluate(self.model, test_data, device)
-        report: Payload = {"party_id": party, "local_test_acc": acc}
-        if self.algorithm.personalized:
-            report["personal"] = self.algorithm.personal_state(state)
+        """The party's report on an evaluation round, on its own test split `test_data`: with `local`
+        (the default), its own model's accuracy (the server's model with the party's own state applied)
+        and, for personalised algorithms, its personal state for the server's new test; with `test`
+        (federated evaluation), the counts [correct, seen, loss sum] of each model the server names
+        ("global": the download's model; others in `test_models`)."""
+        payload = as_payload(received)
+        report: Payload = {"party_id": party}
+        if payload.get("local", True):
+            state = self.store.get(party)
+            self.model.load_state_dict(self.algorithm.eval_state(payload, state))
+            acc, _ = evaluate(self.model, test_data, device)
+            report["local_test_acc"] = acc
+            if self.algorithm.personalized:
+                report["personal"] = self.algorithm.personal_state(state)
+        if "combine" in payload:  # the new test: the parties' models combined
+            report["test"] = {"new": list(combined_counts(self.model, payload, test_data, device))}
+        elif "test" in payload:
+            others = payload.get("test_models") or {}
+            counts = {}
+            for name in payload["test"]:
+                self.model.load_state_dict(payload["model"] if name == "global" else others[name])
+                counts[name] = list(evaluate_counts(self.model, test_data, device))
+            report["test"] = counts
         return report
+
+
+def combined_counts(model: nn.Module, payload: Payload, test_data: Any, device: torch.device) -> tuple:
+    """Counts of the parties' models combined as the server says (`combine`: "average", one model in
+    `states`; "ensemble", the mean softmax of every model in `states`) on `test_data`."""
+    if payload["combine"] == "ensemble":
+        return evaluate_ensemble_counts(model, payload["states"], test_data, device)
+    model.load_state_dict(payload["states"][0])
+    return evaluate_counts(model, test_data, device)

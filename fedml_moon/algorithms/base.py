@@ -212,6 +212,7 @@ class ServerAlgorithm:
         )
         self.mean = robust_mean(server)
         self.class_counts: dict[int, list[int]] = {}  # party -> its training samples per class
+        self.classes_held: dict[int, list[int]] = {}  # party -> the classes it claims (engine.claims)
 
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         """Called once with the initial global state; may validate it or replace it (e.g. a checkpoint)."""
@@ -294,6 +295,11 @@ class ServerAlgorithm:
         test set (a party never seen); the uniform parameter average unless overridden."""
         acc, loss = new_test(model, states, test_global, device, "average", self.mean)
         return {"new_test_acc": acc, "new_test_loss": loss}
+
+    def new_test_models(self, states: list[dict]) -> tuple[str, list[dict]]:
+        """The parties' own models `states` combined as `new_test` combines them, for the sites to
+        test (federated evaluation): ("average", [their uniform average]) unless overridden."""
+        return "average", [self.mean(states, [1.0] * len(states))]
 
     def party_figures(self) -> PartyFigures | None:
         """Figures that need every party's own model beside every party's test split, which only the

@@ -216,12 +216,11 @@ class FedSSCServer(ServerAlgorithm):
 
     def upload_problem(self, upload: Payload, party_id: int) -> str | None:
         """A party may share the prototype of a class only if it holds more than `min_class_samples`
-        samples of it, by the partition the server holds (`class_counts`): its `present` must be
-        exactly that (an honest party's is), so no party can speak for a class it does not hold."""
-        counts = self.class_counts.get(int(party_id))
-        if counts is None:
+        samples of it, by the partition the server holds or the party's claim (`held`): its `present`
+        must be exactly that (an honest party's is), so no party speaks for a class it did not claim."""
+        held = self.held(int(party_id), upload["present"].numel())
+        if held is None:
             return None
-        held = torch.tensor(counts) > self.options.min_class_samples
         claimed = upload["present"].detach().cpu().bool()
         if torch.equal(claimed, held):
             return None
@@ -231,6 +230,16 @@ class FedSSCServer(ServerAlgorithm):
             f"{self.options.min_class_samples} samples of classes {torch.nonzero(held).flatten().tolist()} "
             "(a party shares the prototypes of its own classes only)"
         )
+
+    def held(self, party: int, num_classes: int) -> torch.Tensor | None:
+        """The classes `party` may share (bool [C]): those it claims (`classes_held`: its claim, or
+        the server's partition), else those it holds more than min_class_samples of by `class_counts`."""
+        if party in self.classes_held:
+            mask = torch.zeros(num_classes, dtype=torch.bool)
+            mask[self.classes_held[party]] = True
+            return mask
+        counts = self.class_counts.get(party)
+        return None if counts is None else torch.tensor(counts) > self.options.min_class_samples
 
     def min_holders(self) -> int:
         """`prototype_min_holders`: auto is 3 under a robust rule (which needs 3 values to act), else 1."""

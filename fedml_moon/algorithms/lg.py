@@ -199,6 +199,12 @@ class LGServer(ServerAlgorithm):
         acc, loss = new_test(model, states, test_global, device, self.options.new_test_method, self.mean)
         return {"new_test_acc": acc, "new_test_loss": loss}
 
+    def new_test_models(self, states: list[dict]) -> tuple[str, list[dict]]:
+        """`new_test_method` for the sites: the average (one model) or the ensemble (every model)."""
+        if self.options.new_test_method == "ensemble":
+            return "ensemble", list(states)
+        return super().new_test_models(states)
+
     def party_figures(self) -> BestSoFar | None:
         """`report_best`: the authors' best-so-far figures (core.personal.BestSoFar)."""
         return self.figures

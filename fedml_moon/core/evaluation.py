@@ -10,8 +10,9 @@ from torch import nn
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, device: torch.device) -> tuple[float, float]:
-    """Top-1 accuracy and mean cross-entropy of `model` (a `ModelOutput`) over `loader`."""
+def evaluate_counts(model: nn.Module, loader: Iterable, device: torch.device) -> tuple[int, int, float]:
+    """(correct, seen, loss sum) of `model` (a `ModelOutput`) over `loader`: top-1 hits, samples and
+    the summed cross-entropy (float64), the counts a site reports in federated evaluation."""
     was_training = model.training
     model.eval()
     correct = torch.zeros((), dtype=torch.long, device=device)
@@ -24,16 +25,26 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device) -> tuple[
         correct += (logits.argmax(dim=1) == y).sum()
         count += y.numel()
     model.train(was_training)
-    if count == 0:
-        return 0.0, 0.0
-    return float(correct) / count, float(loss_sum) / count
+    return int(correct), count, float(loss_sum)
+
+
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device) -> tuple[float, float]:
+    """Top-1 accuracy and mean cross-entropy of `model` (a `ModelOutput`) over `loader`."""
+    correct, count, loss_sum = evaluate_counts(model, loader, device)
+    return ratios(correct, count, loss_sum)
+
+
+def ratios(correct: int, seen: int, loss_sum: float) -> tuple[float, float]:
+    """(accuracy, mean loss) from counts; (0, 0) for no samples."""
+    return (correct / seen, loss_sum / seen) if seen else (0.0, 0.0)
 
 
 @torch.no_grad()
-def evaluate_ensemble(
+def evaluate_ensemble_counts(
     model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]], loader: Iterable, device: torch.device
-) -> tuple[float, float]:
-    """Accuracy and loss of the ensemble that averages the softmax outputs of `states` (one model each)."""
+) -> tuple[int, int, float]:
+    """(correct, seen, negative log-likelihood sum) of the ensemble that averages the softmax outputs
+    of `states` (one model each) over `loader`."""
     batches = [(x.to(device), y.to(device)) for x, y in loader]
     probs = [torch.zeros(len(y), 0, device=device) for _, y in batches]
     was_training = model.training
@@ -50,4 +61,11 @@ def evaluate_ensemble(
         correct += int((p.argmax(1) == y).sum())
         nll += float(-torch.log(p.gather(1, y.unsqueeze(1)).clamp_min(1e-12)).sum())
         count += len(y)
-    return (correct / count, nll / count) if count else (0.0, 0.0)
+    return correct, count, nll
+
+
+def evaluate_ensemble(
+    model: nn.Module, states: Sequence[Mapping[str, torch.Tensor]], loader: Iterable, device: torch.device
+) -> tuple[float, float]:
+    """Accuracy and loss of the ensemble that averages the softmax outputs of `states` (one model each)."""
+    return ratios(*evaluate_ensemble_counts(model, states, loader, device))

@@ -35,6 +35,8 @@ SERVER_FIELDS = frozenset(
         "test_acc",
         "test_loss",
         "test_acc_std",
+        "test_samples",
+        "party_test",
         "models_evaluated",
         "local_test_acc",
         "new_test_acc",
@@ -185,17 +187,31 @@ def buffer_problem(
     return None
 
 
-def report_problem(report: Any, party: int, personal: Mapping[str, Any] | None) -> str | None:
-    """Why a party's evaluation report cannot be used, or None: {party_id, local_test_acc in [0, 1]}
-    and, for personalised algorithms, `personal` (its own layers, matching `personal`, or None before
-    it has any)."""
+def report_problem(
+    report: Any,
+    party: int,
+    personal: Mapping[str, Any] | None,
+    local: bool = True,
+    tests: list[str] | None = None,
+    test_samples: int | None = None,
+) -> str | None:
+    """Why a party's evaluation report cannot be used, or None: {party_id} and, as the server asked,
+    `local_test_acc` in [0, 1] (`local`; for personalised algorithms with `personal`, its own layers
+    matching `personal`, or None before it has any) and `test` (federated evaluation: for each model
+    of `tests`, [correct, seen, loss sum] with 0 <= correct <= seen, seen its `test_samples` when the
+    server holds that count, and a finite loss sum >= 0)."""
     if not isinstance(report, Mapping):
         return "the report is not a dict"
-    allowed = {"party_id", "local_test_acc"} | ({"personal"} if personal is not None else set())
-    if not {"party_id", "local_test_acc"} <= set(report) <= allowed:
+    need = {"party_id"} | ({"local_test_acc"} if local else set()) | ({"test"} if tests else set())
+    allowed = need | ({"personal"} if personal is not None and local else set())
+    if not need <= set(report) <= allowed:
         return f"the report's fields {sorted(map(str, report))[:6]} are not {sorted(allowed)}"
     if report["party_id"] != party or type(report["party_id"]) is not int:
         return f"party_id {repr(report['party_id'])[:40]} is not {party}"
+    if tests and (problem := counts_problem(report["test"], tests, test_samples)) is not None:
+        return problem
+    if not local:
+        return None
     acc = report["local_test_acc"]
     if isinstance(acc, bool) or not isinstance(acc, (int, float)) or not 0.0 <= acc <= 1.0:
         return f"local_test_acc {repr(acc)[:40]} is not a number in [0, 1]"
@@ -206,6 +222,24 @@ def report_problem(report: Any, party: int, personal: Mapping[str, Any] | None) 
     if problem is None and not all(bool(torch.isfinite(t).all()) for _, t in tensor_leaves(mine)):
         return "personal holds NaN or Inf"
     return problem or buffer_problem(mine, {}, 0)
+
+
+def counts_problem(test: Any, names: list[str], samples: int | None) -> str | None:
+    """Why a federated evaluation's counts {model: [correct, seen, loss sum]} cannot be used, or None."""
+    if not isinstance(test, Mapping) or sorted(map(str, test)) != sorted(names):
+        return f"test is not counts for the models {names[:5]}"
+    for name in names:
+        row = test[name]
+        if not isinstance(row, (list, tuple)) or len(row) != 3:
+            return f"test[{name!r}] is not [correct, seen, loss sum]"
+        correct, seen, loss = row
+        if type(correct) is not int or type(seen) is not int or not 0 <= correct <= seen:
+            return f"test[{name!r}] counts {repr(row)[:60]} are not integers 0 <= correct <= seen"
+        if samples is not None and seen != samples:
+            return f"test[{name!r}] counts {seen} test samples, not the {samples} its party claimed"
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss < math.inf:
+            return f"test[{name!r}] loss sum {repr(loss)[:40]} is not a finite number >= 0"
+    return None
 
 
 def meta_like(tensor: torch.Tensor) -> torch.Tensor:

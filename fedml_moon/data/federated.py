@@ -33,6 +33,11 @@ class FederatedData:
     train_parts: list[np.ndarray]
     test_parts: list[np.ndarray]
     counts: np.ndarray  # [n_parties, num_classes] training samples per class
+    party_ids: list[int] | None = None  # the parties of train_parts (default 0..n-1); a silo: its own
+
+    @property
+    def ids(self) -> list[int]:
+        return list(range(len(self.train_parts))) if self.party_ids is None else list(self.party_ids)
 
 
 def _subsample(
@@ -155,6 +160,28 @@ def prepare(args: DataArgs, n_parties: int, seed: int) -> FederatedData:
     train_parts, test_parts = partition(args, data, n_parties, seed)
     counts = partition_counts(data.y_train.numpy(), train_parts, data.num_classes)
     return FederatedData(data, train_parts, test_parts, counts)
+
+
+def prepare_own(args: DataArgs, seed: int, party: int | None, central: bool = False) -> FederatedData:
+    """A process of a cross-silo run on the sites' own data (`config.own_data`): silo `party` its own
+    party's data (`data.silo.load_own`), the server (`party` None) none, or with
+    `validation_args.evaluation: central` its own test set (`args.data_cache_dir`, read whole)."""
+    from fedml_moon.data.silo import agreement, load_own, server_test_set
+
+    try:
+        if party is None:
+            data = server_test_set(args, seed) if central else agreement(args)
+        else:
+            data = load_own(args, seed, party)
+    except DataFileError as err:
+        raise ConfigError(f"data_args.data_cache_dir: {err}") from None
+    _override_transforms(args, data)
+    if party is None:
+        empty = np.zeros((0, data.num_classes), dtype=np.int64)
+        return FederatedData(data, [], [], empty, party_ids=[])
+    train, test = [np.arange(len(data.y_train))], [np.arange(len(data.y_test))]
+    counts = partition_counts(data.y_train.numpy(), train, data.num_classes)
+    return FederatedData(data, train, test, counts, party_ids=[party])
 
 
 def show_partition(fed: FederatedData, args: DataArgs, out_dir: Path | None = None) -> None:

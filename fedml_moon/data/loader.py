@@ -198,8 +198,10 @@ def build_fedml_dataset(
     eval_batch_size: int = 256,
     device: torch.device | str | None = None,
     resident: bool = False,
+    party_ids: list[int] | None = None,
 ) -> FedMLDataset:
-    """FedML's dataset for parties ``0..len(train_parts)-1`` (a `FedMLDataset`). Local train
+    """FedML's dataset for parties ``0..len(train_parts)-1``, or ``party_ids`` (a silo's own party; a
+    server with no data none) (a `FedMLDataset`). Local train
     loaders shuffle, augment and honour ``drop_last``; test and global loaders use ``eval_batch_size``
     in fixed order without augmentation. With ``test_parts=None`` every party is evaluated on the
     global test loader.
@@ -224,7 +226,8 @@ def build_fedml_dataset(
     train_global = PartyLoader(data.x_train, data.y_train, np.arange(n_train), eval_batch_size, **norm)
     test_global = PartyLoader(data.x_test, data.y_test, np.arange(n_test), eval_batch_size, **norm)
     train_local, test_local, num_dict = {}, {}, {}
-    for pid, part in enumerate(train_parts):
+    for i, part in enumerate(train_parts):
+        pid = i if party_ids is None else party_ids[i]
         train_local[pid] = PartyLoader(
             data.x_train,
             data.y_train,
@@ -242,7 +245,7 @@ def build_fedml_dataset(
             test_local[pid] = test_global
         else:
             test_local[pid] = PartyLoader(
-                data.x_test, data.y_test, test_parts[pid], eval_batch_size, party_id=pid, **norm
+                data.x_test, data.y_test, test_parts[i], eval_batch_size, party_id=pid, **norm
             )
     logger.info("%d parties, local train sizes %s", len(train_parts), list(num_dict.values()))
     return FedMLDataset(

@@ -24,12 +24,13 @@ log = logging.getLogger(__name__)
 TEST_FOLDERS = ("test", "val")  # an image folder's test split, the first of these that is there
 
 
-def image_folder(args: DataArgs, root: Path) -> Owned:
+def image_folder(args: DataArgs, root: Path, folders: dict[str, Path] | None = None) -> Owned:
     """torchvision's ImageFolder layout: ``F/train/<class>/`` and ``F/test/<class>/`` (or ``F/val/``),
     or ``F/<class>/`` (a seeded test share) for F the site's folder, or each party's with a natural
-    partition."""
+    partition (`folders`: party -> F, default `owners`)."""
     listed: list[tuple[str, str, list]] = []  # (party, split, [(path, label)])
-    for party, folder in owners(root, args.partition_method == "natural").items():
+    folders = folders if folders is not None else owners(root, args.partition_method == "natural")
+    for party, folder in folders.items():
         test = next((folder / s for s in TEST_FOLDERS if (folder / s).is_dir()), None)
         if (folder / "train").is_dir():
             listed.append((party, "train", list_images(folder / "train", args.classes)))
@@ -93,15 +94,15 @@ def _dataset_split(dataset: Any, args: DataArgs, where: str) -> Split:
     return x if uint8 else x.to(torch.get_default_dtype()), labels_to_indices(ys, args.classes, where, True)
 
 
-def plugin(args: DataArgs, load: Callable[[DataArgs], Any]) -> Owned:
+def plugin(args: DataArgs, load: Callable[[DataArgs], Any], either: bool = False) -> Owned:
     """`data_args.plugin`: its function returns (train, test) torch Datasets (test may be None), or,
-    for a natural partition, {party: (train, test)}."""
+    for a natural partition, {party: (train, test)} (`either`: whichever it returns)."""
     try:
         got = load(args)
     except Exception as err:
         log.debug("data_args.plugin %s failed", args.plugin, exc_info=True)
         raise ConfigError(f"data_args.plugin: {args.plugin} raised {err!r} (-v shows where)") from None
-    natural = args.partition_method == "natural"
+    natural = isinstance(got, Mapping) if either else args.partition_method == "natural"
     if natural != isinstance(got, Mapping):
         want = "{party name: (train, test)}" if natural else "(train, test)"
         raise ConfigError(f"data_args.plugin: {args.plugin} returned a {type(got).__name__}; give {want}")
@@ -126,11 +127,12 @@ def _split_off(split: Split, fraction: float, gen: np.random.Generator) -> tuple
     return (x[train], y[train]), (x[test], y[test])
 
 
-def assemble(args: DataArgs, owned: Owned, seed: int) -> Holdings:
-    """The parties' splits (a seeded test share where a party has none) as one `Holdings`; with a
-    natural partition its `parties` index each party's samples, and the test set is their union."""
+def assemble(args: DataArgs, owned: Owned, seed: int, first: int = 0) -> Holdings:
+    """The parties' splits (a seeded test share where a party has none: party i's drawn on its own
+    stream, i counted from `first`) as one `Holdings`; with a natural partition its `parties` index
+    each party's samples, and the test set is their union."""
     trains, tests = [], []
-    for i, (party, (train, test)) in enumerate(owned.items()):
+    for i, (party, (train, test)) in enumerate(owned.items(), start=first):
         if test is None:
             train, test = _split_off(train, args.test_fraction, rng(seed, "site_test_split", i))
         who = f"party {party!r}" if party else "the site"

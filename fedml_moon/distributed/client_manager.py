@@ -24,6 +24,7 @@ from fedml_moon.distributed.managers import (
     FINISH,
     HELLO,
     HELLO_EVERY_S,
+    READY,
     REJOIN,
     REPORT,
     RESULT,
@@ -52,6 +53,7 @@ class Built:
     parties: list[int]
     config: dict
     run_config: Config
+    claims: dict[int, dict]  # party -> what it holds (engine.claims): said in READY
 
     def holding(self) -> Holding:
         """What it checkpoints and restores: its parties."""
@@ -245,6 +247,7 @@ class PluginClientManager(SecureWorker, _Manager):
         if self.session is not None:
             log.info("rank %d: a new server session (%s) welcomed it", self.rank, session)
         self.session = session
+        self.send_ready()  # a server process learns what its parties hold once
         resume_from = msg.get("resume_from")
         if resume_from is not None:
             self.restore(int(resume_from))
@@ -254,6 +257,11 @@ class PluginClientManager(SecureWorker, _Manager):
             )
             self.runner.load_state(self.initial_state)
         self.trained_since_welcome = False
+
+    def send_ready(self) -> None:
+        """Tell the server what each of its parties holds (its claims), once its data are built."""
+        claims = [{"party": p, "claim": c} for p, c in sorted(self.built.claims.items())]
+        self.send(READY, 0, claims=claims)
 
     def build_from(self, config: dict) -> None:
         self.built = self.build(config)

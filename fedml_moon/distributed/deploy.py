@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.adapters.run import build_args, build_base, build_runner, build_server
+from fedml_moon.adapters.run import build_args, build_base, build_runner, build_server, held_claims
 from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_overrides
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.state import make_store
@@ -248,7 +248,7 @@ def build_process(
         return _build_worker(cfg, folder, rank, size, comm, local_procs, list(explicit or []), group)
     if resume and rank == 0:
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
-    base = build_base(cfg, folder, rank, local_procs)
+    base = build_base(cfg, folder, rank, local_procs, role="server")
     base.args.rank = rank
     transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
     rounds = build_server(base, folder)
@@ -288,15 +288,18 @@ def _worker_build(
         taken = config_differences(shared_config(cfg), shared)
         if taken:
             log.info("rank %d takes %d settings from the server: %s", rank, len(taken), ", ".join(taken))
-        base = build_base(run_cfg, folder, rank, local_procs, args=args)
+        base = build_base(run_cfg, folder, rank, local_procs, args=args, role="silo")
         base.args.rank = rank
         if group is not None:
             prepare_batchnorm(base.model, group)
+        parties = parties_of(run_cfg, size, rank)
+        claims = held_claims(base)
         return Built(
             build_runner(base, folder, store),
-            parties_of(run_cfg, size, rank),
+            parties,
             shared_config(run_cfg),
             run_cfg,
+            {p: claims[p] for p in parties},
         )
 
     return build

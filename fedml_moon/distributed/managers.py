@@ -3,6 +3,7 @@ client_manager.py), one for every distributed mode: MPI simulation, cross-silo o
 
     worker/silo -> server   HELLO {parties, config, explicit, fresh_parties, process}   (until WELCOME)
     server -> worker        WELCOME {config, config_sha256, session, resume_from}
+    worker -> server        READY {claims: [{party, claim}]}  (its data built: what each party holds)
     server -> worker        TRAIN {round, tasks: [{party, payload}]}
     worker -> server        RESULT {round, results: [{party, n, upload}]}
     server -> worker        EVAL {round, payload}           (evaluation rounds that need the parties)
@@ -14,7 +15,9 @@ client_manager.py), one for every distributed mode: MPI simulation, cross-silo o
 
 Every message is checked against its declaration in protocol.py before its handler runs; a message
 that does not fit is refused (logged with the sender and the field), and the server counts the silo
-as missing in that phase. `n` is the party's sample count, which must equal the server's own.
+as missing in that phase. A READY's claims (engine/claims.py) must equal what the server computed
+where it partitioned the data itself, else they are all it knows of the party (bounded, and fixed
+for the run when first made); `n` is the party's sample count, which must equal its claim.
 
 The server's side of a round is `ServerRounds`, the parties' side `PartyRunner`: the same objects the
 standalone loop drives. A timer posts TICK messages into each process's own queue; handlers run in
@@ -52,6 +55,7 @@ from fedml_moon.distributed.protocol import (  # noqa: F401 (the protocol's name
     FINISH,
     HEARTBEAT,
     HELLO,
+    READY,
     REJOIN,
     REPORT,
     RESULT,

@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-from fedml_moon.core.validate import report_problem
-
 HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
 FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
 CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
 REJOIN = "rejoin"  # server -> a worker it has not welcomed (a restarted server): say HELLO now
+READY = "ready"  # worker -> server, once its data are built: what each of its parties holds (claims)
 ENVELOPE = ("msg_type", "sender", "receiver")  # FedML's Message fields, checked by the transports
 
 Check = Callable[[Any], "str | None"]  # None, or why the value does not fit (" is ...", "[3] is ...")
@@ -243,6 +242,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
         "fresh_parties": list_of(PARTY),
         "process": SESSION,
     },
+    READY: {"claims": list_of(record({"party": PARTY, "claim": payload}))},  # `engine.claims` checks each
     RESULT: {"round": ROUND, "results": list_of(record({"party": PARTY, "n": SAMPLES, "upload": payload}))},
     REPORT: {"round": ROUND, "reports": list_of(payload)},
     CHECKPOINTED: {"round": ROUND},
@@ -297,21 +297,22 @@ def result_problem(
         party, n = item["party"], item["n"]
         if n != samples[party]:
             return (
-                f"results[{i}].n {n} is not party {party}'s {samples[party]} samples (the server's "
-                "partition of the run's data: a silo whose data differs is refused)"
+                f"results[{i}].n {n} is not party {party}'s {samples[party]} samples (its claim, fixed "
+                "for the run: a silo whose data differ is refused)"
             )
         if (why := problem(party, item["upload"])) is not None:
             return f"results[{i}].{why}"
     return None
 
 
-def reports_problem(reports: list, mine: list[int], personal: dict | None) -> str | None:
+def reports_problem(reports: list, mine: list[int], problem: Callable[[int, Any], str | None]) -> str | None:
     """Why a REPORT's reports cannot be taken, or None: one for each party of `mine` (the sender's),
-    each as `core.validate.report_problem` with the algorithm's `personal` spec says."""
+    each one that `problem(party, report)` (the server's `report_problem`: `core.validate`) finds
+    nothing wrong with."""
     ids = sorted(r.get("party_id") for r in reports if type(r.get("party_id")) is int)
     if ids != sorted(mine) or len(reports) != len(mine):
         return f"reports are not one for each of its parties {sorted(mine)}"
     for i, report in enumerate(reports):
-        if (problem := report_problem(report, report["party_id"], personal)) is not None:
-            return f"reports[{i}]: {problem}"
+        if (why := problem(report["party_id"], report)) is not None:
+            return f"reports[{i}]: {why}"
     return None

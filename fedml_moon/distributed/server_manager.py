@@ -19,6 +19,7 @@ from fedml_moon.distributed.managers import (
     ERROR,
     HELLO,
     HELLO_EVERY_S,
+    READY,
     REJOIN,
     REPORT,
     RESULT,
@@ -32,6 +33,7 @@ from fedml_moon.distributed.managers import (
 from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.secure import SecureServer
+from fedml_moon.distributed.server_claims import ReadyPhase
 from fedml_moon.distributed.server_phases import RoundPhases
 from fedml_moon.distributed.transport.base import QueueTransport
 from fedml_moon.engine.rounds import ServerRounds
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 WELCOME_EVERY_S = 1.0
 
 
-class PluginServerManager(RoundPhases, SecureServer, _Manager):
+class PluginServerManager(ReadyPhase, RoundPhases, SecureServer, _Manager):
     """Rank 0: hands each round's parties to the workers that hold them, collects, records.
 
     A round waits for every worker it sent work to, but no longer than `comm_args.round_timeout_s`
@@ -82,6 +84,7 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
         self.round_idx, self.pending, self.phase = -1, set(), "hello"
         self.results: dict[int, Any] = {}
         self.reports: dict[int, Any] = {}
+        self.new_reports: dict[int, Any] = {}  # the new test's counts (federated, personalised)
         self.ordered: list = []
         self.missing: list[int] = []
         self.phase_started = self.last_wait_log = time.monotonic()
@@ -98,6 +101,7 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
         privacy = rounds.privacy
         self.secure = privacy is not None and privacy.options.secure_aggregation
         self.secure_reset()
+        self.ready_reset()
         super().__init__(args, transport, 0, len(workers) + 1, comm.backend, comm.heartbeat_s)
 
     def peers(self) -> list[int]:
@@ -129,6 +133,7 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
     def register_message_receive_handlers(self) -> None:
         for msg_type, handler in (
             (HELLO, self.on_hello),
+            (READY, self.on_ready),
             (RESULT, self.on_result),
             (REPORT, self.on_report),
             (BYE, self.on_bye),
@@ -208,8 +213,8 @@ class PluginServerManager(RoundPhases, SecureServer, _Manager):
         if rank not in self.seen:
             self.seen.add(rank)
             log.info("rank %d is ready (%d of %d)", rank, len(self.seen), len(self.workers))
-        if not started and self.seen == set(self.workers):
-            self._advance(lambda: self.next_round(self.start))
+        if not started:
+            self.maybe_start()
 
     def _hello_problem(self, rank: int, msg: Message) -> str | None:
         """Why a HELLO is refused with ABORT: another run's rank, or shared settings the silo set itself

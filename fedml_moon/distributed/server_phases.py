@@ -77,7 +77,7 @@ class RoundPhases:
             self.refused(rank, f"round {self.round_idx}: refused rank {rank}'s result: {problem}")
             return
         for item in items:
-            self.results[item["party"]] = (float(self.rounds.samples[item["party"]]), item["upload"])
+            self.results[item["party"]] = (self.rounds.weight(item["party"]), item["upload"])
         self.pending.discard(rank)
         if not self.pending:
             self._advance(self.after_train)
@@ -107,28 +107,47 @@ class RoundPhases:
             self.close_round(None)
             return
         self._phase("eval", set(alive))
-        self.reports = {}
+        self.reports, self.new_reports = {}, {}
         download = self.rounds.eval_download()
         for rank in alive:
             self.assign(rank, EVAL, round=self.round_idx, payload=download)
 
     def on_report(self, msg: Any) -> None:
-        """Take a worker's evaluation reports: one for each of its parties, as the algorithm declares."""
-        if not self._expected(msg, "eval"):
+        """Take a worker's evaluation reports: one for each of its parties, as the algorithm declares
+        (in the newtest phase: their counts of the parties' models combined)."""
+        phase = "newtest" if self.phase == "newtest" else "eval"
+        if not self._expected(msg, phase):
             return
         rank, reports = msg.get_sender_id(), msg.get("reports")
         mine = sorted(p for p, r in self.placement.items() if r == rank)
-        problem = reports_problem(reports, mine, self.rounds.personal_spec())
+        check = self.rounds.new_report_problem if phase == "newtest" else self.rounds.report_problem
+        problem = reports_problem(reports, mine, check)
         if problem is not None:
             self.refused(rank, f"round {self.round_idx}: refused rank {rank}'s report: {problem}")
             return
+        into = self.new_reports if phase == "newtest" else self.reports
         for party, report in zip(mine, sorted(reports, key=lambda r: r["party_id"]), strict=True):
-            self.reports[party] = report
+            into[party] = report
         self.pending.discard(rank)
         if not self.pending:
-            self._advance(lambda: self.close_round(self.reports))
+            self._advance(self.after_eval if phase == "eval" else self.close_evaluated)
 
-    def close_round(self, reports: dict | None) -> None:
+    def after_eval(self) -> None:
+        """The reports are in: the new test next (federated, personalised), else the record."""
+        alive = [r for r in self.workers if not self.is_dead(r) and r not in self.gone]
+        if not self.rounds.needs_new_test(self.reports) or not alive:
+            self.close_round(self.reports)
+            return
+        self._phase("newtest", set(alive))
+        self.new_reports = {}
+        download = self.rounds.new_test_download(self.reports)
+        for rank in alive:
+            self.assign(rank, EVAL, round=self.round_idx, payload=download)
+
+    def close_evaluated(self) -> None:
+        self.close_round(self.reports, self.new_reports or None)
+
+    def close_round(self, reports: dict | None, new_reports: dict | None = None) -> None:
         """Record the round (once), then checkpoint it if due, else start the next."""
         if self.recorded >= self.round_idx:
             log.error("round %d was recorded already; it is not recorded again", self.round_idx)
@@ -141,7 +160,7 @@ class RoundPhases:
         if self.missing:
             extra["missing_parties"] = self.missing
         self.recorded = self.round_idx
-        self.rounds.finish_round(self.round_idx, self.ordered, reports, extra)
+        self.rounds.finish_round(self.round_idx, self.ordered, reports, extra, new_reports)
         if due(self.checkpoint_every, self.round_idx, self.rounds.rounds):
             alive = [r for r in self.workers if not self.is_dead(r)]
             self._phase("checkpoint", set(alive))
@@ -215,10 +234,10 @@ class RoundPhases:
             )
             self.pending.clear()
             self._advance(self.secure_step)
-        elif self.phase == "eval":
+        elif self.phase in ("eval", "newtest"):
             log.warning("round %d is evaluated without %s: %s", self.round_idx, self._parties_of(ranks), why)
             self.pending.clear()
-            self._advance(lambda: self.close_round(self.reports))
+            self._advance(self.after_eval if self.phase == "eval" else self.close_evaluated)
         elif self.phase == "checkpoint":
             log.warning("checkpoint of round %d written without rank(s) %s: %s", self.round_idx, ranks, why)
             self.pending.clear()

@@ -19,8 +19,9 @@ from fedml_moon.algorithms.base import Payload
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.schedule import sample_schedule
-from fedml_moon.core.split import merge_states
 from fedml_moon.core.validate import SERVER_FIELDS, BadUpload
+from fedml_moon.engine.claims import Claim, PartyClaims
+from fedml_moon.engine.evaluations import Evaluations
 from fedml_moon.engine.summed import Result, SummedRounds
 from fedml_moon.engine.uploads import UploadChecks
 from fedml_moon.errors import ConfigError
@@ -41,7 +42,7 @@ def weighted_mean(values: list[tuple[float, dict[str, float]]], key: str) -> flo
     return sum(n * v for n, v in pairs) / total if total else None
 
 
-class ServerRounds(UploadChecks, SummedRounds):
+class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
     """Per round: `downloads`, then `aggregate` the results, then (on evaluation rounds that need the
     parties) `eval_download` to every party, then `finish_round` with their reports."""
 
@@ -62,11 +63,16 @@ class ServerRounds(UploadChecks, SummedRounds):
         personalized: bool,
         on_bad_upload: str = "skip",
         save_party_models: bool = False,
-        samples: dict[int, int] | None = None,
-        privacy: PrivateAggregation | None = None,
+        claims: dict[int, Claim] | None = None,
+        make_privacy: Callable[[dict[int, float]], PrivateAggregation] | None = None,
         terms: tuple[str, ...] | None = None,
         steps: tuple[int, int] = (1, 1),
+        federated: bool = False,
+        uniform: bool = False,
     ) -> None:
+        """`claims`: every party's claim (`engine.claims`), where the server computed the partition
+        itself; else `set_claims` once the parties have made theirs. `make_privacy`: privacy_args'
+        accounting from the parties' weights (built with the claims)."""
         self.aggregator, self.recorder = aggregator, recorder
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
         self.schedule = sample_schedule(n_parties, per_round, rounds, seed)
@@ -74,7 +80,11 @@ class ServerRounds(UploadChecks, SummedRounds):
         self.party_eval, self.personalized = party_eval, personalized
         self.on_bad_upload = on_bad_upload
         self.save_party_models = save_party_models
-        self.samples = dict(samples or {})  # party -> its training samples (its weight), fixed at the start
+        self.claims: dict[int, Claim] = {}  # party -> what it holds (engine.claims), fixed for the run
+        self.num_classes = 0  # the run's classes (build_server sets them): a claim's classes index them
+        self.samples: dict[int, int] = {}  # party -> its training samples
+        self.test_samples: dict[int, int] = {}  # party -> its test split's size (its reports' seen)
+        self.uniform = uniform  # server_args.party_weights: uniform (every party weighs 1)
         self.terms, self.steps = terms, steps  # the training terms it records; (epochs, batch size)
         self.rejected: dict[int, str] = {}
         self.totals = {"bytes_up": 0, "bytes_down": 0, "params_up": 0, "params_down": 0}
@@ -82,16 +92,23 @@ class ServerRounds(UploadChecks, SummedRounds):
         self.extra_metrics: ExtraMetrics | None = None  # e.g. the standalone loop's best-so-far figures
         self.started = 0.0
         self.summary: dict[str, Any] = {}
-        self.privacy = privacy  # privacy_args: the server learns sums only (fedml_moon.privacy)
+        self.privacy: PrivateAggregation | None = None  # privacy_args: the server learns sums only
+        self.make_privacy = make_privacy
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
         self.planned = rounds  # comm_round; `rounds` may stop earlier (dp_target_epsilon)
-        if privacy is not None:
-            self.rounds = self._rounds_allowed(0)
-            if self.rounds == 0:
-                raise ConfigError(
-                    f"privacy_args.dp_target_epsilon: {privacy.options.dp_target_epsilon} is passed in the "
-                    "first round already; raise it, or raise dp_noise_multiplier"
-                )
+        self.federated = federated  # validation_args.evaluation: the parties test, the server adds up
+        if claims:
+            self.set_claims(claims)
+
+    def first_rounds_allowed(self) -> int:
+        """The rounds privacy_args' epsilon allows the run from round 0 (a ConfigError for none)."""
+        allowed = self._rounds_allowed(0)
+        if allowed == 0:
+            raise ConfigError(
+                f"privacy_args.dp_target_epsilon: {self.privacy.options.dp_target_epsilon} is passed in the "
+                "first round already; raise it, or raise dp_noise_multiplier"
+            )
+        return allowed
 
     def _rounds_allowed(self, start: int) -> int:
         """The rounds the run may train in all, from round `start` on, before the epsilon that
@@ -129,6 +146,7 @@ class ServerRounds(UploadChecks, SummedRounds):
         Results are combined in the schedule's party order, whatever order they arrived in; a party
         that did not report, or whose upload is unusable (`check_uploads`: named in the log and in
         `rejected_parties`), is left out; the weights renormalise over the rest."""
+        results = self.weighed(results)
         usable, self.rejected = self.check_uploads(round_idx, results)
         if not usable:
             raise BadUpload(
@@ -149,29 +167,17 @@ class ServerRounds(UploadChecks, SummedRounds):
         self.aggregator.set_model_params(new_state)
         return ordered
 
-    def evaluates(self, round_idx: int) -> bool:
-        """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
-        server algorithm asks for."""
-        rule = round_idx % self.test_every == 0 or round_idx == self.rounds - 1
-        return rule or self.aggregator.algorithm.wants_evaluation(round_idx)
-
-    def needs_party_eval(self, round_idx: int) -> bool:
-        """Whether every party reports its own model's local test this round."""
-        return self.party_eval and self.evaluates(round_idx)
-
-    def eval_download(self) -> Payload:
-        """What every party is sent to evaluate its own model with (the new global model)."""
-        return {"model": self.aggregator.global_state}
-
     def finish_round(
         self,
         round_idx: int,
         results: list[Result],
         reports: dict[int, Payload] | None,
         extra: dict[str, Any] | None = None,
+        new_reports: dict[int, Payload] | None = None,
     ) -> dict:
-        """The round's record: training terms, server-side test, the parties' reports, and `extra`
-        (a transport's byte counts); logged."""
+        """The round's record: training terms, the test (the server's, or the parties' counts), the
+        parties' reports (`new_reports`: their counts of the new test, federated), and `extra` (a
+        transport's byte counts); logged."""
         record: dict[str, Any] = {"round": round_idx, "parties": len(results)}
         metrics = [(n, p.get("metrics", {})) for n, p in results]
         names = {k for _, m in metrics for k in m} - SERVER_FIELDS  # no party writes a server field
@@ -183,37 +189,16 @@ class ServerRounds(UploadChecks, SummedRounds):
         if self.rejected:
             record["rejected_parties"] = sorted(self.rejected)
         if self.evaluates(round_idx):
-            record.update(self.aggregator.test(self.test_global, self.device, self.args))
-            if reports:  # none when no party could report (every silo gone)
-                record.update(self.party_metrics(reports))
-            self.aggregator.after_evaluation(round_idx, record)
+            record.update(self.evaluation_fields(reports, new_reports))
+            if "test_acc" in record:
+                self.aggregator.after_evaluation(round_idx, record)
         record["round_time_s"] = time.perf_counter() - self.started
         record.update(self.totals)
-        if self.party_eval:
+        if self.party_eval or self.federated:
             record.update(self.eval_totals)
         record.update(extra or {})
         self.recorder.log_round(record)
         return record
-
-    def party_metrics(self, reports: dict[int, Payload]) -> dict[str, float]:
-        """Local test (mean over every party of its own model on its own test split) and, for
-        personalised algorithms, new test (the parties' models combined, on the global test set)."""
-        down = payload_nbytes(self.eval_download())
-        self.eval_totals["eval_bytes_down"] += down * len(reports)
-        self.eval_totals["eval_bytes_up"] += sum(payload_nbytes(r) for r in reports.values())
-        ordered = [reports[p] for p in range(self.n_parties) if p in reports]  # parties that reported
-        accs = [float(r["local_test_acc"]) for r in ordered]
-        out = {"local_test_acc": sum(accs) / len(accs)}
-        if self.personalized:
-            glob = self.aggregator.global_state
-            states = [merge_states(glob, r.get("personal") or {}) for r in ordered]
-            model = self.aggregator.model
-            out.update(self.aggregator.algorithm.new_test(model, states, self.test_global, self.device))
-            model.load_state_dict(glob)
-            if self.extra_metrics is not None:
-                out.update(self.extra_metrics(states, accs))
-                model.load_state_dict(glob)
-        return out
 
     # --- checkpoints ------------------------------------------------------------------------------
     def state(self, round_idx: int) -> dict[str, Any]:
@@ -227,6 +212,7 @@ class ServerRounds(UploadChecks, SummedRounds):
             "eval_totals": dict(self.eval_totals),
             "records": list(self.recorder.records),
             "schedule": self.schedule,
+            "claims": {str(p): c for p, c in self.claims.items()},
             "wandb_id": getattr(getattr(wandb, "run", None), "id", None),
         } | ({} if self.privacy is None else {"privacy": self.privacy.state()})
 
@@ -236,6 +222,11 @@ class ServerRounds(UploadChecks, SummedRounds):
             raise ValueError(
                 "the checkpoint's sampling schedule differs from this run's (another seed or party count?)"
             )
+        claims = {int(p): dict(c) for p, c in (state.get("claims") or {}).items()}
+        if claims and self.claims and claims != self.claims:
+            raise ValueError("the checkpoint's party claims differ from this run's partition (other data?)")
+        if claims and not self.claims:  # a server without data: the claims the parties made
+            self.set_claims(claims)
         self.aggregator.set_model_params({"model": state["global"]})
         self.aggregator.model.load_state_dict(self.aggregator.global_state)
         self.aggregator.algorithm.load_state(state["algorithm"])

@@ -66,11 +66,14 @@ class StandaloneSimulation:
         else:
             trained = runner.train_many(list(downloads.items()), round_idx)
             ordered = server.aggregate(round_idx, dict(zip(downloads, trained, strict=True)))
-        reports = None
+        reports = new_reports = None
         if server.needs_party_eval(round_idx):
             download = server.eval_download()
             reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
-        return server.finish_round(round_idx, ordered, reports)
+        if server.needs_new_test(reports):
+            download = server.new_test_download(reports)
+            new_reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
+        return server.finish_round(round_idx, ordered, reports, new_reports=new_reports)
 
     def streamed(self, round_idx: int, tasks: list) -> list:
         """`train_args.stream_uploads`: the round's parties a chunk at a time (`parties_in_parallel`),

@@ -94,6 +94,7 @@ class SummedRounds:
         if self.stream is None or self.stream["round"] != round_idx:
             self.stream = {"round": round_idx, "fields": None, "weight": 0.0, "kept": {}, "rejected": {}}
         stream, algorithm = self.stream, self.aggregator.algorithm
+        results = self.weighed(results)
         usable, rejected = self.check_uploads(round_idx, results)
         stream["rejected"].update(rejected)
         for party in usable:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedml_moon.algorithms.base import Payload
-from fedml_moon.core.validate import BadUpload, buffer_problem, upload_problem
+from fedml_moon.core.validate import BadUpload, buffer_problem, report_problem, upload_problem
 
 log = logging.getLogger(__name__)
 COUNTER_SLACK = 4  # train-mode forward passes allowed per local step (a counter's range, `counter_cap`)
@@ -38,6 +38,9 @@ class UploadChecks:
     steps: tuple[int, int] = (1, 1)  # (epochs, batch size): the bound of a party's counters
     on_bad_upload: str = "skip"
     personalized: bool = False
+    party_eval: bool = False
+    federated: bool = False
+    test_samples: dict[int, int] = {}  # party -> its test samples, where the server knows them
 
     def upload_spec(self, party: int) -> dict:
         """What `party`'s upload must hold this round (the server algorithm's `upload_spec`)."""
@@ -74,6 +77,17 @@ class UploadChecks:
 
     def parties(self, round_idx: int) -> list[int]:
         raise NotImplementedError
+
+    def report_problem(self, party: int, report: Any) -> str | None:
+        """Why `party`'s evaluation report cannot be used this round, or None (`core.validate`): what
+        the server asked for (local test, federated counts of its claimed test samples) and nothing else."""
+        tests = self.test_names() if self.federated else None
+        seen = self.test_samples.get(party)
+        return report_problem(report, party, self.personal_spec(), self.party_eval, tests, seen)
+
+    def new_report_problem(self, party: int, report: Any) -> str | None:
+        """Why `party`'s report of the new test (federated) cannot be used, or None: its counts only."""
+        return report_problem(report, party, None, False, ["new"], self.test_samples.get(party))
 
     def personal_spec(self) -> dict | None:
         """The personal state a party's report may carry (personalised algorithms), or None."""

@@ -1,0 +1,104 @@
+"""What a party says of its data, and what the server does with it. Pure Python.
+
+A party's claim is `{"samples": n, "test_samples": m, "classes": [c, ...]}`: its training samples
+(its weight in the average, unless `server_args.party_weights: uniform`), its test samples (what its
+federated evaluation counts must add up to) and, for algorithms that share class prototypes
+(FedSSC), the classes it holds more than `algorithm_args.min_class_samples` samples of (the only
+classes it may speak for). Where the server computed the partition itself it derives every claim
+(`claims_of`) and a party must claim exactly that; where it holds no data (`config.own_data`) the
+parties' claims are all it knows: each is bounded (`claim_problem`: at most
+`comm_args.max_party_samples`, or the party's own cap) and fixed for the run when first made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+Claim = dict[str, Any]
+
+
+def claims_of(
+    samples: Mapping[int, int],
+    test_samples: Mapping[int, int],
+    counts: Mapping[int, list[int]],
+    threshold: int | None,
+) -> dict[int, Claim]:
+    """Each party's claim from what it holds: `samples` and `test_samples` per party, its training
+    samples per class `counts`; `threshold`: min_class_samples of an algorithm that shares class
+    prototypes (its classes are those held more than `threshold` times), else None (no classes)."""
+    out = {}
+    for party, n in samples.items():
+        held = [] if threshold is None else [c for c, k in enumerate(counts[party]) if k > threshold]
+        out[int(party)] = {"samples": int(n), "test_samples": int(test_samples[party]), "classes": held}
+    return out
+
+
+def claim_problem(claim: Any, cap: int, num_classes: int) -> str | None:
+    """Why a party's claim cannot be taken, or None: samples in [1, cap], test_samples in [1, cap],
+    classes distinct class indices in ascending order."""
+    if not isinstance(claim, Mapping) or set(claim) != {"samples", "test_samples", "classes"}:
+        return "a claim is {samples, test_samples, classes}"
+    for key in ("samples", "test_samples"):
+        n = claim[key]
+        if type(n) is not int or not 1 <= n <= cap:
+            return (
+                f"{key} {repr(n)[:40]} is not a count in [1, {cap}] (comm_args.max_party_samples or its cap)"
+            )
+    classes = claim["classes"]
+    if not isinstance(classes, list) or any(type(c) is not int for c in classes):
+        return "classes is not a list of class indices"
+    if classes != sorted(set(classes)) or any(not 0 <= c < num_classes for c in classes):
+        return (
+            f"classes {classes[:10]} are not distinct indices of the run's {num_classes} classes, ascending"
+        )
+    return None
+
+
+def differs(fixed: Claim, claim: Claim) -> str | None:
+    """How `claim` differs from the party's `fixed` one (its first, or the server's own), or None."""
+    keys = [k for k in ("samples", "test_samples", "classes") if fixed.get(k) != claim.get(k)]
+    if not keys:
+        return None
+    return ", ".join(f"{k} {claim.get(k)!r:.60} (fixed: {fixed.get(k)!r:.60})" for k in keys)
+
+
+class PartyClaims:
+    """The claims side of `engine.rounds.ServerRounds`: what it knows of each party's holdings, the
+    weights it gives them, and the privacy accounting that needs both before the first round."""
+
+    aggregator: Any
+    claims: dict[int, Claim]
+    samples: dict[int, int]
+    test_samples: dict[int, int]
+    uniform: bool = False  # server_args.party_weights: uniform
+    make_privacy: Any = None  # weights -> PrivateAggregation (privacy_args), built once the claims are in
+    privacy: Any = None
+    rounds: int
+    planned: int
+
+    def set_claims(self, claims: Mapping[int, Claim]) -> None:
+        """Fix every party's claim for the run: its samples, test samples and classes; then build the
+        privacy accounting on the weights they give (privacy_args)."""
+        self.claims = {int(p): dict(c) for p, c in sorted(claims.items())}
+        self.samples = {p: c["samples"] for p, c in self.claims.items()}
+        self.test_samples = {p: c["test_samples"] for p, c in self.claims.items()}
+        self.aggregator.algorithm.classes_held = {p: list(c["classes"]) for p, c in self.claims.items()}
+        if self.make_privacy is not None and self.privacy is None:
+            self.privacy = self.make_privacy({p: self.weight(p) for p in self.claims})
+            self.rounds = self.first_rounds_allowed()
+
+    def first_rounds_allowed(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def claimed(self) -> bool:
+        return bool(self.claims)
+
+    def weight(self, party: int) -> float:
+        """The party's weight in the average: its claimed samples, or 1 (`party_weights: uniform`)."""
+        return 1.0 if self.uniform else float(self.samples[party])
+
+    def weighed(self, results: Mapping[int, tuple[float, Any]]) -> dict[int, tuple[float, Any]]:
+        """`results` (party -> (samples, upload)) with each party's weight as the server fixed it."""
+        return {p: (self.weight(p), upload) for p, (_, upload) in results.items()}

@@ -1,0 +1,123 @@
+"""The evaluation side of `engine.rounds.ServerRounds`: which rounds are evaluated, what the parties
+are sent, and the record's test fields, central or federated (`validation_args.evaluation`).
+
+Central: the server tests the global model (or SOLO's models) on the test set it holds. Federated:
+each party tests them on its own test split and reports counts (`engine.federated_eval`); for a
+personalised algorithm (LG-FedAvg) a second request sends every party the parties' own models
+combined (`new_test_models`), whose counts make the new test. Local test (each party's own model on
+its own split) is reported in both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedml_moon.algorithms.base import Payload
+from fedml_moon.core.aggregation import payload_nbytes
+from fedml_moon.core.split import merge_states
+from fedml_moon.engine import federated_eval
+
+
+class Evaluations:
+    """For `ServerRounds` (whose aggregator, options and totals it reads)."""
+
+    aggregator: Any
+    test_every: int
+    rounds: int
+    party_eval: bool
+    personalized: bool
+    federated: bool
+    test_global: Any
+    device: Any
+    args: Any
+    n_parties: int
+    eval_totals: dict[str, int]
+    extra_metrics: Any
+
+    def evaluates(self, round_idx: int) -> bool:
+        """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
+        server algorithm asks for."""
+        rule = round_idx % self.test_every == 0 or round_idx == self.rounds - 1
+        return rule or self.aggregator.algorithm.wants_evaluation(round_idx)
+
+    def needs_party_eval(self, round_idx: int) -> bool:
+        """Whether every party reports this round: its own model's local test, or (federated
+        evaluation) its counts on its own test split."""
+        return (self.party_eval or self.federated) and self.evaluates(round_idx)
+
+    def needs_new_test(self, reports: dict[int, Payload] | None) -> bool:
+        """Whether the parties test their models combined (federated evaluation of a personalised
+        algorithm whose parties reported their own layers)."""
+        return self.federated and self.personalized and self.party_eval and bool(reports)
+
+    def test_names(self) -> list[str]:
+        """The models evaluated this round (`models_to_evaluate`: the global one, or SOLO's parties')."""
+        return list(self.aggregator.algorithm.models_to_evaluate(self.aggregator.global_state))
+
+    def eval_download(self) -> Payload:
+        """What every party is sent on an evaluation round: the new global model; `local`: whether it
+        tests its own model (local test); with federated evaluation `test`, the models to count on its
+        test split ("global" is the download's model, the others in `test_models`)."""
+        glob = self.aggregator.global_state
+        out: Payload = {"model": glob, "local": self.party_eval}
+        if self.federated:
+            named = self.aggregator.algorithm.models_to_evaluate(glob)
+            out["test"] = list(named)
+            out["test_models"] = {k: v for k, v in named.items() if k != "global"}
+        return out
+
+    def party_states(self, reports: dict[int, Payload]) -> list[dict]:
+        """The reporting parties' own models (the global model with each one's personal layers)."""
+        glob = self.aggregator.global_state
+        return [merge_states(glob, reports[p].get("personal") or {}) for p in sorted(reports)]
+
+    def new_test_download(self, reports: dict[int, Payload]) -> Payload:
+        """What every party tests for the new test: the parties' models combined (`new_test_models`:
+        their average, or all of them for the ensemble), counted as the model "new"."""
+        method, states = self.aggregator.algorithm.new_test_models(self.party_states(reports))
+        self.new_download: Payload = {"model": self.aggregator.global_state, "local": False,
+                                      "test": ["new"], "combine": method, "states": states}  # fmt: skip
+        return self.new_download
+
+    def evaluation_fields(
+        self, reports: dict[int, Payload] | None, new_reports: dict[int, Payload] | None
+    ) -> dict[str, Any]:
+        """An evaluated round's test fields: the server's test or the parties' counts, local test,
+        new test; each party's own figures under `party_test` (federated)."""
+        out: dict[str, Any] = {}
+        if not self.federated:
+            out.update(self.aggregator.test(self.test_global, self.device, self.args))
+        elif reports:  # none when no party could report (every silo gone): no test figures
+            out.update(federated_eval.totals(reports, self.test_names()))
+        if reports:
+            self.count_eval_bytes(self.eval_download(), reports)
+        if reports and self.party_eval:
+            out.update(self.party_metrics(reports))
+        if new_reports:
+            self.count_eval_bytes(self.new_download, new_reports)
+            new = federated_eval.totals(new_reports, ["new"])
+            out.update(new_test_acc=new["test_acc"], new_test_loss=new["test_loss"])
+            for party, figures in new["party_test"].items():
+                out["party_test"][party]["new_test_acc"] = figures["test_acc"]
+        return out
+
+    def count_eval_bytes(self, download: Payload, reports: dict[int, Payload]) -> None:
+        self.eval_totals["eval_bytes_down"] += payload_nbytes(download) * len(reports)
+        self.eval_totals["eval_bytes_up"] += sum(payload_nbytes(r) for r in reports.values())
+
+    def party_metrics(self, reports: dict[int, Payload]) -> dict[str, float]:
+        """Local test (mean over every party of its own model on its own test split) and, for
+        personalised algorithms evaluated centrally, new test (the parties' models combined, on the
+        global test set)."""
+        ordered = [reports[p] for p in range(self.n_parties) if p in reports]  # parties that reported
+        accs = [float(r["local_test_acc"]) for r in ordered]
+        out = {"local_test_acc": sum(accs) / len(accs)}
+        if self.personalized and not self.federated:
+            glob, model = self.aggregator.global_state, self.aggregator.model
+            states = self.party_states(reports)
+            out.update(self.aggregator.algorithm.new_test(model, states, self.test_global, self.device))
+            model.load_state_dict(glob)
+            if self.extra_metrics is not None:
+                out.update(self.extra_metrics(states, accs))
+                model.load_state_dict(glob)
+        return out

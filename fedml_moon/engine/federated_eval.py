@@ -1,0 +1,53 @@
+"""Federated evaluation (`validation_args.evaluation: federated`): every party tests the models the
+server names on its own test split and reports counts; the server adds them up.
+
+A party's report carries, per model, [correct, seen, loss sum] (`core.evaluation.evaluate_counts`).
+The totals give the figures a server holding the union of the parties' test splits would compute:
+accuracy sum(correct) / sum(seen) and loss sum(loss sum) / sum(seen), equal to central evaluation
+on that union (the accuracy exactly; the loss up to the order of a float64 sum). Pure Python.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from fedml_moon.core.evaluation import ratios
+
+
+def totals(reports: Mapping[int, Mapping[str, Any]], names: list[str]) -> dict[str, Any]:
+    """The round's test figures from the parties' reports (party -> report with "test"): test_acc and
+    test_loss over the union of the reporting parties' test splits (with several models, as SOLO
+    evaluates, their mean, `test_acc_std` and `models_evaluated`), `test_samples`, and each party's
+    own figures under `party_test` (keyed by party id as text)."""
+    parties = sorted(reports)
+    per_model = []
+    for name in names:
+        rows = [reports[p]["test"][name] for p in parties]
+        per_model.append(ratios(sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)))
+    accs = [a for a, _ in per_model]
+    out: dict[str, Any] = {
+        "test_acc": statistics.fmean(accs),
+        "test_loss": statistics.fmean(loss for _, loss in per_model),
+        "test_samples": sum(reports[p]["test"][names[0]][1] for p in parties) if parties else 0,
+    }
+    if len(names) > 1:
+        out["test_acc_std"] = statistics.pstdev(accs)
+        out["models_evaluated"] = len(names)
+    out["party_test"] = {str(p): party_figures(reports[p], names) for p in parties}
+    return out
+
+
+def party_figures(report: Mapping[str, Any], names: list[str]) -> dict[str, float]:
+    """One party's figures on its own test split (the mean over the models named), with its own
+    model's local_test_acc when it reported one."""
+    figures = [ratios(*report["test"][name]) for name in names]
+    out = {
+        "test_acc": statistics.fmean(a for a, _ in figures),
+        "test_loss": statistics.fmean(loss for _, loss in figures),
+        "test_samples": int(report["test"][names[0]][1]),
+    }
+    if "local_test_acc" in report:
+        out["local_test_acc"] = float(report["local_test_acc"])
+    return out

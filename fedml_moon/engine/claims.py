@@ -43,14 +43,14 @@ def claim_problem(claim: Any, cap: int, num_classes: int) -> str | None:
         n = claim[key]
         if type(n) is not int or not 1 <= n <= cap:
             return (
-                f"{key} {repr(n)[:40]} is not a count in [1, {cap}] (comm_args.max_party_samples or its cap)"
+                f"{key} {repr(n)[:40]} is not a count in [1, {cap}] (comm_args.max_party_samples, or its own)"
             )
     classes = claim["classes"]
     if not isinstance(classes, list) or any(type(c) is not int for c in classes):
         return "classes is not a list of class indices"
     if classes != sorted(set(classes)) or any(not 0 <= c < num_classes for c in classes):
         return (
-            f"classes {classes[:10]} are not distinct indices of the run's {num_classes} classes, ascending"
+            f"classes {classes[:10]} are not distinct ascending indices of the run's {num_classes} classes"
         )
     return None
 

@@ -1,0 +1,218 @@
+"""A server that holds no data knows of each site only what the site claims: its samples, its test
+samples and (FedSSC) the classes it shares. Each claim is bounded, fixed for the run when first made,
+and a hostile one changes nothing: the run equals the run without it (docs: explanation/security.md).
+
+The server manager runs in this process on a real run's objects (its data: none; the sites' PNG
+folders read by real silo builds for their claims); the test plays the silos' messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedml_moon.adapters.run import build_base, build_server, held_claims
+from fedml_moon.config import load_config
+from fedml_moon.distributed import managers as m
+from fedml_moon.distributed.deploy import placement, shared_config
+from fedml_moon.distributed.server_manager import PluginServerManager
+from fedml_moon.engine.resume import flat_config
+from tests.site_data import MIXES, party_folders, site_sets
+from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
+
+CONFIG = Path(__file__).resolve().parent.parent / "config" / "site" / "parties.yaml"
+RUN = [
+    *site_sets(),
+    "common_args.training_type=cross_silo",
+    "comm_args.backend=MQTT_S3",
+    "train_args.comm_round=2",
+    "train_args.epochs=1",
+    "train_args.batch_size=16",
+    "device_args.torch_threads=1",
+    "tracking_args.enable_wandb=false",
+]
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory) -> Path:
+    return party_folders(tmp_path_factory.mktemp("sites"), per_party=40, n_test=20)
+
+
+def _claims(cfg, root: Path, out: Path) -> dict[int, dict]:
+    """What each real silo claims, built as a silo builds: its own folder (party p's), read alone."""
+    out_claims = {}
+    for rank, party in enumerate(sorted(p.name for p in root.iterdir()), start=1):
+        site = load_config(CONFIG, [*RUN, f"data_args.data_cache_dir={root / party}", *cfg])
+        base = build_base(site, out / f"silo-{rank}", rank, role="silo")
+        out_claims.update(held_claims(base))
+    return out_claims
+
+
+def _server(tmp_path: Path, sites: Path, *extra: str, ready: bool = True):
+    """The no-data server of three sites (its data_cache_dir an empty folder), each silo having said
+    HELLO and, with `ready`, READY with its true claims."""
+    empty = tmp_path / "empty"
+    empty.mkdir(exist_ok=True)
+    cfg = load_config(CONFIG, [*RUN, f"data_args.data_cache_dir={empty}", *extra])
+    base = build_base(cfg, tmp_path / "server", role="server")
+    assert len(base.fed.data.y_train) == len(base.fed.data.y_test) == 0  # it holds no sample
+    rounds = build_server(base, tmp_path / "server")
+    wire = Wire()
+    manager = PluginServerManager(
+        base.args, wire, rounds, placement(cfg, 3), [1, 2, 3], shared_config(cfg), cfg.comm_args,
+        (cfg.train_args.checkpoint_every, flat_config(cfg)),
+    )  # fmt: skip
+    manager.register_message_receive_handlers()
+    honest = _claims(list(extra), sites, tmp_path)
+    for rank in (1, 2, 3):
+        hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
+        _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
+        if ready:
+            _ready(manager, rank, honest[rank - 1])
+    return manager, wire, honest
+
+
+def _ready(manager, rank: int, claim: dict) -> None:
+    _from(manager, rank, m.READY, claims=[{"party": rank - 1, "claim": claim}])
+
+
+def _aborts(wire: Wire, rank: int) -> list[str]:
+    return [x.get("reason") for x in wire.sent if x.get_type() == m.ABORT and x.get_receiver_id() == rank]
+
+
+def test_the_run_starts_when_every_site_has_claimed_and_its_claims_are_recorded(tmp_path, sites):
+    manager, wire, honest = _server(tmp_path, sites, ready=False)
+    for rank in (1, 2):
+        _ready(manager, rank, honest[rank - 1])
+    assert manager.phase == "hello" and not [x for x in wire.sent if x.get_type() == m.TRAIN]
+    _ready(manager, 3, honest[2])
+    assert manager.phase == "train"
+    assert manager.rounds.claims == honest and manager.rounds.samples == {
+        p: c["samples"] for p, c in honest.items()
+    }
+    pngs = {p: len(list((sites / name / "test").rglob("*.png"))) for p, name in enumerate(sorted(MIXES))}
+    assert {p: c["test_samples"] for p, c in honest.items()} == pngs  # each site's test images
+    saved = json.loads((tmp_path / "server" / "claims.json").read_text())
+    assert {int(p): c for p, c in saved.items()} == honest
+
+
+HOSTILE = [
+    ({"samples": 10**9}, "samples 1000000000 is not a count in [1, 10000000]"),
+    ({"samples": 0}, "samples 0 is not a count"),
+    ({"samples": -5}, "samples -5 is not a count"),
+    ({"samples": True}, "samples True is not a count"),
+    ({"samples": 3.5}, "samples 3.5 is not a count"),
+    ({"test_samples": 10**12}, "test_samples 1000000000000 is not a count"),
+    ({"classes": [11]}, "are not distinct ascending indices of the run's 10 classes"),
+    ({"classes": [3, 1]}, "are not distinct ascending indices"),
+    ({"classes": [1, 1]}, "are not distinct ascending indices"),
+    ({"classes": "all"}, "classes is not a list of class indices"),
+    ({"weight": 1}, "a claim is {samples, test_samples, classes}"),
+]
+
+
+@pytest.mark.parametrize(("change", "named"), HOSTILE)
+def test_a_hostile_claim_is_refused_naming_it_and_the_run_is_as_without_it(tmp_path, sites, change, named):
+    manager, wire, honest = _server(tmp_path, sites, ready=False)
+    _ready(manager, 1, {**honest[0], **change})
+    assert manager.phase == "hello" and named in " ".join(_aborts(wire, 1)), _aborts(wire, 1)
+    for rank in (1, 2, 3):
+        _ready(manager, rank, honest[rank - 1])
+    assert manager.phase == "train" and manager.rounds.claims == honest
+
+
+def test_claims_for_another_sites_party_are_refused(tmp_path, sites):
+    manager, wire, honest = _server(tmp_path, sites, ready=False)
+    _from(manager, 1, m.READY, claims=[{"party": 1, "claim": honest[1]}])
+    assert "claims are for parties [1], not its parties [0]" in " ".join(_aborts(wire, 1))
+    assert 1 not in manager.ready and not manager.offered
+
+
+def test_a_site_cannot_change_its_claim_once_made_whatever_it_says_later(tmp_path, sites):
+    """Before the start (a restarted silo) and in the middle of the run (every round a new count): the
+    first claim stands; a RESULT whose count is not the claim is refused, the round waits for the
+    honest one."""
+    manager, wire, honest = _server(tmp_path, sites, ready=False)
+    _ready(manager, 1, honest[0])
+    _ready(manager, 1, {**honest[0], "samples": honest[0]["samples"] + 1})
+    assert "party 0 claims samples" in " ".join(_aborts(wire, 1))
+    for rank in (2, 3):
+        _ready(manager, rank, honest[rank - 1])
+    assert manager.rounds.claims == honest
+    for round_idx in range(2):
+        assert manager.phase == "train" and manager.round_idx == round_idx
+        _ready(manager, 2, {**honest[1], "samples": 7 + round_idx})
+        for rank in (1, 2, 3):
+            task = next(
+                t for t in reversed(wire.sent) if t.get_type() == m.TRAIN and t.get_receiver_id() == rank
+            )
+            party, model = rank - 1, task.get("tasks")[0]["payload"]["model"]
+            lie = {"party": party, "n": honest[party]["samples"] + 1 + round_idx,
+                   "upload": {"model": model, "party_id": party}}  # fmt: skip
+            _from(manager, rank, m.RESULT, round=round_idx, results=[lie])
+            assert rank in manager.pending
+            _from(manager, rank, m.RESULT, round=round_idx, results=[{**lie, "n": honest[party]["samples"]}])
+        for rank in (1, 2, 3):  # federated evaluation (the server holds no test set)
+            if manager.phase == "eval":
+                _from(manager, rank, m.REPORT, round=round_idx, reports=[_report(manager, rank - 1)])
+    assert manager.rounds.claims == honest
+    assert [r["parties"] for r in manager.rounds.recorder.records] == [3, 3]
+
+
+def _report(manager, party: int, **change) -> dict:
+    seen = manager.rounds.test_samples[party]
+    return {"party_id": party, "test": {"global": [seen // 2, seen, 1.0 * seen]}, **change}
+
+
+@pytest.mark.parametrize(
+    ("counts", "named"),
+    [
+        ([5, 10_000, 1.0], "counts 10000 test samples, not the"),
+        ([500, 100, 1.0], "are not integers 0 <= correct <= seen"),
+        ([-1, 100, 1.0], "are not integers 0 <= correct <= seen"),
+        ([5, 100, float("inf")], "is not a finite number >= 0"),
+        ([5, 100, -3.0], "is not a finite number >= 0"),
+    ],
+)
+def test_evaluation_counts_that_break_the_claim_are_refused(tmp_path, sites, counts, named, caplog):
+    """A site's test counts must add up to the test samples it claimed; a refused report is as if it
+    never came (the phase waits for the honest one)."""
+    manager, wire, honest = _server(tmp_path, sites)
+    for rank in (1, 2, 3):
+        task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == rank)
+        party, model = rank - 1, task.get("tasks")[0]["payload"]["model"]
+        item = {"party": party, "n": honest[party]["samples"], "upload": {"model": model, "party_id": party}}
+        _from(manager, rank, m.RESULT, round=0, results=[item])
+    assert manager.phase == "eval"
+    seen = honest[0]["test_samples"]
+    bad = [counts[0], seen if counts[1] == 100 else counts[1], counts[2]]
+    _from(manager, 1, m.REPORT, round=0, reports=[_report(manager, 0, test={"global": bad})])
+    assert 1 in manager.pending and named in caplog.text
+    for rank in (1, 2, 3):
+        _from(manager, rank, m.REPORT, round=0, reports=[_report(manager, rank - 1)])
+    record = manager.rounds.recorder.records[0]
+    assert record["test_acc"] == sum(c["test_samples"] // 2 for c in honest.values()) / sum(
+        c["test_samples"] for c in honest.values()
+    )
+    assert record["party_test"]["0"]["test_samples"] == seen
+
+
+@pytest.mark.parametrize(("weights", "expected"), [("samples", None), ("uniform", 2.0)])
+def test_uniform_weights_ignore_the_claimed_counts(tmp_path, sites, weights, expected):
+    """Sites move the model by 1, 2 and 3: by samples the step is their claims' weighted mean (a site
+    claiming the cap would lead it); with party_weights: uniform it is 2 whatever they claim."""
+    manager, wire, honest = _server(tmp_path, sites, f"server_args.party_weights={weights}")
+    before = {k: v.clone() for k, v in manager.rounds.aggregator.global_state.items()}
+    for rank in (1, 2, 3):
+        task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == rank)
+        party, model = rank - 1, task.get("tasks")[0]["payload"]["model"]
+        moved = {k: v + rank if v.is_floating_point() else v for k, v in model.items()}
+        item = {"party": party, "n": honest[party]["samples"], "upload": {"model": moved, "party_id": party}}
+        _from(manager, rank, m.RESULT, round=0, results=[item])
+    n = [honest[p]["samples"] for p in range(3)]
+    step = expected if expected is not None else sum((p + 1) * k for p, k in enumerate(n)) / sum(n)
+    after = manager.rounds.aggregator.global_state
+    key = next(k for k, v in after.items() if v.is_floating_point())
+    assert torch.allclose(after[key] - before[key], torch.full_like(after[key], step), atol=1e-5)

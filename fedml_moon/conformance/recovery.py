@@ -67,13 +67,18 @@ def server_restart(
     after_rounds: int = 3,
     down_s: float = 4.0,
     timeout_s: float = 240.0,
+    own: dict[int, list[str]] | None = None,
 ) -> Drill:
     """The drill above in `folder`; `kill_silo`: a silo rank killed together with the server and
-    started again (it then loads its own checkpoint); `down_s`: how long the server stays dead."""
+    started again (it then loads its own checkpoint); `down_s`: how long the server stays dead;
+    `own`: each silo's own settings besides `local` (its data folder, its certificate)."""
     out, env = folder / "run", process_env(folder)
     server = [*cli_command("run", config, [*run, *local], out), "--rank", "0"]
-    silo = cli_command("run", config, local, out)
-    silos = {r: spawn([*silo, "--rank", str(r)], folder / f"silo-{r}.log", env, folder) for r in (1, 2, 3)}
+
+    def silo(r: int) -> list[str]:
+        return [*cli_command("run", config, [*local, *(own or {}).get(r, [])], out), "--rank", str(r)]
+
+    silos = {r: spawn(silo(r), folder / f"silo-{r}.log", env, folder) for r in (1, 2, 3)}
     first = spawn(server, folder / "server-1.log", env, folder)
     started = [first, *silos.values()]
     try:
@@ -88,7 +93,7 @@ def server_restart(
         time.sleep(down_s)
         if kill_silo is not None:
             log = folder / f"silo-{kill_silo}-again.log"
-            silos[kill_silo] = spawn([*silo, "--rank", str(kill_silo)], log, env, folder)
+            silos[kill_silo] = spawn(silo(kill_silo), log, env, folder)
             started.append(silos[kill_silo])
         restarted = time.monotonic()
         again = spawn([*server, "--resume", str(out)], folder / "server-2.log", env, folder)

@@ -1,7 +1,7 @@
 """What each process of a cross-silo run on the sites' own data reads (`config.own_data`).
 
 A silo reads its own party only: its `data_cache_dir` is its data set (``<class>/``, or ``train/`` and
-``test/``; a table or Hugging Face dataset without a party column; a plugin's ``(train, test)``), or,
+``test/``; a table or Hugging Face dataset without `party_column`; a plugin's ``(train, test)``), or,
 for trials on one machine, a per-party folder (``<party>/...``, a party column, a plugin's
 ``{party: (train, test)}``) from which it takes the party at its own index (silo rank r holds party
 r - 1, the parties in sorted order, as a standalone run's natural partition numbers them).
@@ -47,9 +47,20 @@ def _read(args: DataArgs, root: Path, party: int) -> Owned:
     if args.dataset == "plugin":
         owned = plugin(args, plugin_function(args.plugin), either=True)
     else:
-        flat = dataclasses.replace(args, partition_method="natural" if args.party_column else "homo")
+        split = "natural" if _has_party_column(args, root) else "homo"
+        flat = dataclasses.replace(args, partition_method=split)
         owned = tables.table(flat, root) if args.dataset == "table" else tables.hf(flat, root)
     return owned if "" in owned else _pick(owned, party, root)
+
+
+def _has_party_column(args: DataArgs, root: Path) -> bool:
+    """Whether a table's or Hugging Face dataset's training split has `party_column` (a per-party
+    table) or not (the site's own table: every row is its party's)."""
+    if args.dataset == "table":
+        train = tables.find_table(root, "train")
+        return train is not None and args.party_column in tables.read_frame(train).columns
+    ds, _ = tables.hf_splits(root)["train"]
+    return args.party_column in ds.column_names
 
 
 def _pick(found: dict, party: int, root: Path) -> dict:

@@ -49,9 +49,7 @@ def claim_problem(claim: Any, cap: int, num_classes: int) -> str | None:
     if not isinstance(classes, list) or any(type(c) is not int for c in classes):
         return "classes is not a list of class indices"
     if classes != sorted(set(classes)) or any(not 0 <= c < num_classes for c in classes):
-        return (
-            f"classes {classes[:10]} are not distinct ascending indices of the run's {num_classes} classes"
-        )
+        return f"classes {classes[:10]} are not distinct ascending indices of the run's {num_classes} classes"
     return None
 
 

@@ -1,0 +1,231 @@
+"""Cross-silo on the sites' own data, with a server that holds none, as an operator runs it
+(127.0.0.1, real processes): three sites, each its own folder of PNGs written from Fashion-MNIST
+with its own class mix; the server's data_cache_dir an empty folder. Over gRPC with mutual TLS and
+over MQTT + S3 the server is killed with SIGKILL mid-run and started again with --resume; over MPI
+each rank is given its own folder. Every run ends on the model of the standalone run of the same
+holdings as per-party folders, with the same test_acc: the final model tested by hand on the union
+of the sites' test splits. A site of a Parquet table with the MLP, in a run of its own, too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedml_moon import conformance
+from fedml_moon.adapters.run import build_base
+from fedml_moon.config import load_config
+from fedml_moon.conformance import recovery
+from fedml_moon.core.evaluation import evaluate
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.security import make_certs
+from tests.site_data import CLASSES, MIXES, fashion, party_folders, site_sets, table_frame
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"),
+]
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config" / "fashion_mnist" / "moon.yaml"
+RUN = [  # the run's settings: the server's only (a site takes them from it)
+    *site_sets(),
+    "data_args.dataset=imagefolder",
+    "data_args.partition_method=natural",
+    "train_args.client_num_in_total=3",
+    "train_args.client_num_per_round=2",
+    "train_args.comm_round=8",
+    "train_args.batch_size=32",
+    "train_args.checkpoint_every=2",
+    "validation_args.frequency_of_the_test=2",
+]
+LOCAL = [
+    "common_args.training_type=cross_silo",
+    "comm_args.heartbeat_s=1",
+    "comm_args.timeout_s=120",
+    "device_args.torch_threads=1",
+    "tracking_args.enable_wandb=false",
+]
+EVALUATED = ("eval_bytes", "party_test", "test_samples", "test_loss", "_time_s", "wire_")
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory) -> Path:
+    return party_folders(tmp_path_factory.mktemp("sites"), per_party=60, n_test=20)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, sites) -> Path:
+    """The same holdings as per-party folders in the standalone simulation (central evaluation)."""
+    run = [
+        *RUN,
+        f"data_args.data_cache_dir={sites}",
+        "device_args.torch_threads=1",
+        "tracking_args.enable_wandb=false",
+    ]
+    ref = conformance.run_mode("standalone", CONFIG, run, tmp_path_factory.mktemp("reference"))
+    assert ref.ok, ref.tail()
+    return ref.out_dir
+
+
+def _server_run(tmp_path: Path) -> list[str]:
+    empty = tmp_path / "server-data"
+    empty.mkdir()
+    return [*RUN, f"data_args.data_cache_dir={empty}"]
+
+
+def _own(sites: Path, extra=lambda r: []) -> dict[int, list[str]]:
+    return {
+        r: [f"data_args.data_cache_dir={sites / name}", *extra(r)] for r, name in enumerate(sorted(MIXES), 1)
+    }
+
+
+def _records(out: Path) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if not any(d in k for d in EVALUATED)} for x in lines]
+
+
+def _assert_same_run(ref: Path, out: Path, sites: Path) -> None:
+    a = torch.load(ref / "final_model.pt", weights_only=True)
+    b = torch.load(out / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a), "another final model than the standalone run's"
+    assert _records(ref) == _records(out)
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    cfg = load_config(CONFIG, [*RUN, f"data_args.data_cache_dir={sites}"])
+    base = build_base(cfg, out.parent / "by-hand")  # the union of the sites' test splits
+    base.model.load_state_dict(b)
+    acc, loss = evaluate(base.model, base.dataset.test_data_global, torch.device("cpu"))
+    assert last["test_acc"] == acc and last["test_loss"] == pytest.approx(loss, rel=1e-6)
+    assert set(last["party_test"]) == {"0", "1", "2"} and not (out / "partition.png").exists()
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+def _drill(tmp_path: Path, sites: Path, run: list[str], local: list[str], own: dict) -> Path:
+    drill = recovery.server_restart(tmp_path, CONFIG, run, [*LOCAL, *local], own=own)
+    assert drill.returncodes == [0, 0, 0, 0], {k: v[-2500:] for k, v in drill.logs.items()}
+    server = drill.logs["server-1.log"]
+    assert "the server holds no training data; evaluation is federated" in server
+    assert "resuming after the checkpoint of round" in drill.logs["server-2.log"]
+    for r in (1, 2, 3):
+        assert f"party {r - 1} ({sorted(MIXES)[r - 1]})" in drill.logs[f"silo-{r}.log"]
+    return drill.out_dir
+
+
+def test_grpc_with_tls_server_killed_and_resumed(tmp_path, sites, reference):
+    certs = tmp_path / "certs"
+    make_certs(certs, 3, ["127.0.0.1"])
+    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
+    comm = ["comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}", "comm_args.tls=on"]
+    ca = f"comm_args.tls_ca={certs / 'ca.pem'}"
+    server = [*_server_run(tmp_path), ca, f"comm_args.tls_cert={certs / 'server.pem'}",
+              f"comm_args.tls_key={certs / 'server.key'}"]  # fmt: skip
+
+    def silo_tls(r: int) -> list[str]:
+        return [
+            ca,
+            f"comm_args.tls_cert={certs / f'silo-{r}.pem'}",
+            f"comm_args.tls_key={certs / f'silo-{r}.key'}",
+        ]
+
+    out = _drill(tmp_path, sites, server, comm, _own(sites, silo_tls))
+    _assert_same_run(reference, out, sites)
+
+
+def test_mqtt_s3_server_killed_and_resumed(tmp_path, sites, reference):
+    with conformance.services(tmp_path / "services") as svc:
+        comm = [
+            "comm_args.backend=MQTT_S3",
+            f"comm_args.run_id=own-{conformance.free_port()}",
+            *svc.overrides,
+        ]
+        out = _drill(tmp_path, sites, _server_run(tmp_path), comm, _own(sites))
+    _assert_same_run(reference, out, sites)
+
+
+def test_mpi_each_rank_its_own_folder(tmp_path, sites, reference):
+    """mpirun's app contexts give each rank its own --set (rank 0 the server, ranks 1..3 the sites:
+    the run's settings and each its own data folder)."""
+    out, env = tmp_path / "run", conformance.process_env(tmp_path)
+    comm = [*LOCAL, "comm_args.backend=MPI"]
+    contexts = [conformance.cli_command("run", CONFIG, [*comm, *_server_run(tmp_path)], out)]
+    mine = [*comm, *RUN]  # under mpirun every rank checks the run's settings before the server's WELCOME
+    contexts += [conformance.cli_command("run", CONFIG, [*mine, *own], out) for own in _own(sites).values()]
+    cmd = conformance.mpirun_command(1, contexts[0])
+    for context in contexts[1:]:
+        cmd += [":", "-np", "1", *context]
+    job = conformance.spawn(cmd, tmp_path / "mpi.log", env, tmp_path)
+    codes = conformance.wait_all([job], 300)
+    assert codes == [0], (tmp_path / "mpi.log").read_text()[-3000:]
+    _assert_same_run(reference, out, sites)
+
+
+def _tables(root: Path) -> Path:
+    """Each site's own train.parquet / test.parquet (its images pooled to 49 features, its classes),
+    and the same rows in one table with a `site` column (the standalone run's per-party table)."""
+    frames = []
+    for k, (name, keep) in enumerate(sorted(MIXES.items())):
+        x, y, xt, yt = fashion(120, 40, k * 120, k * 40)
+        for split, (xs, ys) in (("train", (x, y)), ("test", (xt, yt))):
+            kept = np.isin(ys, keep)
+            frame = table_frame(xs[kept], ys[kept])
+            (root / name).mkdir(parents=True, exist_ok=True)
+            frame.to_parquet(root / name / f"{split}.parquet", index=False)
+            frames.append((split, frame.assign(site=name)))
+    import pandas as pd
+
+    for split in ("train", "test"):
+        pd.concat([f for s, f in frames if s == split]).to_parquet(root / f"{split}.parquet", index=False)
+    return root
+
+
+def test_a_parquet_site_with_the_mlp_in_a_run_of_its_own(tmp_path):
+    tables = _tables(tmp_path / "tables")
+    run = [
+        "data_args.dataset=table",
+        f"data_args.classes=[{','.join(CLASSES)}]",
+        "data_args.label_column=label",
+        "data_args.channels=49",
+        "data_args.image_size=null",
+        "data_args.partition_method=natural",
+        "model_args.model=mlp",
+        "train_args.client_num_in_total=3",
+        "train_args.client_num_per_round=3",
+        "train_args.comm_round=2",
+        "train_args.batch_size=32",
+    ]
+    whole = [*run, f"data_args.data_cache_dir={tables}", "data_args.party_column=site", *LOCAL[3:]]
+    ref = conformance.run_mode("standalone", CONFIG, whole, tmp_path / "reference")
+    assert ref.ok, ref.tail()
+    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
+    comm = [*LOCAL, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
+    out, env = tmp_path / "run", conformance.process_env(tmp_path)
+    empty = tmp_path / "server-data"
+    empty.mkdir()
+    procs = [
+        conformance.spawn(
+            [
+                *conformance.cli_command(
+                    "run", CONFIG, [*comm, f"data_args.data_cache_dir={tables / name}"], out
+                ),
+                "--rank",
+                str(r),
+            ],
+            tmp_path / f"silo-{r}.log",
+            env,
+            tmp_path,
+        )  # fmt: skip
+        for r, name in enumerate(sorted(MIXES), 1)
+    ]
+    server = conformance.cli_command("run", CONFIG, [*comm, *run, f"data_args.data_cache_dir={empty}"], out)
+    procs.append(conformance.spawn([*server, "--rank", "0"], tmp_path / "server.log", env, tmp_path))
+    codes = conformance.wait_all(procs, 300)
+    assert codes == [0, 0, 0, 0], (tmp_path / "server.log").read_text()[-3000:]
+    a = torch.load(ref.out_dir / "final_model.pt", weights_only=True)
+    b = torch.load(out / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _records(ref.out_dir) == _records(out)
+    first = json.loads((ref.out_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["test_acc"] == first["test_acc"]

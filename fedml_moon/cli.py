@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", action="append", default=[], help="an address or name of the server (repeatable)"
     )
     certs.add_argument("--days", type=int, default=825, help="validity")
+    certs.add_argument(
+        "--max-samples",
+        action="append",
+        default=[],
+        metavar="RANK=N",
+        help="the most samples silo RANK's party may claim, signed into its certificate (repeatable)",
+    )
     _verbose(certs)
     check = sub.add_parser("check", help="run an algorithm through the conformance suite (every mode)")
     check.add_argument("algorithm", help="a registered algorithm name (train_args.algorithm)")
@@ -180,7 +187,11 @@ def _certs(args: argparse.Namespace) -> int:
     from fedml_moon.security import make_certs
 
     hosts = args.host or ["127.0.0.1", "localhost"]
-    written = make_certs(Path(args.folder), args.silos, hosts, args.days)
+    try:
+        caps = {int(r): int(n) for r, n in (item.split("=", 1) for item in args.max_samples)}
+        written = make_certs(Path(args.folder), args.silos, hosts, args.days, caps)
+    except ValueError as err:
+        raise ConfigError(f"fedml-moon certs: {err} (--max-samples takes RANK=N, e.g. 2=50000)") from None
     log.info(
         "wrote %d files to %s (server certificate valid for %s)", len(written), args.folder, ", ".join(hosts)
     )

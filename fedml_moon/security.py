@@ -19,6 +19,7 @@ from pathlib import Path
 
 SILO_CN = "silo-"
 SERVER_CN = "fedml-moon server"
+CAP_OID = "1.3.6.1.4.1.59881.1.1"  # a silo certificate's cap on the samples its party may claim
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
@@ -41,7 +42,9 @@ def _pem_key(key) -> bytes:
     )
 
 
-def _cert(subject_cn: str, key, issuer_cn: str, issuer_key, days: int, *, ca: bool, sans=None, usage=None):
+def _cert(
+    subject_cn: str, key, issuer_cn: str, issuer_key, days: int, *, ca: bool, sans=None, usage=None, cap=None
+):
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.x509.oid import NameOID
@@ -61,6 +64,9 @@ def _cert(subject_cn: str, key, issuer_cn: str, issuer_key, days: int, *, ca: bo
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     if usage:
         builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    if cap is not None:
+        value = x509.UnrecognizedExtension(x509.ObjectIdentifier(CAP_OID), str(int(cap)).encode())
+        builder = builder.add_extension(value, critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -76,14 +82,20 @@ def _sans(hosts: list[str]) -> list:
     return out
 
 
-def make_certs(folder: Path, silos: int, hosts: list[str], days: int = 825) -> list[Path]:
+def make_certs(
+    folder: Path, silos: int, hosts: list[str], days: int = 825, caps: dict[int, int] | None = None
+) -> list[Path]:
     """Write ca.pem / ca.key, server.pem / server.key (valid for `hosts`), silo-<r>.pem / .key /
-    .token for r = 1..silos, and server-tokens.json. Returns the files written."""
+    .token for r = 1..silos, and server-tokens.json. `caps`: rank -> the most samples its party may
+    claim, signed into its certificate and kept beside its token's digest. Returns the files written."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     if silos < 1:
         raise ValueError("--silos must be >= 1")
+    caps = dict(caps or {})
+    if any(not 1 <= r <= silos or n < 1 for r, n in caps.items()):
+        raise ValueError(f"--max-samples: RANK=N with RANK in 1..{silos} and N >= 1; got {caps}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     pem = serialization.Encoding.PEM
@@ -113,9 +125,11 @@ def make_certs(folder: Path, silos: int, hosts: list[str], days: int = 825) -> l
             days,
             ca=False,
             usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+            cap=caps.get(rank),
         )
         token = secrets.token_urlsafe(32)
-        table[str(rank)] = token_digest(token)
+        digest = token_digest(token)
+        table[str(rank)] = {"sha256": digest, "max_samples": caps[rank]} if rank in caps else digest
         files.update({f"silo-{rank}.pem": cert.public_bytes(pem), f"silo-{rank}.key": _pem_key(key)})
         files[f"silo-{rank}.token"] = token.encode()
     files["server-tokens.json"] = json.dumps(table, indent=2).encode()
@@ -146,9 +160,30 @@ def token_digest(token: str) -> str:
 
 
 def load_token_table(path: str | Path) -> dict[int, str]:
-    """rank -> SHA-256 hex digest, from server-tokens.json."""
+    """rank -> SHA-256 hex digest, from server-tokens.json (a rank's entry: its digest, or
+    {"sha256": digest, "max_samples": cap})."""
     raw = json.loads(Path(path).read_text())
-    return {int(rank): str(digest) for rank, digest in raw.items()}
+    return {int(r): str(v["sha256"] if isinstance(v, dict) else v) for r, v in raw.items()}
+
+
+def load_token_caps(path: str | Path) -> dict[int, int]:
+    """rank -> the cap on its party's claimed samples, for the ranks server-tokens.json gives one."""
+    raw = json.loads(Path(path).read_text())
+    return {
+        int(r): int(v["max_samples"]) for r, v in raw.items() if isinstance(v, dict) and "max_samples" in v
+    }
+
+
+def cert_cap(pem: bytes) -> int | None:
+    """The cap a silo certificate carries (`make_certs(..., caps)`), or None."""
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        ext = cert.extensions.get_extension_for_oid(x509.ObjectIdentifier(CAP_OID))
+    except x509.ExtensionNotFound:
+        return None
+    return int(ext.value.value.decode())
 
 
 def check_token(table: dict[int, str], rank: int, token: str) -> bool:

@@ -216,3 +216,18 @@ def test_uniform_weights_ignore_the_claimed_counts(tmp_path, sites, weights, exp
     after = manager.rounds.aggregator.global_state
     key = next(k for k, v in after.items() if v.is_floating_point())
     assert torch.allclose(after[key] - before[key], torch.full_like(after[key], step), atol=1e-5)
+
+
+def test_a_sites_own_cap_bounds_its_claims_below_the_runs(tmp_path, sites):
+    """The cap its certificate or token entry carries (the transport's `caps`) holds for that site;
+    the run's (comm_args.max_party_samples) for the others."""
+    manager, wire, honest = _server(tmp_path, sites, ready=False)
+    wire.caps = {1: honest[0]["samples"] - 1, 2: None}
+    _ready(manager, 1, honest[0])
+    assert f"samples {honest[0]['samples']} is not a count in [1, {honest[0]['samples'] - 1}]" in " ".join(
+        _aborts(wire, 1)
+    )
+    wire.caps = {1: honest[0]["samples"]}
+    for rank in (1, 2, 3):
+        _ready(manager, rank, honest[rank - 1])
+    assert manager.phase == "train" and manager.rounds.claims == honest

@@ -23,7 +23,7 @@ from fedml_moon.distributed.transport.grpc_transport import (
     GrpcServerTransport,
 )
 from fedml_moon.distributed.transport.policy import grpc_security
-from fedml_moon.security import load_token_table, make_certs
+from fedml_moon.security import cert_cap, load_token_caps, load_token_table, make_certs
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +216,26 @@ def test_off_loopback_a_run_needs_tls_and_silo_authentication(creds, tmp_path):
     assert sec.tls and sec.auth == "mtls" and sec.cert.startswith(b"-----BEGIN CERTIFICATE")
     loop = load_config("config/modes/moon_cross_silo_grpc.yaml").comm_args
     assert grpc_security(loop, 1, "127.0.0.1") == GrpcSecurity()  # loopback development: plain
+
+
+def test_a_sites_cap_travels_in_its_certificate_and_in_the_token_table(tmp_path):
+    """`fedml-moon certs --max-samples 2=500`: the CA signs silo 2's cap into its certificate (the
+    gRPC server reads it from the mutual-TLS handshake) and writes it beside silo 2's token digest;
+    silo 1 has none (the run's cap holds for it)."""
+    make_certs(tmp_path, silos=2, hosts=["127.0.0.1"], caps={2: 500})
+    assert cert_cap((tmp_path / "silo-2.pem").read_bytes()) == 500
+    assert cert_cap((tmp_path / "silo-1.pem").read_bytes()) is None
+    assert load_token_caps(tmp_path / "server-tokens.json") == {2: 500}
+    assert set(load_token_table(tmp_path / "server-tokens.json")) == {1, 2}
+    server, inbox = _serve(_sec(tmp_path, "server", "mtls"))
+    try:
+        for rank in (1, 2):
+            silo = GrpcClientTransport(rank, server.address, 16, 20, _sec(tmp_path, f"silo-{rank}", "mtls"))
+            silo.send_message(_msg(rank))
+            _wait(inbox, rank)
+            silo.stop_receive_message()
+        assert server.caps == {1: None, 2: 500}
+    finally:
+        server.stop_receive_message()
+    with pytest.raises(ValueError, match="RANK in 1..2"):
+        make_certs(tmp_path / "bad", silos=2, hosts=["127.0.0.1"], caps={3: 10})

@@ -40,7 +40,7 @@ class ReadyPhase:
 
     def cap(self, rank: int) -> int:
         """The most samples a party of `rank` may claim: the run's cap, or the site's own if lower."""
-        own = getattr(self._transport, "caps", {}).get(rank)
+        own = getattr(self._transport, "caps", {}).get(rank)  # the site's certificate or token entry
         run = int(self.comm_args.max_party_samples)
         return run if own is None else min(run, int(own))
 

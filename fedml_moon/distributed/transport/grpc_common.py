@@ -30,6 +30,7 @@ class GrpcSecurity:
     auth: str = "none"
     token: str | None = None  # a silo's own token
     tokens: dict[int, str] | None = None  # the server's table: rank -> SHA-256 of the token
+    caps: dict[int, int] | None = None  # the server's: rank -> its party's cap on claimed samples
 
     def metadata(self, rank: int) -> tuple[tuple[str, str], ...]:
         if self.auth != "token":

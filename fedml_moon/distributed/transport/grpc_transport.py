@@ -55,7 +55,7 @@ from fedml_moon.distributed.transport.grpc_common import (
 )
 from fedml_moon.distributed.transport.inflight import REFUSED, coalesced_kind
 from fedml_moon.distributed.transport.slots import Lease, Outbox, Slots, Watchdog, pool_size, slot_caps
-from fedml_moon.security import rank_of_common_name
+from fedml_moon.security import cert_cap, rank_of_common_name
 
 __all__ = [
     "RANK_HEADER",
@@ -119,6 +119,8 @@ class GrpcServerTransport(QueueTransport):
         frame_bytes = max_frame_bytes or min(int(max_message_mb) << 20, 2**31 - 1)
         super().__init__(0, frame_bytes, refusals)
         self.security = security or GrpcSecurity()
+        # rank -> the most samples its party may claim: from the token table, or its certificate
+        self.caps: dict[int, int | None] = dict(self.security.caps or {})
         self.ranks = set(range(1, workers + 1))
         self.receive_timeout_s = float(receive_timeout_s)
         self._outboxes: dict[int, Outbox] = {}
@@ -167,10 +169,13 @@ class GrpcServerTransport(QueueTransport):
         """The caller's authenticated rank (None with auth "none"); Refused when it has none."""
         sec = self.security
         if sec.auth == "mtls":
-            names = context.auth_context().get("x509_common_name") or []
+            auth = context.auth_context()
+            names = auth.get("x509_common_name") or []
             rank = rank_of_common_name(names[0].decode()) if names else None
             if rank is None:
                 raise Refused(grpc.StatusCode.UNAUTHENTICATED, "no silo certificate of this run")
+            if rank not in self.caps and (pem := auth.get("x509_pem_cert")):
+                self.caps[rank] = cert_cap(pem[0])  # the cap the CA signed into it, if any
             return rank
         if sec.auth == "token":  # already checked by _TokenGate before the request was read
             return token_rank(sec.tokens or {}, context.invocation_metadata())

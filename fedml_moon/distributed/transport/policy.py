@@ -9,7 +9,7 @@ from pathlib import Path
 from fedml_moon.config_schema import CommArgs, ConfigError
 from fedml_moon.distributed.transport.grpc_transport import GrpcSecurity
 from fedml_moon.distributed.transport.mqtt_s3 import MqttSecurity
-from fedml_moon.security import is_loopback, load_token_table
+from fedml_moon.security import is_loopback, load_token_caps, load_token_table
 
 TOKEN_ENV = "FEDML_MOON_TOKEN"
 MQTT_PASSWORD_ENV = "FEDML_MOON_MQTT_PASSWORD"
@@ -61,6 +61,7 @@ def grpc_security(c: CommArgs, rank: int, server_host: str) -> GrpcSecurity:
             if not c.token_path:
                 raise ConfigError("comm_args.token_path: the server needs server-tokens.json for auth: token")
             sec.tokens = load_token_table(c.token_path)
+            sec.caps = load_token_caps(c.token_path)
         elif token is None:
             raise ConfigError(
                 f"comm_args.token_path: auth: token needs this silo's token file (or ${TOKEN_ENV})"

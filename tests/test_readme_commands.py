@@ -45,6 +45,7 @@ from fedml_moon.config import config_to_dict, load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.results.sweep import load_sweep
 from tests.helpers import restored_main
+from tests.site_data import party_folders
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -138,6 +139,22 @@ TLS_SILO = (
     "bash run/run_client.sh RANK --set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
     "--set comm_args.tls_cert=certs/silo-RANK.pem --set comm_args.tls_key=certs/silo-RANK.key"
 )
+OWN_CERTS = (
+    ".venv/bin/fedml-moon certs certs/ --silos 3 --host 127.0.0.1 "
+    "--max-samples 1=20000 --max-samples 2=20000 --max-samples 3=20000"
+)
+OWN_SERVER = (
+    "bash run/run_server.sh config/site/cross_silo.yaml "
+    "--set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
+    "--set comm_args.tls_cert=certs/server.pem --set comm_args.tls_key=certs/server.key"
+)
+OWN_SILOS = [
+    f"bash run/run_client.sh {r} config/site/cross_silo.yaml "
+    f"--set data_args.data_cache_dir=data/site/parties/{name} "
+    "--set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
+    f"--set comm_args.tls_cert=certs/silo-{r}.pem --set comm_args.tls_key=certs/silo-{r}.key"
+    for r, name in ((1, "party-a"), (2, "party-b"), (3, "party-c"))
+]
 CONFIG_ALL = ".venv/bin/fedml-moon config"
 ROBUST = (
     ".venv/bin/python benchmarks/robust_aggregation.py --rounds 12 --epochs 2 --samples 12000 "
@@ -207,6 +224,9 @@ COMMANDS: dict[str, str] = {
     CERTS_LOCAL: "grpc-tls",
     TLS_SERVER: "grpc-tls",
     TLS_SILO: "grpc-tls",
+    OWN_CERTS: "own-data",
+    OWN_SERVER: "own-data",
+    **dict.fromkeys(OWN_SILOS, "own-data"),
     "bash run/docs.sh": "docs",  # run/test.sh runs it; tests/test_docs.py breaks it on purpose
     ".venv/bin/mkdocs serve": "docs",  # a server for editing: the site it serves is the one built
     MPI_CROSS_SILO: "mpi",
@@ -727,6 +747,48 @@ def test_grpc_tls_commands(tmp_path, home):
     assert "(TLS True, auth mtls)" in logs[-1].read_text()  # the server's log: TLS on, silos by certificate
     _completed(out, 1)
     print(f"gRPC + TLS README commands: {time.monotonic() - started:.1f} s")
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_own_data_tutorial_commands(tmp_path, home):
+    """Cross-silo with your own data: certificates with a cap per site, the server with no data and
+    three sites each with its own folder (mutual TLS), run as written with the sites' folders and
+    `certs/` in a scratch folder, one tiny round; the server says it holds no data, the sites'
+    counts make the record."""
+    started = time.monotonic()
+    work = tmp_path / "work"
+    sites = party_folders(work / "data" / "site" / "parties", per_party=40, n_test=10)
+    certs = work / "certs"
+    with restored_main() as main:
+        assert main([str(certs) if w == "certs/" else w for w in _entry_point(OWN_CERTS)]) == 0
+    out = tmp_path / "run"
+    comm = _grpc_comm(tmp_path, out)
+    tiny = ["train_args.comm_round=1", "train_args.epochs=1", "train_args.batch_size=16"]
+    tiny += ["device_args.torch_threads=1", "tracking_args.enable_wandb=false"]
+
+    def placed(command: str) -> list[str]:
+        words = shlex.split(command)
+        return [
+            w.replace("=certs/", f"={certs}/").replace("=data/site/parties/", f"={sites}/") for w in words
+        ]
+
+    silos = [[*placed(c), *comm, "--set", "device_args.torch_threads=1"] for c in OWN_SILOS]
+    server = [*placed(OWN_SERVER), *(a for t in tiny for a in ("--set", t)), *comm]
+    logs = _run_all([*silos, server], tmp_path / "logs", home, 420)
+    for log_path in logs:
+        _quiet(log_path)
+    said = logs[-1].read_text()
+    assert (
+        "the server holds no training data; evaluation is federated" in said
+        and "(TLS True, auth mtls)" in said
+    )
+    _completed(out, 1)
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert set(record["party_test"]) == {"0", "1", "2"} and record["test_samples"] > 0
+    claims = json.loads((out / "claims.json").read_text())
+    assert sorted(claims) == ["0", "1", "2"] and all(c["samples"] <= 20000 for c in claims.values())
+    print(f"own-data tutorial commands: {time.monotonic() - started:.1f} s")
 
 
 @needs_fmnist

@@ -7,8 +7,9 @@ through the real command line.
 The data are a site's own: Fashion-MNIST images written as per-party PNG folders, each party its own
 class mix (a natural partition, `data_args.partition_method: natural`). The simulations read every
 party; in the cross-silo modes each silo reads its own party's folder only and the server none (the
-parties test the global model on their own splits and report counts: the same figures). The public data sets' seeded partitions run through every mode in
-tests/test_secure_modes.py, the contributor kit's check and the guide's commands."""
+parties test the global model on their own splits and report counts: the same figures). The public
+data sets' seeded partitions run through every mode in tests/test_secure_modes.py, the contributor
+kit's check and the guide's commands."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Cross-silo on the sites' own data, with a server that holds none, as an operator runs it
 (127.0.0.1, real processes): three sites, each its own folder of PNGs written from Fashion-MNIST
 with its own class mix; the server's data_cache_dir an empty folder. Over gRPC with mutual TLS and
-over MQTT + S3 the server is killed with SIGKILL mid-run and started again with --resume; over MPI
+over MQTT + S3 the server is killed with SIGKILL mid-run and started again with --resume (over MQTT
++ S3 a site with it, which rejoins with its claims); over MPI
 each rank is given its own folder. Every run ends on the model of the standalone run of the same
 holdings as per-party folders, with the same test_acc: the final model tested by hand on the union
 of the sites' test splits. A site of a Parquet table with the MLP, in a run of its own, too."""
@@ -102,14 +103,17 @@ def _assert_same_run(ref: Path, out: Path, sites: Path) -> None:
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
 
 
-def _drill(tmp_path: Path, sites: Path, run: list[str], local: list[str], own: dict) -> Path:
-    drill = recovery.server_restart(tmp_path, CONFIG, run, [*LOCAL, *local], own=own)
+def _drill(tmp_path: Path, run: list[str], local: list[str], own: dict, kill_silo: int | None = None) -> Path:
+    drill = recovery.server_restart(tmp_path, CONFIG, run, [*LOCAL, *local], kill_silo, own=own)
     assert drill.returncodes == [0, 0, 0, 0], {k: v[-2500:] for k, v in drill.logs.items()}
     server = drill.logs["server-1.log"]
     assert "the server holds no training data; evaluation is federated" in server
     assert "resuming after the checkpoint of round" in drill.logs["server-2.log"]
     for r in (1, 2, 3):
         assert f"party {r - 1} ({sorted(MIXES)[r - 1]})" in drill.logs[f"silo-{r}.log"]
+    if kill_silo is not None:  # the restarted site rejoined with its claims, as they were fixed
+        assert "resumed its parties from the checkpoint" in drill.logs[f"silo-{kill_silo}-again.log"]
+        assert "claims are refused" not in drill.logs["server-2.log"]
     return drill.out_dir
 
 
@@ -129,18 +133,18 @@ def test_grpc_with_tls_server_killed_and_resumed(tmp_path, sites, reference):
             f"comm_args.tls_key={certs / f'silo-{r}.key'}",
         ]
 
-    out = _drill(tmp_path, sites, server, comm, _own(sites, silo_tls))
+    out = _drill(tmp_path, server, comm, _own(sites, silo_tls))
     _assert_same_run(reference, out, sites)
 
 
-def test_mqtt_s3_server_killed_and_resumed(tmp_path, sites, reference):
+def test_mqtt_s3_server_and_one_site_killed_and_restarted(tmp_path, sites, reference):
     with conformance.services(tmp_path / "services") as svc:
         comm = [
             "comm_args.backend=MQTT_S3",
             f"comm_args.run_id=own-{conformance.free_port()}",
             *svc.overrides,
         ]
-        out = _drill(tmp_path, sites, _server_run(tmp_path), comm, _own(sites))
+        out = _drill(tmp_path, _server_run(tmp_path), comm, _own(sites), kill_silo=3)
     _assert_same_run(reference, out, sites)
 
 

@@ -250,19 +250,8 @@ def evaluation(cfg: Config) -> str:
     return said if said != "auto" else ("federated" if own_data(cfg) else "central")
 
 
-def _evaluation_checks(cfg: Config) -> None:
-    require(
-        evaluation(cfg) != "federated" or not cfg.privacy_args.secure_aggregation,
-        "validation_args.evaluation",
-        "federated evaluation under privacy_args.secure_aggregation would show the server each party's "
-        "test counts, which secure aggregation hides; evaluate centrally (validation_args.evaluation: "
-        "central, with a test set the server holds) or turn secure aggregation off",
-    )
-
-
 def _cross_checks(cfg: Config) -> None:
     cfg.data_args.check_agreement()
-    _evaluation_checks(cfg)
     side = cfg.data_args.image_size
     require(
         cfg.model_args.model not in ("simple-cnn", "lg-cnn") or side in (None, 28, 32),

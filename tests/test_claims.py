@@ -231,3 +231,17 @@ def test_a_sites_own_cap_bounds_its_claims_below_the_runs(tmp_path, sites):
     for rank in (1, 2, 3):
         _ready(manager, rank, honest[rank - 1])
     assert manager.phase == "train" and manager.rounds.claims == honest
+
+
+def test_a_secure_sum_of_counts_that_is_not_the_claimed_samples_gives_no_test_figures(tmp_path, sites):
+    """Under secure aggregation the server sees only the sum of the counts; if its samples are not
+    what the summed parties claimed (one of them lied), the round gets no test figures."""
+    manager, _, honest = _server(tmp_path, sites, "validation_args.evaluation=federated")
+    rounds, seen = manager.rounds, sum(c["test_samples"] for c in honest.values())
+    good = rounds.summed_fields({"counts": {"global": [seen // 2, seen, 2.0 * seen]}, "parties": [0, 1, 2]})
+    assert (good["test_acc"], good["test_loss"], good["test_samples"]) == ((seen // 2) / seen, 2.0, seen)
+    assert rounds.summed_fields({"counts": {"global": [5, seen + 7, 1.0]}, "parties": [0, 1, 2]}) == {}
+    two = sum(honest[p]["test_samples"] for p in (0, 2))  # a sum without party 1: its claim is not counted
+    assert (
+        rounds.summed_fields({"counts": {"global": [1, two, 1.0]}, "parties": [0, 2]})["test_samples"] == two
+    )

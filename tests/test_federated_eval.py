@@ -124,3 +124,20 @@ def test_a_silo_past_the_parties_of_a_per_party_folder_is_refused(sites):
         ConfigError, match=r"holds 3 parties \(party-a, party-b, party-c\), and this silo is party 3"
     ):
         load_own(site_args(data_cache_dir=str(sites), partition_method="natural"), 0, 3)
+
+
+def test_under_secure_aggregation_the_counts_are_summed_securely(tmp_path, sites):
+    """Secure aggregation with federated evaluation in the standalone loop: the same figures as the
+    central test (the counts' secure sum is exact), and no party's own figures recorded."""
+    secure = ["privacy_args.secure_aggregation=true", "train_args.client_num_per_round=3"]
+    central = _run("config/fashion_mnist/moon.yaml", sites, tmp_path / "central", *secure)
+    federated = _run(
+        "config/fashion_mnist/moon.yaml",
+        sites,
+        tmp_path / "federated",
+        *secure,
+        "validation_args.evaluation=federated",
+    )
+    for c, f in zip(central, federated, strict=True):
+        assert f["test_acc"] == c["test_acc"] and f["test_loss"] == pytest.approx(c["test_loss"], rel=1e-6)
+        assert "party_test" not in f and f["test_samples"] > 0

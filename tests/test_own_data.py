@@ -233,3 +233,43 @@ def test_a_parquet_site_with_the_mlp_in_a_run_of_its_own(tmp_path):
     first = json.loads((ref.out_dir / "metrics.jsonl").read_text().splitlines()[-1])
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["test_acc"] == first["test_acc"]
+
+
+def test_under_secure_aggregation_the_server_learns_the_counts_summed(tmp_path, sites):
+    """Secure aggregation of the updates and of the sites' test counts over gRPC: the same model and
+    test_acc as the standalone run of the same holdings under secure aggregation (central test), and
+    no site's own figures anywhere in the server's records."""
+    secure = ["privacy_args.secure_aggregation=true", "train_args.client_num_per_round=3"]
+    run = [*RUN, *secure, "train_args.comm_round=2", "train_args.checkpoint_every=0"]
+    whole = [*run, f"data_args.data_cache_dir={sites}", *LOCAL[3:]]
+    ref = conformance.run_mode("standalone", CONFIG, whole, tmp_path / "reference")
+    assert ref.ok, ref.tail()
+    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
+    comm = [*LOCAL, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
+    out, env = tmp_path / "run", conformance.process_env(tmp_path)
+    procs = [
+        conformance.spawn(
+            [*conformance.cli_command("run", CONFIG, [*comm, *own], out), "--rank", str(r)],
+            tmp_path / f"silo-{r}.log",
+            env,
+            tmp_path,
+        )  # fmt: skip
+        for r, own in _own(sites).items()
+    ]
+    server = conformance.cli_command("run", CONFIG, [*comm, *_server_run(tmp_path), *run[len(RUN) :]], out)
+    procs.append(conformance.spawn([*server, "--rank", "0"], tmp_path / "server.log", env, tmp_path))
+    codes = conformance.wait_all(procs, 300)
+    assert codes == [0, 0, 0, 0], (tmp_path / "server.log").read_text()[-3000:]
+    a = torch.load(ref.out_dir / "final_model.pt", weights_only=True)
+    b = torch.load(out / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for x, y in zip(_lines(ref.out_dir), _lines(out), strict=True):
+        assert y["test_acc"] == x["test_acc"] and y["test_loss"] == pytest.approx(x["test_loss"], rel=1e-6)
+        assert "party_test" not in y and y["test_samples"] == sum(
+            len(list((sites / name / "test").rglob("*.png"))) for name in MIXES
+        )
+    assert "party_test" not in (out / "summary.json").read_text()
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -311,13 +311,22 @@ class PluginClientManager(SecureWorker, _Manager):
         self.send(RESULT, 0, round=round_idx, results=results)
 
     def on_eval(self, msg: Message) -> None:
-        """Evaluate its parties' own models and report; never under secure aggregation, where an honest
-        server does not ask (a party's own test figures would reach it in the clear)."""
-        if self.built is None or self.built.run_config.privacy_args.secure_aggregation:
+        """Evaluate its parties' own models and report. Under secure aggregation only the counts of a
+        secure sum (`secure: true`, no local test): anything else would reach the server in the clear."""
+        payload, secure = (
+            msg.get("payload"),
+            self.built is not None and self.built.run_config.privacy_args.secure_aggregation,
+        )
+        if self.built is None or (
+            secure and not (payload.get("secure") is True and payload.get("local") is False)
+        ):
             why = "before its WELCOME" if self.built is None else "under privacy_args.secure_aggregation"
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
             return
-        reports = [self.runner.evaluate(p, msg.get("payload")) for p in self.parties]
+        reports = [self.runner.evaluate(p, payload) for p in self.parties]
+        if secure:
+            self.secure_eval(int(msg.get("round")), reports, list(payload["test"]))
+            return
         self.send(REPORT, 0, round=int(msg.get("round")), reports=reports)
 
     def on_finish(self, msg: Message) -> None:

@@ -64,6 +64,7 @@ class SecureServer:
         self.sa_accused: dict[int, list[int]] = {}
         self.sa_answers: dict[int, dict] = {}
         self.sa_session: ServerSession | None = None
+        self.sa_purpose = "train"  # or "eval": the parties' test counts (distributed/secure_eval.py)
 
     def _mine(self, rank: int) -> set[int]:
         return {t["party"] for t in self.assigned[rank][1]["tasks"]} if rank in self.assigned else set()
@@ -81,7 +82,8 @@ class SecureServer:
 
     def on_sa_keys(self, msg: Any) -> None:
         items, rank = msg.get("keys"), msg.get_sender_id()
-        if not self._take(msg, "train", [i["party"] for i in items], self.sa_ranks_parties(rank)):
+        phase = "eval" if self.sa_purpose == "eval" else "train"
+        if not self._take(msg, phase, [i["party"] for i in items], self.sa_ranks_parties(rank)):
             return
         try:
             for item in items:
@@ -92,10 +94,13 @@ class SecureServer:
         for item in items:
             party, keys = keys_from_wire(item)
             self.sa_keys[party] = keys
-            self.results[party] = (float(self.rounds.samples[party]), {})  # counts for the quorum
-        self._next(rank, self.after_train)
+            if phase == "train":
+                self.results[party] = (float(self.rounds.samples[party]), {})  # counts for the quorum
+        self._next(rank, self.after_train if phase == "train" else self.secure_after_keys)
 
     def sa_ranks_parties(self, rank: int) -> set[int]:
+        if self.sa_purpose == "eval":  # every party a rank holds tests
+            return {p for p, r in self.placement.items() if r == rank}
         return self._mine(rank)
 
     def _next(self, rank: int, then: Any) -> None:
@@ -106,14 +111,17 @@ class SecureServer:
     def secure_after_keys(self) -> None:
         """Every party that advertised keys takes part (at least 3: `secagg_params`): hand each its
         neighbourhood's keys in the round's graph and every participant's key digest."""
-        self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.sa_keys]
-        params = self.rounds.privacy.params(len(self.sa_keys))
-        spec = self.rounds.upload_spec(min(self.sa_keys))
-        summed = self.rounds.privacy.summed
-        plan = self.sa_plan = self.rounds.privacy.plan(min(self.sa_keys))  # the vectors' layout, metrics'
-        self.sa_entries = plan_layout({f: spec[f] for f in summed}, plan)
-        length = sum(_numel(shape) for _, _, shape in self.sa_entries) + len(plan.metrics)
-        self.sa_session = ServerSession(self.round_idx, params, length)
+        if self.sa_purpose == "eval":
+            self.sa_session = self.eval_session()
+        else:
+            self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.sa_keys]
+            params = self.rounds.privacy.params(len(self.sa_keys))
+            spec = self.rounds.upload_spec(min(self.sa_keys))
+            summed = self.rounds.privacy.summed
+            plan = self.sa_plan = self.rounds.privacy.plan(min(self.sa_keys))  # the layout, metrics'
+            self.sa_entries = plan_layout({f: spec[f] for f in summed}, plan)
+            length = sum(_numel(shape) for _, _, shape in self.sa_entries) + len(plan.metrics)
+            self.sa_session = ServerSession(self.round_idx, params, length)
         rosters, digests = self.sa_session.collect_keys(self.sa_keys)
         self.sa_rosters = rosters
         wire = [{"party": p, "digest": d.hex()} for p, d in sorted(digests.items())]
@@ -152,8 +160,9 @@ class SecureServer:
     def _guard(self, step: Any) -> None:
         """Run a step of the protocol through the manager's `_advance`: one that cannot go on (too few
         parties left, a share that does not rebuild its secret) stops the run with the reason, and
-        nothing is revealed; any other failure is the server's own and stops it too."""
-        self._advance(step)
+        nothing is revealed; any other failure is the server's own and stops it too. A sum of test
+        counts that cannot go on leaves the round without test figures instead."""
+        self._advance(self.eval_guarded(step) if self.sa_purpose == "eval" else step)
 
     def on_sa_shares(self, msg: Any) -> None:
         items, rank = msg.get("shares"), msg.get_sender_id()
@@ -185,7 +194,7 @@ class SecureServer:
                 "tasks": [
                     {
                         "party": p,
-                        "plan": privacy.plan(p).to_dict(),
+                        "plan": {} if self.sa_purpose == "eval" else privacy.plan(p).to_dict(),
                         "inbox": [
                             {"sender": s, "ct": ct.hex()} for s, ct in sorted(inboxes.get(p, {}).items())
                         ],
@@ -260,6 +269,9 @@ class SecureServer:
         session = self.sa_session
         total = session.decode(session.unmask(self.sa_answers))
         survivors = list(session.survivors)
+        if self.sa_purpose == "eval":
+            self.eval_summed(total, survivors)
+            return
         self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in survivors]
         names = list(self.sa_plan.metrics)
         sums = self.rounds.privacy.finish(total, self.sa_entries, names, survivors, self.round_idx)

@@ -15,6 +15,7 @@ from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_t
 from fedml_moon.privacy.mod import secagg_params
 from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, plan_problem, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, pack
+from fedml_moon.privacy.secure_counts import counts_params, counts_vector
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,25 @@ class SecureWorker:
             self.sa_parties[party] = {"upload": upload, "received": task["payload"], "session": session}
             keys.append(keys_to_wire(party, session.advertise()))
         self.send(KEYS, 0, round=round_idx, keys=keys)
+
+    def secure_eval(self, round_idx: int, reports: list[dict], names: list[str]) -> None:
+        """Keep each party's test counts as its vector and advertise fresh keys for their secure sum
+        (`privacy.secure_counts`): its counts never leave it in the clear."""
+        config = self.built.run_config
+        planned = counts_params(config.privacy_args, config.train_args.client_num_in_total)
+        self.sa_round, self.sa_parties, keys = round_idx, {}, []
+        for report in reports:
+            party = int(report["party_id"])
+            session = PartySession(party, round_idx, planned)
+            self.sa_parties[party] = {"counts": counts_vector(report["test"], names), "session": session}
+            keys.append(keys_to_wire(party, session.advertise()))
+        self.send(KEYS, 0, round=round_idx, keys=keys)
+
+    def _params(self, participants: int) -> Any:
+        """The round's session parameters from this worker's own privacy_args (counts: their encoding)."""
+        options = self.built.run_config.privacy_args
+        counting = any("counts" in held for held in getattr(self, "sa_parties", {}).values())
+        return counts_params(options, participants) if counting else secagg_params(options, participants)
 
     def _held(self, msg: Any, party: int) -> dict | None:
         held = getattr(self, "sa_parties", {}).get(int(party))
@@ -66,7 +86,7 @@ class SecureWorker:
         from this worker's config for as many participants as the digests name."""
         digests, problem = self._digests(msg), None
         try:
-            params = secagg_params(self.built.run_config.privacy_args, len(digests))
+            params = self._params(len(digests))
         except SecAggError as err:
             problem = str(err)
         if len(digests) != msg.get("participants") or len(digests) != len(msg.get("digests")):
@@ -123,7 +143,11 @@ class SecureWorker:
 
     def _masked(self, held: dict, raw: dict, inbox: dict) -> Any:
         """The party's masked vector, after checking the server's plan against this run's own
-        privacy_args; a plan sized for a sum of `min_sum` parties raises the session's crowd to it."""
+        privacy_args; a plan sized for a sum of `min_sum` parties raises the session's crowd to it.
+        Test counts (`secure_eval`) take no plan: they are added as they are."""
+        if "counts" in held:
+            session = held["session"]
+            return pack(session.mask(held["counts"], inbox), session.params.encoding.k)
         plan, config = Plan.from_dict(raw), self.built.run_config
         problem = plan_problem(plan, config.privacy_args, config.train_args.client_num_per_round)
         if problem is not None:

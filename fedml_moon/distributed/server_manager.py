@@ -33,6 +33,7 @@ from fedml_moon.distributed.managers import (
 from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.secure import SecureServer
+from fedml_moon.distributed.secure_eval import SecureEvaluation
 from fedml_moon.distributed.server_claims import ReadyPhase
 from fedml_moon.distributed.server_phases import RoundPhases
 from fedml_moon.distributed.transport.base import QueueTransport
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 WELCOME_EVERY_S = 1.0
 
 
-class PluginServerManager(ReadyPhase, RoundPhases, SecureServer, _Manager):
+class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServer, _Manager):
     """Rank 0: hands each round's parties to the workers that hold them, collects, records.
 
     A round waits for every worker it sent work to, but no longer than `comm_args.round_timeout_s`
@@ -98,8 +99,9 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureServer, _Manager):
         self.assigned: dict[int, tuple[str, dict]] = {}  # rank -> its work of the current phase
         self.session = secrets.token_hex(8)  # this server process; a restarted server has another
         self.digest = config_digest(config)
-        privacy = rounds.privacy
-        self.secure = privacy is not None and privacy.options.secure_aggregation
+        self.secure = (
+            rounds.secure
+        )  # privacy_args.secure_aggregation (its accounting may come with the claims)
         self.secure_reset()
         self.ready_reset()
         super().__init__(args, transport, 0, len(workers) + 1, comm.backend, comm.heartbeat_s)

@@ -106,9 +106,12 @@ class RoundPhases:
         if not alive:
             self.close_round(None)
             return
-        self._phase("eval", set(alive))
         self.reports, self.new_reports = {}, {}
         download = self.rounds.eval_download()
+        if download.get("secure"):  # the parties' counts go into a secure sum (secure_eval.py)
+            self.start_secure_eval(alive, download)
+            return
+        self._phase("eval", set(alive))
         for rank in alive:
             self.assign(rank, EVAL, round=self.round_idx, payload=download)
 
@@ -147,7 +150,9 @@ class RoundPhases:
     def close_evaluated(self) -> None:
         self.close_round(self.reports, self.new_reports or None)
 
-    def close_round(self, reports: dict | None, new_reports: dict | None = None) -> None:
+    def close_round(
+        self, reports: dict | None, new_reports: dict | None = None, summed: dict | None = None
+    ) -> None:
         """Record the round (once), then checkpoint it if due, else start the next."""
         if self.recorded >= self.round_idx:
             log.error("round %d was recorded already; it is not recorded again", self.round_idx)
@@ -160,7 +165,7 @@ class RoundPhases:
         if self.missing:
             extra["missing_parties"] = self.missing
         self.recorded = self.round_idx
-        self.rounds.finish_round(self.round_idx, self.ordered, reports, extra, new_reports)
+        self.rounds.finish_round(self.round_idx, self.ordered, reports, extra, new_reports, summed)
         if due(self.checkpoint_every, self.round_idx, self.rounds.rounds):
             alive = [r for r in self.workers if not self.is_dead(r)]
             self._phase("checkpoint", set(alive))
@@ -237,6 +242,9 @@ class RoundPhases:
         elif self.phase in ("eval", "newtest"):
             log.warning("round %d is evaluated without %s: %s", self.round_idx, self._parties_of(ranks), why)
             self.pending.clear()
+            if self.sa_purpose == "eval":  # the counts' secure sum goes on with the parties that have keys
+                self._guard(self.secure_after_keys)
+                return
             self._advance(self.after_eval if self.phase == "eval" else self.close_evaluated)
         elif self.phase == "checkpoint":
             log.warning("checkpoint of round %d written without rank(s) %s: %s", self.round_idx, ranks, why)

@@ -10,12 +10,15 @@ its own split) is reported in both.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fedml_moon.algorithms.base import Payload
 from fedml_moon.core.aggregation import payload_nbytes
 from fedml_moon.core.split import merge_states
 from fedml_moon.engine import federated_eval
+
+log = logging.getLogger(__name__)
 
 
 class Evaluations:
@@ -33,6 +36,8 @@ class Evaluations:
     n_parties: int
     eval_totals: dict[str, int]
     extra_metrics: Any
+    test_samples: dict[int, int]
+    secure_counts: Any = None  # privacy_args under federated evaluation: the counts are summed securely
 
     def evaluates(self, round_idx: int) -> bool:
         """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
@@ -64,7 +69,32 @@ class Evaluations:
             named = self.aggregator.algorithm.models_to_evaluate(glob)
             out["test"] = list(named)
             out["test_models"] = {k: v for k, v in named.items() if k != "global"}
+            if self.secure_counts is not None:
+                out["secure"] = True  # each party's counts go into a secure sum, never in the clear
         return out
+
+    def sum_counts(self, round_idx: int, reports: dict[int, Payload]) -> dict[str, Any]:
+        """The parties' counts summed securely in this process (the standalone simulation): the
+        session the distributed modes run over the network (`privacy.secure_counts`)."""
+        from fedml_moon.privacy.secure_counts import secure_counts
+
+        tests = {p: r["test"] for p, r in reports.items()}
+        counts, parties = secure_counts(round_idx, tests, self.test_names(), self.secure_counts)
+        return {"counts": counts, "parties": parties}
+
+    def summed_fields(self, summed: dict[str, Any]) -> dict[str, Any]:
+        """The test fields of a secure sum of counts, if its samples are what its parties claimed (a
+        sum that is not, from a party that lied or a sum gone wrong, gives no test figures: logged)."""
+        names, counts = self.test_names(), summed["counts"]
+        claimed = sum(self.test_samples.get(p, 0) for p in summed["parties"])
+        if any(counts[n][1] != claimed for n in names):
+            log.error(
+                "the secure sum of the parties' test counts holds %s samples, not the %d its parties %s "
+                "claimed: no test figures this round",
+                [counts[n][1] for n in names], claimed, summed["parties"],
+            )  # fmt: skip
+            return {}
+        return federated_eval.summed(counts, names)
 
     def party_states(self, reports: dict[int, Payload]) -> list[dict]:
         """The reporting parties' own models (the global model with each one's personal layers)."""
@@ -80,13 +110,18 @@ class Evaluations:
         return self.new_download
 
     def evaluation_fields(
-        self, reports: dict[int, Payload] | None, new_reports: dict[int, Payload] | None
+        self,
+        reports: dict[int, Payload] | None,
+        new_reports: dict[int, Payload] | None,
+        summed: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """An evaluated round's test fields: the server's test or the parties' counts, local test,
         new test; each party's own figures under `party_test` (federated)."""
         out: dict[str, Any] = {}
         if not self.federated:
             out.update(self.aggregator.test(self.test_global, self.device, self.args))
+        elif summed is not None:
+            out.update(self.summed_fields(summed))
         elif reports:  # none when no party could report (every silo gone): no test figures
             out.update(federated_eval.totals(reports, self.test_names()))
         if reports:

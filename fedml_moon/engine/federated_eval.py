@@ -51,3 +51,19 @@ def party_figures(report: Mapping[str, Any], names: list[str]) -> dict[str, floa
     if "local_test_acc" in report:
         out["local_test_acc"] = float(report["local_test_acc"])
     return out
+
+
+def summed(counts: Mapping[str, list], names: list[str]) -> dict[str, Any]:
+    """The round's test figures from the parties' counts summed securely ({model: [correct, seen,
+    loss sum]}): as `totals`, without any party's own figures (the server has none)."""
+    figures = [ratios(*counts[name]) for name in names]
+    accs = [a for a, _ in figures]
+    out: dict[str, Any] = {
+        "test_acc": statistics.fmean(accs),
+        "test_loss": statistics.fmean(loss for _, loss in figures),
+        "test_samples": int(counts[names[0]][1]),
+    }
+    if len(names) > 1:
+        out["test_acc_std"] = statistics.pstdev(accs)
+        out["models_evaluated"] = len(names)
+    return out

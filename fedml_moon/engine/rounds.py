@@ -94,6 +94,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         self.summary: dict[str, Any] = {}
         self.privacy: PrivateAggregation | None = None  # privacy_args: the server learns sums only
         self.make_privacy = make_privacy
+        self.secure = False  # privacy_args.secure_aggregation (build_server sets it)
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
         self.planned = rounds  # comm_round; `rounds` may stop earlier (dp_target_epsilon)
         self.federated = federated  # validation_args.evaluation: the parties test, the server adds up
@@ -174,10 +175,11 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         reports: dict[int, Payload] | None,
         extra: dict[str, Any] | None = None,
         new_reports: dict[int, Payload] | None = None,
+        summed: dict[str, Any] | None = None,
     ) -> dict:
         """The round's record: training terms, the test (the server's, or the parties' counts), the
         parties' reports (`new_reports`: their counts of the new test, federated), and `extra` (a
-        transport's byte counts); logged."""
+        transport's byte counts; `summed`: their counts summed securely, {"counts", "parties"}); logged."""
         record: dict[str, Any] = {"round": round_idx, "parties": len(results)}
         metrics = [(n, p.get("metrics", {})) for n, p in results]
         names = {k for _, m in metrics for k in m} - SERVER_FIELDS  # no party writes a server field
@@ -189,7 +191,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         if self.rejected:
             record["rejected_parties"] = sorted(self.rejected)
         if self.evaluates(round_idx):
-            record.update(self.evaluation_fields(reports, new_reports))
+            record.update(self.evaluation_fields(reports, new_reports, summed))
             if "test_acc" in record:
                 self.aggregator.after_evaluation(round_idx, record)
         record["round_time_s"] = time.perf_counter() - self.started

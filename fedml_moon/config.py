@@ -250,8 +250,25 @@ def evaluation(cfg: Config) -> str:
     return said if said != "auto" else ("federated" if own_data(cfg) else "central")
 
 
+def _claims_checks(cfg: Config) -> None:
+    """Where the server holds no data a party's weight is its claim: a robust rule that weighs uploads
+    by it (norm_clip's average, Multi-Krum's) would let one site's claim lead the rule."""
+    server = cfg.server_args
+    weighted = server.robust_aggregation == "norm_clip" or (
+        server.robust_aggregation == "krum" and server.krum_select > 1
+    )
+    require(
+        not (own_data(cfg) and weighted and server.party_weights == "samples"),
+        "server_args.party_weights",
+        f"{server.robust_aggregation} averages the uploads it keeps by their weights, and where the server "
+        "holds no data a weight is the site's own claim; set party_weights: uniform (or a rule that weighs "
+        "nothing: median, trimmed_mean, krum with krum_select 1)",
+    )
+
+
 def _cross_checks(cfg: Config) -> None:
     cfg.data_args.check_agreement()
+    _claims_checks(cfg)
     side = cfg.data_args.image_size
     require(
         cfg.model_args.model not in ("simple-cnn", "lg-cnn") or side in (None, 28, 32),

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from fedml_moon.adapters.run import build_base, build_server, held_claims
+from fedml_moon.algorithms.fedssc import FedSSCOptions, FedSSCServer
 from fedml_moon.config import load_config
+from fedml_moon.config_schema import ConfigError, ServerArgs, TrainArgs
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.deploy import placement, shared_config
 from fedml_moon.distributed.server_manager import PluginServerManager
@@ -245,3 +247,21 @@ def test_a_secure_sum_of_counts_that_is_not_the_claimed_samples_gives_no_test_fi
     assert (
         rounds.summed_fields({"counts": {"global": [1, two, 1.0]}, "parties": [0, 2]})["test_samples"] == two
     )
+
+
+def test_a_robust_rule_that_weighs_uploads_needs_uniform_weights_where_weights_are_claims(sites, tmp_path):
+    own = [*RUN, f"data_args.data_cache_dir={tmp_path}"]
+    for rule in (["server_args.robust_aggregation=norm_clip"], ["server_args.robust_aggregation=krum",
+                 "server_args.krum_select=2", "server_args.krum_byzantine=0"]):  # fmt: skip
+        with pytest.raises(ConfigError, match="server_args.party_weights: .* the site's own claim"):
+            load_config(CONFIG, [*own, *rule])
+        assert load_config(CONFIG, [*own, *rule, "server_args.party_weights=uniform"])
+    assert load_config(CONFIG, [*own, "server_args.robust_aggregation=median"])  # weighs nothing
+
+
+def test_fedssc_shares_only_the_classes_a_site_claimed():
+    server = FedSSCServer(FedSSCOptions(), ServerArgs(), TrainArgs(), 0)
+    server.classes_held = {0: [0, 1]}
+    assert server.upload_problem({"present": torch.tensor([True, True, False, False])}, 0) is None
+    said = server.upload_problem({"present": torch.tensor([True, False, False, True])}, 0)
+    assert "present differs at classes [1, 3]" in said

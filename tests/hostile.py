@@ -112,6 +112,27 @@ def _hello(rng: random.Random, t: Target) -> tuple[str, dict]:
     return p.HELLO, params
 
 
+def _ready(rng: random.Random, t: Target) -> tuple[str, dict]:
+    """A READY that claims other holdings than its party's fixed claim: another count (every time a
+    new one), one beyond any cap, another party's, a malformed claim, or its party twice."""
+    claim = {"samples": t.samples, "test_samples": 1, "classes": []}
+    bad = rng.choice(
+        [
+            {**claim, "samples": rng.choice([t.samples + rng.randint(1, 10**6), 10**9, 0, -1, True, 3.5])},
+            {**claim, "classes": rng.choice([[10**6], [2, 1], [0, 0], "all"])},
+            {**claim, "weight": 10**9},
+        ]
+    )
+    items = rng.choice(
+        [
+            [{"party": t.party, "claim": bad}],
+            [{"party": t.other, "claim": claim}],
+            [{"party": t.party, "claim": bad}, {"party": t.party, "claim": claim}],
+        ]
+    )
+    return p.READY, {"claims": items}
+
+
 def _wrong_phase(rng: random.Random, t: Target) -> tuple[str, dict]:
     return rng.choice(
         [
@@ -138,6 +159,7 @@ KINDS: dict[str, Callable[[random.Random, Target], tuple[object, dict]]] = {
     "tampered_model": _tampered_model,
     "many_records": _many_records,
     "hello": _hello,
+    "ready": _ready,
     "wrong_phase": _wrong_phase,
     "not_a_type": _not_a_type,
 }

@@ -115,7 +115,10 @@ def main() -> int:
             elif kind == m.FINISH:
                 send(transport, m.BYE)
                 return 0
-            elif kind == m.ABORT and "config differs from the server's" in str(msg.get("reason")):
+            elif kind == m.ABORT and any(
+                said in str(msg.get("reason"))
+                for said in ("config differs from the server's", "claims are refused")
+            ):
                 log.info("its hostile HELLO was refused: %s", str(msg.get("reason"))[:200])
             elif kind == m.ABORT:
                 log.info("aborted: %s", msg.get("reason"))

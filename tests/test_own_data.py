@@ -71,10 +71,14 @@ def reference(tmp_path_factory, sites) -> Path:
     return ref.out_dir
 
 
+def _empty(tmp_path: Path) -> str:
+    """The server's data folder: an empty one."""
+    (tmp_path / "server-data").mkdir()
+    return f"data_args.data_cache_dir={tmp_path / 'server-data'}"
+
+
 def _server_run(tmp_path: Path) -> list[str]:
-    empty = tmp_path / "server-data"
-    empty.mkdir()
-    return [*RUN, f"data_args.data_cache_dir={empty}"]
+    return [*RUN, _empty(tmp_path)]
 
 
 def _own(sites: Path, extra=lambda r: []) -> dict[int, list[str]]:
@@ -165,6 +169,27 @@ def test_mpi_each_rank_its_own_folder(tmp_path, sites, reference):
     _assert_same_run(reference, out, sites)
 
 
+def _grpc_run(tmp_path: Path, sites: dict[int, list[str]], server: list[str]) -> Path:
+    """A gRPC run on 127.0.0.1 (no TLS): each site with its own settings, the server with `server`;
+    every process must exit 0. Returns the run's folder."""
+    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
+    comm = [*LOCAL, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
+    out, env = tmp_path / "run", conformance.process_env(tmp_path)
+    cmds = {f"silo-{r}": [*conformance.cli_command("run", CONFIG, [*comm, *own], out), "--rank", str(r)]
+            for r, own in sites.items()}  # fmt: skip
+    cmds["server"] = [*conformance.cli_command("run", CONFIG, [*comm, *server], out), "--rank", "0"]
+    procs = [conformance.spawn(cmd, tmp_path / f"{name}.log", env, tmp_path) for name, cmd in cmds.items()]
+    codes = conformance.wait_all(procs, 300)
+    assert codes == [0] * len(procs), (tmp_path / "server.log").read_text()[-3000:]
+    return out
+
+
+def _same_model(a: Path, b: Path) -> None:
+    x = torch.load(a / "final_model.pt", weights_only=True)
+    y = torch.load(b / "final_model.pt", weights_only=True)
+    assert all(torch.equal(x[k], y[k]) for k in x), "another final model"
+
+
 def _tables(root: Path) -> Path:
     """Each site's own train.parquet / test.parquet (its images pooled to 49 features, its classes),
     and the same rows in one table with a `site` column (the standalone run's per-party table)."""
@@ -202,33 +227,9 @@ def test_a_parquet_site_with_the_mlp_in_a_run_of_its_own(tmp_path):
     whole = [*run, f"data_args.data_cache_dir={tables}", "data_args.party_column=site", *LOCAL[3:]]
     ref = conformance.run_mode("standalone", CONFIG, whole, tmp_path / "reference")
     assert ref.ok, ref.tail()
-    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
-    comm = [*LOCAL, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
-    out, env = tmp_path / "run", conformance.process_env(tmp_path)
-    empty = tmp_path / "server-data"
-    empty.mkdir()
-    procs = [
-        conformance.spawn(
-            [
-                *conformance.cli_command(
-                    "run", CONFIG, [*comm, f"data_args.data_cache_dir={tables / name}"], out
-                ),
-                "--rank",
-                str(r),
-            ],
-            tmp_path / f"silo-{r}.log",
-            env,
-            tmp_path,
-        )  # fmt: skip
-        for r, name in enumerate(sorted(MIXES), 1)
-    ]
-    server = conformance.cli_command("run", CONFIG, [*comm, *run, f"data_args.data_cache_dir={empty}"], out)
-    procs.append(conformance.spawn([*server, "--rank", "0"], tmp_path / "server.log", env, tmp_path))
-    codes = conformance.wait_all(procs, 300)
-    assert codes == [0, 0, 0, 0], (tmp_path / "server.log").read_text()[-3000:]
-    a = torch.load(ref.out_dir / "final_model.pt", weights_only=True)
-    b = torch.load(out / "final_model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    own = {r: [f"data_args.data_cache_dir={tables / name}"] for r, name in enumerate(sorted(MIXES), 1)}
+    out = _grpc_run(tmp_path, own, [*run, _empty(tmp_path)])
+    _same_model(ref.out_dir, out)
     assert _records(ref.out_dir) == _records(out)
     first = json.loads((ref.out_dir / "metrics.jsonl").read_text().splitlines()[-1])
     last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
@@ -244,25 +245,8 @@ def test_under_secure_aggregation_the_server_learns_the_counts_summed(tmp_path, 
     whole = [*run, f"data_args.data_cache_dir={sites}", *LOCAL[3:]]
     ref = conformance.run_mode("standalone", CONFIG, whole, tmp_path / "reference")
     assert ref.ok, ref.tail()
-    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
-    comm = [*LOCAL, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
-    out, env = tmp_path / "run", conformance.process_env(tmp_path)
-    procs = [
-        conformance.spawn(
-            [*conformance.cli_command("run", CONFIG, [*comm, *own], out), "--rank", str(r)],
-            tmp_path / f"silo-{r}.log",
-            env,
-            tmp_path,
-        )  # fmt: skip
-        for r, own in _own(sites).items()
-    ]
-    server = conformance.cli_command("run", CONFIG, [*comm, *_server_run(tmp_path), *run[len(RUN) :]], out)
-    procs.append(conformance.spawn([*server, "--rank", "0"], tmp_path / "server.log", env, tmp_path))
-    codes = conformance.wait_all(procs, 300)
-    assert codes == [0, 0, 0, 0], (tmp_path / "server.log").read_text()[-3000:]
-    a = torch.load(ref.out_dir / "final_model.pt", weights_only=True)
-    b = torch.load(out / "final_model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    out = _grpc_run(tmp_path, _own(sites), [*run, _empty(tmp_path)])
+    _same_model(ref.out_dir, out)
     for x, y in zip(_lines(ref.out_dir), _lines(out), strict=True):
         assert y["test_acc"] == x["test_acc"] and y["test_loss"] == pytest.approx(x["test_loss"], rel=1e-6)
         assert "party_test" not in y and y["test_samples"] == sum(

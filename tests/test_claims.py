@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedml_moon.adapters import run as run_module
 from fedml_moon.adapters.run import build_base, build_server, held_claims
 from fedml_moon.algorithms.fedssc import FedSSCOptions, FedSSCServer
 from fedml_moon.config import load_config
@@ -265,3 +266,24 @@ def test_fedssc_shares_only_the_classes_a_site_claimed():
     assert server.upload_problem({"present": torch.tensor([True, True, False, False])}, 0) is None
     said = server.upload_problem({"present": torch.tensor([True, False, False, True])}, 0)
     assert "present differs at classes [1, 3]" in said
+
+
+def test_a_server_given_a_test_set_of_its_own_evaluates_centrally_on_all_of_it(tmp_path, sites, monkeypatch):
+    """validation_args.evaluation: central on a server of the sites' own data reads its data_cache_dir
+    whole (train/ and test/) as its test set, trains on none of it, and says so; without a folder the
+    setting is refused, naming it."""
+    folder = sites / sorted(MIXES)[0]
+    cfg = load_config(
+        CONFIG, [*RUN, f"data_args.data_cache_dir={folder}", "validation_args.evaluation=central"]
+    )
+    said: list[str] = []
+    monkeypatch.setattr(run_module.log, "info", lambda msg, *a: said.append(msg % a))
+    base = build_base(cfg, tmp_path / "server", role="server")
+    assert len(base.fed.data.y_train) == 0 and len(base.fed.data.y_test) == len(list(folder.rglob("*.png")))
+    assert "the server holds no training data; evaluation is central (on its own test set)" in said
+    assert not build_server(base, tmp_path / "server").federated
+    bare = load_config(CONFIG, [*RUN, "data_args.data_cache_dir=null", "validation_args.evaluation=central"])
+    with pytest.raises(
+        ConfigError, match="validation_args.evaluation: central needs a test set on the server"
+    ):
+        build_base(bare, tmp_path / "bare", role="server")

@@ -2,14 +2,16 @@
 (127.0.0.1, real processes): three sites, each its own folder of PNGs written from Fashion-MNIST
 with its own class mix; the server's data_cache_dir an empty folder. Over gRPC with mutual TLS and
 over MQTT + S3 the server is killed with SIGKILL mid-run and started again with --resume (over MQTT
-+ S3 a site with it, which rejoins with its claims); over MPI
-each rank is given its own folder. Every run ends on the model of the standalone run of the same
-holdings as per-party folders, with the same test_acc: the final model tested by hand on the union
-of the sites' test splits. A site of a Parquet table with the MLP, in a run of its own, too."""
++ S3 a site with it, which rejoins with its claims); over MPI each rank is given its own folder, and
+the job is killed and run again with --resume. Every run ends on the model of the standalone run of
+the same holdings as per-party folders, with the same test_acc: the final model tested by hand on
+the union of the sites' test splits. Parquet sites with the MLP, and secure aggregation of the
+updates and the test counts, in runs of their own."""
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -152,20 +154,33 @@ def test_mqtt_s3_server_and_one_site_killed_and_restarted(tmp_path, sites, refer
     _assert_same_run(reference, out, sites)
 
 
-def test_mpi_each_rank_its_own_folder(tmp_path, sites, reference):
+def test_mpi_each_rank_its_own_folder_killed_and_resumed(tmp_path, sites, reference):
     """mpirun's app contexts give each rank its own --set (rank 0 the server, ranks 1..3 the sites:
-    the run's settings and each its own data folder)."""
+    the run's settings and each its own data folder). The job is killed with SIGKILL after its first
+    checkpoint and run again with --resume (mpirun has no survivors: every rank restarts)."""
     out, env = tmp_path / "run", conformance.process_env(tmp_path)
     comm = [*LOCAL, "comm_args.backend=MPI"]
     contexts = [conformance.cli_command("run", CONFIG, [*comm, *_server_run(tmp_path)], out)]
     mine = [*comm, *RUN]  # under mpirun every rank checks the run's settings before the server's WELCOME
     contexts += [conformance.cli_command("run", CONFIG, [*mine, *own], out) for own in _own(sites).values()]
-    cmd = conformance.mpirun_command(1, contexts[0])
-    for context in contexts[1:]:
-        cmd += [":", "-np", "1", *context]
-    job = conformance.spawn(cmd, tmp_path / "mpi.log", env, tmp_path)
-    codes = conformance.wait_all([job], 300)
-    assert codes == [0], (tmp_path / "mpi.log").read_text()[-3000:]
+
+    def job(*extra: str) -> list[str]:
+        cmd = conformance.mpirun_command(1, [*contexts[0], *extra])
+        for context in contexts[1:]:
+            cmd += [":", "-np", "1", *context, *extra]
+        return cmd
+
+    first = conformance.spawn(job(), tmp_path / "mpi.log", env, tmp_path)
+    try:
+        recovery.wait_rounds(out, 3, 240)
+        recovery.wait_checkpoint(out, 1, 240)
+    finally:
+        conformance.stop(first, first=signal.SIGKILL)
+    assert not (out / "summary.json").exists(), "the run ended before it was killed"
+    again = conformance.spawn(job("--resume", str(out)), tmp_path / "resume.log", env, tmp_path)
+    codes = conformance.wait_all([again], 300)
+    assert codes == [0], (tmp_path / "resume.log").read_text()[-3000:]
+    assert "resuming after the checkpoint of round" in (tmp_path / "resume.log").read_text()
     _assert_same_run(reference, out, sites)
 
 

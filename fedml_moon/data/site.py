@@ -60,7 +60,8 @@ def _as_sample(x: Any, args: DataArgs, where: str) -> torch.Tensor:
     from PIL import Image
 
     if isinstance(x, Image.Image):
-        return torch.from_numpy(convert(x, args.channels, args.image_size, Path(where))[0])
+        pixels = convert(x, args.channels, args.image_size, Path(where))[0]
+        return torch.from_numpy(pixels.copy())  # PIL's array is read-only
     t = torch.as_tensor(np.asarray(x)) if not isinstance(x, torch.Tensor) else x
     if t.dtype != torch.uint8 and not t.is_floating_point():
         raise ConfigError(

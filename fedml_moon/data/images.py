@@ -59,6 +59,10 @@ def convert(img: Image.Image, channels: int, side: int, where: Path) -> tuple[np
     return (arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)), resized
 
 
+DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+"""What PIL raises for a file that is not an image it can decode."""
+
+
 def decode(
     source: Path | bytes, channels: int, side: int, name: str | None = None
 ) -> tuple[np.ndarray, bool]:
@@ -74,7 +78,7 @@ def decode(
             return convert(img, channels, side, where)
     except DataFileError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+    except DECODE_ERRORS as err:
         raise DataFileError(
             where, f"not an image that can be decoded ({err}); replace or remove it"
         ) from None
@@ -85,7 +89,7 @@ def _pixels(source: Path | bytes) -> int:
     try:
         with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
             return img.size[0] * img.size[1]
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+    except DECODE_ERRORS:
         return 0
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from fedml_moon.data.images import bands, hidden, is_image
+from fedml_moon.data.images import DECODE_ERRORS, bands, hidden, is_image
 from fedml_moon.data.owned import owners
 from fedml_moon.data.site import TEST_FOLDERS
 from fedml_moon.data.tables import HF_MARKERS, READERS, find_table, read_frame
@@ -75,13 +75,7 @@ def _image_split(survey: Survey, folder: Path, key: tuple[str, str], root: Path)
             try:
                 with Image.open(path) as img:
                     _survey_image(survey, img, str(path))
-            except (
-                UnidentifiedImageError,
-                OSError,
-                SyntaxError,
-                ValueError,
-                Image.DecompressionBombError,
-            ) as err:
+            except DECODE_ERRORS as err:
                 survey.problems.append(f"does not decode: {path.relative_to(root)} ({err})")
                 continue
             counts[class_dir.name] += 1
@@ -173,13 +167,7 @@ def survey_hf(root: Path, natural: bool, label: str, party: str, image: str) -> 
                 src = io.BytesIO(r["bytes"]) if r.get("bytes") is not None else r["path"]
                 with Image.open(src) as img:
                     _survey_image(survey, img, f"{split} row {i}")
-            except (
-                UnidentifiedImageError,
-                OSError,
-                SyntaxError,
-                ValueError,
-                Image.DecompressionBombError,
-            ) as err:
+            except DECODE_ERRORS as err:
                 survey.problems.append(f"does not decode: {split} row {i} ({err})")
     return survey
 

@@ -17,24 +17,12 @@ from fedml_moon.core.evaluation import ratios
 
 
 def totals(reports: Mapping[int, Mapping[str, Any]], names: list[str]) -> dict[str, Any]:
-    """The round's test figures from the parties' reports (party -> report with "test"): test_acc and
-    test_loss over the union of the reporting parties' test splits (with several models, as SOLO
-    evaluates, their mean, `test_acc_std` and `models_evaluated`), `test_samples`, and each party's
-    own figures under `party_test` (keyed by party id as text)."""
+    """The round's test figures from the parties' reports (party -> report with "test"): `summed` over
+    the counts added up (the union of the reporting parties' test splits), and each party's own
+    figures under `party_test` (keyed by party id as text)."""
     parties = sorted(reports)
-    per_model = []
-    for name in names:
-        rows = [reports[p]["test"][name] for p in parties]
-        per_model.append(ratios(sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)))
-    accs = [a for a, _ in per_model]
-    out: dict[str, Any] = {
-        "test_acc": statistics.fmean(accs),
-        "test_loss": statistics.fmean(loss for _, loss in per_model),
-        "test_samples": sum(reports[p]["test"][names[0]][1] for p in parties) if parties else 0,
-    }
-    if len(names) > 1:
-        out["test_acc_std"] = statistics.pstdev(accs)
-        out["models_evaluated"] = len(names)
+    counts = {name: [sum(reports[p]["test"][name][i] for p in parties) for i in range(3)] for name in names}
+    out = summed(counts, names)
     out["party_test"] = {str(p): party_figures(reports[p], names) for p in parties}
     return out
 
@@ -42,20 +30,17 @@ def totals(reports: Mapping[int, Mapping[str, Any]], names: list[str]) -> dict[s
 def party_figures(report: Mapping[str, Any], names: list[str]) -> dict[str, float]:
     """One party's figures on its own test split (the mean over the models named), with its own
     model's local_test_acc when it reported one."""
-    figures = [ratios(*report["test"][name]) for name in names]
-    out = {
-        "test_acc": statistics.fmean(a for a, _ in figures),
-        "test_loss": statistics.fmean(loss for _, loss in figures),
-        "test_samples": int(report["test"][names[0]][1]),
-    }
+    figures = summed(report["test"], names)
+    out = {k: figures[k] for k in ("test_acc", "test_loss", "test_samples")}
     if "local_test_acc" in report:
         out["local_test_acc"] = float(report["local_test_acc"])
     return out
 
 
 def summed(counts: Mapping[str, list], names: list[str]) -> dict[str, Any]:
-    """The round's test figures from the parties' counts summed securely ({model: [correct, seen,
-    loss sum]}): as `totals`, without any party's own figures (the server has none)."""
+    """Test figures from counts {model: [correct, seen, loss sum]} (a party's, the parties' added up,
+    or their secure sum): test_acc and test_loss (with several models, as SOLO evaluates, their mean,
+    `test_acc_std` and `models_evaluated`) and `test_samples`."""
     figures = [ratios(*counts[name]) for name in names]
     accs = [a for a, _ in figures]
     out: dict[str, Any] = {

@@ -258,8 +258,6 @@ def build_server(base: Base, out_dir: Path) -> Any:
     )
     rounds.num_classes = base.fed.data.num_classes
     rounds.secure = cfg.privacy_args.secure_aggregation
-    if rounds.federated and cfg.privacy_args.secure_aggregation:
-        rounds.secure_counts = cfg.privacy_args  # the parties' test counts are summed securely
     return rounds
 
 

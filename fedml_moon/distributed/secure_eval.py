@@ -40,7 +40,7 @@ class SecureEvaluation:
 
     def eval_session(self) -> ServerSession:
         """The secure session of the round's counts (three per model evaluated)."""
-        params = counts_params(self.rounds.secure_counts, len(self.sa_keys))
+        params = counts_params(self.rounds.privacy.options, len(self.sa_keys))
         return ServerSession(self.round_idx, params, 3 * len(self.rounds.test_names()))
 
     def eval_summed(self, total: torch.Tensor, survivors: list[int]) -> None:

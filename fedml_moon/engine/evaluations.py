@@ -37,7 +37,13 @@ class Evaluations:
     eval_totals: dict[str, int]
     extra_metrics: Any
     test_samples: dict[int, int]
-    secure_counts: Any = None  # privacy_args under federated evaluation: the counts are summed securely
+    secure: bool
+    privacy: Any
+
+    @property
+    def counts_summed(self) -> bool:
+        """Federated evaluation under secure aggregation: the parties' counts are summed securely."""
+        return self.federated and self.secure
 
     def evaluates(self, round_idx: int) -> bool:
         """FedML's rule (round % frequency_of_the_test == 0, and the last round), plus any round the
@@ -69,7 +75,7 @@ class Evaluations:
             named = self.aggregator.algorithm.models_to_evaluate(glob)
             out["test"] = list(named)
             out["test_models"] = {k: v for k, v in named.items() if k != "global"}
-            if self.secure_counts is not None:
+            if self.counts_summed:
                 out["secure"] = True  # each party's counts go into a secure sum, never in the clear
         return out
 
@@ -79,7 +85,7 @@ class Evaluations:
         from fedml_moon.privacy.secure_counts import secure_counts
 
         tests = {p: r["test"] for p, r in reports.items()}
-        counts, parties = secure_counts(round_idx, tests, self.test_names(), self.secure_counts)
+        counts, parties = secure_counts(round_idx, tests, self.test_names(), self.privacy.options)
         return {"counts": counts, "parties": parties}
 
     def summed_fields(self, summed: dict[str, Any]) -> dict[str, Any]:

@@ -73,7 +73,7 @@ class StandaloneSimulation:
         if server.needs_new_test(reports):
             download = server.new_test_download(reports)
             new_reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
-        if reports and server.secure_counts is not None:  # the server learns the sum only
+        if reports and server.counts_summed:  # the server learns the sum only
             summed = server.sum_counts(round_idx, reports)
             return server.finish_round(round_idx, ordered, None, summed=summed)
         return server.finish_round(round_idx, ordered, reports, new_reports=new_reports)

@@ -12,17 +12,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.adapters import run as run_module
-from fedml_moon.adapters.run import build_base, build_server, held_claims
+from fedml_moon.adapters.run import build_base, build_runner, build_server, held_claims
 from fedml_moon.algorithms.fedssc import FedSSCOptions, FedSSCServer
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError, ServerArgs, TrainArgs
 from fedml_moon.distributed import managers as m
+from fedml_moon.distributed import protocol
+from fedml_moon.distributed.client_manager import Built, Local, PluginClientManager
 from fedml_moon.distributed.deploy import placement, shared_config
 from fedml_moon.distributed.server_manager import PluginServerManager
 from fedml_moon.engine.resume import flat_config
 from tests.site_data import MIXES, party_folders, site_sets
+from tests.test_honest_silos import SiloWire
 from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
 
 CONFIG = Path(__file__).resolve().parent.parent / "config" / "site" / "parties.yaml"
@@ -287,3 +291,36 @@ def test_a_server_given_a_test_set_of_its_own_evaluates_centrally_on_all_of_it(t
         ConfigError, match="validation_args.evaluation: central needs a test set on the server"
     ):
         build_base(bare, tmp_path / "bare", role="server")
+
+
+def test_under_secure_aggregation_a_site_gives_its_counts_only_to_a_secure_sum(tmp_path, sites):
+    """A real silo under secure aggregation: an EVAL asking for its own model's test or for counts in
+    the clear is refused (nothing is sent); one for a secure sum of counts opens a secure session
+    (its keys), and no REPORT ever leaves it."""
+    secure = ["privacy_args.secure_aggregation=true", "train_args.client_num_per_round=3"]
+    cfg = load_config(CONFIG, [*RUN, *secure, f"data_args.data_cache_dir={sites / sorted(MIXES)[0]}"])
+    folder = tmp_path / "silo"
+    base = build_base(cfg, folder, 1, role="silo")
+    built = Built(build_runner(base, folder), [0], shared_config(cfg), cfg, held_claims(base))
+    wire = SiloWire()
+    local = Local(shared_config(cfg), [], [0], lambda: [])
+    silo = PluginClientManager(base.args, wire, local, lambda shared: built, 1, cfg.comm_args, folder)
+    silo.built = built
+    model = base.model.state_dict()
+    asks = [
+        {"model": model, "local": True},
+        {"model": model, "local": False, "test": ["global"], "test_models": {}},
+        {"model": model, "local": True, "test": ["global"], "test_models": {}, "secure": True},
+    ]
+    for payload in asks:
+        _to_silo(silo, payload)
+        assert not wire.sent, payload
+    _to_silo(silo, {**asks[1], "secure": True})
+    assert [msg.get_type() for _, msg in wire.sent] == [protocol.KEYS]
+
+
+def _to_silo(silo, payload: dict) -> None:
+    msg = Message(m.EVAL, 0, 1)
+    msg.add_params("round", 0)
+    msg.add_params("payload", payload)
+    silo.on_eval(msg)

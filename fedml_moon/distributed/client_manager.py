@@ -313,14 +313,13 @@ class PluginClientManager(SecureWorker, _Manager):
     def on_eval(self, msg: Message) -> None:
         """Evaluate its parties' own models and report. Under secure aggregation only the counts of a
         secure sum (`secure: true`, no local test): anything else would reach the server in the clear."""
-        payload, secure = (
-            msg.get("payload"),
-            self.built is not None and self.built.run_config.privacy_args.secure_aggregation,
-        )
-        if self.built is None or (
-            secure and not (payload.get("secure") is True and payload.get("local") is False)
-        ):
-            why = "before its WELCOME" if self.built is None else "under privacy_args.secure_aggregation"
+        payload = msg.get("payload")
+        if self.built is None:
+            self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request before its WELCOME")
+            return
+        secure = self.built.run_config.privacy_args.secure_aggregation
+        if secure and not (payload.get("secure") is True and payload.get("local") is False):
+            why = "that would reach the server in the clear under privacy_args.secure_aggregation"
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
             return
         reports = [self.runner.evaluate(p, payload) for p in self.parties]

@@ -19,7 +19,7 @@ from fedml_moon.config import load_config
 from fedml_moon.config_schema import ServerArgs
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.models import ModelOutput
-from fedml_moon.core.personal import BestSoFar
+from fedml_moon.core.personal import BestSoFar, local_test_accs
 from fedml_moon.core.split import split_state
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.batched import train_party
@@ -123,26 +123,63 @@ def test_summary_reports_the_round_where_the_best_so_far_local_test_peaks(tmp_pa
     assert summary["reported_new_test_acc"] == 0.6
 
 
+def test_the_pool_starts_with_the_lg_start_model_and_reports_nothing_before():
+    tracker, model = BestSoFar(["g"]), TwoNumbers()
+    test_local = [_labels(0, 0), _labels(1, 1)]
+    test_global = _labels(0, 1)
+    warmup = [_state([0.0, 9.0], [0.0, 0.0])] * 2  # a warm-up model that suits party 1 perfectly
+    assert tracker.figures(model, warmup, [0.0, 1.0], test_local, test_global, CPU) == {}
+    start = _state([1.0, 0.0], [0.0, 0.0])  # the LG start predicts 0: party 0 right, party 1 wrong
+    tracker.begin(start)
+    first = [_state([0.0, 0.0], [0.0, 1.0]), _state([0.0, 0.0], [0.0, 1.0])]  # both predict 1
+    out = tracker.figures(model, first, [0.0, 1.0], test_local, test_global, CPU)
+    # party 0: its first LG model (acc 0) is worse than the start (acc 1), it keeps the start;
+    # party 1: 1 > 0, its first LG model; never the warm-up model, which was offered before `begin`
+    assert tracker.best[0][0] == 1.0 and all(torch.equal(tracker.best[0][1][k], start[k]) for k in start)
+    assert tracker.best[1][0] == 1.0 and torch.equal(tracker.best[1][1]["loc"], torch.tensor([0.0, 1.0]))
+    # the average: g = [0.5, 0], loc = [0, 0.5] -> predicts 0 (0.5 > 0.5 is false: argmax takes the
+    # first): 1 of 2 global samples; local: party 0 start's loc with g -> 0 (right), party 1 -> 1 (right)
+    assert out == {"local_test_acc_best_so_far": 1.0, "new_test_acc_best_so_far": 0.5}
+    restored = BestSoFar(["g"])
+    restored.load_state(tracker.state())
+    assert restored.begun and restored.start is None and restored.best.keys() == tracker.best.keys()
+
+
 @pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist")
 def test_authors_recipe_in_a_run(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     overrides = [
         "data_args.max_train_samples=2000",
         "data_args.max_test_samples=2000",
-        "train_args.comm_round=3",
+        "train_args.comm_round=4",
         "tracking_args.enable_wandb=false",
-        "validation_args.frequency_of_the_test=5",
+        "validation_args.frequency_of_the_test=1",
         "algorithm_args.warmup_rounds=2",
         "algorithm_args.warmup_start=best",
         "algorithm_args.warmup_lr=0.1",
         "algorithm_args.report_best=true",
     ]
+    starts, offered = [], []
+    begin, update = BestSoFar.begin, BestSoFar.update
+    monkeypatch.setattr(BestSoFar, "begin", lambda self, s: (starts.append(clone_state(s)), begin(self, s)))
+    monkeypatch.setattr(BestSoFar, "update", lambda self, s, a: (offered.append(list(a)), update(self, s, a)))
     run = assemble(load_config("config/fashion_mnist/lg.yaml", overrides), tmp_path / "out")
     run.loop.run()
     records = [json.loads(x) for x in Path(tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in records if "test_acc" in r] == [0, 1, 2]  # 1: the last warm-up round
-    for r in records:
-        assert 0 <= r["new_test_acc_best_so_far"] <= 1 and r["local_test_acc_best_so_far"] >= 0
-    best_warmup = max(reversed(records[:2]), key=lambda r: r["test_acc"])["round"]  # ties: the newer
-    assert run.loop.aggregator.algorithm.best_warmup[1] == best_warmup
-    assert run.loop.summary["reported_round"] in (0, 1, 2)
+    assert [r["round"] for r in records if "test_acc" in r] == [0, 1, 2, 3]
+    assert not any("local_test_acc_best_so_far" in r for r in records[:2])  # the warm-up: none
+    for r in records[2:]:
+        assert 0 <= r["new_test_acc_best_so_far"] <= 1 and 0 <= r["local_test_acc_best_so_far"] <= 1
+    best_warmup = max(records[:2], key=lambda r: r["test_acc"])["round"]  # ties: the older
+    algorithm = run.loop.aggregator.algorithm
+    assert algorithm.best_warmup[1] == best_warmup
+    assert len(starts) == 1 and len(offered) == 2  # begun once; offered the two LG rounds only
+    assert all(torch.equal(starts[0][k], v) for k, v in algorithm.best_warmup[2].items())  # LG's start
+    test_local = [run.loop.runner.test_local[p] for p in range(len(offered[0]))]
+    model = run.loop.aggregator.model
+    from_start = local_test_accs(model, starts * len(test_local), test_local, CPU)
+    kept = algorithm.figures.best
+    assert [kept[p][0] for p in sorted(kept)] == [
+        max(s, *o) for s, *o in zip(from_start, *offered, strict=True)
+    ]
+    assert run.loop.summary["reported_round"] in (2, 3)

@@ -41,13 +41,14 @@ CASES = {
     "scaffold-memory-store": ("scaffold", ["train_args.state_store=memory"], 2),
     "solo": ("solo", [], 2),
     # LG-FedAvg, 2 warm-up rounds of FedAvg then local layers: stopped in warm-up (the best warm-up
-    # model and the best-so-far figures carried over), and after it (local layers in the store)
+    # model carried over), and after it (local layers in the store, the best-so-far pool begun with
+    # its start model not yet evaluated)
     "lg-stopped-in-warmup": (
         "lg",
         [*LG, "algorithm_args.warmup_start=best", "algorithm_args.report_best=true"],
         1,
     ),
-    "lg-stopped-after-warmup": ("lg", LG, 3),
+    "lg-stopped-after-warmup": ("lg", [*LG, "algorithm_args.report_best=true"], 3),
     "fedavgm": ("fedavg", ["server_args.server_momentum=0.9"], 2),
     "moon-pool-3": ("moon", ["algorithm_args.pool_size=3", "train_args.state_store=memory"], 3),
     "moon-pool-2-batched": ("moon", ["algorithm_args.pool_size=2", "train_args.parties_in_parallel=2"], 2),

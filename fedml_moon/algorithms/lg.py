@@ -58,7 +58,8 @@ class LGOptions:
     warmup_start: str = "last"
     """the warm-up model the LG phase starts from: last, or best (by test accuracy, among evaluated rounds)"""
     report_best: bool = False
-    """also report the authors' best-so-far local and new test figures (optimistic); standalone only"""
+    """also report the authors' best-so-far local and new test figures (optimistic), from the LG start
+    model and the LG rounds; standalone only"""
 
     def check(self) -> None:
         ways = [
@@ -176,6 +177,8 @@ class LGServer(ServerAlgorithm):
     def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
         if self.phase == "fedavg":
             return {"model": global_state, "phase": "fedavg"}
+        if self.figures is not None and not self.figures.begun:  # the LG phase's first download
+            self.figures.begin(global_state)
         payload: Payload = {"model": split_state(global_state, self.global_keys), "phase": "lg"}
         if party_id is not None and party_id not in self.served:
             payload["local_init"] = split_state(global_state, self.local_keys)
@@ -242,11 +245,12 @@ class LGServer(ServerAlgorithm):
 
     def after_evaluation(self, round_idx: int, metrics: dict, global_state: OrderedDict) -> OrderedDict:
         """warmup_start "best": LG starts from the warm-up model with the best global test accuracy
-        among the evaluated warm-up rounds (the authors start from their FedAvg run's best_<round>.pt)."""
+        among the evaluated warm-up rounds, the older on a tie (the authors start from their FedAvg
+        run's best_<round>.pt, which a round replaces only when it is better)."""
         if self.options.warmup_start != "best" or round_idx >= self.options.warmup_rounds:
             return global_state
         acc = float(metrics["test_acc"])
-        if self.best_warmup is None or acc >= self.best_warmup[0]:
+        if self.best_warmup is None or acc > self.best_warmup[0]:  # ties: the older (main_fed.py)
             self.best_warmup = (acc, round_idx, clone_state(global_state))
         if round_idx < self.options.warmup_rounds - 1:
             return global_state

@@ -74,20 +74,37 @@ class PartyFigures(Protocol):
 
 
 class BestSoFar:
-    """The LG-FedAvg authors' figures: every party keeps the model of the evaluated round where its
-    local test accuracy was highest so far (ties go to the newer round); the new test averages the
-    parameters of all parties' best-so-far models; their local test puts that average's global layers
-    into each party's best-so-far model. The reported figure is the round where this local test peaks.
-    Selection on test data, so these figures are optimistic: they are reported beside, never instead
-    of, the current models' `local_test_acc` / `new_test_acc`.
+    """The LG-FedAvg authors' figures (their main_lg.py): from the LG phase's start, every party keeps
+    the model of the evaluated round where its local test accuracy was highest so far, the pool
+    seeded with the LG start model (each party's start accuracy its own; a later model that ties
+    replaces the kept one); the new test averages the parameters of all parties' best-so-far models;
+    their local test puts that average's global layers into each party's best-so-far model. The
+    reported figure is the round where this local test peaks. Before `begin` (a warm-up) it reports
+    nothing. Selection on test data, so these figures are optimistic: they are reported beside, never
+    instead of, the current models' `local_test_acc` / `new_test_acc`.
     """
 
     def __init__(self, global_keys: Sequence[str]) -> None:
         self.global_keys = list(global_keys)
         self.best: dict[int, tuple[float, OrderedDict]] = {}
+        self.start: OrderedDict | None = None  # the LG start model, until it seeds the pool
+        self.begun = False
+
+    def begin(self, start: State) -> None:
+        """The LG phase starts from the model `start`: it seeds every party's pool at the next
+        evaluated round (the first call of `figures`)."""
+        self.start, self.begun, self.best = clone_state(start), True, {}
+
+    def seed(self, model: nn.Module, test_local: Sequence[Iterable], device: torch.device) -> None:
+        """Every party's pool holds the start model, at its accuracy on that party's test split."""
+        if self.start is None:
+            return
+        accs = local_test_accs(model, [self.start] * len(test_local), test_local, device)
+        self.best = {p: (acc, self.start) for p, acc in enumerate(accs)}
+        self.start = None
 
     def update(self, states: Sequence[State], accs: Sequence[float]) -> None:
-        """Offer this round's party models with their local test accuracies."""
+        """Offer this round's party models with their local test accuracies (ties: the newer)."""
         for party, (state, acc) in enumerate(zip(states, accs, strict=True)):
             if party not in self.best or acc >= self.best[party][0]:
                 self.best[party] = (acc, clone_state(state))
@@ -118,12 +135,21 @@ class BestSoFar:
         test_global: Iterable,
         device: torch.device,
     ) -> dict[str, float]:
-        """`update` with this round's models, then `evaluate` (a `PartyFigures`)."""
+        """Nothing before `begin`; then `seed` (once), `update` with this round's models and `evaluate`
+        (a `PartyFigures`)."""
+        if not self.begun:
+            return {}
+        self.seed(model, test_local, device)
         self.update(states, accs)
         return self.evaluate(model, test_local, test_global, device)
 
     def state(self) -> dict | None:
-        return {p: [acc, s] for p, (acc, s) in self.best.items()}
+        best = {str(p): [acc, s] for p, (acc, s) in self.best.items()}
+        return {"begun": self.begun, "start": self.start, "best": best}
 
     def load_state(self, state: dict | None) -> None:
-        self.best = {int(p): (float(v[0]), v[1]) for p, v in (state or {}).items()}
+        state = state or {"begun": False, "start": None, "best": {}}
+        if "begun" not in state:  # a checkpoint of a version whose pool was the party map itself
+            state = {"begun": True, "start": None, "best": state}
+        self.begun, self.start = bool(state["begun"]), state["start"]
+        self.best = {int(p): (float(v[0]), v[1]) for p, v in state["best"].items()}

@@ -45,7 +45,7 @@ class CommonArgs:
 
 
 AUGMENTATIONS = ("none", "cifar10", "cifar100", "crop-flip")  # data.augment implements them
-PARTITIONS = ("hetero", "homo", "shards", "natural")
+PARTITIONS = ("hetero", "homo", "shards", "natural", "file")
 SITE_FORMATS = ("imagefolder", "table", "hf", "plugin")  # a site's own data: data.site reads them
 
 
@@ -76,7 +76,9 @@ class DataArgs:
     download: bool = False
     """download missing data files into data_cache_dir (./data when it is null); needs network access"""
     partition_method: str = "hetero"
-    """how training samples are split: hetero (Dirichlet), homo (IID), shards, natural (the data's parties)"""
+    """how samples are split: hetero (Dirichlet), homo (IID), shards, natural (the data's), file (a run's)"""
+    partition_path: str | None = None
+    """partition_method file: a partition.json a run wrote (each party's train and local-test indices)"""
     partition_alpha: float = 0.5
     """beta of hetero's per-class Dirichlet(beta) split: smaller is more skewed; > 0"""
     shards_per_client: int = 2
@@ -99,7 +101,13 @@ class DataArgs:
             self.partition_method in PARTITIONS,
             "data_args.partition_method",
             f"{self.partition_method!r} is unknown; choose one of {', '.join(PARTITIONS)} "
-            "(hetero = Dirichlet, homo = IID, shards = label shards, natural = the data's own parties)",
+            "(hetero = Dirichlet, homo = IID, shards = label shards, natural = the data's own parties, "
+            "file = the partition in partition_path)",
+        )
+        require(
+            (self.partition_method == "file") == (self.partition_path is not None),
+            "data_args.partition_path",
+            "give partition_method: file and partition_path (a run's partition.json) together, or neither",
         )
         require(self.partition_alpha > 0, "data_args.partition_alpha", "the Dirichlet beta must be > 0")
         require(self.shards_per_client >= 1, "data_args.shards_per_client", "must be >= 1")

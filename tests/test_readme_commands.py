@@ -175,6 +175,11 @@ DP = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set privacy_args.dp_clip_norm=2.0 "
     "--set privacy_args.dp_noise_multiplier=0.1"
 )
+SPLIT_RUNS = [
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --output-dir outputs/split-a",
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set data_args.partition_method=file "
+    "--set data_args.partition_path=outputs/split-a/partition.json --output-dir outputs/split-b",
+]
 
 SITE_WRITE = ".venv/bin/python examples/site_data/write.py data/site"
 SITE_RUNS = [
@@ -218,6 +223,7 @@ COMMANDS: dict[str, str] = {
     TSNE_RUNS[1]: "single",
     TSNE_PAIR: "single",
     CONFIG_KEY: "single",
+    **dict.fromkeys(SPLIT_RUNS, "single"),
     SITE_WRITE: "site-data",
     **dict.fromkeys([*SITE_RUNS, *SITE_TABLES, *SITE_INSPECT], "site-data"),
     MPI_SIMULATION: "mpi",
@@ -572,6 +578,18 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     assert cli([pair[0], *map(str, runs), *pair[3:-1], str(picture)]) == 0
     assert picture.stat().st_size > 10_000
     done |= {*TSNE_RUNS, TSNE_PAIR}
+
+    # a partition from a file: the second run reads the first's partition.json and ends on its model
+    for command in SPLIT_RUNS:
+        words = [str(tmp_path / w) if w.startswith("outputs/split-") else w for w in _entry_point(command)]
+        words = [w.replace("=outputs/split-a/", f"={tmp_path}/outputs/split-a/") for w in words]
+        assert cli([*words, *_sets(command)]) == 0
+        _completed(Path(words[words.index("--output-dir") + 1]), 1)
+    first, second = (
+        torch.load(tmp_path / f"outputs/split-{x}/final_model.pt", weights_only=True) for x in "ab"
+    )
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    done |= set(SPLIT_RUNS)
 
     assert done == {c for c, kind in COMMANDS.items() if kind == "single"}
     print(f"single-process README commands: {time.monotonic() - started:.1f} s")

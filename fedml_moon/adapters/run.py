@@ -21,6 +21,7 @@ from fedml_moon.core.schedule import quorum
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare, prepare_own, show_partition
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
+from fedml_moon.data.partition_file import partition_record
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
 from fedml_moon.metrics import RunRecorder
@@ -202,7 +203,8 @@ def build_base(
     if fed.ids:
         named = {"parties": list(fed.data.parties.names)} if fed.data.parties else {}
         ids = {"party_ids": fed.ids} if fed.party_ids is not None else {}
-        (out_dir / "partition.json").write_text(json.dumps({"counts": fed.counts.tolist(), **named, **ids}))
+        record = partition_record(fed.data, fed.train_parts, fed.test_parts, fed.counts)
+        (out_dir / "partition.json").write_text(json.dumps({**record, **named, **ids}))
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
     try:

@@ -22,6 +22,7 @@ from fedml_moon.core.seeds import rng, seed_sequence
 from fedml_moon.data.datasets import DataNotFoundError, load_dataset
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.holdings import Holdings
+from fedml_moon.data.partition_file import read_partition
 from fedml_moon.data.plot import format_partition_table, save_partition_heatmap
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ def partition(args: DataArgs, data: Holdings, n_parties: int, seed: int) -> tupl
         )
     if args.partition_method == "natural":
         return natural_partition(data, n_parties)
+    if args.partition_method == "file":
+        return read_partition(str(args.partition_path), data, n_parties)
     try:
         if args.partition_method == "hetero":
             train = dirichlet_partition(

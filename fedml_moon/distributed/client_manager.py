@@ -173,15 +173,14 @@ class PluginClientManager(SecureWorker, _Manager):
             if self.built is not None
             else self.local.fresh()
         )
-        self.send(
-            HELLO,
-            0,
-            parties=self.parties,
-            config=config,
-            explicit=self.local.explicit,
-            fresh_parties=fresh,
-            process=self.process,
-        )
+        msg = Message(HELLO, self.rank, 0)
+        params = {"parties": self.parties, "config": config, "explicit": self.local.explicit}
+        for key, value in {**params, "fresh_parties": fresh, "process": self.process}.items():
+            msg.add_params(key, value)
+        # said again every HELLO_EVERY_S until welcomed: never wait long for a server not up yet (the
+        # main thread would not tick, nor say that it waits)
+        if not self._transport.try_send(msg, HELLO_EVERY_S):
+            log.debug("rank %d: the server did not take its HELLO yet", self.rank)
         self.said_hello = True
 
     # --- waiting for the server, losing it, finding it again ----------------------------------------

@@ -102,7 +102,10 @@ class _Manager(FedMLCommManager):
         return max(WAIT_LOG_MIN_S, 6 * self.heartbeat_s)
 
     def silent_for(self, rank: int) -> float:
-        return time.monotonic() - self.last_seen.get(rank, 0.0)
+        """Seconds since `rank` was last heard: a message of it handled here or, whatever the main
+        thread was doing (a long local round), received by the transport's threads."""
+        heard = max(self.last_seen.get(rank, 0.0), self._transport.heard.get(rank, 0.0))
+        return time.monotonic() - heard
 
     def is_dead(self, rank: int) -> bool:
         return rank in self.last_seen and self.silent_for(rank) > DEAD_AFTER_BEATS * self.heartbeat_s

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any
 
 from fedml.core.distributed.communication.base_com_manager import BaseCommunicationManager
@@ -67,6 +68,7 @@ class QueueTransport(BaseCommunicationManager):
         self.running = True
         self.bytes_sent = 0  # encoded message bytes this process sent / received (the wire payload)
         self.bytes_received = 0
+        self.heard: dict[int, float] = {}  # rank -> when a message of it last arrived (receive threads)
 
     def add_observer(self, observer: Any) -> None:
         self._observers.append(observer)
@@ -81,6 +83,16 @@ class QueueTransport(BaseCommunicationManager):
 
     def send_bytes(self, receiver: int, data: bytes) -> None:
         raise NotImplementedError
+
+    def try_send(self, msg: Message, within_s: float) -> bool:
+        """Send `msg` if the peer can be reached within about `within_s` (else False, nothing raised):
+        for a message said again until it is answered. Here: as `send_message` (a transport whose
+        send cannot wait long for its peer, MPI, MQTT's broker)."""
+        try:
+            self.send_message(msg)
+        except TransportError:
+            return False
+        return True
 
     def deliver(self, data: bytes, source: str = "a peer") -> str:
         """Decode received bytes and queue the message (QUEUED, COALESCED or REFUSED); malformed
@@ -102,9 +114,16 @@ class QueueTransport(BaseCommunicationManager):
         logged here) or one of its kind already waits (COALESCED)."""
         sender, kind = msg.get_sender_id(), coalesced_kind(msg.get_type())
         verdict = self.inflight.admit(sender, kind, size)
+        if verdict != REFUSED:
+            self.heard_from(sender)
         if verdict == QUEUED:
             self._inbox.put(Waiting(msg, sender, kind, size))
         return verdict
+
+    def heard_from(self, sender: int) -> None:
+        """A message of `sender` (the rank the transport authenticated) arrived now: the peer is alive,
+        whatever the main thread is busy with (`heard` is what the managers' liveness reads)."""
+        self.heard[sender] = time.monotonic()
 
     def refuse_busy(self, source: str, sender: Any) -> None:
         """Log that a message of `sender` was dropped for its in-flight bound."""

@@ -8,8 +8,9 @@ import threading
 import time
 
 import grpc
+from fedml.core.distributed.communication.message import Message
 
-from fedml_moon.distributed.transport.base import QueueTransport, TransportError
+from fedml_moon.distributed.transport.base import QueueTransport, TransportError, message_bytes
 from fedml_moon.distributed.transport.grpc_common import (
     RANK,
     RETRY_S,
@@ -56,12 +57,14 @@ class GrpcClientTransport(QueueTransport):
         )
         return grpc.secure_channel(server, creds, options=options)
 
-    def send_bytes(self, receiver: int, data: bytes) -> None:
-        """Send `data` to the server, retrying (with back-off, up to `timeout_s`) while it cannot be
-        reached or answers that it is busy (RESOURCE_EXHAUSTED from its per-silo bounds)."""
+    def send_bytes(self, receiver: int, data: bytes, within_s: float | None = None) -> None:
+        """Send `data` to the server, retrying (with back-off, up to `within_s`, else `timeout_s`)
+        while it cannot be reached or answers that it is busy (RESOURCE_EXHAUSTED from its per-silo
+        bounds)."""
         if receiver != 0:
             raise ValueError(f"a silo sends to the server (rank 0) only, not to rank {receiver}")
-        deadline, pause = time.monotonic() + self.timeout_s, RETRY_S[0]
+        limit = self.timeout_s if within_s is None else within_s
+        deadline, pause = time.monotonic() + limit, RETRY_S[0]
         while True:  # a call cut by a server that went away fails at once, whatever wait_for_ready says
             left = deadline - time.monotonic()
             call = self._send.future(
@@ -80,13 +83,23 @@ class GrpcClientTransport(QueueTransport):
                 if time.monotonic() + pause >= deadline:
                     raise TransportError(
                         f"the server at {self.server_address} did not take a message within "
-                        f"{self.timeout_s:g} s ({err.code().name}: {str(err.details())[:300]})"
+                        f"{limit:g} s ({err.code().name}: {str(err.details())[:300]})"
                     ) from None
             except BaseException:  # SIGTERM or Ctrl-C while waiting: do not leave the call behind
                 call.cancel()
                 raise
             time.sleep(pause)  # a duplicate of a message the server did get is dropped there as late
             pause = min(2 * pause, RETRY_S[1])
+
+    def try_send(self, msg: Message, within_s: float) -> bool:
+        """Send `msg` if the server takes it within `within_s` (a HELLO to a server not up yet)."""
+        data = message_bytes(msg)
+        try:
+            self.send_bytes(int(msg.get_receiver_id()), data, within_s)
+        except TransportError:
+            return False
+        self.bytes_sent += len(data)
+        return True
 
     def _receive_loop(self) -> None:
         """Subscribe, and subscribe again whenever the stream breaks (a restarted server): the first

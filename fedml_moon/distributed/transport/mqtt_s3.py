@@ -135,6 +135,8 @@ class MqttS3Transport(QueueTransport):
                 return
             entry.kind = coalesced_kind(entry.msg.get_type())
         verdict = self.inflight.admit(sender, entry.kind, entry.size)
+        if verdict != REFUSED:
+            self.heard_from(sender)  # its topic names it, and the broker's ACL lets only it publish there
         if verdict == REFUSED:
             self.refuse_busy(source, sender)
         elif verdict == QUEUED:

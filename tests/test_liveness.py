@@ -1,0 +1,116 @@
+"""Liveness comes from what a process's transport received, not from when its main thread got to
+it: a local round many heartbeat periods long (a plugin whose every step sleeps) raises no alarm in
+any transport (no "sent no heartbeat", no second hello, no "is back"), a server that really dies
+while its silos train is still noticed (their results find no server within comm_args.timeout_s),
+and a silo started before its server says that it waits. Real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fedml_moon import conformance
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"),
+]
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
+HEARTBEAT_S = 0.3  # dead after 3 periods: 0.9 s; a party's local round: ~8 steps of 0.5 s, 4 s
+SLOW = [
+    *conformance.TINY,
+    f"common_args.plugins=[{ROOT / 'tests' / 'slow_plugin.py'}:slow]",
+    "train_args.algorithm=fedavg_slow",
+    "train_args.comm_round=2",
+    f"comm_args.heartbeat_s={HEARTBEAT_S}",
+]
+FALSE_ALARMS = ("sent no heartbeat", "is back", "stopped sending heartbeats", "welcomed it")
+
+
+@pytest.mark.parametrize("mode", ["cross-silo-grpc", "mqtt-s3", "cross-silo-mpi"])
+def test_a_long_local_round_raises_no_alarm(mode, tmp_path):
+    if mode == "mqtt-s3":
+        with conformance.services(tmp_path / "services") as svc:
+            result = conformance.run_mode(mode, CONFIG, SLOW, tmp_path, svc, timeout_s=240)
+    else:
+        result = conformance.run_mode(mode, CONFIG, SLOW, tmp_path, timeout_s=240)
+    assert result.ok, result.tail()
+    said = "\n".join(p.read_text(errors="replace") for p in result.logs)
+    assert said.count("saying hello to the server") == 3, result.tail()  # once per silo
+    for alarm in FALSE_ALARMS:
+        assert alarm not in said, f"{alarm!r} in:\n{result.tail(60)}"
+    times = [r["round_time_s"] for r in map(json.loads, (result.out_dir / "metrics.jsonl").open())]
+    assert min(times) > 10 * HEARTBEAT_S  # the rounds really were many heartbeat periods long
+
+
+def test_a_server_that_dies_during_a_long_local_round_is_noticed(tmp_path):
+    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 3, conformance.free_port())
+    overrides = [
+        *SLOW,
+        "train_args.comm_round=20",
+        "train_args.client_num_in_total=2",
+        "train_args.client_num_per_round=2",
+        "common_args.training_type=cross_silo",
+        "comm_args.backend=GRPC",
+        f"comm_args.grpc_ipconfig_path={ipconfig}",
+        "comm_args.timeout_s=20",
+    ]
+    cmd = conformance.cli_command("run", CONFIG, overrides, tmp_path / "out")
+    env, logs = conformance.process_env(tmp_path), [tmp_path / f"rank-{r}.log" for r in range(3)]
+    procs = [conformance.spawn([*cmd, "--rank", str(r)], logs[r], env, tmp_path) for r in range(3)]
+    try:
+        _wait_for(logs[0], "round 0:", 120)  # the silos are in their round 1 now: 4 s of steps
+        conformance.stop(procs[0], first=signal.SIGKILL)
+        killed = time.monotonic()
+        codes = conformance.wait_all(procs[1:], 90)
+        said = logs[1].read_text(errors="replace")
+        # its result finds no server within comm_args.timeout_s (or, idle, its heartbeats stop)
+        assert re.search(r"the server cannot be reached|the server \(rank 0\) sent no heartbeat", said), said
+        assert codes == [1, 1] and time.monotonic() - killed < 4 + 20 + 15
+    finally:
+        for proc in procs:
+            conformance.stop(proc)
+
+
+def _wait_for(log: Path, text: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in (log.read_text(errors="replace") if log.exists() else ""):
+        assert time.monotonic() < deadline, f"{text!r} not in {log}:\n{log.read_text()[-2000:]}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("transport", ["GRPC", "MQTT_S3"])
+def test_a_silo_started_before_its_server_says_that_it_waits(transport, tmp_path):
+    """It says so every max(5 s, 6 heartbeat periods) and stops at comm_args.timeout_s, naming it."""
+    sets = [
+        *conformance.TINY,
+        "common_args.training_type=cross_silo",
+        f"comm_args.backend={transport}",
+        "comm_args.heartbeat_s=1",  # a line every 6 s
+        "comm_args.timeout_s=20",
+    ]
+    log = tmp_path / "rank-1.log"
+    with contextlib.ExitStack() as stack:
+        if transport == "GRPC":
+            ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 4, conformance.free_port())
+            sets.append(f"comm_args.grpc_ipconfig_path={ipconfig}")
+        else:
+            svc = stack.enter_context(conformance.services(tmp_path / "services"))
+            sets += [*svc.overrides, f"comm_args.run_id=wait-{conformance.free_port()}"]
+        cmd = [*conformance.cli_command("run", CONFIG, sets, tmp_path / "out"), "--rank", "1"]
+        silo = conformance.spawn(cmd, log, conformance.process_env(tmp_path), tmp_path)
+        started = time.monotonic()
+        (code,) = conformance.wait_all([silo], 90)
+    said = log.read_text(errors="replace")
+    assert code == 1 and "no answer from the server (rank 0) for 2" in said, said[-2000:]
+    assert 18 <= time.monotonic() - started < 60
+    waits = [line for line in said.splitlines() if "is waiting for the server (rank 0" in line]
+    assert len(waits) >= 2, said[-2000:]  # at 6 s and 12 s (18 s, if the clock allows)

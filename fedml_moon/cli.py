@@ -31,6 +31,7 @@ from fedml_moon.config import Config, ConfigError, load_config, with_plugins
 from fedml_moon.conformance.processes import MODES
 from fedml_moon.core.checkpoint import CheckpointError
 from fedml_moon.core.validate import BadUpload
+from fedml_moon.records import claim_folder
 
 log = logging.getLogger("fedml_moon")
 
@@ -54,6 +55,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--resume",
         metavar="DIR",
         help="go on from the newest checkpoint of the run in DIR (its output directory)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start anew in an output directory that holds an earlier run's records, removing them first "
+        "(without it such a directory is refused; the server's, in a distributed run)",
     )
     _plugin(parser)
     _verbose(parser)
@@ -193,7 +200,11 @@ def _certs(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(f"fedml-moon certs: {err} (--max-samples takes RANK=N, e.g. 2=50000)") from None
     log.info(
-        "wrote %d files to %s (server certificate valid for %s)", len(written), args.folder, ", ".join(hosts)
+        "wrote %d files to %s (server certificate valid for %s; its .gitignore keeps git from adding the "
+        "keys and tokens)",
+        len(written),
+        args.folder,
+        ", ".join(hosts),
     )
     return 0
 
@@ -378,6 +389,8 @@ def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     _setup_logging(args.verbose, rank, _group_process(cfg, rank, placed))
     explicit = explicit_keys(args.overrides, cfg)  # a silo's own --set must agree with the server's
     resume = bool(args.resume)
+    if rank == 0 and not resume:  # the server writes the run's records
+        claim_folder(out_dir, args.overwrite)
     status = run_process(cfg, out_dir, rank, size, comm, resume, explicit, placed)
     log.info("rank %d finished: %s", rank, status)
     return 0 if status == "completed" else 1
@@ -388,6 +401,10 @@ def _output_dir(args: argparse.Namespace, cfg: Config) -> Path:
         if args.output_dir and Path(args.output_dir).resolve() != Path(args.resume).resolve():
             raise ConfigError(
                 "--resume DIR continues the run in DIR; leave --output-dir out (or give the same)"
+            )
+        if args.overwrite:
+            raise ConfigError(
+                "--resume DIR goes on with the run in DIR; --overwrite would remove it: give one"
             )
         return Path(args.resume)
     return Path(args.output_dir) if args.output_dir else default_output_dir(cfg)
@@ -440,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
             return _distributed(args, cfg, out_dir)
         from fedml_moon.adapters.run import simulate
 
+        if not args.resume:
+            claim_folder(out_dir, args.overwrite)
         summary = simulate(cfg, out_dir, resume=bool(args.resume))
     except ConfigError as err:
         log.error("config error: %s", err)

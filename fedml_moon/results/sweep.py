@@ -17,7 +17,8 @@ A sweep file (YAML):
 A run's folder is named by its grid values (`algorithm=moon,partition_alpha=0.5,random_seed=0`). A
 run is complete when its `summary.json` says so; re-running the sweep skips complete runs and
 continues a stopped one from its last checkpoint (`--resume`), so a crash or Ctrl-C costs only what
-was not yet checkpointed. `commands()` are plain shell commands, one per run, for any job queue.
+was not yet checkpointed; a run that failed before its first checkpoint starts again (`--overwrite`).
+`commands()` are plain shell commands, one per run, for any job queue.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import yaml
 
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
+from fedml_moon.records import earlier_records
 
 log = logging.getLogger(__name__)
 SWEEP_KEYS = {"base", "output", "set", "grid"}
@@ -66,11 +68,10 @@ class Run:
     def argv(self, program: list[str], threads: int | None = None) -> list[str]:
         """The command that runs (or continues) this run."""
         sets = [*self.overrides] + ([f"device_args.torch_threads={threads}"] if threads else [])
-        where = (
-            ["--resume", str(self.folder)]
-            if self.state() == "stopped"
-            else ["--output-dir", str(self.folder)]
-        )
+        state = self.state()
+        where = ["--resume", str(self.folder)] if state == "stopped" else ["--output-dir", str(self.folder)]
+        if state == "new" and earlier_records(self.folder):  # a run that failed before a checkpoint
+            where.append("--overwrite")
         return [
             *program,
             "simulate",

@@ -1,0 +1,60 @@
+"""A run's records in its output folder, and the rule that a new run never writes over an earlier
+run's: the process that writes them (the standalone simulation, a distributed run's server) refuses
+a folder that holds them unless told `--resume` (go on with that run) or `--overwrite` (replace them).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from fedml_moon.config_schema import ConfigError
+
+log = logging.getLogger(__name__)
+RECORDS = (
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoint",
+    "final_model.pt",
+    "claims.json",
+    "party_models",
+    "accuracy.png",
+    "wandb",
+)
+"""What a run's server or simulation writes of its own (a silo's files are under `rank-<r>/`)."""
+
+
+def earlier_records(out_dir: Path) -> list[str]:
+    """The records of an earlier run in `out_dir`: a non-empty metrics.jsonl, a summary.json, a
+    checkpoint, a model file (`final_model.pt`, `model_at_<status>.pt`)."""
+    out_dir = Path(out_dir)
+    found = [name for name in ("summary.json", "final_model.pt") if (out_dir / name).is_file()]
+    metrics = out_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.insert(0, "metrics.jsonl")
+    if (out_dir / "checkpoint" / "LATEST").is_file():
+        found.append("checkpoint/")
+    found += sorted(p.name for p in out_dir.glob("model_at_*.pt"))
+    return found
+
+
+def claim_folder(out_dir: Path, overwrite: bool) -> None:
+    """Let a new run write its records in `out_dir`: refused (a ConfigError naming the three ways on)
+    where an earlier run's are there, unless `overwrite`, which removes them first."""
+    found = earlier_records(out_dir)
+    if not found:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"--output-dir {out_dir} holds an earlier run's records ({', '.join(found)}); go on with that "
+            f"run with --resume {out_dir}, keep it and give this run another --output-dir, or replace its "
+            "records with --overwrite"
+        )
+    for name in [*RECORDS, *(p.name for p in Path(out_dir).glob("model_at_*.pt"))]:
+        path = Path(out_dir) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    log.warning("--overwrite: removed the earlier run's records in %s (%s)", out_dir, ", ".join(found))

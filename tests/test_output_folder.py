@@ -1,0 +1,87 @@
+"""A new run never writes over an earlier run's records: through the real command line, a second
+run into the same folder (the standalone simulation, a distributed run's server) is refused naming
+the folder and the ways on, with every file as it was; `--overwrite` replaces the records, `--resume`
+goes on with them, and a sweep starts again only the runs that failed before a checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from fedml_moon import conformance
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.records import earlier_records
+from fedml_moon.results.sweep import Run
+from tests.helpers import restored_main
+
+pytestmark = pytest.mark.skipif(
+    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+)
+ROOT = Path(__file__).resolve().parent.parent
+FEDAVG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
+TINY = [*conformance.TINY, "data_args.max_train_samples=300", "data_args.max_test_samples=100"]
+
+
+def _argv(out: Path, *extra: str, rounds: int = 1) -> list[str]:
+    argv = ["simulate", "--cf", str(FEDAVG), "--output-dir", str(out), *extra]
+    for item in [*TINY, f"train_args.comm_round={rounds}"]:
+        argv += ["--set", item]
+    return argv
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_second_run_into_a_folder_is_refused_and_overwrite_replaces(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    with restored_main() as main:
+        assert main(_argv(out, rounds=2)) == 0
+        before = _files(out)
+        assert earlier_records(out) == ["metrics.jsonl", "summary.json", "final_model.pt", "checkpoint/"]
+        capsys.readouterr()
+        assert main(_argv(out)) == 2
+        said = capsys.readouterr().err
+        assert f"--output-dir {out} holds an earlier run's records (metrics.jsonl, summary.json" in said
+        assert f"--resume {out}" in said and "another --output-dir" in said and "--overwrite" in said
+        assert _files(out) == before  # nothing of it touched
+        assert main([*_argv(out), "--resume", str(out), "--overwrite"]) == 2
+        assert "give one" in capsys.readouterr().err
+        assert main([*_argv(out), "--overwrite"]) == 0
+    records = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(records) == 1  # the new run's one round, not the earlier run's two
+    assert sorted(p.name for p in (out / "checkpoint").iterdir() if p.name.startswith("round-")) == [
+        "round-0"
+    ]
+
+
+def test_a_distributed_runs_server_refuses_the_folder_before_it_listens(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text('{"status": "failed"}')
+    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 3, conformance.free_port())
+    sets = [*TINY, "common_args.training_type=cross_silo", "comm_args.backend=GRPC"]
+    sets.append(f"comm_args.grpc_ipconfig_path={ipconfig}")
+    argv = ["run", "--cf", str(FEDAVG), "--rank", "0", "--output-dir", str(out)]
+    with restored_main() as main:
+        assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 2
+    assert "holds an earlier run's records (summary.json)" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_a_sweep_starts_again_only_a_run_that_failed_before_a_checkpoint(tmp_path):
+    run = Run("a", tmp_path / "a", FEDAVG, ())
+    assert "--overwrite" not in run.argv(["fedml-moon"])  # never run
+    run.folder.mkdir()
+    (run.folder / "summary.json").write_text('{"status": "failed"}')
+    assert run.argv(["fedml-moon"])[-3:] == ["--output-dir", str(run.folder), "--overwrite"]
+    (run.folder / "checkpoint").mkdir()
+    (run.folder / "checkpoint" / "LATEST").write_text("3")
+    assert run.argv(["fedml-moon"])[-2:] == ["--resume", str(run.folder)]

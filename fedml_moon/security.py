@@ -82,11 +82,15 @@ def _sans(hosts: list[str]) -> list:
     return out
 
 
+GITIGNORE = "# Written by fedml-moon certs: private keys and tokens never belong in a repository.\n*\n"
+
+
 def make_certs(
     folder: Path, silos: int, hosts: list[str], days: int = 825, caps: dict[int, int] | None = None
 ) -> list[Path]:
     """Write ca.pem / ca.key, server.pem / server.key (valid for `hosts`), silo-<r>.pem / .key /
-    .token for r = 1..silos, and server-tokens.json. `caps`: rank -> the most samples its party may
+    .token for r = 1..silos, server-tokens.json, mosquitto.acl, and a .gitignore that keeps git from
+    adding any of them. `caps`: rank -> the most samples its party may
     claim, signed into its certificate and kept beside its token's digest. Returns the files written."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -134,6 +138,7 @@ def make_certs(
         files[f"silo-{rank}.token"] = token.encode()
     files["server-tokens.json"] = json.dumps(table, indent=2).encode()
     files["mosquitto.acl"] = mosquitto_acl(silos).encode()
+    files[".gitignore"] = GITIGNORE.encode()
     written = []
     for name, data in files.items():
         _write(folder / name, data, private=name.endswith((".key", ".token")))

@@ -52,6 +52,22 @@ def test_certs_through_main(cli, tmp_path):
     assert "server-tokens.json" in names
 
 
+def test_certs_are_never_added_to_a_repository(cli, tmp_path):
+    """`git add -A` in a repository holding the command's folder (anywhere in it) adds no key."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "README").write_text("a project\n")
+    assert cli(["certs", str(tmp_path / "deploy" / "keys"), "--silos", "2"]) == 0
+    subprocess.run(["git", "-C", str(tmp_path), "add", "-A"], check=True)
+    staged = subprocess.run(
+        ["git", "-C", str(tmp_path), "diff", "--cached", "--name-only"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert staged == ["README"]
+    assert (tmp_path / "deploy" / "keys" / "silo-2.key").is_file()
+
+
 def test_sweep_set_applies_to_every_run(cli, tmp_path, capsys):
     sweep = str(ROOT / "config/sweeps/fashion_mnist_lg.yaml")
     argv = ["sweep", sweep, "--list", "--output", str(tmp_path), "--set", "train_args.comm_round=2"]

@@ -75,7 +75,7 @@ def test_certs_command_writes_private_keys_and_token_digests(creds):
     folder, _ = creds
     names = sorted(p.name for p in folder.iterdir())
     assert names == sorted(
-        ["ca.pem", "ca.key", "server.pem", "server.key", "server-tokens.json", "mosquitto.acl"]
+        ["ca.pem", "ca.key", "server.pem", "server.key", "server-tokens.json", "mosquitto.acl", ".gitignore"]
         + [f"silo-{r}.{e}" for r in (1, 2) for e in ("pem", "key", "token")]
     )
     assert all(

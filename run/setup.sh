@@ -7,7 +7,8 @@
 #     (moto's S3 endpoint, mkdocs-material among them), and the example plugin.
 # What pip installed is stamped in .venv/setup-stamp (a digest of the package definitions, this script
 # and the Python version): the next call finds it unchanged and returns at once. pip's own output goes
-# to .venv/setup.log and is shown only when pip fails. FEDML_MOON_SETUP=force reinstalls.
+# to .venv/setup.log and is shown only when pip fails, apt's only when apt fails.
+# FEDML_MOON_SETUP=force reinstalls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,8 +26,16 @@ install_apt() {
     echo "setup: please run: sudo apt-get install$missing" >&2
     return 0
   fi
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+  local log
+  log=$(mktemp)
+  echo "setup: apt-get install$missing (its output is shown only if it fails)" >&2
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing; } >"$log" 2>&1; then
+    echo "setup: apt-get install$missing failed; its output:" >&2
+    tail -n 40 "$log" >&2
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
 }
 
 # What the virtual environment is built from; any change to it reinstalls.

@@ -2,8 +2,8 @@
 
 `bash run/docs.sh` (in the test command) builds the site with `mkdocs build --strict`. These tests
 copy the documentation into a temporary folder, break it the ways it drifts (a page left out of the
-navigation, a link to a page that moved, an anchor that is gone) and check that the same build fails
-naming each; the home page is the README with its links made relative to docs/.
+navigation, a link to a page that moved, an anchor that is gone, a wrapped line that starts with `>`
+and renders as a block quote) and check that the same build fails naming each; the home page is the README with its links made relative to docs/.
 """
 
 from __future__ import annotations
@@ -60,8 +60,11 @@ def test_the_strict_build_fails_on_what_drifts(tmp_path):
     (docs / "how-to" / "orphan.md").write_text("# A page nobody linked\n")
     page = docs / "tutorials" / "first-run.md"
     page.write_text(page.read_text() + "\n[gone](../how-to/moved.md) [anchor](../benchmarks.md#no-such)\n")
+    wrapped = docs / "explanation" / "security.md"  # a wrapped line that starts with ">"
+    wrapped.write_text(wrapped.read_text() + "\nBatchNorm variances must be\n>= 0 in every upload.\n")
     result = _build(copy)
     assert result.returncode != 0
+    assert "explanation/security.md: a line starts with '>' and became a block quote ('= 0" in result.stderr
     assert "how-to/orphan.md" in result.stderr  # not in the navigation
     assert "../how-to/moved.md" in result.stderr  # a link to a page that is not there
     assert "#no-such" in result.stderr  # an anchor that is not there
@@ -75,3 +78,36 @@ def test_setup_does_nothing_when_nothing_changed():
     result = subprocess.run(["bash", "run/setup.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stderr.strip() == "setup: done (.venv)", result.stderr
     assert (log.stat().st_mtime_ns if log.exists() else None) == before  # pip was not called
+
+
+def _stand_ins(tmp_path: Path, apt_exit: int) -> dict[str, str]:
+    """PATH with stand-ins: `id -u` says root, `dpkg -s` finds no package, `apt-get` prints 300 lines
+    and exits `apt_exit`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "id": "#!/bin/sh\necho 0\n",
+        "dpkg": "#!/bin/sh\nexit 1\n",
+        "apt-get": f'#!/bin/sh\nfor i in $(seq 300); do echo "apt line $i"; done\nexit {apt_exit}\n',
+    }
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.skipif(not (ROOT / ".venv/setup-stamp").is_file(), reason="run/setup.sh has not stamped .venv")
+@pytest.mark.parametrize("apt_exit", [0, 100])
+def test_setup_shows_apts_output_only_when_apt_fails(tmp_path, apt_exit):
+    env = _stand_ins(tmp_path, apt_exit)
+    result = subprocess.run(
+        ["bash", "run/setup.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
+    )
+    said = result.stdout + result.stderr
+    if apt_exit == 0:
+        assert result.returncode == 0 and "apt line" not in said, said[-2000:]
+        assert len(said.splitlines()) == 2  # what it installs, and done
+    else:
+        assert result.returncode == 1 and "apt-get install dataset-fashion-mnist" in result.stderr
+        assert "failed; its output:" in result.stderr and "apt line 300" in result.stderr
+        assert "apt line 200" not in result.stderr  # its last 40 lines

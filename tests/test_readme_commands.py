@@ -76,10 +76,13 @@ LOG_LINE = re.compile(r"\d\d:\d\d:\d\d( rank \d+( process \d+)?)? [A-Z]+ \S+: ")
 MAIN_JOB = "bash run/main.sh --set train_args.comm_round=5"
 STANDALONE = ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml"
 SYNOPSIS = (
-    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
-    "[--set SECTION.KEY=VALUE ...] [--output-dir DIR] [-v]"
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set algorithm_args.mu=5 "
+    "--output-dir outputs/moon-mu5"
 )
-PYTHON_M = ".venv/bin/python -m fedml_moon simulate --cf ..."
+PYTHON_M = (
+    ".venv/bin/python -m fedml_moon simulate --cf config/fashion_mnist/moon.yaml --set algorithm_args.mu=5 "
+    "--output-dir outputs/moon-mu5-again"
+)
 HEADPROX = ".venv/bin/fedml-moon simulate --cf examples/headprox/headprox.yaml"
 CERTS = ".venv/bin/fedml-moon certs certs/ --silos 10 --host server.example.org --host 203.0.113.5"
 MPI_SIMULATION = "bash run/mpirun.sh 3 simulate --cf config/modes/moon_mpi_simulation.yaml"
@@ -470,22 +473,21 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     _completed(template, 5)
     done |= {MAIN_JOB, STANDALONE}
 
-    # the synopsis, every option given
-    synopsis = SYNOPSIS.replace("[--set SECTION.KEY=VALUE ...]", shlex.join(_sets(STANDALONE)))
-    synopsis = synopsis.replace("[--output-dir DIR]", f"--output-dir {tmp_path / 'synopsis'}")
-    assert cli(_entry_point(synopsis.replace("[-v]", "-v"))) == 0
-    _completed(tmp_path / "synopsis", 1)
+    # a setting changed, then the same run through `python -m fedml_moon`: the same final model
+    words = _entry_point(SYNOPSIS)
+    assert words[-2:] == ["--output-dir", "outputs/moon-mu5"]
+    assert cli([*words[:-1], str(tmp_path / "mu5"), *_sets(SYNOPSIS), "-v"]) == 0
+    assert _completed(tmp_path / "mu5", 1)["config"]["algorithm_args"]["mu"] == 5
     done.add(SYNOPSIS)
-
-    # `python -m fedml_moon`, `...` being the config above
-    words = shlex.split(PYTHON_M.replace("...", "config/fashion_mnist/moon.yaml"))
-    assert words[:3] == [".venv/bin/python", "-m", "fedml_moon"]
+    words = shlex.split(PYTHON_M)
+    assert words[:3] == [".venv/bin/python", "-m", "fedml_moon"] and words[-1] == "outputs/moon-mu5-again"
     out = tmp_path / "python-m"
-    monkeypatch.setattr(sys, "argv", ["fedml_moon", *words[3:], *_sets(PYTHON_M), "--output-dir", str(out)])
+    monkeypatch.setattr(sys, "argv", ["fedml_moon", *words[3:-1], str(out), *_sets(PYTHON_M)])
     with pytest.raises(SystemExit) as exit_code:
         runpy.run_module("fedml_moon", run_name="__main__", alter_sys=True)
     assert exit_code.value.code == 0
-    _completed(out, 1)
+    both = [torch.load(d / "final_model.pt", weights_only=True) for d in (tmp_path / "mu5", out)]
+    assert all(torch.equal(both[0][k], both[1][k]) for k in both[0])
     done.add(PYTHON_M)
 
     # privacy: secure aggregation, and DP with its epsilon in every round
@@ -763,6 +765,11 @@ def test_grpc_tls_commands(tmp_path, home):
     for log_path in logs:
         _quiet(log_path)
     assert "(TLS True, auth mtls)" in logs[-1].read_text()  # the server's log: TLS on, silos by certificate
+    _completed(out, 1)
+    # started again as written, the server refuses the folder of this run's records
+    again = subprocess.run(server, cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "holds an earlier run's records" in again.stderr, again.stderr[-2000:]
+    assert "--overwrite" in again.stderr and f"--resume {out}" in again.stderr
     _completed(out, 1)
     print(f"gRPC + TLS README commands: {time.monotonic() - started:.1f} s")
 

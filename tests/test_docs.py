@@ -3,7 +3,8 @@
 `bash run/docs.sh` (in the test command) builds the site with `mkdocs build --strict`. These tests
 copy the documentation into a temporary folder, break it the ways it drifts (a page left out of the
 navigation, a link to a page that moved, an anchor that is gone, a wrapped line that starts with `>`
-and renders as a block quote) and check that the same build fails naming each; the home page is the README with its links made relative to docs/.
+and renders as a block quote) and check that the same build fails naming each; the home page is
+the README with its links made relative to docs/.
 """
 
 from __future__ import annotations
@@ -111,3 +112,13 @@ def test_setup_shows_apts_output_only_when_apt_fails(tmp_path, apt_exit):
         assert result.returncode == 1 and "apt-get install dataset-fashion-mnist" in result.stderr
         assert "failed; its output:" in result.stderr and "apt line 300" in result.stderr
         assert "apt line 200" not in result.stderr  # its last 40 lines
+
+
+def test_the_command_line_reference_fits_its_code_blocks():
+    """The CLI page is argparse's help wrapped at 80 columns, which a code block on the site shows whole."""
+    spec = importlib.util.spec_from_file_location("cli_hook", ROOT / "docs/hooks/cli_reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    lines = "\n".join(hook._sections()).splitlines()
+    assert any("--overwrite" in line for line in lines)
+    assert max(len(line) for line in lines) <= 80, [line for line in lines if len(line) > 80]

@@ -9,7 +9,7 @@ MARKER = "<!-- cli-reference -->"
 
 
 def _sections() -> list[str]:
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal's width; the page has one
+    os.environ["COLUMNS"] = "80"  # argparse wraps to the terminal's width; the page: 80 fits its code blocks
     from fedml_moon.cli import build_parser
 
     parser = build_parser()

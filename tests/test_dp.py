@@ -85,3 +85,29 @@ def test_noise_shares_sum_to_sigma_times_clip():
     assert abs(float(total.std()) - 3.0) <= 4 * 3.0 / math.sqrt(2 * (DRAWS - 1))
     with pytest.raises(ValueError, match="shares"):
         noise_std(1.0, 1.0, 0)
+
+
+def test_fedssc_flags_are_clipped_with_the_update_as_the_privacy_page_says():
+    """privacy.md: at C = 1 a party holding 6 classes whose update has norm 0.5 adds 0.20 of it; its
+    class flags are inside the clipped part (scaled with the update), so epsilon covers them."""
+    from fedml_moon.algorithms.fedssc import FedSSCServer
+    from fedml_moon.privacy.party import Plan, party_vector
+    from fedml_moon.privacy.sums import unflatten
+
+    received = {"model": {"w": torch.zeros(4)}}
+    present = torch.tensor([True] * 6 + [False] * 4)
+    upload = {
+        "model": {"w": torch.tensor([0.3, 0.4, 0.0, 0.0])},  # an update of norm 0.5
+        "prototypes": torch.zeros(10, 3),  # this test counts the flags alone
+        "present": present,
+    }
+    plan = Plan(dict(FedSSCServer.summed), ratio=1.0, clip=1.0)
+    got = party_vector(upload, received, plan)
+    fields, _ = unflatten(got.vector, got.entries, [])
+    assert math.isclose(got.norm, math.sqrt(0.25 + 6))
+    scale = 1 / math.sqrt(0.25 + 6)  # 0.4
+    assert torch.allclose(
+        fields["model"]["w"], torch.tensor([0.3, 0.4, 0.0, 0.0], dtype=torch.float64) * scale
+    )
+    assert math.isclose(float(fields["model"]["w"].norm()), 0.2, rel_tol=1e-6)  # 0.5 x 0.4
+    assert torch.allclose(fields["present"], present.double() * scale)  # clipped with it

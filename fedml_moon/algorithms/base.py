@@ -21,6 +21,7 @@ from fedml_moon.config_schema import ServerArgs, TrainArgs
 from fedml_moon.core.aggregation import ServerMomentum, clone_state
 from fedml_moon.core.personal import PartyFigures, new_test
 from fedml_moon.core.robust import RobustMean, RobustOptions
+from fedml_moon.core.seeds import torch_seed
 from fedml_moon.core.split import merge_states
 from fedml_moon.privacy.sums import UPDATE, Sums, apply_mean_update
 
@@ -129,6 +130,12 @@ class ClientAlgorithm:
         self.model_factory = model_factory
         self.seed = seed
 
+    def generator(self, r: PartyRound) -> torch.Generator:
+        """A CPU generator of this run, round and party: the same numbers in every mode, on every
+        resume, whatever else drew random numbers. Draw an algorithm's random numbers from it (in
+        `context` or `finish`), never from torch's, numpy's or Python's global state."""
+        return torch.Generator().manual_seed(torch_seed(self.seed, "algorithm", 0, r.round_idx, r.party))
+
     def context(self, r: PartyRound) -> Context:
         """The round's starting model, learning rate and what `loss` and the hooks read: the
         server's model at train_args.learning_rate, nothing else."""
@@ -202,9 +209,9 @@ class ServerAlgorithm:
         self.train_args = train
         self.seed = seed
         self.round_idx = 0
-        self.trainable: list[
-            str
-        ] = []  # the model's trainable parameters by state-dict name (the aggregator's)
+        # the model's trainable parameters by state-dict name: set by the aggregator after __init__,
+        # before `setup`
+        self.trainable: list[str] = []
         self.momentum = (
             ServerMomentum(server.server_momentum, server.server_momentum_style, server.server_lr)
             if server.server_momentum > 0 or server.server_lr != 1.0
@@ -214,8 +221,14 @@ class ServerAlgorithm:
         self.class_counts: dict[int, list[int]] = {}  # party -> its training samples per class
         self.classes_held: dict[int, list[int]] = {}  # party -> the classes it claims (engine.claims)
 
+    def generator(self, round_idx: int) -> torch.Generator:
+        """A CPU generator of this run and round for the server's own draws (as
+        `ClientAlgorithm.generator`): derived, so a checkpoint need not carry it."""
+        return torch.Generator().manual_seed(torch_seed(self.seed, "algorithm", 1, round_idx))
+
     def setup(self, global_state: OrderedDict) -> OrderedDict:
-        """Called once with the initial global state; may validate it or replace it (e.g. a checkpoint)."""
+        """Called once with the initial global state; may validate it or replace it (e.g. a checkpoint).
+        `self.trainable` is set before it is called (not yet in `__init__`)."""
         return global_state
 
     def upload_spec(self, global_state: OrderedDict, party_id: int) -> dict:

@@ -24,6 +24,7 @@ STREAMS: dict[str, int] = {
     "party_init": 4,  # MOON's own random initialisation of a party (unseen_party_prev: own-init)
     "prototypes": 5,  # FedSSC's random choice of the parties behind each class prototype
     "site_test_split": 6,  # a site's own data without a test split: its seeded local test share
+    "algorithm": 7,  # an algorithm's own draws: ClientAlgorithm.generator / ServerAlgorithm.generator
 }
 
 

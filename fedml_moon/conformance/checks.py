@@ -2,7 +2,8 @@
 
 On tiny data (`TINY`: 3 parties, 2 sampled per round, 3 rounds) it runs the algorithm the ways a
 contributor cannot try by hand, and names what differs: payloads that no transport can carry; a
-run that does not repeat itself; stacked and sequential parties that compute something else (one
+party that changes what it received; random numbers not drawn from the run's generators; a run
+that does not repeat itself; stacked and sequential parties that compute something else (one
 local round from identical inputs in float32, every round in float64); a run stopped and resumed
 that does not go on as the uninterrupted one (server state, party states, final model); a secure
 sum that loses part of an upload; and every deployment mode against the standalone run.
@@ -16,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedml_moon.conformance.causes import INPLACE, global_random_problems, resume_hint
 from fedml_moon.conformance.inprocess import (
     FLOAT32_ONE_ROUND,
     FLOAT64_ROUNDS,
@@ -109,17 +111,6 @@ def _one_round_check(traced: Traced, float64: Outcome) -> Check:
     return Check(name, not traced.replay or rounding, failed, note)
 
 
-def _hint(problems: list[str]) -> str:
-    if any(p.startswith("at the start") and ": server." in p for p in problems):
-        return (
-            " -- the server algorithm keeps this across rounds, but its state() / load_state() do not "
-            "carry it: add it to both"
-        )
-    if any(": party." in p for p in problems):
-        return " -- the party side keeps this on itself; keep it in the party's state (PartyRound.state)"
-    return ""
-
-
 def resume_check(config: Path, overrides: list[str], folder: Path, traced: Traced) -> Check:
     """The run stopped after round STOP_AFTER's checkpoint and resumed in a fresh process (the probe)
     holds at every round's start what the uninterrupted `traced` run held, and ends the same."""
@@ -154,7 +145,7 @@ def resume_check(config: Path, overrides: list[str], folder: Path, traced: Trace
     problems += run_differences(
         RunResult("traced", traced.folder, [0], []), RunResult("resumed", out, [0], []), 0.0, RESUMED
     )
-    return Check(name, not problems, "; ".join(problems[:6]) + _hint(problems))
+    return Check(name, not problems, "; ".join(problems[:6]) + resume_hint(problems))
 
 
 def _modes(
@@ -202,6 +193,11 @@ def check_algorithm(
     ]
     if traced.error:
         return [*checks, Check("the standalone run (in this process)", False, traced.error)]
+    changed = "; ".join(traced.changed[:3]) + (INPLACE if traced.changed else "")
+    checks.append(Check("what a party received is as it was sent after its round", not changed, changed))
+    found = global_random_problems(config, overrides, folder / "random")
+    name = "random numbers come from the run's generators (the global random state set otherwise)"
+    checks.append(Check(name, not found, "; ".join(found)))
     float64 = float64_rounds(config, overrides, folder / "float64", train.client_num_per_round)
     checks.append(_one_round_check(traced, float64))
     ref = run_mode("standalone", config, overrides, folder)
@@ -218,4 +214,15 @@ def check_algorithm(
     checks.append(resume_check(config, overrides, folder, traced))
     outcome = secure_vs_plain(config, overrides, folder / "secure", train.client_num_in_total)
     checks.append(_from("secure aggregation: the aggregate equals the plain one", outcome))
-    return checks + _modes(config, overrides, folder, ref, modes)
+    return _no_excuse(checks + _modes(config, overrides, folder, ref, modes), traced)
+
+
+def _no_excuse(checks: list[Check], traced: Traced) -> list[Check]:
+    """float32's rounding excuses the one-round gap only when every other check passes: a plugin that
+    fails elsewhere may owe the gap to the same defect."""
+    excused = next((c for c in checks if c.ok and "rounding, not a difference" in c.note), None)
+    if excused is None or all(c.ok for c in checks):
+        return checks
+    detail = "; ".join(traced.replay[:4]) + " -- another check fails: float32 rounding does not explain it"
+    failed = Check(excused.name, False, detail, excused.note.split("; float32 differs")[0])
+    return [failed if c is excused else c for c in checks]

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fedml_moon.conformance.causes import received_changed
 from fedml_moon.conformance.snapshot import differences, same_tree, snapshot
 
 FLOAT32_ONE_ROUND = 1e-5  # stacked vs sequential, one local round from identical inputs (float32)
@@ -37,6 +38,7 @@ class Traced:
     snapshots: dict[int, dict] = field(default_factory=dict)
     replay: list[str] = field(default_factory=list)
     together: list[int] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # what a party's round changed of what it received
     error: str = ""  # the run stopped: why
     exception: Exception | None = None  # what stopped it
 
@@ -112,7 +114,9 @@ def _watch_payloads(run: Any, traced: Traced) -> None:
         return out
 
     def watched_train(party: int, download: dict, r: int) -> tuple:
+        before = snapshot(download)
         n, upload = train(party, download, r)
+        traced.changed += received_changed(before, download, f"round {r}, party {party}")
         check(upload, f"round {r}: party {party}'s upload")
         check(runner.trainer.store.get(party), f"round {r}: party {party}'s state")
         return n, upload

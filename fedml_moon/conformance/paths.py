@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.conformance.causes import dtype_hint
 from fedml_moon.conformance.inprocess import FLOAT64_ROUNDS, STACKED, counting_groups, quiet_run
 from fedml_moon.conformance.snapshot import differences, snapshot
 from fedml_moon.errors import ConfigError
@@ -107,7 +108,7 @@ def float64_rounds(config: str | Path, overrides: list[str], folder: Path, stack
             config, [*f64, f"train_args.parties_in_parallel={stacked}"], folder / "stacked", sizes
         )
     except Exception as err:
-        return Outcome(error=f"{type(err).__name__}: {err}")
+        return Outcome(error=f"{type(err).__name__}: {err}{dtype_hint(err)}")
     note = (
         f"groups of {sorted(set(sizes))} parties trained together" if sizes else "no parties trained together"
     )

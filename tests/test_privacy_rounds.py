@@ -177,6 +177,7 @@ def test_a_target_epsilon_stops_the_run_before_the_round_that_would_pass_it(tmp_
         ([*SECURE, "train_args.client_num_per_round=2"], "train_args.client_num_per_round"),
         ([*SECURE, "privacy_args.secagg_threshold=5"], "privacy_args.secagg_threshold"),  # 5 of 10
         ([*SECURE, "privacy_args.secagg_threshold=11"], "privacy_args.secagg_threshold"),
+        ([*SECURE, "privacy_args.secagg_threshold=10"], "leaves no holder of a neighbourhood of 10"),
         (
             [*SECURE, "privacy_args.secagg_neighbours=4", "privacy_args.secagg_threshold=2"],
             "secagg_threshold",

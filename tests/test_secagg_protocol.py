@@ -248,9 +248,20 @@ def test_bad_parameters_keys_vectors_and_requests_are_refused_clearly():
         r.parties[0].unmask([0, 1, 2, 3, 7], [])
     with pytest.raises(SecAggError, match=r"does not say whether parties \[3\] survived"):
         r.parties[0].unmask([0, 1, 2], [])
-    with pytest.raises(SecAggError, match="it must be listed as a survivor"):
-        r.parties[0].unmask([1, 2, 3], [0])
     r.parties[0].unmask([0, 1, 2, 3], [])
+    with pytest.raises(SecAggError, match="already answered this round"):
+        r.parties[0].unmask([0, 1, 2, 3], [])
+
+    # listed as dropped after its masked input (a neighbour named it): its own s-seed share only, never
+    # a b share; and still once, and never for lists it cannot accept
+    r = Round(4, SecAggParams(threshold=3))
+    r.masked()
+    with pytest.raises(SecAggError, match=r"parties \[7\] are not participants of the round"):
+        r.parties[1].unmask([0, 2, 3, 7], [1])
+    with pytest.raises(SecAggError, match=r"parties \[1\] are both survivors and dropped"):
+        r.parties[1].unmask([0, 1, 2, 3], [1])
+    answer = r.parties[0].unmask([1, 2, 3], [0])
+    assert answer["b"] == {} and list(answer["s"]) == [0]
     with pytest.raises(SecAggError, match="already answered this round"):
         r.parties[0].unmask([0, 1, 2, 3], [])
 

@@ -86,3 +86,26 @@ def test_a_silo_sending_garbage_shares_is_dropped_and_the_round_completes(tmp_pa
     assert _summary(out)["status"] == "completed"
     (record,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert record["parties"] == 4 and record["missing_parties"] == [0]
+
+
+def test_a_silo_that_falsely_names_an_honest_neighbour_costs_it_that_round_only(tmp_path):
+    """4 silos, plain SecAgg (t = 3 of 4); silo 1's party names its lowest neighbour for bad shares it
+    never had. The named party is dropped from the round; the survivors hold only 2 shares of its
+    s-seed (its accuser's is missing), so it is asked for its own: the run completes, each round (the
+    accuser lies in both) with the other 3 parties' sum."""
+    extra = [*SECURE, "train_args.comm_round=2", "comm_args.heartbeat_s=1", "comm_args.round_timeout_s=120"]
+    cmd, out = _grpc(tmp_path, 4, *extra)
+    server, log = _start(cmd, 0, tmp_path)
+    accusing = [sys.executable, str(ROOT / "tests" / "accusing_silo.py"), *cmd[3:]]
+    silos = [_start(accusing, 1, tmp_path)[0]] + [_start(cmd, r, tmp_path)[0] for r in (2, 3, 4)]
+    try:
+        codes = conformance.wait_all([server, *silos], 300)
+    finally:
+        for proc in [server, *silos]:
+            conformance.stop(proc)
+    text = log.read_text(errors="replace")
+    assert codes == [0] * 5, f"{codes}\n{text[-3000:]}"
+    assert "are dropped from the round: a neighbour could not decrypt" in text and "(named by {" in text
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["parties"] for r in records] == [3, 3] and all(len(r["missing_parties"]) == 1 for r in records)
+    assert _summary(out)["status"] == "completed"

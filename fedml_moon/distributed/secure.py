@@ -250,7 +250,7 @@ class SecureServer:
             "unmask",
             UNMASK,
             lambda mine: {"survivors": survivors, "dropped": dropped, "parties": sorted(mine)},
-            set(survivors),
+            set(self.sa_session.asked),  # the named parties too: each its own s-seed share
         )
 
     def on_sa_unmasked(self, msg: Any) -> None:

@@ -272,6 +272,6 @@ def secure_sum(
     masked = {p: sessions[p].mask(vectors[p].vector, inboxes.get(p, {})) for p in parties}
     server.collect_masked(masked, {p: sessions[p].accused for p in parties})
     survivors, dropped = server.unmask_request()
-    responses = {p: sessions[p].unmask(survivors, dropped) for p in survivors if p not in drop}
+    responses = {p: sessions[p].unmask(survivors, dropped) for p in server.asked if p not in drop}
     total = server.unmask(responses)
     return server.decode(total), list(survivors)

@@ -185,10 +185,11 @@ def _crowd_checks(p: PrivacyArgs, per_round: int) -> None:
         f"set it above {size // 2}, or auto",
     )
     require(
-        t == "auto" or t <= size,
+        t == "auto" or t < size,
         "privacy_args.secagg_threshold",
-        f"{t} exceeds a neighbourhood of {size} (itself included): no secret could be rebuilt; lower it "
-        "or raise secagg_neighbours",
+        f"{t} leaves no holder of a neighbourhood of {size} (itself included) out: a party named for bad "
+        "shares by its neighbour (whose share of it is then missing) would stop the round; lower it below "
+        f"{size}, or raise secagg_neighbours",
     )
     require(
         p.secagg_min_group <= per_round,

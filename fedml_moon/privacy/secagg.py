@@ -46,6 +46,7 @@ from fedml_moon.privacy.secagg_graph import (
     neighbourhood_size,
     reveal_problem,
     round_problem,
+    survivors_problem,
 )
 from fedml_moon.privacy.secagg_server import ServerSession
 
@@ -247,6 +248,8 @@ class PartySession:
             raise self._fail(step, "unmask() comes after mask()")
         if self._revealed:
             raise self._fail(step, "unmask() was already answered this round: shares are revealed once")
+        if self.party in dropped:
+            return self._own_seed_share(step, survivors, dropped)
         held = set(self._held)
         problem = reveal_problem(self._graph, self.party, held, survivors, dropped, self.params)
         if problem is not None:
@@ -260,3 +263,22 @@ class PartySession:
             "b": {v: (self._held[v][0], self._held[v][1]) for v in alive},
             "s": {v: (self._held[v][0], self._held[v][2]) for v in gone},
         }
+
+    def _own_seed_share(self, step: str, survivors: Sequence[int], dropped: Sequence[int]) -> dict:
+        """A party the round dropped after its masked input (a neighbour named it for bad shares): its
+        own share of its s-seed, which the server rebuilds anyway to remove its pairwise masks, so
+        that the accuser's missing share does not leave the seed short of t; never a b share (its
+        input, left out of the sum, stays masked by b_u)."""
+        alive, gone = set(survivors), set(dropped)
+        strangers = sorted((alive | gone) - set(self._graph.neighbours))
+        problem = (
+            (f"parties {sorted(alive & gone)[:10]} are both survivors and dropped" if alive & gone else None)
+            or (f"parties {strangers[:10]} are not participants of the round" if strangers else None)
+            or round_problem(len(self._graph.order), self._graph.size(), self.params)
+            or survivors_problem(self._graph, alive, self.params.min_group)
+        )
+        if problem is not None:
+            raise self._fail(step, f"{problem}: refusing to reveal")
+        self._revealed = True
+        x, _, y_s = self._held[self.party]
+        return {"b": {}, "s": {self.party: (x, y_s)}}

@@ -25,6 +25,7 @@ class Session(Protocol):
     graph: Any
     survivors: list[int]
     dropped: list[int]
+    named: list[int]  # dropped after their masked input: they answer with their own s-seed share
 
     def holds(self, party: int) -> set[int]: ...
 
@@ -58,7 +59,7 @@ class Rebuilder:
     def _take(self, w: int, answer: object) -> None:
         """One responder's shares, each checked for shape, holder and x coordinate; a wrong one is left
         out and its sender named."""
-        if w not in self.session.survivors:
+        if w not in self.session.survivors and w not in self.session.named:
             log.warning(
                 "round %d: party %s answered the unmasking but is not a survivor: ignored",
                 self.session.round_idx,
@@ -68,6 +69,11 @@ class Rebuilder:
         if not isinstance(answer, Mapping) or set(answer) != {"b", "s"}:
             self._blame(w, "its answer is not unmask()'s {'b': ..., 's': ...} dict")
             return
+        if w not in self.session.survivors:  # a named party: its own s-seed share, nothing else
+            own = isinstance(answer["s"], Mapping) and set(answer["s"]) <= {w} and not answer["b"]
+            if not own:
+                self._blame(w, "a party named for bad shares may reveal its own s-seed share only")
+                return
         for kind, wanted in (("b", self.b_points), ("s", self.s_points)):
             given = answer[kind]
             if not isinstance(given, Mapping):

@@ -29,6 +29,7 @@ class ServerSession:
         self.round_idx, self.params, self.length = round_idx, params, length
         self.survivors: list[int] = []
         self.dropped: list[int] = []
+        self.named: list[int] = []
         self.digests: dict[int, bytes] = {}
         self.graph: RoundGraph | None = None
         self.accused: dict[int, list[int]] = {}  # a party named for bad shares -> who named it
@@ -116,6 +117,7 @@ class ServerSession:
         self._sum = total
         self.survivors = survivors
         self.dropped = sorted(set(self._inbox) - set(survivors))
+        self.named = sorted(named & set(masked))  # dropped after their masked input: asked their own seed
         if self.dropped:
             log.info("round %d: parties %s dropped after sharing keys", self.round_idx, self.dropped)
         return list(self.survivors), list(self.dropped)
@@ -167,10 +169,21 @@ class ServerSession:
     def unmask_request(self) -> tuple[list[int], list[int]]:
         """What every survivor is asked in round 3, the whole round's lists: (the survivors, the
         dropped); each party reveals its shares of the b_u of the survivors and of the s-seeds of the
-        dropped among those it holds (`PartySession.unmask`), after checking the crowd rules itself."""
+        dropped among those it holds (`PartySession.unmask`), after checking the crowd rules itself.
+        The parties named for bad shares that sent a masked input are asked too (`asked`): each
+        reveals its own share of its own s-seed only, standing in for the share its accuser lost."""
         if self._sum is None:
             raise self._fail("unmasking", "unmask_request() comes after collect_masked()")
         return list(self.survivors), list(self.dropped)
+
+    @property
+    def asked(self) -> list[int]:
+        """Who is sent the unmasking request: the survivors, and each named party whose s-seed the
+        survivors hold fewer than t shares of (its accuser's is missing): only then is it asked for
+        its own (`unmask_request`)."""
+        t, alive = self.params.threshold, set(self.survivors)
+        short = [v for v in self.named if sum(1 for u in alive if v in self.holds(u)) < t]
+        return sorted({*self.survivors, *short})
 
     def unmask(self, responses: Mapping[int, dict]) -> torch.Tensor:
         """Round 3 (Unmasking; Bonawitz et al. 2017, Fig. 4, round 4): rebuilds b_u of every survivor and

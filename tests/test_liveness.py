@@ -114,3 +114,18 @@ def test_a_silo_started_before_its_server_says_that_it_waits(transport, tmp_path
     assert 18 <= time.monotonic() - started < 60
     waits = [line for line in said.splitlines() if "is waiting for the server (rank 0" in line]
     assert len(waits) >= 2, said[-2000:]  # at 6 s and 12 s (18 s, if the clock allows)
+
+
+def test_a_pause_renews_only_the_peers_alive_when_it_began():
+    """A process paused (stopped, or starved of the CPU) gives its live peers a fresh heartbeat window,
+    not a peer that was dead before the pause: however often it is starved, a dead silo stays dead."""
+    from types import SimpleNamespace
+
+    from fedml_moon.distributed.managers import _Manager
+
+    now = time.monotonic()
+    peer = SimpleNamespace(last_seen={1: now - 9.0, 2: now - 40.0}, heartbeat_s=5.0)
+    peer._transport = SimpleNamespace(heard={1: now - 8.0})
+    peer.silent_for = lambda rank: _Manager.silent_for(peer, rank)
+    # a pause of 8 s: rank 1 was heard 0 s before it began (alive), rank 2 32 s before (dead: > 15 s)
+    assert _Manager.alive_before(peer, 8.0) == [1]

@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from concurrent import futures
 
 import grpc
 import pytest
@@ -423,3 +424,50 @@ def test_a_silo_outbox_keeps_at_most_its_bound_and_one_heartbeat():
     for _ in range(5):
         big.put(b"x" * 60)
     assert big.dropped == 4  # past the bytes, one frame of the newest is kept
+
+
+def test_a_rank_that_churns_subscribe_calls_leaves_a_bounded_log_and_the_others_served(net, caplog):
+    """300 Subscribe calls of rank 3 in a row (each ends the one before): the server notes at most
+    its per-source budget of "rank 3 subscribed" lines and counts the rest; the honest silos are
+    served meanwhile."""
+    n = net("token")
+    server, server_inbox = n.server()
+    silo1, inbox1 = n.silo(1, server.address)
+    subscribe = n.channel(server.address, 3).stream_stream(f"/{SERVICE}/Subscribe")
+    meta = n.metadata(3)
+    with caplog.at_level(logging.INFO, logger="fedml_moon.distributed.transport.grpc_transport"):
+        calls = [subscribe(iter([RANK.pack(3)]), metadata=meta, timeout=10) for _ in range(300)]
+        assert _wait_until(lambda: server.notices.count >= 50)  # each took the slot of the one before
+        for call in calls:
+            call.cancel()
+        silo1.send_message(_msg("hello", 1))
+        server.send_message(_msg("welcome", 0, 1))
+        assert server_inbox.wait(1, 5.0) and inbox1.wait(1, 5.0)
+    said = caplog.text.count("rank 3 subscribed")
+    assert 1 <= said <= 20, said  # the source's budget of lines a window
+    assert server.notices.count >= 50 > said  # the rest counted, summed up ("noted N more") a window later
+
+
+def test_a_send_the_server_cut_is_sent_again():
+    """A Send that ends CANCELLED (a server too busy to read it in time cuts it) is retried, as one
+    that found no server; the message arrives once."""
+    calls: list[bytes] = []
+
+    def on_send(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        calls.append(next(requests))
+        if len(calls) == 1:
+            context.abort(grpc.StatusCode.CANCELLED, "cut")
+        return b""
+
+    handlers = {"Send": grpc.stream_unary_rpc_method_handler(on_send)}
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    silo = GrpcClientTransport(1, f"127.0.0.1:{port}", 16, 10)
+    try:
+        silo.send_message(_msg("hello", 1))
+        assert len(calls) == 2 and calls[0] == calls[1]
+    finally:
+        silo.stop_receive_message()
+        server.stop(0)

@@ -110,6 +110,12 @@ class _Manager(FedMLCommManager):
     def is_dead(self, rank: int) -> bool:
         return rank in self.last_seen and self.silent_for(rank) > DEAD_AFTER_BEATS * self.heartbeat_s
 
+    def alive_before(self, pause_s: float) -> list[int]:
+        """The peers that were alive when a pause of `pause_s` seconds began (a grace renews only
+        theirs: a peer already dead before it stays dead, however often the process is starved)."""
+        window = DEAD_AFTER_BEATS * self.heartbeat_s
+        return [rank for rank in list(self.last_seen) if self.silent_for(rank) - pause_s <= window]
+
     def _heartbeat_loop(self) -> None:
         """From its own thread, so a process busy training still shows it is alive."""
         while self._ticking:
@@ -175,7 +181,7 @@ class _Manager(FedMLCommManager):
                 log.warning(
                     "rank %d was paused for %.0f s; peers get a fresh heartbeat window", self.rank, now - last
                 )
-                self.last_seen.update((rank, now) for rank in list(self.last_seen))
+                self.last_seen.update((rank, now) for rank in self.alive_before(now - last))
             last = now
             self._transport.post(Message(TICK, self.rank, self.rank))
 

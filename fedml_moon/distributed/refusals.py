@@ -44,8 +44,10 @@ class RefusalLog:
         total: int = 100,
         width: int = WIDTH,
         clock: Callable[[], float] = time.monotonic,
+        verb: str = "refused",
     ) -> None:
         self.logger, self.window_s, self.width, self.clock = logger, window_s, width, clock
+        self.verb = verb  # the summary's word for what it counted (a log of notices: "noted")
         self.per_source, self.total = per_source, total
         self._lock = threading.Lock()
         self._start = clock()
@@ -85,7 +87,8 @@ class RefusalLog:
         for source, reasons in sorted(self._held.items()):
             top = "; ".join(f"{reason} (x{n})" for reason, n in reasons.most_common(3))
             self.logger.warning(
-                "refused %d more from %s in the last %.0f s, not logged one by one: %s",
+                "%s %d more from %s in the last %.0f s, not logged one by one: %s",
+                self.verb,
                 sum(reasons.values()),
                 bounded(source, 80),
                 now - self._start,

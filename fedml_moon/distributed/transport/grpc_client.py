@@ -21,7 +21,9 @@ from fedml_moon.distributed.transport.grpc_common import (
 )
 
 log = logging.getLogger(__name__)
-RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# a Send the server did not take: cut (CANCELLED, e.g. a server too busy to read it in time), not
+# reachable or too slow; a duplicate of one it did take is dropped there as late
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class GrpcClientTransport(QueueTransport):

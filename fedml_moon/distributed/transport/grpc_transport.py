@@ -126,6 +126,7 @@ class GrpcServerTransport(QueueTransport):
         self._outboxes: dict[int, Outbox] = {}
         self._lock = threading.Lock()
         self.slots = Slots(*slot_caps(self.security.auth, workers))
+        self.notices = RefusalLog(log, verb="noted")  # "rank r subscribed": a caller that churns is counted
         self.watchdog = Watchdog()
         handlers = {
             "Send": grpc.stream_unary_rpc_method_handler(self._on_send),
@@ -300,7 +301,7 @@ class GrpcServerTransport(QueueTransport):
         outbox = self._outbox(wanted)
         reader = outbox.claim()
         if lease.streaming(outbox.wake):
-            log.info("rank %d subscribed", wanted)
+            self.notices.refused(f"rank {wanted}", f"rank {wanted} subscribed", "subscribed", logging.INFO)
             while (frame := outbox.next(reader, lease)) is not None:
                 yield frame
         why = lease.ended or ("a newer Subscribe took its place" if outbox.replaced(reader) else "")

@@ -426,26 +426,31 @@ def test_a_silo_outbox_keeps_at_most_its_bound_and_one_heartbeat():
     assert big.dropped == 4  # past the bytes, one frame of the newest is kept
 
 
-def test_a_rank_that_churns_subscribe_calls_leaves_a_bounded_log_and_the_others_served(net, caplog):
-    """300 Subscribe calls of rank 3 in a row (each ends the one before): the server notes at most
-    its per-source budget of "rank 3 subscribed" lines and counts the rest; the honest silos are
-    served meanwhile."""
+def test_a_rank_that_churns_subscribe_calls_is_refused_past_its_rate_and_the_others_served(net, caplog):
+    """300 Subscribe calls of rank 3 in a row: past its burst (CALL_RATES) they are refused as busy
+    before their request is read, the refusals and the "rank 3 subscribed" lines logged within their
+    budgets, and the honest silo is served meanwhile."""
     n = net("token")
     server, server_inbox = n.server()
     silo1, inbox1 = n.silo(1, server.address)
     subscribe = n.channel(server.address, 3).stream_stream(f"/{SERVICE}/Subscribe")
     meta = n.metadata(3)
+    per_s, burst = server.slots.rates["Subscribe"].per_s, server.slots.rates["Subscribe"].burst
     with caplog.at_level(logging.INFO, logger="fedml_moon.distributed.transport.grpc_transport"):
+        started = time.monotonic()
         calls = [subscribe(iter([RANK.pack(3)]), metadata=meta, timeout=10) for _ in range(300)]
-        assert _wait_until(lambda: server.notices.count >= 50)  # each took the slot of the one before
-        for call in calls:
-            call.cancel()
+        assert _wait_until(lambda: sum(c.done() for c in calls) >= 299)
+        elapsed = time.monotonic() - started
         silo1.send_message(_msg("hello", 1))
         server.send_message(_msg("welcome", 0, 1))
         assert server_inbox.wait(1, 5.0) and inbox1.wait(1, 5.0)
-    said = caplog.text.count("rank 3 subscribed")
-    assert 1 <= said <= 20, said  # the source's budget of lines a window
-    assert server.notices.count >= 50 > said  # the rest counted, summed up ("noted N more") a window later
+        for call in calls:
+            call.cancel()
+    refused = [c for c in calls if c.done() and c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    rate = [c for c in refused if "faster than" in (c.details() or "")]
+    assert len(rate) >= 300 - burst - per_s * elapsed - 1 and all(_busy(c) for c in rate[:5])
+    assert caplog.text.count("rank 3 subscribed") <= 20
+    assert caplog.text.count("starts Subscribe calls faster than") <= 20  # the refusal budget
 
 
 def test_a_send_the_server_cut_is_sent_again():
@@ -471,3 +476,16 @@ def test_a_send_the_server_cut_is_sent_again():
     finally:
         silo.stop_receive_message()
         server.stop(0)
+
+
+def test_the_call_rate_is_a_token_bucket_per_caller_by_hand():
+    from fedml_moon.distributed.transport.slots import Rate
+
+    now = [0.0]
+    rate = Rate(2.0, 3.0, clock=lambda: now[0])
+    assert [rate.allow("rank 3") for _ in range(4)] == [True, True, True, False]  # a burst of 3
+    now[0] = 0.5  # half a second at 2 a second: one more call
+    assert rate.allow("rank 3") and not rate.allow("rank 3")
+    assert rate.allow("rank 1")  # each caller its own bucket
+    now[0] = 100.0  # idle: full again, never more than the burst
+    assert [rate.allow("rank 3") for _ in range(4)] == [True, True, True, False]

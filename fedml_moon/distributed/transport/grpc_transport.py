@@ -182,16 +182,26 @@ class GrpcServerTransport(QueueTransport):
             return token_rank(sec.tokens or {}, context.invocation_metadata())
         return None
 
-    def _caller(self, context: grpc.ServicerContext) -> tuple[Hashable, str, int | None]:
-        """(slot key, log source, rank) of a call, from its credentials before its request is read:
-        its rank, or with auth "none" its peer's host."""
+    def _caller(self, context: grpc.ServicerContext, method: str) -> tuple[Hashable, str, int | None]:
+        """(slot key, log source, rank) of a `method` call, from its credentials before its request
+        is read: its rank, or with auth "none" its peer's host; Refused (busy) past its call rate."""
         rank = self._identify(context)
         if rank is None:
             host = peer_host(context.peer())
-            return host, host, None
-        if rank not in self.ranks:
+            key, source = host, host
+        elif rank not in self.ranks:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {rank} is not a rank of this run")
-        return rank, f"rank {rank}", rank
+        else:
+            key, source = rank, f"rank {rank}"
+        if not self.slots.allow(method, key):
+            per_s, burst = self.slots.rates[method].per_s, self.slots.rates[method].burst
+            raise Refused(
+                RESOURCE_EXHAUSTED,
+                f"{source} starts {method} calls faster than {per_s:g} a second (bursts of {burst:g})",
+                f"too many {method} calls a second",
+                busy=True,
+            )
+        return key, source, rank
 
     def _refuse(self, context: grpc.ServicerContext, err: Refused, source: str) -> None:
         peer = bounded(context.peer(), 80)
@@ -229,7 +239,7 @@ class GrpcServerTransport(QueueTransport):
     def _on_send(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         source = peer_host(context.peer())
         try:
-            key, source, rank = self._caller(context)
+            key, source, rank = self._caller(context, "Send")
             lease = Lease(context)
             if not self.slots.take("Send", key, lease):
                 raise Refused(
@@ -272,7 +282,7 @@ class GrpcServerTransport(QueueTransport):
     def _on_subscribe(self, requests: Iterator[bytes], context: grpc.ServicerContext):
         source = peer_host(context.peer())
         try:
-            key, source, rank = self._caller(context)
+            key, source, rank = self._caller(context, "Subscribe")
             lease = Lease(context)
             if not context.add_callback(lambda: lease.end("", cancel=False)):  # called once it is over
                 return

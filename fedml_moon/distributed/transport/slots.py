@@ -20,6 +20,10 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 SEND_SLOTS, SUBSCRIBE_SLOTS = 2, 1  # per rank
+# calls a caller may start: (per second, in a burst). A silo sends a few messages a round and its
+# heartbeats, and subscribes once a session (again after a break, backing off); past the rate a call is
+# refused as busy before its request is read, and an honest silo retries after a pause.
+CALL_RATES = {"Send": (50.0, 100.0), "Subscribe": (2.0, 20.0)}
 
 
 def slot_caps(auth: str, workers: int) -> tuple[int, int]:
@@ -115,14 +119,41 @@ class Lease:
             self.context.cancel()
 
 
-class Slots:
-    """Per-key caps on concurrent Send calls and Subscribe streams (see the module docstring)."""
+class Rate:
+    """A token bucket per key: `allow(key)` while the key has started fewer than `burst` calls plus
+    `per_s` a second since (refill is continuous; bounded state: the idle keys are forgotten)."""
 
-    def __init__(self, sends: int, subscribes: int) -> None:
+    def __init__(self, per_s: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_s, self.burst, self.clock = float(per_s), float(burst), clock
+        self._tokens: dict[Hashable, tuple[float, float]] = {}  # key -> (tokens, when)
+        self._lock = threading.Lock()
+
+    def allow(self, key: Hashable) -> bool:
+        now = self.clock()
+        with self._lock:
+            tokens, when = self._tokens.get(key, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - when) * self.per_s)
+            allowed = tokens >= 1.0
+            self._tokens[key] = (tokens - 1.0 if allowed else tokens, now)
+            if len(self._tokens) > 4096:  # many hosts (auth: none): forget the full ones
+                self._tokens = {k: v for k, v in self._tokens.items() if v[0] < self.burst}
+            return allowed
+
+
+class Slots:
+    """Per-key caps on concurrent Send calls and Subscribe streams and on the rate calls start (see
+    the module docstring and CALL_RATES)."""
+
+    def __init__(self, sends: int, subscribes: int, rates: dict | None = None) -> None:
         self.caps = {"Send": int(sends), "Subscribe": int(subscribes)}
+        self.rates = {m: Rate(*r) for m, r in (rates or CALL_RATES).items()}
         self._lock = threading.Lock()
         self._held: dict[tuple[str, Hashable], list[Lease]] = {}
         self.peak: Counter = Counter()  # (method, key) -> the most calls held at once
+
+    def allow(self, method: str, key: Hashable) -> bool:
+        """Whether `key` may start another `method` call now (its rate, CALL_RATES)."""
+        return self.rates[method].allow(key)
 
     def take(self, method: str, key: Hashable, lease: Lease) -> bool:
         """Hold a slot of `method` for `key`. A Send over the cap gets none (False); a Subscribe over

@@ -104,11 +104,6 @@ class DataArgs:
             "(hetero = Dirichlet, homo = IID, shards = label shards, natural = the data's own parties, "
             "file = the partition in partition_path)",
         )
-        require(
-            (self.partition_method == "file") == (self.partition_path is not None),
-            "data_args.partition_path",
-            "give partition_method: file and partition_path (a run's partition.json) together, or neither",
-        )
         require(self.partition_alpha > 0, "data_args.partition_alpha", "the Dirichlet beta must be > 0")
         require(self.shards_per_client >= 1, "data_args.shards_per_client", "must be >= 1")
         for key in ("max_train_samples", "max_test_samples"):
@@ -152,6 +147,11 @@ class DataArgs:
             "data_args.max_train_samples",
             "a natural partition keeps every party's samples; leave max_train_samples and max_test_samples "
             "null",
+        )
+        require(
+            (self.partition_method == "file") == (self.partition_path is not None),
+            "data_args.partition_path",
+            "give partition_method: file and partition_path (a run's partition.json) together, or neither",
         )
         require(0 < self.test_fraction < 1, "data_args.test_fraction", "must be between 0 and 1")
         for key in ("image_size", "channels"):

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.records import replace_earlier
 from fedml_moon.tracking import WandbRun
 
 log = logging.getLogger(__name__)
@@ -19,12 +20,13 @@ class RunRecorder:
 
     metrics.jsonl is first written by the first `log_round` (a new run: the file starts empty),
     `restore` (a resumed run: the checkpoint's records) or `finish` (a run that recorded nothing):
-    building a recorder changes no file, so a run refused before it starts leaves the records of the
-    run before it as they were."""
+    building a recorder changes no file (but for an earlier run's records that `--overwrite` said to
+    replace), so a run refused before it starts leaves the records of the run before it as they were."""
 
     def __init__(self, out_dir: Path, config: dict[str, Any], wandb_run: WandbRun | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        replace_earlier(self.out_dir)  # --overwrite: the earlier run's records go as this run starts
         self.config = config
         self.wandb = wandb_run
         self.records: list[dict[str, Any]] = []

@@ -39,9 +39,14 @@ def earlier_records(out_dir: Path) -> list[str]:
     return found
 
 
+_PENDING: set[Path] = set()  # folders whose earlier records this process replaces (--overwrite)
+
+
 def claim_folder(out_dir: Path, overwrite: bool) -> None:
     """Let a new run write its records in `out_dir`: refused (a ConfigError naming the three ways on)
-    where an earlier run's are there, unless `overwrite`, which removes them first."""
+    where an earlier run's are there, unless `overwrite`: then they are removed when this run first
+    writes its own (`replace_earlier`, from the run's recorder), so that a run refused before it
+    starts (its data, its config) still leaves them as they were."""
     found = earlier_records(out_dir)
     if not found:
         return
@@ -51,8 +56,18 @@ def claim_folder(out_dir: Path, overwrite: bool) -> None:
             f"run with --resume {out_dir}, keep it and give this run another --output-dir, or replace its "
             "records with --overwrite"
         )
-    for name in [*RECORDS, *(p.name for p in Path(out_dir).glob("model_at_*.pt"))]:
-        path = Path(out_dir) / name
+    _PENDING.add(Path(out_dir).resolve())
+
+
+def replace_earlier(out_dir: Path) -> None:
+    """Remove the earlier run's records from `out_dir` if `claim_folder` was told to replace them."""
+    key = Path(out_dir).resolve()
+    if key not in _PENDING:
+        return
+    _PENDING.discard(key)
+    found = earlier_records(out_dir)
+    for name in [*RECORDS, *(p.name for p in key.glob("model_at_*.pt"))]:
+        path = key / name
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():

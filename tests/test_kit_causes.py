@@ -13,7 +13,7 @@ import pytest
 from fedml_moon import conformance
 from fedml_moon.conformance.causes import global_random_problems
 from fedml_moon.conformance.checks import Check, _no_excuse
-from fedml_moon.conformance.inprocess import Traced
+from fedml_moon.conformance.inprocess import Traced, quiet_run
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests.helpers import restored_main
 
@@ -74,7 +74,7 @@ def test_the_received_payloads_of_a_correct_algorithm_are_untouched(tmp_path):
 def test_check_names_random_numbers_not_drawn_from_the_runs_generators(name, side, tmp_path):
     sets = broken(name) if name else [*conformance.TINY, "algorithm_args.mu=1"]
     config = FEDAVG if name else ROOT / "config" / "fashion_mnist" / "moon.yaml"
-    found = global_random_problems(config, sets, tmp_path)
+    found = global_random_problems(config, sets, tmp_path, quiet_run)
     if name is None:  # MOON draws its unseen parties' models from its own stream: nothing found
         assert found == []
         return

@@ -76,14 +76,14 @@ def test_another_codes_split_with_shared_test_samples_is_taken_as_it_is(tmp_path
 
 
 def _refused(tmp_path: Path, record: object) -> tuple[list[str], Path]:
-    """The file `record` (JSON, or raw text) read through the command line by a run into a folder that
-    holds an earlier run's file."""
+    """The file `record` (JSON, or raw text) read through the command line by a run told to replace
+    the earlier run's records in its folder (`--overwrite`): a refused run replaces nothing."""
     path = tmp_path / "partition.json"
     path.write_text(record if isinstance(record, str) else json.dumps(record))
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     (out / "metrics.jsonl").write_text('{"round": 0}\n')
-    argv = ["simulate", "--cf", str(CONFIGS / "fedavg.yaml"), "--output-dir", str(out)]
+    argv = ["simulate", "--cf", str(CONFIGS / "fedavg.yaml"), "--output-dir", str(out), "--overwrite"]
     for item in [*TINY, FILE, f"data_args.partition_path={path}"]:
         argv += ["--set", item]
     return argv, out

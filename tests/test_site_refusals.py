@@ -85,7 +85,7 @@ def _refused(name: str, tmp_path: Path, run) -> None:
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"round": 0, "test_acc": 0.5}\n')
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    args = ["simulate", "--cf", str(MOON), "--output-dir", str(out)]
+    args = ["simulate", "--cf", str(MOON), "--output-dir", str(out), "--overwrite"]  # even so: kept
     args += ["--set", f"data_args.data_cache_dir={folder}", "--set", "tracking_args.enable_wandb=false"]
     for s in sets:
         args += ["--set", s]

@@ -58,8 +58,7 @@ class LGOptions:
     warmup_start: str = "last"
     """the warm-up model the LG phase starts from: last, or best (by test accuracy, among evaluated rounds)"""
     report_best: bool = False
-    """also report the authors' best-so-far local and new test figures (optimistic), from the LG start
-    model and the LG rounds; standalone only"""
+    """also report the authors' best-so-far figures (optimistic; LG start and LG rounds); standalone only"""
 
     def check(self) -> None:
         ways = [

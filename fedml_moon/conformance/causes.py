@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import random
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +58,12 @@ def scrambled(run: Any, party_seed: int, server_seed: int) -> Iterator[None]:
     yield
 
 
-def global_random_problems(config: str | Path, overrides: list[str], folder: Path) -> list[str]:
-    """The run three times in this process, the global random state set differently before the party
-    side's rounds or the server's steps: a side whose run then changes draws random numbers that the
-    run's generators do not give."""
-    from fedml_moon.conformance.inprocess import quiet_run
+def global_random_problems(
+    config: str | Path, overrides: list[str], folder: Path, quiet_run: Callable[..., Any]
+) -> list[str]:
+    """The run three times in this process (`quiet_run`: `inprocess.quiet_run`), the global random
+    state set differently before the party side's rounds or the server's steps: a side whose run then
+    changes draws random numbers that the run's generators do not give."""
 
     def ends(name: str, party_seed: int, server_seed: int) -> Any:
         with quiet_run(config, overrides, folder / name) as run, scrambled(run, party_seed, server_seed):

@@ -59,8 +59,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="start anew in an output directory that holds an earlier run's records, removing them first "
-        "(without it such a directory is refused; the server's, in a distributed run)",
+        help="start anew in an output directory that holds an earlier run's records, replacing them once "
+        "the run starts (without it such a directory is refused; the server's, in a distributed run)",
     )
     _plugin(parser)
     _verbose(parser)

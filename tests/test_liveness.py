@@ -17,6 +17,7 @@ import pytest
 
 from fedml_moon import conformance
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from tests.test_deploy_failures import _grpc, _start, _wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -25,13 +26,13 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
 HEARTBEAT_S = 0.3  # dead after 3 periods: 0.9 s; a party's local round: ~8 steps of 0.5 s, 4 s
-SLOW = [
-    *conformance.TINY,
+SLOW_STEPS = [
     f"common_args.plugins=[{ROOT / 'tests' / 'slow_plugin.py'}:slow]",
     "train_args.algorithm=fedavg_slow",
     "train_args.comm_round=2",
     f"comm_args.heartbeat_s={HEARTBEAT_S}",
 ]
+SLOW = [*conformance.TINY, *SLOW_STEPS]
 FALSE_ALARMS = ("sent no heartbeat", "is back", "stopped sending heartbeats", "welcomed it")
 
 
@@ -52,20 +53,9 @@ def test_a_long_local_round_raises_no_alarm(mode, tmp_path):
 
 
 def test_a_server_that_dies_during_a_long_local_round_is_noticed(tmp_path):
-    ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 3, conformance.free_port())
-    overrides = [
-        *SLOW,
-        "train_args.comm_round=20",
-        "train_args.client_num_in_total=2",
-        "train_args.client_num_per_round=2",
-        "common_args.training_type=cross_silo",
-        "comm_args.backend=GRPC",
-        f"comm_args.grpc_ipconfig_path={ipconfig}",
-        "comm_args.timeout_s=20",
-    ]
-    cmd = conformance.cli_command("run", CONFIG, overrides, tmp_path / "out")
-    env, logs = conformance.process_env(tmp_path), [tmp_path / f"rank-{r}.log" for r in range(3)]
-    procs = [conformance.spawn([*cmd, "--rank", str(r)], logs[r], env, tmp_path) for r in range(3)]
+    cmd, _ = _grpc(tmp_path, 2, *SLOW_STEPS, "train_args.comm_round=20", "comm_args.timeout_s=20")
+    started = [_start(cmd, r, tmp_path) for r in range(3)]
+    procs, logs = [proc for proc, _ in started], [log for _, log in started]
     try:
         _wait_for(logs[0], "round 0:", 120)  # the silos are in their round 1 now: 4 s of steps
         conformance.stop(procs[0], first=signal.SIGKILL)
@@ -78,13 +68,6 @@ def test_a_server_that_dies_during_a_long_local_round_is_noticed(tmp_path):
     finally:
         for proc in procs:
             conformance.stop(proc)
-
-
-def _wait_for(log: Path, text: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in (log.read_text(errors="replace") if log.exists() else ""):
-        assert time.monotonic() < deadline, f"{text!r} not in {log}:\n{log.read_text()[-2000:]}"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("transport", ["GRPC", "MQTT_S3"])

@@ -22,6 +22,21 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
+def _with_one_silo(tmp_path: Path, silos: int, script: str, rank: int, extra: list[str], timeout_s: float):
+    """A gRPC run of `silos` silos through the command line, silo `rank` run by tests/`script` (the
+    plugin's own silo with one behaviour changed): (return codes by rank, the server's log, out)."""
+    cmd, out = _grpc(tmp_path, silos, *extra)
+    server, log = _start(cmd, 0, tmp_path)
+    own = [sys.executable, str(ROOT / "tests" / script), *cmd[3:]]
+    procs = [server] + [_start(own if r == rank else cmd, r, tmp_path)[0] for r in range(1, silos + 1)]
+    try:
+        codes = conformance.wait_all(procs, timeout_s)
+    finally:
+        for proc in procs:
+            conformance.stop(proc)
+    return codes, log.read_text(errors="replace"), out
+
+
 def test_secure_aggregation_gives_the_standalone_model_in_every_mode(tmp_path):
     overrides = [*conformance.TINY, *SECURE, "train_args.comm_round=2", "train_args.client_num_per_round=3"]
     ref = conformance.run_mode("standalone", CONFIG, overrides, tmp_path)
@@ -41,7 +56,6 @@ def test_a_silo_dead_after_masking_leaves_a_round_with_the_survivors_sum(tmp_pat
     to unmask. Its self-mask is rebuilt from the two others' shares: round 0 completes with the sum of
     all three vectors, the same final model as the standalone run of that round."""
     extra = [*SECURE, "train_args.comm_round=1", "comm_args.heartbeat_s=1", "comm_args.round_timeout_s=120"]
-    cmd, out = _grpc(tmp_path, 3, *extra)
     ref = conformance.run_mode(
         "standalone",
         CONFIG,
@@ -49,17 +63,8 @@ def test_a_silo_dead_after_masking_leaves_a_round_with_the_survivors_sum(tmp_pat
         tmp_path,
     )
     assert ref.ok, ref.tail()
-    server, log = _start(cmd, 0, tmp_path)
-    silos = [_start(cmd, r, tmp_path)[0] for r in (1, 3)]
-    dying = [sys.executable, str(ROOT / "tests" / "dying_silo.py"), *cmd[3:]]
-    silos.append(_start(dying, 2, tmp_path)[0])
-    try:
-        codes = conformance.wait_all([server, *silos], 240)
-    finally:
-        for proc in [server, *silos]:
-            conformance.stop(proc)
-    text = log.read_text(errors="replace")
-    assert codes[0] == 0 and codes[3] == 9, f"{codes}\n{text[-3000:]}"
+    codes, text, out = _with_one_silo(tmp_path, 3, "dying_silo.py", 2, extra, 240)
+    assert codes[0] == 0 and codes[2] == 9, f"{codes}\n{text[-3000:]}"
     assert "secure aggregation goes on without parties [1] (rank(s) [2])" in text, text[-3000:]
     summary = _summary(out)
     assert summary["status"] == "completed"
@@ -71,16 +76,7 @@ def test_a_silo_sending_garbage_shares_is_dropped_and_the_round_completes(tmp_pa
     The neighbour names it, the server drops party 0 and rebuilds its s-seed from the 3 other holders:
     round 0 completes with the 4 honest parties' sum, party 0 named as missing."""
     extra = [*SECURE, "train_args.comm_round=1", "comm_args.heartbeat_s=1", "comm_args.round_timeout_s=120"]
-    cmd, out = _grpc(tmp_path, 5, *extra)
-    server, log = _start(cmd, 0, tmp_path)
-    garbling = [sys.executable, str(ROOT / "tests" / "garbling_silo.py"), *cmd[3:]]
-    silos = [_start(garbling, 1, tmp_path)[0]] + [_start(cmd, r, tmp_path)[0] for r in (2, 3, 4, 5)]
-    try:
-        codes = conformance.wait_all([server, *silos], 300)
-    finally:
-        for proc in [server, *silos]:
-            conformance.stop(proc)
-    text = log.read_text(errors="replace")
+    codes, text, out = _with_one_silo(tmp_path, 5, "garbling_silo.py", 1, extra, 300)
     assert codes[0] == 0, f"{codes}\n{text[-3000:]}"
     assert "parties [0] are dropped from the round: a neighbour could not decrypt" in text, text[-3000:]
     assert _summary(out)["status"] == "completed"
@@ -94,16 +90,7 @@ def test_a_silo_that_falsely_names_an_honest_neighbour_costs_it_that_round_only(
     s-seed (its accuser's is missing), so it is asked for its own: the run completes, each round (the
     accuser lies in both) with the other 3 parties' sum."""
     extra = [*SECURE, "train_args.comm_round=2", "comm_args.heartbeat_s=1", "comm_args.round_timeout_s=120"]
-    cmd, out = _grpc(tmp_path, 4, *extra)
-    server, log = _start(cmd, 0, tmp_path)
-    accusing = [sys.executable, str(ROOT / "tests" / "accusing_silo.py"), *cmd[3:]]
-    silos = [_start(accusing, 1, tmp_path)[0]] + [_start(cmd, r, tmp_path)[0] for r in (2, 3, 4)]
-    try:
-        codes = conformance.wait_all([server, *silos], 300)
-    finally:
-        for proc in [server, *silos]:
-            conformance.stop(proc)
-    text = log.read_text(errors="replace")
+    codes, text, out = _with_one_silo(tmp_path, 4, "accusing_silo.py", 1, extra, 300)
     assert codes == [0] * 5, f"{codes}\n{text[-3000:]}"
     assert "are dropped from the round: a neighbour could not decrypt" in text and "(named by {" in text
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -44,9 +44,9 @@ from fedml_moon.privacy.secagg_graph import (
     RoundGraph,
     key_digest,
     neighbourhood_size,
+    own_seed_problem,
     reveal_problem,
     round_problem,
-    survivors_problem,
 )
 from fedml_moon.privacy.secagg_server import ServerSession
 
@@ -269,16 +269,9 @@ class PartySession:
         own share of its s-seed, which the server rebuilds anyway to remove its pairwise masks, so
         that the accuser's missing share does not leave the seed short of t; never a b share (its
         input, left out of the sum, stays masked by b_u)."""
-        alive, gone = set(survivors), set(dropped)
-        strangers = sorted((alive | gone) - set(self._graph.neighbours))
-        problem = (
-            (f"parties {sorted(alive & gone)[:10]} are both survivors and dropped" if alive & gone else None)
-            or (f"parties {strangers[:10]} are not participants of the round" if strangers else None)
-            or round_problem(len(self._graph.order), self._graph.size(), self.params)
-            or survivors_problem(self._graph, alive, self.params.min_group)
-        )
+        problem = own_seed_problem(self._graph, self.party, survivors, dropped, self.params)
         if problem is not None:
-            raise self._fail(step, f"{problem}: refusing to reveal")
+            raise self._fail(step, problem)
         self._revealed = True
         x, _, y_s = self._held[self.party]
         return {"b": {}, "s": {self.party: (x, y_s)}}

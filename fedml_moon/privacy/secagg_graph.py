@@ -193,10 +193,8 @@ def reveal_problem(
     below the crowd rules, a sender it holds left unclassified, a neighbour listed as a survivor that it
     did not mask with, or fewer than t survivors around it."""
     alive, gone = set(survivors), set(dropped)
-    problem = _lists_problem(graph, party, alive, gone) or round_problem(
-        len(graph.order), graph.size(), params
-    )
-    problem = problem or survivors_problem(graph, alive, params.min_group)
+    listed = None if party in alive else "it is answering, so it must be listed as a survivor, not dropped"
+    problem = _lists_problem(graph, alive, gone, listed) or _crowd_problem(graph, alive, params)
     if problem is not None:
         return problem
     unsaid = held - alive - gone - {party}
@@ -220,12 +218,30 @@ def reveal_problem(
     return None
 
 
-def _lists_problem(graph: RoundGraph, party: int, alive: set[int], gone: set[int]) -> str | None:
+def own_seed_problem(
+    graph: RoundGraph, party: int, survivors: Iterable[int], dropped: Iterable[int], params: SecAggParams
+) -> str | None:
+    """Why `party`, listed as dropped after its masked input (a neighbour named it), must not reveal its
+    own share of its own s-seed for a request naming `survivors` and `dropped`, or None: the lists or
+    the round below what every unmasking answer requires (`reveal_problem`'s checks of the request)."""
+    alive, gone = set(survivors), set(dropped)
+    listed = None if party in gone else "it is not listed as dropped, so no share of its own s-seed"
+    return _lists_problem(graph, alive, gone, listed) or _crowd_problem(graph, alive, params)
+
+
+def _lists_problem(graph: RoundGraph, alive: set[int], gone: set[int], listed: str | None) -> str | None:
+    """A request's lists that overlap or name strangers, or (`listed`) that place the answering party
+    where its answer cannot come from."""
     if alive & gone:
         return f"parties {sorted(alive & gone)[:10]} are both survivors and dropped: refusing to reveal"
     strangers = (alive | gone) - set(graph.neighbours)
     if strangers:
         return f"parties {sorted(strangers)[:10]} are not participants of the round: refusing to reveal"
-    if party not in alive:
-        return "it is answering, so it must be listed as a survivor, not dropped: refusing to reveal"
-    return None
+    return None if listed is None else f"{listed}: refusing to reveal"
+
+
+def _crowd_problem(graph: RoundGraph, alive: set[int], params: SecAggParams) -> str | None:
+    """The round or its survivors below the crowd rules."""
+    return round_problem(len(graph.order), graph.size(), params) or survivors_problem(
+        graph, alive, params.min_group
+    )

@@ -194,3 +194,28 @@ def test_an_algorithm_written_here_passes_the_conformance_suite_batched_included
         "PASS  stacked parties: one local round from identical inputs equals sequential (float32, 1e-05)"
     )
     assert f"{stacked} (groups of [2] parties trained together)" in out
+
+
+def test_trainable_is_set_after_the_constructor_and_before_setup_as_the_tutorial_says():
+    from types import SimpleNamespace
+
+    from fedml_moon.adapters.aggregator import PluginServerAggregator
+    from fedml_moon.algorithms.base import NoOptions
+    from fedml_moon.config_schema import ServerArgs
+    from tests.helpers import tiny_factory, train_args
+
+    seen = {}
+
+    class Watching(ServerAlgorithm):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            seen["init"] = list(self.trainable)
+
+        def setup(self, global_state):
+            seen["setup"] = list(self.trainable)
+            return global_state
+
+    model = tiny_factory()()
+    PluginServerAggregator(model, SimpleNamespace(), Watching(NoOptions(), ServerArgs(), train_args()))
+    assert seen["init"] == []
+    assert seen["setup"] == [n for n, p in model.named_parameters() if p.requires_grad] != []

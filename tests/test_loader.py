@@ -142,6 +142,33 @@ def test_a_resident_loader_draws_on_the_device_and_never_waits_for_it() -> None:
     assert len(batches) == 4 and all(x.is_cuda and y.is_cuda for x, y in batches)
 
 
+class _DeviceIndices(torch.Tensor):
+    """Indices that, like a CUDA tensor's, cannot be read through NumPy."""
+
+    def __array__(self, dtype=None):
+        raise TypeError("can't convert a device tensor to numpy")
+
+
+def test_the_plain_copy_of_a_loader_takes_its_device_indices_without_the_host() -> None:
+    """`plain()` (FedSSC's prototypes, SCAFFOLD's statistics) hands the new loader this loader's
+    indices, on the device where the images are resident: they are taken as a tensor, never read
+    through NumPy (which a CUDA tensor refuses)."""
+    images, labels = _indexed(10)
+    loader = PartyLoader(images, labels, np.array([7, 2, 5, 9]), batch_size=2, shuffle=True, seed=3)
+    loader.indices = torch.tensor([7, 2, 5, 9]).as_subclass(_DeviceIndices)
+    plain = loader.plain(batch_size=3)
+    assert [y.tolist() for y in _epoch(plain)] == [[7, 2, 5], [9]]
+    assert plain.indices.dtype == torch.int64
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_plain_copy_of_a_resident_loader_stays_on_the_device() -> None:
+    images = torch.arange(10, dtype=torch.uint8, device="cuda").view(10, 1, 1, 1).expand(10, 1, 2, 2)
+    loader = PartyLoader(images.contiguous(), torch.arange(10, device="cuda"), np.array([7, 2, 5]), 2)
+    plain = loader.plain()
+    assert plain.indices.is_cuda and [y.tolist() for y in _epoch(plain)] == [[7, 2, 5]]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_batches_on_cuda() -> None:
     images = torch.randint(0, 256, (10, 3, 8, 8), dtype=torch.uint8)  # reflect-padding by 4: side > 4

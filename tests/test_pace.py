@@ -14,6 +14,7 @@ from fedml_moon.engine.pace import graphs_on, resolve_pace
 from tests.helpers import restored_main
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 SIMPLE = build_model("simple-cnn", (3, 32, 32), 10, use_head=True, out_dim=256)
 GB = 2**30
 
@@ -92,19 +93,22 @@ def test_a_run_says_how_it_trains_before_its_first_round(tmp_path, capsys):
     assert lines[0] == "device: cpu (device_args.using_gpu: false)"  # the run's first line says where
 
 
-def test_a_checkpoint_from_another_kind_of_device_is_refused_naming_it(tmp_path, monkeypatch):
-    """A GPU run's parties draw their data streams on the GPU (16-byte generator states); resuming
-    its checkpoint on a CPU cannot continue those streams, and says so instead of failing inside
-    PyTorch."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_ONLY)])
+def test_a_checkpoint_from_another_kind_of_device_is_refused_naming_it(tmp_path, monkeypatch, device):
+    """A GPU run's parties draw their data streams on the GPU (16-byte generator states), a CPU run's
+    on the host; resuming a checkpoint on the other kind of device cannot continue those streams,
+    and says so instead of failing inside PyTorch."""
     from fedml_moon import conformance
     from fedml_moon.adapters.run import assemble
     from tests.helpers import TINY_RUN
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    cfg = load_config("config/fashion_mnist/fedavg.yaml", [*conformance.TINY, *TINY_RUN])
+    on_gpu = f"device_args.using_gpu={'true' if device == 'cuda' else 'false'}"
+    cfg = load_config("config/fashion_mnist/fedavg.yaml", [*conformance.TINY, *TINY_RUN, on_gpu])
     runner = assemble(cfg, tmp_path / "run").loop.runner
-    cuda_stream = torch.zeros(16, dtype=torch.uint8)  # the size of a CUDA generator's state
+    other = torch.Generator(device="cpu") if device == "cuda" else None
+    foreign = other.get_state() if other else torch.zeros(16, dtype=torch.uint8)  # a CUDA stream's size
     with pytest.raises(
-        ConfigError, match="party 0's data stream .* another kind of device than this run's cpu"
+        ConfigError, match=f"party 0's data stream .* another kind of device than this run's {device}"
     ):
-        runner.load_state({"0": {"state": {}, "rng": cuda_stream}})
+        runner.load_state({"0": {"state": {}, "rng": foreign}})

@@ -80,7 +80,10 @@ class PartyLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.images = images
         self.labels = labels
-        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(images.device)
+        if isinstance(indices, torch.Tensor):  # e.g. another loader's, already on the device (`plain`)
+            self.indices = indices.to(device=images.device, dtype=torch.int64)
+        else:
+            self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64)).to(images.device)
         self.batch_size = int(batch_size)
         self.shuffle = shuffle
         self.drop_last = drop_last

@@ -1,11 +1,13 @@
 """A silo of a real run that holds valid credentials and attacks its server (tests/test_hostile_silo.py).
 
-    python tests/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|honest
+    python tests/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|churn|honest
 
 Every round it answers TRAIN with its honest result (the model it was sent, back), preceded in
 `attack` mode by hostile messages drawn from tests/hostile.py (seeded by the round) and the raw frames
-found on the wire (a 5,000-digit JSON integer, random bytes, a pickle); it answers CHECKPOINT and
-FINISH as a silo does and sends heartbeats. It exits 0 on FINISH, 1 on ABORT, 2 after --timeout-s.
+found on the wire (a 5,000-digit JSON integer, random bytes, a pickle); in `churn` mode (gRPC) a
+thread of its own opens Subscribe calls for its rank's frames on a second connection without pause,
+each cancelled at once, from its hello to its end. It answers CHECKPOINT and FINISH as a silo does
+and sends heartbeats. It exits 0 on FINISH, 1 on ABORT, 2 after --timeout-s.
 """
 
 from __future__ import annotations
@@ -58,12 +60,27 @@ def raw_frames() -> list[bytes]:
     return [huge_int_frame(), os.urandom(512), pickle.dumps({"x": 1}), b"FMC1"]
 
 
+def churn(transport, rank: int, stop: threading.Event) -> None:
+    """Subscribe calls of `rank` on a connection of their own, each cancelled at once, until `stop`."""
+    from fedml_moon.distributed.transport.grpc_common import RANK, SERVICE, channel_options
+
+    channel = transport._channel(transport.server_address, channel_options(16))
+    subscribe, calls = channel.stream_stream(f"/{SERVICE}/Subscribe"), 0
+    while not stop.is_set() and calls < 500_000:
+        subscribe(iter((RANK.pack(rank),)), metadata=transport.metadata).cancel()
+        calls += 1
+        if calls % 5_000 == 0:
+            log.info("churned %d Subscribe calls", calls)
+    channel.close()
+    log.info("churned %d Subscribe calls", calls)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cf", required=True)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--mode", choices=("attack", "honest"), required=True)
+    ap.add_argument("--mode", choices=("attack", "churn", "honest"), required=True)
     ap.add_argument("--timeout-s", type=float, default=240)
     ap.add_argument("--out", required=True, help="a folder of its own")
     a = ap.parse_args()
@@ -78,6 +95,10 @@ def main() -> int:
     threading.Thread(target=transport.handle_receive_message, daemon=True).start()
     hello = {"config": shared, "explicit": [], "fresh_parties": [], "process": f"h{os.getpid()}"}
     send(transport, m.HELLO, parties=[a.rank - 1], **hello)
+    stop = threading.Event()
+    churner = threading.Thread(target=churn, args=(transport, a.rank, stop), daemon=True)
+    if a.mode == "churn":
+        churner.start()
     deadline, beat = time.monotonic() + a.timeout_s, 0.0
     try:
         while time.monotonic() < deadline:
@@ -125,6 +146,9 @@ def main() -> int:
                 return 1
         return 2
     finally:
+        stop.set()
+        if churner.is_alive():
+            churner.join(timeout=10)
         transport.stop_receive_message()
 
 

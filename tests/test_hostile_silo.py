@@ -10,6 +10,7 @@ result."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -43,8 +44,11 @@ def _grpc(tmp_path: Path) -> tuple[list[str], dict[int, list[str]], dict[int, di
     return overrides, {0: server}, env
 
 
-def _run(tmp_path: Path, mode: str, overrides: list[str], extra: dict, envs: dict) -> tuple[dict, list, str]:
-    """Server and silos 1, 2 through the CLI, silo 3 hostile (`mode`); summary, records, server log."""
+def _run(
+    tmp_path: Path, mode: str, overrides: list[str], extra: dict, envs: dict, attacker_code: int | None = 0
+) -> tuple[dict, list, str]:
+    """Server and silos 1, 2 through the CLI, silo 3 hostile (`mode`); summary, records, server log.
+    The server and the honest silos exit 0; silo 3 with `attacker_code` (None: stopped when they end)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     out, settings = tmp_path / "out", [*BASE, *overrides]
     cmd = conformance.cli_command("run", CONFIG, settings, out)
@@ -58,12 +62,16 @@ def _run(tmp_path: Path, mode: str, overrides: list[str], extra: dict, envs: dic
             argv = hostile if rank == 3 else [*cmd, "--rank", str(rank), *own]
             env = {**base_env, **envs.get(rank, {})}
             procs.append(conformance.spawn(argv, logs[rank], env, tmp_path))
-        codes = conformance.wait_all(procs, 300)
+        if attacker_code is None:  # the honest processes decide the run's end; the attacker is stopped
+            codes = [*conformance.wait_all(procs[:3], 300), None]
+        else:
+            codes = conformance.wait_all(procs, 300)
     finally:
         for proc in procs:
             conformance.stop(proc)
     text = logs[0].read_text(errors="replace")
-    assert codes == [0, 0, 0, 0], (codes, "\n".join(p.read_text(errors="replace")[-1500:] for p in logs))
+    wanted = [0, 0, 0, attacker_code]
+    assert codes == wanted, (codes, "\n".join(p.read_text(errors="replace")[-1500:] for p in logs))
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return json.loads((out / "summary.json").read_text()), records, text
 
@@ -98,3 +106,26 @@ def test_a_hostile_silo_is_refused_and_the_run_is_the_run_without_its_attacks(tm
         assert all(r["parties"] == 3 and "missing_parties" not in r for r in recs)
         assert [{k: v for k, v in r.items() if k not in TIMING} for r in recs] == plain
         assert summary["final_model_sha256"] == reference["final_model_sha256"]
+
+
+def test_a_silo_that_churns_subscribe_calls_harms_no_honest_silo(tmp_path):
+    """Silo 3 opens Subscribe calls for its own frames on a second connection without pause (each
+    cancelled at once): the server refuses them past the rank's call rate before reading them, with a
+    bounded log. A newer Subscribe of a rank ends its older one, so the churner deafens its own silo
+    (which misses rounds: the quorum goes on without it after comm_args.round_timeout_s); the honest
+    silos keep their streams and sends (none ends CANCELLED, none subscribes again), are in every
+    round, and the run completes."""
+    grpc_settings, server_extra, envs = _grpc(tmp_path)
+    settings = [*grpc_settings, "comm_args.round_timeout_s=6"]
+    summary, records, text = _run(tmp_path, "churn", settings, server_extra, envs, attacker_code=None)
+    attacker = (tmp_path / "rank-3.log").read_text()
+    calls = max(int(n) for n in re.findall(r"churned (\d+) Subscribe calls", attacker))
+    refused = sum(int(n) for n in re.findall(r"refused (\d+) more from .* too many Subscribe calls", text))
+    assert calls >= 1_000 and refused >= 1_000, (calls, refused)  # the attack took place
+    assert "rank 3 starts Subscribe calls faster than 2 a second" in text
+    assert text.count("rank 3 subscribed") <= 500 and len(text.splitlines()) < 2_000  # bounded log
+    for rank in (1, 2):
+        silo_log = (tmp_path / f"rank-{rank}.log").read_text()
+        assert "CANCELLED" not in silo_log and "subscription to" not in silo_log, silo_log[-2000:]
+    assert summary["status"] == "completed" and len(records) == 3
+    assert all(r["parties"] >= 2 and set(r.get("missing_parties", [])) <= {2} for r in records)

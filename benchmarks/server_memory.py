@@ -8,10 +8,11 @@ call after another, for `--seconds`. The server refuses all but a few (per-rank 
 the bound on messages in flight); the figure is how far its peak resident set (VmHWM) rose above its
 resident set before the attack, against the bound the security page gives for what waits per sender
 (16 messages and 2 x the frame limit + 1 MiB, 33 MiB here). Last line:
-    connections=<n> token=<valid|wrong> calls=<n> refused=<n> peak_growth_mb=<mb>
+    connections=<n> token=<valid|wrong> window_kb=<kb> calls=<n> refused=<n> peak_growth_mb=<mb>
     after_growth_mb=<mb> documented_bound_mb=33 growth_vs_bound=<ratio>
 
 Run: .venv/bin/python benchmarks/server_memory.py [--connections 64] [--seconds 8] [--token wrong]
+[--window-kb 1024] (the server's comm_args.receive_window_kb; 0: gRPC's own window)
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def memory_kb() -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
-def serve(certs: Path, port: int) -> None:
+def serve(certs: Path, port: int, window_kb: int) -> None:
     """The child: a run's gRPC server; one "rss hwm" line for each line read, until stdin ends."""
     from fedml_moon.distributed.transport.grpc_transport import GrpcSecurity, GrpcServerTransport
 
@@ -53,7 +54,9 @@ def serve(certs: Path, port: int) -> None:
     tokens = load_token_table(certs / "server-tokens.json")
     keys = {"ca": read("ca.pem"), "cert": read("server.pem"), "key": read("server.key")}
     sec = GrpcSecurity(tls=True, auth="token", tokens=tokens, **keys)
-    server = GrpcServerTransport("127.0.0.1", port, FRAME_LIMIT_MB, 3, sec, receive_timeout_s=30)
+    server = GrpcServerTransport(
+        "127.0.0.1", port, FRAME_LIMIT_MB, 3, sec, receive_timeout_s=30, receive_window_kb=window_kb
+    )
     print("listening", flush=True)
     for _ in sys.stdin:
         rss, hwm = memory_kb()
@@ -98,15 +101,16 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--token", choices=("valid", "wrong"), default="valid")
+    ap.add_argument("--window-kb", type=int, default=1024, help="the server's comm_args.receive_window_kb")
     ap.add_argument("--serve", nargs=2, metavar=("CERTS", "PORT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:
-        return serve(Path(a.serve[0]), int(a.serve[1]))
+        return serve(Path(a.serve[0]), int(a.serve[1]), a.window_kb)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory() as tmp:
         certs, port = Path(tmp) / "certs", conformance.free_port()
         make_certs(certs, silos=3, hosts=["127.0.0.1"])
-        cmd = [sys.executable, __file__, "--serve", str(certs), str(port)]
+        cmd = [sys.executable, __file__, "--serve", str(certs), str(port), "--window-kb", str(a.window_kb)]
         server = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             if server.stdout.readline().strip() != "listening":
@@ -126,7 +130,8 @@ def main() -> None:
             server.wait(30)
     peak, kept = (after[1] - before[0]) / 1024, (after[0] - before[0]) / 1024
     print(
-        f"connections={a.connections} token={a.token} calls={counts['calls']} refused={counts['refused']} "
+        f"connections={a.connections} token={a.token} window_kb={a.window_kb} calls={counts['calls']} "
+        f"refused={counts['refused']} "
         f"peak_growth_mb={peak:.0f} after_growth_mb={kept:.0f} documented_bound_mb={BOUND_MB} "
         f"growth_vs_bound={peak / BOUND_MB:.1f}"
     )

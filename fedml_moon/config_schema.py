@@ -431,6 +431,8 @@ class CommArgs:
     """seconds between heartbeats; a peer silent for three periods is taken for dead; > 0"""
     receive_timeout_s: float = 300.0
     """gRPC: seconds the server waits for a call's whole request (an upload) before cutting the call; > 0"""
+    receive_window_kb: int = 1024
+    """gRPC: KiB the server reads ahead of each incoming call, bounding its memory; 0: gRPC's own, growing"""
     grpc_ipconfig_path: str | None = None
     """gRPC: the CSV eid,rank,grpc_server_ip,grpc_server_port[,ingress_ip] whose rank 0 row is the server"""
     grpc_max_message_mb: int = 1024
@@ -492,6 +494,12 @@ class CommArgs:
             "dead or late), all (every sampled party: exact), or an integer >= 1",
         )
         require(self.heartbeat_s > 0, "comm_args.heartbeat_s", "must be > 0 seconds")
+        require(
+            isinstance(self.receive_window_kb, int) and 0 <= self.receive_window_kb <= 1 << 20,
+            "comm_args.receive_window_kb",
+            "must be an integer from 0 (gRPC's own window, which its probing widens to the size of what a "
+            "caller sends) to 1048576 KiB; raise it where silos upload over links of long round trips",
+        )
         require(
             self.receive_timeout_s > 0,
             "comm_args.receive_timeout_s",

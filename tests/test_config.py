@@ -49,6 +49,7 @@ def test_shipped_configs_load(tmp_path):
         ("model_args.output_activation=relu", "model_args.output_activation", "none, softmax, log-softmax"),
         ("train_args.cuda_graphs=maybe", "train_args.cuda_graphs", "true, false or auto"),
         ("device_args.using_gpu=sometimes", "device_args.using_gpu", "true, false or auto"),
+        ("comm_args.receive_window_kb=-1", "comm_args.receive_window_kb", "from 0"),
     ],
 )
 def test_config_errors_name_the_key_and_fix(override, key, hint):

@@ -29,7 +29,7 @@ from fedml_moon.distributed.transport.grpc_transport import (
     GrpcSecurity,
     GrpcServerTransport,
 )
-from fedml_moon.distributed.transport.inflight import MAX_MESSAGES
+from fedml_moon.distributed.transport.inflight import MAX_MESSAGES, InFlight
 from fedml_moon.security import load_token_table, make_certs
 
 pytestmark = pytest.mark.slow
@@ -489,3 +489,16 @@ def test_the_call_rate_is_a_token_bucket_per_caller_by_hand():
     assert rate.allow("rank 1")  # each caller its own bucket
     now[0] = 100.0  # idle: full again, never more than the burst
     assert [rate.allow("rank 3") for _ in range(4)] == [True, True, True, False]
+
+
+def test_room_answers_what_admit_would_before_a_message_is_read_or_decoded():
+    """`InFlight.room` (the gRPC server asks it before reading a Send, and again by the frame's size
+    before decoding it) agrees with `admit` on the bounds: the first message always fits, then the
+    bytes bound, and none past 16 messages."""
+    inflight = InFlight(max_frame_bytes=10)  # bytes bound: 2 x 10 + 1 MiB
+    assert inflight.room(3, 5_000_000) and inflight.admit(3, None, 5_000_000) == "queued"
+    assert not inflight.room(3, 1) and inflight.admit(3, None, 1) == "refused"
+    assert inflight.room(4, 0)
+    for _ in range(MAX_MESSAGES):
+        assert inflight.room(4, 10) and inflight.admit(4, None, 10) == "queued"
+    assert not inflight.room(4, 0) and inflight.admit(4, None, 0) == "refused"

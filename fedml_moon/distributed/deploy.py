@@ -175,6 +175,7 @@ def make_transport(
                 security,
                 max_frame_bytes,
                 receive_timeout_s=c.receive_timeout_s,
+                receive_window_kb=c.receive_window_kb,
             )
         security = grpc_security(c, rank, ingress)
         return GrpcClientTransport(rank, f"{ingress}:{port}", c.grpc_max_message_mb, c.timeout_s, security)

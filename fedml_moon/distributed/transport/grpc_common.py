@@ -55,15 +55,23 @@ def busy(err: grpc.RpcError) -> bool:
     return any(key == BUSY_HEADER for key, _ in err.trailing_metadata() or ())
 
 
-def channel_options(max_message_mb: int, receive_bytes: int | None = None) -> list[tuple[str, int]]:
+def channel_options(
+    max_message_mb: int, receive_bytes: int | None = None, receive_window_kb: int = 0
+) -> list[tuple[str, int]]:
     """gRPC's limits: `max_message_mb` both ways, or `receive_bytes` for what comes in (gRPC refuses
-    a larger frame as it arrives, before the handler or anything else sees it)."""
+    a larger frame as it arrives, before the handler or anything else sees it). `receive_window_kb`
+    (a server's; 0: gRPC's own) fixes how far gRPC reads ahead on each incoming call, in place of
+    its bandwidth-delay probing, which widens the window to the size of the frames a caller sends."""
     size = min(int(max_message_mb) * 1024 * 1024, 2**31 - 1)
-    return [
+    options = [
         ("grpc.max_send_message_length", size),
         ("grpc.max_receive_message_length", min(size, receive_bytes or size)),
         ("grpc.enable_http_proxy", 0),
     ]
+    if receive_window_kb:
+        window = int(receive_window_kb) * 1024
+        options += [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", window)]
+    return options
 
 
 def token_rank(tokens: dict[int, str], metadata) -> int:

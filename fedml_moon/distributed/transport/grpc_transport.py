@@ -115,6 +115,7 @@ class GrpcServerTransport(QueueTransport):
         max_frame_bytes: int | None = None,
         receive_timeout_s: float = 300.0,
         refusals: RefusalLog | None = None,
+        receive_window_kb: int = 1024,
     ) -> None:
         frame_bytes = max_frame_bytes or min(int(max_message_mb) << 20, 2**31 - 1)
         super().__init__(0, frame_bytes, refusals)
@@ -135,7 +136,9 @@ class GrpcServerTransport(QueueTransport):
         pool = futures.ThreadPoolExecutor(max_workers=pool_size(self.security.auth, workers))
         gate = [_TokenGate(self)] if self.security.auth == "token" else []
         self.server = grpc.server(
-            pool, options=channel_options(max_message_mb, max_frame_bytes), interceptors=gate
+            pool,
+            options=channel_options(max_message_mb, max_frame_bytes, receive_window_kb),
+            interceptors=gate,
         )
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
         self.address = f"{host}:{port}"
@@ -249,6 +252,7 @@ class GrpcServerTransport(QueueTransport):
                     busy=True,
                 )
             try:
+                self._room(rank, 0)  # a rank with no room left is refused before its request is read
                 self._take(self._read(requests, lease, source, "Send"), rank)
             finally:
                 self.slots.free("Send", key, lease)
@@ -258,9 +262,18 @@ class GrpcServerTransport(QueueTransport):
             pass
         return b""
 
+    def _room(self, rank: int | None, size: int) -> None:
+        """Refused (busy) when `rank` has no room for `size` more bytes waiting (0: for any message)."""
+        if rank is not None and not self.inflight.room(rank, size):
+            raise Refused(
+                RESOURCE_EXHAUSTED, self.inflight.describe(rank), "too many messages waiting", busy=True
+            )
+
     def _take(self, data: bytes, rank: int | None) -> None:
         """Queue the message in `data` from a caller authenticated as `rank`; Refused if it is not a
-        message of that rank to the server, or its rank is over its in-flight bound."""
+        message of that rank to the server, or its rank is over its in-flight bound (by its size
+        before it is decoded, and again as it is queued)."""
+        self._room(rank, len(data))
         try:
             msg = message_from_bytes(data)
         except CodecError as err:

@@ -72,6 +72,13 @@ class InFlight:
                 self._kinds[(sender, kind)] += 1
             return QUEUED
 
+    def room(self, sender: Hashable, size: int = 0) -> bool:
+        """Whether a message of `size` bytes from `sender` would pass the bounds now (`size` 0: whether
+        any message would, to refuse one before reading it)."""
+        with self._lock:
+            count = self._count[sender]
+            return count < self.max_messages and (count == 0 or self._bytes[sender] + size <= self.max_bytes)
+
     def grow(self, sender: Hashable, extra: int) -> bool:
         """Count `extra` more bytes for a message of `sender` already admitted (its size became known
         later); False, counting nothing, when that would pass the bound."""

@@ -270,6 +270,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/gpu_round.py --setting cifar100-resnet50": "benchmark",
     ".venv/bin/python benchmarks/party_memory.py": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py": "benchmark",
+    ".venv/bin/python benchmarks/many_parties.py --parties 100 1000 3000 6000": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --connections 1": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --token wrong": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --window-kb 0": "benchmark",

@@ -502,3 +502,17 @@ def test_room_answers_what_admit_would_before_a_message_is_read_or_decoded():
     for _ in range(MAX_MESSAGES):
         assert inflight.room(4, 10) and inflight.admit(4, None, 10) == "queued"
     assert not inflight.room(4, 0) and inflight.admit(4, None, 0) == "refused"
+
+
+def test_a_sender_with_its_16_messages_waiting_is_refused_before_its_request_is_read(net):
+    """Rank 1 with 16 messages waiting: its next Send, whose request never arrives, is refused as
+    busy naming what waits, not held until the receive timeout cuts it."""
+    n = net("token")
+    server, _ = n.server(pump=False)
+    send = n.channel(server.address, 1).unary_unary(f"/{SERVICE}/Send")
+    for i in range(MAX_MESSAGES):
+        send(message_bytes(_msg("result", 1, i=i)), metadata=n.metadata(1), timeout=10)
+    stream = n.channel(server.address, 1).stream_unary(f"/{SERVICE}/Send")
+    with pytest.raises(grpc.RpcError) as refused:
+        stream(n.blocked(), metadata=n.metadata(1), timeout=CUT_S + 5)
+    assert _busy(refused.value) and "16 messages" in refused.value.details(), refused.value

@@ -324,7 +324,8 @@ def test_a_dead_group_process_fails_its_silos_round_and_the_restarted_group_rejo
     and the run completes."""
     from fedml_moon.conformance.processes import services
 
-    sets = ["comm_args.min_reports=1", "train_args.comm_round=30"]
+    rounds = 60  # room for a restart that is slow on a busy machine: the others go on meanwhile
+    sets = ["comm_args.min_reports=1", f"train_args.comm_round={rounds}"]
     with services(tmp_path / "services") as svc:
         out, codes = silo_run(tmp_path / "run", 1, sets, kill_after=1, svc=svc, rejoin=True)
     folder = tmp_path / "run"
@@ -334,12 +335,13 @@ def test_a_dead_group_process_fails_its_silos_round_and_the_restarted_group_rejo
     assert dead != 0 and (silo, other, server) == (0, 0, 0), (folder / "rank-0.log").read_text()[-3000:]
     assert re.search(r"rank 1 (is back|restarted during)", (folder / "rank-0.log").read_text())
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["rounds_completed"] == 30
+    assert summary["status"] == "completed" and summary["rounds_completed"] == rounds
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     without = [r["round"] for r in records if r["parties"] == 1]
-    assert without == list(range(1, without[-1] + 1)) and without[-1] < 29, [r["parties"] for r in records]
+    parties = [r["parties"] for r in records]
+    assert without == list(range(1, without[-1] + 1)) and without[-1] < rounds - 1, parties
     trained = [int(r) for r in re.findall(r"silo group process 1 of 2: round (\d+) trained", again)]
-    assert trained == list(range(without[-1] + 1, 30)), again[-3000:]
+    assert trained == list(range(without[-1] + 1, rounds)), again[-3000:]
 
 
 def _silo_config(*sets: str):

@@ -61,10 +61,7 @@ class InFlight:
         with self._lock:
             if kind is not None and self._kinds[(sender, kind)] > 0:
                 return COALESCED
-            count = self._count[sender]
-            if bounded and (
-                count >= self.max_messages or (count > 0 and self._bytes[sender] + size > self.max_bytes)
-            ):
+            if bounded and not self._fits(sender, size):
                 return REFUSED
             self._count[sender] += 1
             self._bytes[sender] += size
@@ -76,8 +73,12 @@ class InFlight:
         """Whether a message of `size` bytes from `sender` would pass the bounds now (`size` 0: whether
         any message would, to refuse one before reading it)."""
         with self._lock:
-            count = self._count[sender]
-            return count < self.max_messages and (count == 0 or self._bytes[sender] + size <= self.max_bytes)
+            return self._fits(sender, size)
+
+    def _fits(self, sender: Hashable, size: int) -> bool:
+        """The bounds `admit` and `room` apply (the caller holds the lock)."""
+        count = self._count[sender]
+        return count < self.max_messages and (count == 0 or self._bytes[sender] + size <= self.max_bytes)
 
     def grow(self, sender: Hashable, extra: int) -> bool:
         """Count `extra` more bytes for a message of `sender` already admitted (its size became known

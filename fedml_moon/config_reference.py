@@ -54,6 +54,7 @@ CHOICES: dict[tuple[type, str], Sequence[Any]] = {
     (schema.TrainArgs, "state_store"): schema.STATE_STORES,
     (schema.TrainArgs, "on_bad_upload"): schema.BAD_UPLOAD_ACTIONS,
     (schema.TrainArgs, "cuda_graphs"): schema.SWITCHES,
+    (schema.TrainArgs, "together"): schema.TOGETHER,
     (schema.TrainArgs, "precision"): schema.PRECISIONS,
     (schema.DeviceArgs, "using_gpu"): schema.SWITCHES,
     (schema.CommArgs, "backend"): schema.BACKENDS,

@@ -236,6 +236,7 @@ STATE_STORES = ("memory", "disk")
 BAD_UPLOAD_ACTIONS = ("skip", "stop")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp64")
 SWITCHES = (True, False, "auto")  # train_args.cuda_graphs, device_args.using_gpu
+TOGETHER = ("auto", "stacked", "streams")
 
 
 @dataclass
@@ -271,13 +272,15 @@ class TrainArgs:
     on_bad_upload: str = "skip"
     """an upload with NaN, Inf or a wrong shape: skip (leave it out, naming the party) or stop the run"""
     parties_in_parallel: int | str = "auto"
-    """parties trained together (vmap): an integer >= 1 (1: one after another) or auto (per device)"""
+    """parties trained together: an integer >= 1 (1: one after another) or auto (per device)"""
+    together: str = "auto"
+    """how: stacked (one vmapped step), streams (each its own step and CUDA stream), auto (per model)"""
     cuda_graphs: bool | str = "auto"
-    """replay each step of stacked parties as a CUDA graph; auto: on with a CUDA device and stacked parties"""
+    """replay each training step (one party's, or stacked parties') as a CUDA graph; auto: on with CUDA"""
     save_party_models: bool = False
     """write each party's latest upload to party_models/party_<id>.pt (for fedml-moon tsne --party)"""
     precision: str = "fp32"
-    """arithmetic: fp32 (TF32 off), tf32 (CUDA), bf16 (autocast, one party at a time), fp64 (all float64)"""
+    """arithmetic: fp32 (TF32 off), tf32 (CUDA), bf16 (autocast; not stacked), fp64 (all float64)"""
     stream_uploads: bool = False
     """sum the uploads a chunk of parties at a time instead of holding the round's (standalone only)"""
 
@@ -292,14 +295,13 @@ class TrainArgs:
         require(
             self.cuda_graphs in SWITCHES,
             "train_args.cuda_graphs",
-            "true, false or auto (on with a CUDA device and parties trained together); "
-            f"got {self.cuda_graphs!r}",
+            f"true, false or auto (on with a CUDA device); got {self.cuda_graphs!r}",
         )
         require(
-            self.cuda_graphs is not True or k != 1,
-            "train_args.cuda_graphs",
-            "a CUDA graph replays the step of parties trained together: set train_args.parties_in_parallel "
-            "to K > 1 or auto, or cuda_graphs to auto or false",
+            self.together in TOGETHER,
+            "train_args.together",
+            "stacked (one vmapped step of all parties), streams (each party its own step, on its own CUDA "
+            f"stream) or auto (per model and device); got {self.together!r}",
         )
         require(
             1 <= self.client_num_per_round <= self.client_num_in_total,
@@ -334,10 +336,10 @@ class TrainArgs:
             f"got {self.precision!r}",
         )
         require(
-            self.precision != "bf16" or k in (1, "auto"),
+            self.precision != "bf16" or k == 1 or self.together != "stacked",
             "train_args.precision",
-            "bf16 trains one party at a time (autocast does not reach inside torch.func.vmap, which stacked "
-            "parties use): set train_args.parties_in_parallel to 1 or auto, or precision to fp32 or tf32",
+            "bf16 cannot stack parties (autocast does not reach inside torch.func.vmap): set "
+            "train_args.together to streams or auto, parties_in_parallel to 1, or precision to fp32 or tf32",
         )
         require(
             self.state_store in STATE_STORES,

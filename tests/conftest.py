@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from fedml_moon import registry
 
@@ -41,3 +42,13 @@ def _root_logger_as_found() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture
+def no_tf32():
+    """TF32 convolutions (PyTorch's default on Ampere and later) round the sequential convolutions
+    and the batched (grouped) ones differently; the equality is checked in float32."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before

@@ -40,10 +40,12 @@ def _round_trip(
     parallel: bool,
     graphs: bool = False,
     augment: str = "none",
+    sets: tuple[str, ...] = ("train_args.cuda_graphs=false",),
 ) -> tuple[dict, list[dict]]:
     """Two rounds (parties 0, 1, 3, 4 sampled; partial last batches); the final global model and every
-    party's state. `graphs`: the batched steps of full batches go through the masked step."""
-    overrides = ["train_args.epochs=2", "train_args.batch_size=32", "train_args.learning_rate=0.05"]
+    party's state. `graphs`: the batched steps of full batches go through the masked step; `sets`:
+    more overrides (by default the eager step, on CUDA too)."""
+    overrides = ["train_args.epochs=2", "train_args.batch_size=32", "train_args.learning_rate=0.05", *sets]
     if graphs:
         overrides += ["train_args.parties_in_parallel=4", "train_args.cuda_graphs=true"]
     cfg = load_config(f"config/fashion_mnist/{algorithm}.yaml", overrides)
@@ -161,16 +163,6 @@ def test_the_masked_step_that_cuda_graphs_replay_gives_the_sequential_result_on_
     _check(algorithm, torch.device("cpu"), graphs=True)
 
 
-@pytest.fixture
-def no_tf32():
-    """TF32 convolutions (PyTorch's default on Ampere and later) round the sequential convolutions
-    and the batched (grouped) ones differently; the equality is checked in float32."""
-    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
-
-
 @CUDA
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
 @pytest.mark.parametrize("algorithm", BUILT_IN)
@@ -207,7 +199,7 @@ def test_with_tf32_batching_adds_no_error_beyond_tf32_rounding(device: str) -> N
     assert batched_error <= 1e-4 + 2 * tf32_error, (batched_error, tf32_error)
 
 
-def _synchronising_calls(epochs: int, graphs: bool) -> int:
+def _synchronising_calls(epochs: int, graphs: bool, together: str = "stacked") -> int:
     """CUDA's synchronising calls (sync debug mode "warn") in one MOON round of 4 resident parties."""
     import warnings
 
@@ -221,7 +213,9 @@ def _synchronising_calls(epochs: int, graphs: bool) -> int:
     def factory() -> torch.nn.Module:
         return build_model("simple-cnn", (1, 28, 28), 10, use_head=True, out_dim=16)
 
-    train = train_args(epochs=epochs, batch_size=32, parties_in_parallel=4, cuda_graphs=graphs)
+    train = train_args(
+        epochs=epochs, batch_size=32, parties_in_parallel=4, cuda_graphs=graphs, together=together
+    )
     algo = MoonClient(MoonOptions(mu=1.0), train, factory, 0)
     start = {k: v.to(device) for k, v in factory().state_dict().items()}
     names = tuple(n for n, p in factory().named_parameters() if p.requires_grad)

@@ -10,7 +10,7 @@ import torch
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError, TrainArgs
 from fedml_moon.core.models import build_model
-from fedml_moon.engine.pace import graphs_on, resolve_pace
+from fedml_moon.engine.pace import STREAMS_FROM, graphs_on, resolve_pace, together
 from tests.helpers import restored_main
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -29,17 +29,28 @@ def test_the_defaults_are_auto_and_on_a_cpu_train_one_party_after_another():
     assert "one after another on a CPU" in pace.why
 
 
-def test_on_a_gpu_auto_stacks_the_sampled_parties_that_fit_with_cuda_graphs():
-    """The simple CNN's ten parties fit in a few MB; ResNet-50's take 4.1 GB each (8 x 98 MB of state,
-    1.25 x 2.6 GB of saved activations at batch 64): 80 % of 40 GB of free memory holds 8 of them."""
+def test_on_a_gpu_auto_trains_the_sampled_parties_that_fit_with_cuda_graphs():
+    """The simple CNN's ten parties fit in a few MB and stack; ResNet-50's take 4.1 GB each (8 x 98 MB
+    of state, 1.25 x 2.6 GB of saved activations at batch 64): 80 % of 40 GB of free memory holds 8
+    of them, each on its own stream (a model of `STREAMS_FROM` parameters or more), as does bf16."""
     train = TrainArgs(client_num_per_round=10)
     pace = resolve_pace(train, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB)
-    assert (pace.parallel, pace.graphs) == (10, True)
+    assert (pace.parallel, pace.graphs, pace.together) == (10, True, "stacked")
     resnet = build_model("resnet50", (3, 32, 32), 100, use_head=True, out_dim=256)
-    assert resolve_pace(train, CUDA, resnet, (3, 32, 32), free_bytes=40 * GB).parallel == 8
+    assert (
+        sum(p.numel() for p in resnet.parameters())
+        >= STREAMS_FROM
+        > sum(p.numel() for p in SIMPLE.parameters())
+    )
+    pace = resolve_pace(train, CUDA, resnet, (3, 32, 32), free_bytes=40 * GB)
+    assert (pace.parallel, pace.graphs, pace.together) == (8, True, "streams")
     assert resolve_pace(train, CUDA, resnet, (3, 32, 32), free_bytes=2 * GB).parallel == 1
     bf16 = TrainArgs(client_num_per_round=10, precision="bf16")
-    assert resolve_pace(bf16, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB).parallel == 1
+    pace = resolve_pace(bf16, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB)
+    assert (pace.parallel, pace.together) == (10, "streams")
+    stacked = TrainArgs(client_num_per_round=10, precision="bf16", together="stacked")
+    assert resolve_pace(stacked, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB).parallel == 1
+    assert together(TrainArgs(), resnet, CPU) == "stacked"  # a CPU stacks only when told to train K
 
 
 def test_explicit_settings_are_kept_and_what_the_device_cannot_run_is_refused():
@@ -47,6 +58,13 @@ def test_explicit_settings_are_kept_and_what_the_device_cannot_run_is_refused():
     assert not resolve_pace(
         TrainArgs(parties_in_parallel=4, cuda_graphs=False), CUDA, SIMPLE, (3, 32, 32)
     ).graphs
+    one = resolve_pace(TrainArgs(parties_in_parallel=1, cuda_graphs=True), CUDA, SIMPLE, (3, 32, 32))
+    assert (one.parallel, one.graphs) == (1, True)  # one party's own step is replayed too
+    with pytest.raises(ConfigError, match="train_args.precision: bf16 cannot stack parties"):
+        TrainArgs(parties_in_parallel=4, precision="bf16", together="stacked").check()
+    TrainArgs(parties_in_parallel=4, precision="bf16", together="streams").check()
+    with pytest.raises(ConfigError, match="train_args.together: stacked .* got 'vmap'"):
+        TrainArgs(together="vmap").check()
     cases = [
         (
             TrainArgs(parties_in_parallel=4, cuda_graphs=True),
@@ -55,9 +73,9 @@ def test_explicit_settings_are_kept_and_what_the_device_cannot_run_is_refused():
         ),
         (TrainArgs(precision="tf32"), CPU, "train_args.precision: tf32 needs a CUDA device"),
         (
-            TrainArgs(cuda_graphs=True, precision="bf16"),
-            CUDA,
-            "cuda_graphs: true, but parties_in_parallel resolved",
+            TrainArgs(parties_in_parallel="auto", precision="bf16", together="stacked", cuda_graphs=True),
+            CPU,
+            "cuda_graphs: CUDA graphs need a CUDA device",
         ),
     ]
     for train, device, message in cases:

@@ -34,12 +34,12 @@ class _Dtypes(ClientAlgorithm):
         return ce, {"ce": ce}
 
 
-def _jobs(parties: int, precision: str) -> tuple[_Dtypes, list[PartyJob], object]:
+def _jobs(parties: int, precision: str, together: str = "auto") -> tuple[_Dtypes, list[PartyJob], object]:
     def factory() -> torch.nn.Module:
         return build_model("simple-cnn", (1, 28, 28), 10, use_head=True, out_dim=16)
 
     torch.manual_seed(0)
-    algo = _Dtypes(None, train_args(batch_size=4, precision=precision), factory, 0)
+    algo = _Dtypes(None, train_args(batch_size=4, precision=precision, together=together), factory, 0)
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(4, 1, 28, 28, generator=g), torch.randint(0, 10, (4,), generator=g))] * 2
     names = tuple(n for n, p in factory().named_parameters() if p.requires_grad)
@@ -64,7 +64,7 @@ def test_bf16_runs_the_forward_in_bfloat16_and_keeps_weights_and_sums_in_float32
 def test_stacked_parties_in_bf16_are_refused_naming_the_keys_and_the_reason():
     """Autocast does not reach inside torch.func.vmap (checked here: the stacked forward stays
     float32), so the batched path refuses bf16 rather than run something else than was asked."""
-    algo, jobs, factory = _jobs(3, "bf16")
+    algo, jobs, factory = _jobs(3, "bf16", together="stacked")
     with pytest.raises(ValueError, match="parties_in_parallel to 1.*or precision to fp32 or tf32"):
         train_parties(algo, factory(), jobs, CPU)
     _Dtypes.seen = []
@@ -72,6 +72,20 @@ def test_stacked_parties_in_bf16_are_refused_naming_the_keys_and_the_reason():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         train_parties(fp32, factory(), jobs, CPU)
     assert set(_Dtypes.seen) == {torch.float32}  # if PyTorch fixes this, bf16 can stack
+
+
+def test_parties_trained_together_in_bf16_each_run_their_own_bf16_step():
+    """`together: auto` trains bf16 parties on streams (each its own step, no vmap): every forward in
+    bfloat16, and each party's upload equal to its training alone."""
+    algo, jobs, factory = _jobs(3, "bf16")
+    _Dtypes.seen = []
+    together = train_parties(algo, factory(), jobs, CPU)
+    assert set(_Dtypes.seen) == {torch.bfloat16}
+    algo, jobs, factory = _jobs(3, "bf16")
+    for job, (metrics, upload) in zip(jobs, together, strict=True):
+        [(alone_metrics, alone)] = train_parties(algo, factory(), [job], CPU)
+        assert metrics == alone_metrics
+        assert all(torch.equal(upload["model"][k], t) for k, t in alone["model"].items())
 
 
 def test_precision_sets_tf32_for_the_training_inside_and_restores_it():
@@ -90,8 +104,8 @@ def test_precision_sets_tf32_for_the_training_inside_and_restores_it():
     [
         (["train_args.precision=fp16"], "train_args.precision: choose fp32 .* got 'fp16'"),
         (
-            ["train_args.precision=bf16", "train_args.parties_in_parallel=3"],
-            "bf16 trains one party at a time",
+            ["train_args.precision=bf16", "train_args.parties_in_parallel=3", "train_args.together=stacked"],
+            "bf16 cannot stack parties .* set train_args.together to streams or auto",
         ),
     ],
 )

@@ -33,8 +33,9 @@ from fedml_moon.engine.local import (
     to_device,
     train_one,
 )
-from fedml_moon.engine.pace import graphs_on
+from fedml_moon.engine.pace import graphs_on, together
 from fedml_moon.engine.precision import BF16_STACKED, forward_precision, summable, training_precision
+from fedml_moon.engine.streams import train_streams
 
 log = logging.getLogger(__name__)
 
@@ -235,9 +236,11 @@ def train_parties(
     algorithm: ClientAlgorithm, model: nn.Module, jobs: list[PartyJob], device: torch.device
 ) -> list[tuple[dict[str, float], Payload]]:
     """The local rounds of `jobs`: one job on the model itself (`engine.local`), several stacked in
-    groups, with CUDA graphs where `train_args.cuda_graphs`; (metrics, upload) per job, in order."""
+    groups or each on its own stream (`train_args.together`, `engine.streams`), with CUDA graphs
+    where `train_args.cuda_graphs`; (metrics, upload) per job, in order."""
     precision = algorithm.train_args.precision
-    if precision == "bf16" and len(jobs) > 1:
+    form = together(algorithm.train_args, model, device)
+    if precision == "bf16" and len(jobs) > 1 and form == "stacked":
         raise ValueError(BF16_STACKED)
     model.to(device)
     for job in jobs:
@@ -245,6 +248,8 @@ def train_parties(
     with training_precision(precision):
         if len(jobs) == 1:
             train_one(algorithm, model, jobs[0], device)
+        elif form == "streams":
+            train_streams(algorithm, model, jobs, device)
         else:
             for group in groups(jobs):
                 train_group(algorithm, model, group, device)

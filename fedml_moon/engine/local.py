@@ -11,7 +11,7 @@ on the same batches. Pure PyTorch.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,8 @@ from fedml_moon.algorithms.base import (
 )
 from fedml_moon.core.batched import tree_map
 from fedml_moon.engine import data_parallel, sync_batchnorm
+from fedml_moon.engine.graphed import PartyGraph
+from fedml_moon.engine.pace import graphs_on
 from fedml_moon.engine.precision import forward_precision, summable
 
 
@@ -103,6 +105,16 @@ def prepare(algorithm: ClientAlgorithm, job: PartyJob, device: torch.device) -> 
 def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, device: torch.device) -> None:
     """E local epochs of one party on `model` itself; the step hooks see its parameters, gradients
     and party entries as [1, ...] views."""
+    for _ in party_steps(algorithm, model, job, device):
+        pass
+
+
+def party_steps(
+    algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, device: torch.device
+) -> Iterator[None]:
+    """`train_one` a step at a time: yields after each SGD step (`engine.streams` interleaves
+    parties this way). With `train_args.cuda_graphs` on the device, steps of full batches are
+    replayed from a CUDA graph (`engine.graphed`; not in a silo's data-parallel group)."""
     ctx = job.ctx
     model.load_state_dict(ctx.start)
     model.train()
@@ -112,23 +124,33 @@ def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, devic
     stacked = stack_contexts([ctx.party])
     params = {n: p.detach().unsqueeze(0) for n, p in net.params.items()}
     before, after = overrides(algorithm, "before_step"), overrides(algorithm, "after_step")
-    precision = algorithm.train_args.precision
+    train = algorithm.train_args
     sums: dict[str, torch.Tensor] = {}
-    for _ in range(algorithm.train_args.epochs):
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        terms = backward(algorithm, net, x, y, both, train.precision, device)
+        if before:
+            algorithm.before_step(
+                params, {n: g.unsqueeze(0) for n, g in filled_grads(net.params).items()}, stacked, None
+            )
+        optimizer.step()
+        if after:
+            algorithm.after_step(params, stacked, None, ctx.lr)
+        for key, value in terms.items():
+            value = summable(value)
+            if key in sums:
+                sums[key].add_(value)
+            else:
+                sums[key] = value.clone()
+
+    graphed = graphs_on(train.cuda_graphs, device) and data_parallel.current() is None
+    run = PartyGraph(step, train.batch_size, device) if graphed else step
+    for _ in range(train.epochs):
         for x, y in job.loader:
-            optimizer.zero_grad(set_to_none=True)
-            terms = backward(algorithm, net, x, y, both, precision, device)
-            if before:
-                algorithm.before_step(
-                    params, {n: g.unsqueeze(0) for n, g in filled_grads(net.params).items()}, stacked, None
-                )
-            optimizer.step()
-            if after:
-                algorithm.after_step(params, stacked, None, ctx.lr)
-            for key, value in terms.items():
-                value = summable(value)
-                sums[key] = sums[key] + value if key in sums else value.clone()
+            run(x, y)
             job.steps += 1
+            yield
     job.final, job.sums = None, sums  # the model holds it
 
 

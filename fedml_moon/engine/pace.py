@@ -1,7 +1,8 @@
-"""How a process trains its parties on its device: how many together, CUDA graphs or not, in what
-precision. `auto` picks per device what is faster there (docs: how-to/speed.md): on a CPU one party after
-another (stacking only adds work there), on a GPU every sampled party that fits in memory, stacked,
-with each step replayed from a CUDA graph. Pure PyTorch."""
+"""How a process trains its parties on its device: how many together and how, CUDA graphs or not, in
+what precision. `auto` picks per device and model what is faster there (docs: how-to/speed.md): on a
+CPU one party after another (stacking only adds work there); on a GPU every sampled party that fits
+in memory, each step replayed from a CUDA graph, a small model's parties stacked into one vmapped
+step and a large model's (or any model's in bf16) each on its own CUDA stream. Pure PyTorch."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 
 from fedml_moon.config_schema import TrainArgs
 from fedml_moon.core.batched import auto_parties
+from fedml_moon.engine.precision import BF16_STACKED
 from fedml_moon.errors import ConfigError
 
 
@@ -24,20 +26,37 @@ class Pace:
     graphs: bool
     precision: str
     why: str
+    together: str = "stacked"
 
     def line(self) -> str:
         """One log line that says how this process trains."""
         name = f" ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else ""
         graphs = "on" if self.graphs else "off"
+        how = f", {self.together}" if self.parallel > 1 else ""
         return (
-            f"training on {self.device}{name}: parties_in_parallel {self.parallel} ({self.why}), "
+            f"training on {self.device}{name}: parties_in_parallel {self.parallel} ({self.why}){how}, "
             f"CUDA graphs {graphs}, precision {self.precision}"
         )
+
+
+STREAMS_FROM = 5_000_000  # trainable parameters from which `together: auto` runs streams on a GPU
 
 
 def graphs_on(setting: bool | str, device: torch.device) -> bool:
     """`train_args.cuda_graphs` on `device`: true, false, or auto (on with a CUDA device)."""
     return setting is True or (setting == "auto" and device.type == "cuda")
+
+
+def together(train: TrainArgs, model: nn.Module, device: torch.device) -> str:
+    """How parties trained together train (`train_args.together`): stacked or streams; auto: streams
+    in bf16 (which cannot stack) and on a CUDA device for a model of `STREAMS_FROM` trainable
+    parameters or more (where one vmapped step loses to each party's own), else stacked."""
+    if train.together != "auto":
+        return train.together
+    if train.precision == "bf16":
+        return "streams"
+    size = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return "streams" if device.type == "cuda" and size >= STREAMS_FROM else "stacked"
 
 
 def resolve_pace(
@@ -61,13 +80,10 @@ def resolve_pace(
             "choose fp32, or bf16 (which runs on CPUs too)"
         )
     parallel, why = _parallel(train, device, model, input_shape, free_bytes)
-    graphs = graphs_on(train.cuda_graphs, device) and parallel > 1
-    if train.cuda_graphs is True and parallel == 1:
-        raise ConfigError(
-            f"train_args.cuda_graphs: true, but parties_in_parallel resolved to 1 on {device} ({why}); "
-            "set cuda_graphs to auto, or parties_in_parallel to K > 1"
-        )
-    return Pace(device, parallel, graphs, train.precision, why)
+    form = together(train, model, device)
+    if train.precision == "bf16" and parallel > 1 and form == "stacked":
+        raise ConfigError(BF16_STACKED)
+    return Pace(device, parallel, graphs_on(train.cuda_graphs, device), train.precision, why, form)
 
 
 def _parallel(
@@ -77,8 +93,8 @@ def _parallel(
         return int(train.parties_in_parallel), "set"
     if device.type != "cuda":
         return 1, "auto: one after another on a CPU, where stacking parties only adds work"
-    if train.precision == "bf16":
-        return 1, "auto: bf16 trains one party at a time"
+    if train.precision == "bf16" and together(train, model, device) == "stacked":
+        return 1, "auto: bf16 cannot stack parties (train_args.together: stacked)"
     batch = (train.batch_size, *shape)
     k = auto_parties(model, batch, device, train.client_num_per_round, free)
     return k, f"auto: as many of the {train.client_num_per_round} sampled parties as fit in free memory"

@@ -5,7 +5,8 @@
 * `tf32`: float32 tensors, TF32 tensor-core products and convolutions (CUDA only).
 * `bf16`: the forward passes (the student's and the teachers') under `torch.autocast` to bfloat16;
   weights, gradients, SGD state, the loss reductions autocast keeps in float32, and the running loss
-  sums stay float32. Runs on CPUs too; one party at a time (`BF16_STACKED` says why).
+  sums stay float32. Runs on CPUs too; not with stacked parties (`BF16_STACKED` says why): parties
+  trained together in bf16 each run their own step (`train_args.together: streams`).
 * `fp64`: the whole run in float64 (the model, every batch, the server's state): slow, and for checks
   that must tell a real difference between two computations from float32 rounding (`fedml-moon
   check` compares stacked and sequential parties over rounds this way). `default_dtype` sets it.
@@ -22,10 +23,11 @@ import torch
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp64")
 BF16_STACKED = (
-    "train_args.precision: bf16 trains one party at a time: autocast does not reach inside torch.func.vmap "
+    "train_args.precision: bf16 cannot stack parties: autocast does not reach inside torch.func.vmap "
     "(a linear layer's bias is added in float32, and vmap's BatchNorm rule refuses bfloat16 inputs with "
     "float32 statistics; pytorch/pytorch#192617, #184890), so stacked parties cannot run in bf16. Set "
-    "train_args.parties_in_parallel to 1 (or auto), or precision to fp32 or tf32"
+    "train_args.together to streams or auto (each party its own step), parties_in_parallel to 1, or "
+    "precision to fp32 or tf32"
 )
 
 
@@ -51,9 +53,11 @@ def default_dtype(kind: str) -> torch.dtype:
 
 
 def forward_precision(kind: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """What a training forward (the algorithm's `loss`) runs under: autocast to bfloat16 for `bf16`."""
+    """What a training forward (the algorithm's `loss`) runs under: autocast to bfloat16 for `bf16`
+    (without autocast's cache of cast weights, which a CUDA graph's capture cannot hold; each weight
+    is cast once per forward either way)."""
     if kind == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
     return contextlib.nullcontext()
 
 

@@ -47,6 +47,7 @@ NOT_SETTINGS_KEYS = {
     "train_args.stream_uploads",
     "train_args.parties_in_parallel",
     "train_args.cuda_graphs",
+    "train_args.together",
     "train_args.save_party_models",
     "data_args.data_cache_dir",
     "data_args.download",

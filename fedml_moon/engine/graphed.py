@@ -2,7 +2,7 @@
 
 The step (zero the gradients, the algorithm's loss and backward, the step hooks, the SGD step, the
 running loss sums) reads its batch from static input tensors. On a CUDA device the party's first full
-batch runs eagerly on a side stream (it creates the teachers, the momentum buffers and the sums, as a
+batch runs eagerly off the default stream (it creates the teachers, the momentum buffers and the sums, as a
 capture requires), the second is captured and every later full batch replays the graph: the same
 kernels on the same tensors, without the per-kernel launch cost that bounds a large model's small
 batches. A partial last batch takes the eager step. Elsewhere the static-input step runs as it is (the
@@ -44,17 +44,41 @@ class PartyGraph:
         elif not self.warm:
             self._warm_up()
         else:
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.step(self.x, self.y)
+            self.graph = self._capture()
             self.graph.replay()  # a capture records the step without running it
 
-    def _warm_up(self) -> None:
-        """The first full batch's step, on a side stream, as a capture requires."""
+    def _off_default(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+        """(the stream to work on, the current one): the party's own stream when it has one
+        (`engine.streams`), else a side stream that waits for the current one, as warm-up and
+        capture require. On its own stream, what the warm-up makes (teachers, momentum, sums) and
+        the cuBLAS workspace the capture records belong to the stream that replays them, so no two
+        parties' graphs share a workspace or hand each other memory still in use."""
         here = torch.cuda.current_stream(self.device)
+        if here != torch.cuda.default_stream(self.device):
+            return here, here
         side = torch.cuda.Stream(self.device)
         side.wait_stream(here)
-        with torch.cuda.stream(side):
+        return side, here
+
+    def _warm_up(self) -> None:
+        """The first full batch's step, off the default stream."""
+        work, here = self._off_default()
+        with torch.cuda.stream(work):
             self.step(self.x, self.y)
-        here.wait_stream(side)
+        here.wait_stream(work)
         self.warm = True
+
+    def _capture(self) -> Any:
+        """The step captured off the default stream. Unlike `torch.cuda.graph`, without a device
+        synchronisation, garbage collection and emptying of the allocator's cache at every capture
+        (one per party and round here)."""
+        work, here = self._off_default()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(work):
+            graph.capture_begin()
+            try:
+                self.step(self.x, self.y)
+            finally:
+                graph.capture_end()
+        here.wait_stream(work)
+        return graph

@@ -9,8 +9,9 @@ import torch
 
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError, TrainArgs
+from fedml_moon.core.batched import auto_parties
 from fedml_moon.core.models import build_model
-from fedml_moon.engine.pace import STREAMS_FROM, graphs_on, resolve_pace, together
+from fedml_moon.engine.pace import graphs_on, large, resolve_pace, together
 from tests.helpers import restored_main
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -30,27 +31,34 @@ def test_the_defaults_are_auto_and_on_a_cpu_train_one_party_after_another():
 
 
 def test_on_a_gpu_auto_trains_the_sampled_parties_that_fit_with_cuda_graphs():
-    """The simple CNN's ten parties fit in a few MB and stack; ResNet-50's take 4.1 GB each (8 x 98 MB
-    of state, 1.25 x 2.6 GB of saved activations at batch 64): 80 % of 40 GB of free memory holds 8
-    of them, each on its own stream (a model of `STREAMS_FROM` parameters or more), as does bf16."""
+    """The simple CNN's ten parties fit in a few MB and stack; ResNet-50 (a model of `LARGE_MODEL`
+    parameters or more) trains one party at a time, each step from its own graph, and on streams
+    where parties_in_parallel says K. In bf16, which cannot stack, parties train on streams."""
     train = TrainArgs(client_num_per_round=10)
     pace = resolve_pace(train, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB)
     assert (pace.parallel, pace.graphs, pace.together) == (10, True, "stacked")
     resnet = build_model("resnet50", (3, 32, 32), 100, use_head=True, out_dim=256)
-    assert (
-        sum(p.numel() for p in resnet.parameters())
-        >= STREAMS_FROM
-        > sum(p.numel() for p in SIMPLE.parameters())
-    )
+    assert large(resnet) and not large(SIMPLE)
     pace = resolve_pace(train, CUDA, resnet, (3, 32, 32), free_bytes=40 * GB)
-    assert (pace.parallel, pace.graphs, pace.together) == (8, True, "streams")
-    assert resolve_pace(train, CUDA, resnet, (3, 32, 32), free_bytes=2 * GB).parallel == 1
+    assert (pace.parallel, pace.graphs) == (1, True)
+    assert "one after another, a model of 5,000,000 parameters or more" in pace.why
+    eight = resolve_pace(TrainArgs(parties_in_parallel=8), CUDA, resnet, (3, 32, 32), free_bytes=40 * GB)
+    assert (eight.parallel, eight.together) == (8, "streams")
     bf16 = TrainArgs(client_num_per_round=10, precision="bf16")
     pace = resolve_pace(bf16, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB)
     assert (pace.parallel, pace.together) == (10, "streams")
     stacked = TrainArgs(client_num_per_round=10, precision="bf16", together="stacked")
     assert resolve_pace(stacked, CUDA, SIMPLE, (3, 32, 32), free_bytes=40 * GB).parallel == 1
     assert together(TrainArgs(), resnet, CPU) == "stacked"  # a CPU stacks only when told to train K
+
+
+def test_auto_fits_the_parties_it_trains_together_in_free_memory():
+    """ResNet-50's parties take 4.1 GB each (8 x 98 MB of state, 1.25 x 2.6 GB of saved activations
+    at batch 64): 80 % of 40 GB of free memory holds 8 of them, 2 GB none but one."""
+    resnet = build_model("resnet50", (3, 32, 32), 100, use_head=True, out_dim=256)
+    assert auto_parties(resnet, (64, 3, 32, 32), CUDA, 10, 40 * GB) == 8
+    assert auto_parties(resnet, (64, 3, 32, 32), CUDA, 10, 2 * GB) == 1
+    assert auto_parties(SIMPLE, (64, 3, 32, 32), CUDA, 10, 40 * GB) == 10
 
 
 def test_explicit_settings_are_kept_and_what_the_device_cannot_run_is_refused():

@@ -268,6 +268,10 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/round_time.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/gpu_round.py": "benchmark",
     ".venv/bin/python benchmarks/gpu_round.py --setting cifar100-resnet50": "benchmark",
+    ".venv/bin/python benchmarks/gpu_round.py --setting cifar100-resnet50 --epochs 2 --samples 6400 "
+    "--channels-last --modes sequential streams streams-bf16 sequential-graphs-bf16": "benchmark",
+    ".venv/bin/python benchmarks/gpu_round.py --epochs 1 --profile "
+    "--modes graphs streams sequential-graphs": "benchmark",
     ".venv/bin/python benchmarks/party_memory.py": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py": "benchmark",
     ".venv/bin/python benchmarks/many_parties.py --parties 100 1000 3000 6000": "benchmark",

@@ -1,8 +1,9 @@
 """How a process trains its parties on its device: how many together and how, CUDA graphs or not, in
-what precision. `auto` picks per device and model what is faster there (docs: how-to/speed.md): on a
-CPU one party after another (stacking only adds work there); on a GPU every sampled party that fits
-in memory, each step replayed from a CUDA graph, a small model's parties stacked into one vmapped
-step and a large model's (or any model's in bf16) each on its own CUDA stream. Pure PyTorch."""
+what precision. `auto` picks per device and model what measured faster there (docs: how-to/speed.md):
+on a CPU one party after another (stacking only adds work there); on a GPU every step replayed from a
+CUDA graph, and for a small model every sampled party that fits in memory stacked into one vmapped
+step (in bf16, which cannot stack, each party on its own CUDA stream), for a large model one party
+after another (stacked or on streams, its parties measured no faster). Pure PyTorch."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Pace:
         )
 
 
-STREAMS_FROM = 5_000_000  # trainable parameters from which `together: auto` runs streams on a GPU
+LARGE_MODEL = 5_000_000  # trainable parameters from which a GPU's `auto` trains one party at a time
 
 
 def graphs_on(setting: bool | str, device: torch.device) -> bool:
@@ -49,14 +50,18 @@ def graphs_on(setting: bool | str, device: torch.device) -> bool:
 
 def together(train: TrainArgs, model: nn.Module, device: torch.device) -> str:
     """How parties trained together train (`train_args.together`): stacked or streams; auto: streams
-    in bf16 (which cannot stack) and on a CUDA device for a model of `STREAMS_FROM` trainable
+    in bf16 (which cannot stack) and on a CUDA device for a model of `LARGE_MODEL` trainable
     parameters or more (where one vmapped step loses to each party's own), else stacked."""
     if train.together != "auto":
         return train.together
     if train.precision == "bf16":
         return "streams"
-    size = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return "streams" if device.type == "cuda" and size >= STREAMS_FROM else "stacked"
+    return "streams" if device.type == "cuda" and large(model) else "stacked"
+
+
+def large(model: nn.Module) -> bool:
+    """Whether `model` has `LARGE_MODEL` trainable parameters or more."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad) >= LARGE_MODEL
 
 
 def resolve_pace(
@@ -93,6 +98,11 @@ def _parallel(
         return int(train.parties_in_parallel), "set"
     if device.type != "cuda":
         return 1, "auto: one after another on a CPU, where stacking parties only adds work"
+    if large(model):
+        return 1, (
+            f"auto: one after another, a model of {LARGE_MODEL:,} parameters or more, whose parties "
+            "trained together measured no faster"
+        )
     if train.precision == "bf16" and together(train, model, device) == "stacked":
         return 1, "auto: bf16 cannot stack parties (train_args.together: stacked)"
     batch = (train.batch_size, *shape)

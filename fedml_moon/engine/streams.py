@@ -7,7 +7,9 @@ and on a CUDA device each party's work goes to its own stream, so the GPU runs t
 side by side while the host queues the next. No vmap: every algorithm and every precision (bf16
 too) runs as it does one party at a time, and each party's arithmetic is the sequential one (the
 same kernels on the same batches), so the result equals one party after another. The cost is a
-model, its gradients and its optimizer state per party.
+model, its gradients and its optimizer state per party. In a silo's data-parallel group
+(`engine.data_parallel`) the parties take their steps in turn on one stream, so every process of
+the group runs the group's collectives in the same order.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from fedml_moon.algorithms.base import ClientAlgorithm
+from fedml_moon.engine import data_parallel
 from fedml_moon.engine.local import PartyJob, party_steps
 
 
@@ -28,7 +31,7 @@ def train_streams(
 ) -> None:
     """E local epochs of every job's party, a step of each in turn; fills each job's final model
     (on `device`), steps and sums. `model` is copied for each party and left as it was."""
-    cuda = device.type == "cuda"
+    cuda = device.type == "cuda" and data_parallel.current() is None  # a silo group: its collectives in order
     here = torch.cuda.current_stream(device) if cuda else None
     streams = [torch.cuda.Stream(device) for _ in jobs] if cuda else [None] * len(jobs)
     copies = [copy.deepcopy(model) for _ in jobs]

@@ -304,7 +304,11 @@ def held_claims(base: Base) -> dict[int, Any]:
     from fedml_moon.engine.claims import claims_of
 
     samples = {int(p): int(n) for p, n in base.dataset.train_data_local_num_dict.items()}
-    tests = {int(p): int(t.num_samples) for p, t in base.dataset.test_data_local_dict.items()}
+    fed = base.fed
+    if fed.test_parts is None:  # every party is tested on the global test set
+        tests = dict.fromkeys(samples, int(base.dataset.test_data_num))
+    else:  # from the index arrays, without making each party's loader
+        tests = {int(p): len(part) for p, part in zip(fed.ids, fed.test_parts, strict=True)}
     counts = dict(zip(base.fed.ids, base.fed.counts.tolist(), strict=True))
     return claims_of(samples, tests, counts, class_threshold(base.cfg))
 

@@ -23,7 +23,14 @@ from fedml_moon.data.datasets import DataNotFoundError, load_dataset
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.holdings import Holdings
 from fedml_moon.data.partition_file import read_partition
-from fedml_moon.data.plot import format_partition_table, save_partition_heatmap
+from fedml_moon.data.plot import (
+    HEATMAP_PARTIES,
+    TABLE_PARTIES,
+    format_partition_table,
+    save_partition_heatmap,
+    save_partition_summary,
+    summarise_partition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -188,17 +195,26 @@ def prepare_own(args: DataArgs, seed: int, party: int | None, central: bool = Fa
 
 
 def show_partition(fed: FederatedData, args: DataArgs, out_dir: Path | None = None) -> None:
-    """The partition as a table in the log and, with `out_dir`, a heat map PNG there."""
+    """The partition in the log (a table, or past `TABLE_PARTIES` parties a summary: the table is in
+    partition.json) and, with `out_dir`, a picture there (a heat map, or past `HEATMAP_PARTIES`
+    parties histograms of the parties' sizes and classes)."""
+    many = len(fed.counts) > TABLE_PARTIES
+    said = f" (summarised: {len(fed.counts)} parties; every party's counts are in partition.json)"
     log.info(
-        "partition (%s), training samples per party and class:\n%s",
+        "partition (%s), training samples per party and class%s:\n%s",
         args.partition_method,
-        format_partition_table(fed.counts),
+        said if many else "",
+        summarise_partition(fed.counts) if many else format_partition_table(fed.counts),
     )
-    if fed.data.parties is not None:
+    if fed.data.parties is not None and not many:
         log.info("parties (natural): %s", ", ".join(f"{i} {n}" for i, n in enumerate(fed.data.parties.names)))
     if out_dir is not None:
         n_parties = len(fed.train_parts)
         title = f"{fed.data.name}: {args.partition_method} partition over {n_parties} parties"
+        if n_parties > HEATMAP_PARTIES:
+            path = save_partition_summary(fed.counts, Path(out_dir) / "partition.png", title)
+            log.info("partition picture (histograms: %d parties): %s", n_parties, path)
+            return
         named = tuple(str(i) for i in range(fed.data.num_classes)) != fed.data.classes
         parties = fed.data.parties.names if fed.data.parties is not None else ()
         classes = fed.data.classes if named else ()

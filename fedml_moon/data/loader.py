@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -35,8 +35,8 @@ class FedMLDataset(NamedTuple):
     train_data_global: PartyLoader
     test_data_global: PartyLoader
     train_data_local_num_dict: dict[int, int]
-    train_data_local_dict: dict[int, PartyLoader]
-    test_data_local_dict: dict[int, PartyLoader]
+    train_data_local_dict: Mapping[int, PartyLoader]
+    test_data_local_dict: Mapping[int, PartyLoader]
     class_num: int
 
 
@@ -202,6 +202,7 @@ def build_fedml_dataset(
     device: torch.device | str | None = None,
     resident: bool = False,
     party_ids: list[int] | None = None,
+    keep: int | None = None,
 ) -> FedMLDataset:
     """FedML's dataset for parties ``0..len(train_parts)-1``, or ``party_ids`` (a silo's own party; a
     server with no data none) (a `FedMLDataset`). Local train
@@ -213,6 +214,10 @@ def build_fedml_dataset(
     one (``plain()``), yields its batches: the one place a run's training device reaches the data.
     With ``resident`` the images and labels are copied to ``device`` once (uint8), so batches are
     gathered, scaled and augmented there, without a copy from the host per batch.
+
+    The parties' loaders are made when a party is asked for (`data.lazy.PartyLoaders`, holding the
+    ``keep`` most recent, default `data.lazy.KEEP`), so start-up and memory grow with the parties
+    sampled, not with the parties.
     """
     if resident and device is not None:
         data = dataclasses.replace(
@@ -228,29 +233,29 @@ def build_fedml_dataset(
     n_train, n_test = len(data.y_train), len(data.y_test)
     train_global = PartyLoader(data.x_train, data.y_train, np.arange(n_train), eval_batch_size, **norm)
     test_global = PartyLoader(data.x_test, data.y_test, np.arange(n_test), eval_batch_size, **norm)
-    train_local, test_local, num_dict = {}, {}, {}
-    for i, part in enumerate(train_parts):
-        pid = i if party_ids is None else party_ids[i]
-        train_local[pid] = PartyLoader(
-            data.x_train,
-            data.y_train,
-            part,
-            batch_size,
-            shuffle=True,
-            drop_last=drop_last,
-            augment=data.augment,
-            seed=seed,
-            party_id=pid,
-            **norm,
-        )
-        num_dict[pid] = train_local[pid].num_samples
-        if test_parts is None:
-            test_local[pid] = test_global
-        else:
-            test_local[pid] = PartyLoader(
-                data.x_test, data.y_test, test_parts[i], eval_batch_size, party_id=pid, **norm
-            )
-    logger.info("%d parties, local train sizes %s", len(train_parts), list(num_dict.values()))
+    from fedml_moon.data import lazy  # it makes PartyLoaders
+
+    keep = lazy.KEEP if keep is None else keep
+    ids = list(range(len(train_parts))) if party_ids is None else [int(p) for p in party_ids]
+    local = {"batch_size": batch_size, "shuffle": True, "drop_last": drop_last, "augment": data.augment}
+
+    def train_loader(i: int, pid: int) -> PartyLoader:
+        images, labels = data.x_train, data.y_train
+        return PartyLoader(images, labels, train_parts[i], seed=seed, party_id=pid, **local, **norm)
+
+    def test_loader(i: int, pid: int) -> PartyLoader:
+        assert test_parts is not None
+        return PartyLoader(data.x_test, data.y_test, test_parts[i], eval_batch_size, party_id=pid, **norm)
+
+    num_dict = {pid: len(part) for pid, part in zip(ids, train_parts, strict=True)}
+    train_local: Mapping[int, PartyLoader] = lazy.PartyLoaders(ids, train_loader, keep)
+    if test_parts is None:
+        test_local: Mapping[int, PartyLoader] = dict.fromkeys(ids, test_global)
+    else:
+        test_local = lazy.PartyLoaders(ids, test_loader, keep)
+    sizes = list(num_dict.values())
+    shown = sizes if len(sizes) <= 100 else f"from {min(sizes)} to {max(sizes)} (partition.json has each)"
+    logger.info("%d parties, local train sizes %s", len(train_parts), shown)
     return FedMLDataset(
         n_train, n_test, train_global, test_global, num_dict, train_local, test_local, data.num_classes
     )

@@ -13,6 +13,8 @@ from matplotlib.figure import Figure
 logger = logging.getLogger(__name__)
 
 MAX_ANNOTATED_CELLS = 2500
+TABLE_PARTIES = 100  # a partition of more parties is summarised in the log (the table: partition.json)
+HEATMAP_PARTIES = 200  # a partition of more parties is drawn as histograms, not a heat map
 
 
 def _annotate(ax, counts: np.ndarray) -> None:
@@ -64,6 +66,43 @@ def save_partition_heatmap(
     fig.savefig(path, dpi=120)
     logger.info("saved partition heat map to %s", path)
     return path
+
+
+def save_partition_summary(counts: np.ndarray, path: Path, title: str) -> Path:
+    """Save two histograms of ``counts`` [n_parties, num_classes] for a partition of too many parties
+    for a heat map: the parties' training sizes, and how many classes each party holds. Returns
+    ``path``."""
+    counts = np.asarray(counts)
+    sizes, held = counts.sum(1), (counts > 0).sum(1)
+    fig = Figure(figsize=(9.0, 3.5))
+    FigureCanvasAgg(fig)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    left.hist(sizes, bins=min(50, max(1, int(sizes.max() - sizes.min()) + 1)), color="tab:blue")
+    left.set_xlabel("training samples of a party")
+    left.set_ylabel("parties")
+    edges = np.arange(0.5, counts.shape[1] + 1.5)
+    right.hist(held, bins=edges, color="tab:blue")
+    right.set_xlabel("classes a party holds")
+    right.set_ylabel("parties")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def summarise_partition(counts: np.ndarray) -> str:
+    """A few lines on ``counts`` [n_parties, num_classes] for a partition too large for a table: the
+    parties' training sizes and classes held (minimum, quartiles, maximum) and the samples per class."""
+    counts = np.asarray(counts, dtype=np.int64)
+    lines = []
+    for name, values in (("training samples", counts.sum(1)), ("classes held", (counts > 0).sum(1))):
+        q = np.percentile(values, [0, 25, 50, 75, 100], method="nearest")
+        lines.append(f"{name} per party: min {q[0]}, quartiles {q[1]} / {q[2]} / {q[3]}, max {q[4]}")
+    lines.append("samples per class: " + " ".join(f"c{c} {v}" for c, v in enumerate(counts.sum(0))))
+    lines.append(f"all: {counts.sum()} samples over {counts.shape[0]} parties")
+    return "\n".join(lines)
 
 
 def format_partition_table(counts: np.ndarray) -> str:

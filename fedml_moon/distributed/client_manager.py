@@ -255,6 +255,7 @@ class PluginClientManager(SecureWorker, _Manager):
                 "rank %d: the server started the run again from round 0; its parties start afresh", self.rank
             )
             self.runner.load_state(self.initial_state)
+            self.runner.trained.clear()  # back at their first streams: nothing to checkpoint
         self.trained_since_welcome = False
 
     def send_ready(self) -> None:

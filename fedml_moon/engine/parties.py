@@ -38,6 +38,7 @@ class PartyRunner:
         self.trainer, self.device, self.args = trainer, device, args
         self.parallel = parallel  # train_args.parties_in_parallel, resolved
         self._said_batched = False
+        self.trained: set[int] = set()  # parties whose state or random stream moved: what checkpoints hold
 
     def train_many(self, tasks: list[tuple[int, Payload]], round_idx: int) -> list[tuple[float, Payload]]:
         """Local rounds of (party, download) tasks, `parallel` parties at a time; in task order. A chunk
@@ -77,6 +78,7 @@ class PartyRunner:
                 self.parallel,
             )
             return None
+        self.trained.update(int(p) for p, _ in chunk)
         if not self._said_batched and len(chunk) > 1:
             log.info("round %d: %d parties trained together (batched)", round_idx, len(chunk))
             self._said_batched = True
@@ -91,6 +93,7 @@ class PartyRunner:
         trainer.on_before_local_training(data, self.device, self.args)
         trainer.train(data, self.device, self.args)
         trainer.on_after_local_training(data, self.device, self.args)
+        self.trained.add(int(party))
         return float(self.num_local[party]), trainer.get_model_params()
 
     def state(self, parties: list[int]) -> dict[int, dict]:
@@ -99,14 +102,18 @@ class PartyRunner:
         return {p: {"state": store.get(p), "rng": self.train_local[p].generator.get_state()} for p in parties}
 
     def state_pieces(self, parties: list[int]) -> Pieces:
-        """`state()` as a checkpoint part written one party at a time (a disk store's parties are then
-        never all in memory)."""
-        return Pieces({str(p): lambda p=p: self.state([p])[p] for p in parties})
+        """`state()` of those of `parties` that have trained (or were restored) as a checkpoint part
+        written one party at a time (a disk store's parties are then never all in memory). A party
+        that never trained has its initial state, which a resumed run makes again: a checkpoint's
+        size grows with the parties sampled so far, not with the parties that exist."""
+        kept = [p for p in parties if int(p) in self.trained]
+        return Pieces({str(p): lambda p=p: self.state([p])[p] for p in kept})
 
     def load_state(self, states: Mapping[Any, dict]) -> None:
         """Restore `state()`: the store holds exactly the checkpoint's states for these parties."""
         for party, saved in states.items():
             party = int(party)
+            self.trained.add(party)
             if saved["state"]:
                 self.trainer.store.put(party, dict(saved["state"]))
             else:

@@ -232,7 +232,7 @@ class ModelArgs:
 
 FEDERATED_OPTIMIZERS = ("FedAvg",)  # FedML's aggregation switch; the algorithm is train_args.algorithm
 CLIENT_OPTIMIZERS = ("sgd",)
-STATE_STORES = ("memory", "disk")
+STATE_STORES = ("auto", "memory", "disk")
 BAD_UPLOAD_ACTIONS = ("skip", "stop")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp64")
 SWITCHES = (True, False, "auto")  # train_args.cuda_graphs, device_args.using_gpu
@@ -265,8 +265,8 @@ class TrainArgs:
     """local SGD weight decay; >= 0"""
     drop_last: bool = True
     """drop each party's last incomplete batch (the MOON code); false keeps it (NIID-Bench)"""
-    state_store: str = "memory"
-    """where per-party state lives between rounds: memory, or disk (a file per party)"""
+    state_store: str = "auto"
+    """per-party state between rounds: memory, disk (a file per party, read ahead) or auto (disk past 2 GB)"""
     checkpoint_every: int = 5
     """rounds between checkpoints, one more after the last round; 0: at the end only; >= 0"""
     on_bad_upload: str = "skip"
@@ -344,7 +344,8 @@ class TrainArgs:
         require(
             self.state_store in STATE_STORES,
             "train_args.state_store",
-            "choose 'memory' or 'disk' (per-party state under the output directory)",
+            "choose 'auto' (in memory up to 2 GB, then on disk), 'memory' or 'disk' (per-party state "
+            "under the output directory)",
         )
         require(
             self.federated_optimizer in FEDERATED_OPTIMIZERS,
@@ -361,9 +362,16 @@ class ValidationArgs:
     """also test each party's model on its own test split (local_test_acc); always on if personalised"""
     evaluation: str = "auto"
     """auto (federated where the server holds no data, else central), central (on the server) or federated"""
+    eval_parties: int = 100
+    """parties testing their own models (local test) per evaluated round: all up to N, else N drawn; 0: all"""
 
     def check(self) -> None:
         require(self.frequency_of_the_test >= 1, "validation_args.frequency_of_the_test", "must be >= 1")
+        require(
+            self.eval_parties >= 0,
+            "validation_args.eval_parties",
+            "how many parties test their own models in an evaluated round: >= 1, or 0 for every party",
+        )
         require(
             self.evaluation in ("auto", "central", "federated"),
             "validation_args.evaluation",

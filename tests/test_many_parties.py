@@ -107,3 +107,115 @@ def test_loaders_made_when_sampled_end_where_loaders_held_all_along_end(tmp_path
 
 def _shapes(state: dict) -> dict:
     return {k: (list(v) if isinstance(v, list) else sorted(v)) for k, v in state.items() if k != "pool"}
+
+
+def _idx(path: Path, array: np.ndarray) -> None:
+    """`array` (uint8) as an idx file (Fashion-MNIST's format): two zero bytes, 0x08, the dimensions."""
+    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
+    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def _images(folder: Path, train: int, test: int) -> Path:
+    """Random Fashion-MNIST-shaped images and labels as the four idx files."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    for prefix, n in (("train", train), ("t10k", test)):
+        _idx(folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        _idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
+    return folder
+
+
+def _many(data: Path, parties: int, rounds: int) -> list[str]:
+    return [
+        "data_args.partition_method=homo",
+        f"data_args.data_cache_dir={data}",
+        f"train_args.client_num_in_total={parties}",
+        "train_args.client_num_per_round=3",
+        f"train_args.comm_round={rounds}",
+        "train_args.epochs=1",
+        "train_args.batch_size=3",
+        "train_args.checkpoint_every=1",
+        "device_args.using_gpu=false",
+        "tracking_args.enable_wandb=false",
+    ]
+
+
+@pytest.mark.slow
+def test_a_run_of_20000_parties_completes_and_checkpoints_the_parties_that_trained(tmp_path):
+    """20,000 parties of 3 images, 3 a round: the run completes; its log summarises the partition
+    (no 20,000-line table), its picture is histograms, and its checkpoint holds only the parties
+    sampled so far (a party that never trained is made again from the seed on resume)."""
+    from fedml_moon import conformance
+
+    data = _images(tmp_path / "data", 60_000, 40_000)
+    config = ROOT / "config" / "fashion_mnist" / "moon.yaml"
+    run = conformance.run_mode("standalone", config, _many(data, 20_000, 3), tmp_path / "run", timeout_s=240)
+    assert run.ok, run.tail()
+    log = run.tail(100_000)
+    assert "summarised: 20000 parties" in log and "partition picture (histograms: 20000 parties)" in log
+    assert len(log.splitlines()) < 200
+    parties = checkpoint_parties(tmp_path / "run")
+    sampled = {p for r in sample_schedule(20_000, 3, 3, 0) for p in r}
+    assert parties == sampled
+
+
+def checkpoint_parties(out: Path) -> set[int]:
+    """The parties the newest checkpoint of run folder `out` holds a state for."""
+    from fedml_moon.core.checkpoint import latest
+
+    round_idx = latest(out / "checkpoint")
+    assert round_idx is not None
+    return {int(f.stem) for f in (out / "checkpoint" / f"round-{round_idx}" / "parties").iterdir()}
+
+
+@pytest.mark.slow
+def test_a_run_of_many_parties_killed_and_resumed_is_the_same_run(tmp_path):
+    """2,000 parties, 3 a round, killed with SIGKILL after its second checkpoint and resumed: the
+    same final model and records as the run never stopped, though its checkpoints hold only the
+    parties sampled before them."""
+    from fedml_moon import conformance
+    from tests.test_resume import _assert_same_run, _kill_when
+
+    data = _images(tmp_path / "data", 20_000, 4_000)
+    config, sets = ROOT / "config" / "fashion_mnist" / "moon.yaml", _many(data, 2_000, 8)
+    ref = conformance.run_mode("standalone", config, sets, tmp_path / "ref", timeout_s=240)
+    assert ref.ok, ref.tail()
+    out, env = tmp_path / "killed", conformance.process_env(tmp_path)
+    proc = conformance.spawn(
+        conformance.cli_command("simulate", config, sets, out), tmp_path / "a.log", env, tmp_path
+    )
+    _kill_when(proc, out, 2, random.uniform(0.0, 0.5))
+    assert len(checkpoint_parties(out)) < 2_000
+    again = [*conformance.cli_command("simulate", config, sets, out), "--resume", str(out)]
+    proc = conformance.spawn(again, tmp_path / "b.log", env, tmp_path)
+    assert conformance.wait_all([proc], 240) == [0], (tmp_path / "b.log").read_text()[-3000:]
+    _assert_same_run(ref.out_dir, out)
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_a_sample_of_the_parties_tests_their_models_and_the_same_sample_in_every_mode(tmp_path):
+    """validation_args.eval_parties 2 of 4 parties: every evaluated round records a local test over
+    2 parties (`eval_parties`), drawn from the seed, so the standalone run, the MPI simulation and
+    gRPC cross-silo (where only the sampled parties' silos are asked) record the same figures."""
+    from fedml_moon import conformance
+
+    config = ROOT / "config" / "fashion_mnist" / "moon.yaml"
+    sets = [*TINY, "train_args.client_num_in_total=4", "validation_args.eval_parties=2"]
+    runs = [conformance.run_mode(m, config, sets, tmp_path / m) for m in ("standalone", "mpi-simulation")]
+    runs.append(conformance.run_mode("cross-silo-grpc", config, sets, tmp_path / "grpc"))
+    for run in runs:
+        assert run.ok, run.tail()
+    records = [json.loads(x) for x in (runs[0].out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("eval_parties") for r in records] == [2, 2, 2] and all(
+        "local_test_acc" in r for r in records
+    )
+    for other in runs[1:]:
+        diff, differences = conformance.compare(runs[0], other)
+        assert diff <= 1e-5 and not differences, (other.mode, diff, differences)
+    every = conformance.run_mode("standalone", config, [*sets[:-1]], tmp_path / "every")
+    assert every.ok and all("eval_parties" not in json.loads(x) for x in _lines(every.out_dir))
+
+
+def _lines(out: Path) -> list[str]:
+    return (out / "metrics.jsonl").read_text().splitlines()

@@ -274,7 +274,7 @@ COMMANDS: dict[str, str] = {
     "--modes graphs streams sequential-graphs": "benchmark",
     ".venv/bin/python benchmarks/party_memory.py": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py": "benchmark",
-    ".venv/bin/python benchmarks/many_parties.py --parties 100 1000 3000 6000": "benchmark",
+    ".venv/bin/python benchmarks/many_parties.py": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --connections 1": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --token wrong": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --window-kb 0": "benchmark",

@@ -248,6 +248,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
         args=base.args,
         party_eval=(cfg.validation_args.local_test or base.spec.client.personalized)
         and not cfg.privacy_args.secure_aggregation,
+        eval_parties=cfg.validation_args.eval_parties,
         personalized=base.spec.client.personalized,
         on_bad_upload=train.on_bad_upload,
         save_party_models=train.save_party_models,

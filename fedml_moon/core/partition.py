@@ -199,7 +199,10 @@ def partition_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: i
     y = _as_labels(labels)
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}), got range [{y.min()}, {y.max()}]")
-    counts = np.zeros((len(parts), num_classes), dtype=np.int64)
-    for j, part in enumerate(parts):
-        counts[j] = np.bincount(y[np.asarray(part, dtype=np.int64)], minlength=num_classes)
-    return counts
+    if not len(parts):
+        return np.zeros((0, num_classes), dtype=np.int64)
+    sizes = np.fromiter((len(part) for part in parts), dtype=np.int64, count=len(parts))
+    samples = np.concatenate([np.asarray(part, dtype=np.int64) for part in parts])
+    owner = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)  # one bincount for every party
+    flat = np.bincount(owner * num_classes + y[samples], minlength=len(parts) * num_classes)
+    return flat.reshape(len(parts), num_classes)

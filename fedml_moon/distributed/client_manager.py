@@ -322,7 +322,12 @@ class PluginClientManager(SecureWorker, _Manager):
             why = "that would reach the server in the clear under privacy_args.secure_aggregation"
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
             return
-        reports = [self.runner.evaluate(p, payload) for p in self.parties]
+        wanted = payload.get("parties")  # validation_args.eval_parties: a sample of the parties
+        if wanted is not None and not (isinstance(wanted, list) and all(type(p) is int for p in wanted)):
+            why = "whose parties are not party ids"
+            self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
+            return
+        reports = [self.runner.evaluate(p, payload) for p in self.parties if wanted is None or p in wanted]
         if secure:
             self.secure_eval(int(msg.get("round")), reports, list(payload["test"]))
             return

@@ -76,6 +76,7 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         start_round: int = 0,
     ) -> None:
         self.rounds, self.placement, self.workers = rounds, placement, list(workers)
+        self.evaluating: set[int] = set()  # the parties that report in this evaluated round
         self.config, self.comm_args = config, comm
         self.deadline_s = comm.round_timeout_s or comm.timeout_s
         self.checkpoint_every, self.full_config = checkpoint

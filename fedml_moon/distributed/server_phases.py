@@ -103,11 +103,16 @@ class RoundPhases:
             self.close_round(None)
             return
         alive = [r for r in self.workers if not self.is_dead(r) and r not in self.gone]
+        self.evaluating = set(self.rounds.eval_parties(self.round_idx))  # validation_args.eval_parties
+        ranks = {self.placement.get(p) for p in self.evaluating}
+        alive = [r for r in alive if r in ranks]
         if not alive:
             self.close_round(None)
             return
         self.reports, self.new_reports = {}, {}
         download = self.rounds.eval_download()
+        if len(self.evaluating) < self.rounds.n_parties:  # a sample: only these report
+            download = {**download, "parties": sorted(self.evaluating)}
         if download.get("secure"):  # the parties' counts go into a secure sum (secure_eval.py)
             self.start_secure_eval(alive, download)
             return
@@ -122,7 +127,7 @@ class RoundPhases:
         if not self._expected(msg, phase):
             return
         rank, reports = msg.get_sender_id(), msg.get("reports")
-        mine = sorted(p for p, r in self.placement.items() if r == rank)
+        mine = sorted(p for p, r in self.placement.items() if r == rank and p in self.evaluating)
         check = self.rounds.new_report_problem if phase == "newtest" else self.rounds.report_problem
         problem = reports_problem(reports, mine, check)
         if problem is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fedml_moon.algorithms.base import Payload
 from fedml_moon.core.aggregation import payload_nbytes
+from fedml_moon.core.seeds import rng
 from fedml_moon.core.split import merge_states
 from fedml_moon.engine import federated_eval
 
@@ -34,6 +35,8 @@ class Evaluations:
     device: Any
     args: Any
     n_parties: int
+    seed: int
+    eval_sample: int
     eval_totals: dict[str, int]
     extra_metrics: Any
     test_samples: dict[int, int]
@@ -55,6 +58,22 @@ class Evaluations:
         """Whether every party reports this round: its own model's local test, or (federated
         evaluation) its counts on its own test split."""
         return (self.party_eval or self.federated) and self.evaluates(round_idx)
+
+    def eval_parties(self, round_idx: int) -> list[int]:
+        """The parties that report on evaluation round `round_idx`: every party, or where the parties
+        test their own models (central evaluation) and there are more than
+        `validation_args.eval_parties`, that many drawn on the seed's "evaluation" stream for the
+        round (the same in every mode and on resume). Federated evaluation takes every party: their
+        counts are the test set."""
+        every = list(range(self.n_parties))
+        if self.federated or not self.eval_sample or self.n_parties <= self.eval_sample:
+            return every
+        stream = rng(self.seed, "evaluation", round_idx)
+        return sorted(int(p) for p in stream.choice(self.n_parties, self.eval_sample, replace=False))
+
+    def sampled_eval(self) -> bool:
+        """Whether evaluated rounds take a sample of the parties (`eval_parties`)."""
+        return len(self.eval_parties(0)) < self.n_parties
 
     def needs_new_test(self, reports: dict[int, Payload] | None) -> bool:
         """Whether the parties test their models combined (federated evaluation of a personalised
@@ -134,6 +153,8 @@ class Evaluations:
             self.count_eval_bytes(self.eval_download(), reports)
         if reports and self.party_eval:
             out.update(self.party_metrics(reports))
+            if self.sampled_eval():
+                out["eval_parties"] = len(reports)  # the sample the party figures are means over
         if new_reports:
             self.count_eval_bytes(self.new_download, new_reports)
             new = federated_eval.totals(new_reports, ["new"])

@@ -43,6 +43,9 @@ class PartyRunner:
     def train_many(self, tasks: list[tuple[int, Payload]], round_idx: int) -> list[tuple[float, Payload]]:
         """Local rounds of (party, download) tasks, `parallel` parties at a time; in task order. A chunk
         that runs out of device memory is trained again in halves (and `parallel` stays halved)."""
+        prefetch = getattr(self.trainer.store, "prefetch", None)
+        if prefetch is not None:  # a disk store reads the next parties' states while one trains
+            prefetch([int(p) for p, _ in tasks])
         if self.parallel <= 1 or len(tasks) <= 1:
             return [self.train(party, download, round_idx) for party, download in tasks]
         out: list[tuple[float, Payload]] = []

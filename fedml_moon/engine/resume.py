@@ -35,6 +35,7 @@ CHECKPOINT_DIR = "checkpoint"
 FREE_PREFIXES = ("tracking_args.", "device_args.", "comm_args.")  # how and where, not what
 FREE_KEYS = {
     "train_args.checkpoint_every",
+    "train_args.state_store",  # where a process keeps party states; the checkpoint holds them either way
     "data_args.data_cache_dir",
     "data_args.download",
     "data_args.plugin",  # where a site's data reader comes from (what it reads is its data's business)

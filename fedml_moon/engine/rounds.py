@@ -69,6 +69,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         steps: tuple[int, int] = (1, 1),
         federated: bool = False,
         uniform: bool = False,
+        eval_parties: int = 0,
     ) -> None:
         """`claims`: every party's claim (`engine.claims`), where the server computed the partition
         itself; else `set_claims` once the parties have made theirs. `make_privacy`: privacy_args'
@@ -76,6 +77,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         self.aggregator, self.recorder = aggregator, recorder
         self.n_parties, self.rounds, self.test_every = n_parties, rounds, test_every
         self.schedule = sample_schedule(n_parties, per_round, rounds, seed)
+        self.seed, self.eval_sample = seed, eval_parties  # validation_args.eval_parties (0: every party)
         self.test_global, self.device, self.args = test_global, device, args
         self.party_eval, self.personalized = party_eval, personalized
         self.on_bad_upload = on_bad_upload

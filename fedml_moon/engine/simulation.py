@@ -9,6 +9,7 @@ FedML's ClientTrainer calls). It is handed to FedML as
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -19,6 +20,23 @@ from fedml_moon.engine.resume import Holding, check_resumable, due, flatten, res
 from fedml_moon.engine.rounds import ServerRounds
 
 log = logging.getLogger(__name__)
+
+
+class PartiesInOrder(Sequence):
+    """Parties 0..n-1's loaders as a sequence, each made when it is read (`data.lazy`)."""
+
+    def __init__(self, loaders: Mapping[int, Any], n: int) -> None:
+        self.loaders, self.n = loaders, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self.loaders[p] for p in range(self.n)[i]]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return self.loaders[i % self.n]
 
 
 class _NoBar:
@@ -48,7 +66,9 @@ class StandaloneSimulation:
         figures, runner = self.figures, self.runner
         if figures is None:
             return
-        test_local = [runner.test_local[p] for p in range(self.server.n_parties)]
+        if self.server.eval_sample:  # its figures follow every party's model: every party reports
+            self.server.eval_sample = 0
+        test_local = PartiesInOrder(runner.test_local, self.server.n_parties)
 
         def extra(states: list[dict], accs: list[float]) -> dict[str, float]:
             model, test_global = self.aggregator.model, self.server.test_global
@@ -69,7 +89,7 @@ class StandaloneSimulation:
         reports = new_reports = None
         if server.needs_party_eval(round_idx):
             download = server.eval_download()
-            reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
+            reports = {p: runner.evaluate(p, download) for p in server.eval_parties(round_idx)}
         if server.needs_new_test(reports):
             download = server.new_test_download(reports)
             new_reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}

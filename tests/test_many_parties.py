@@ -154,7 +154,7 @@ def test_a_run_of_20000_parties_completes_and_checkpoints_the_parties_that_train
     log = run.tail(100_000)
     assert "summarised: 20000 parties" in log and "partition picture (histograms: 20000 parties)" in log
     assert len(log.splitlines()) < 200
-    parties = checkpoint_parties(tmp_path / "run")
+    parties = checkpoint_parties(run.out_dir)
     sampled = {p for r in sample_schedule(20_000, 3, 3, 0) for p in r}
     assert parties == sampled
 

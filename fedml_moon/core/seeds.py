@@ -25,6 +25,7 @@ STREAMS: dict[str, int] = {
     "prototypes": 5,  # FedSSC's random choice of the parties behind each class prototype
     "site_test_split": 6,  # a site's own data without a test split: its seeded local test share
     "algorithm": 7,  # an algorithm's own draws: ClientAlgorithm.generator / ServerAlgorithm.generator
+    "evaluation": 8,  # validation_args.eval_parties: the parties that test their own models in a round
 }
 
 

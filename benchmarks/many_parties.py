@@ -36,16 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fedml_moon.data.formats import write_idx
+
 log = logging.getLogger("many_parties")
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [str(ROOT / ".venv" / "bin" / "fedml-moon"), "simulate", "--cf", "config/fashion_mnist/moon.yaml"]
 TEST_IMAGES = 1_000  # at least; one a party where there are more parties (each holds a local test split)
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """`array` (uint8) as an idx file: two zero bytes, 0x08, the dimensions, big-endian int32 each."""
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
-    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
 
 
 def write_data(folder: Path, n_train: int, n_test: int) -> None:
@@ -53,8 +49,12 @@ def write_data(folder: Path, n_train: int, n_test: int) -> None:
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
-        write_idx(folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
-        write_idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
+        images, labels = (
+            rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+            rng.integers(0, 10, n, dtype=np.uint8),
+        )
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", images)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", labels)
 
 
 def settings(opts: argparse.Namespace, parties: int, data: Path, out: Path) -> list[str]:

@@ -209,3 +209,12 @@ def test_load_fashion_mnist_from_debian_package() -> None:
     assert torch.bincount(data.y_train).tolist() == [6000] * 10
     assert torch.bincount(data.y_test).tolist() == [1000] * 10
     assert data.x_train.dtype == torch.uint8 and int(data.x_train.max()) == 255
+
+
+def test_an_idx_file_written_reads_back_as_it_was(tmp_path):
+    from fedml_moon.data.formats import read_idx, write_idx
+
+    array = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / "x-idx3-ubyte", array)
+    back = read_idx(tmp_path / "x-idx3-ubyte")
+    assert back.dtype == np.uint8 and np.array_equal(back, array)

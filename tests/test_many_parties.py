@@ -18,6 +18,7 @@ from fedml_moon.conformance import TINY
 from fedml_moon.conformance.inprocess import quiet_run
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.data.formats import write_idx
 from fedml_moon.data.lazy import PartyLoaders
 from fedml_moon.data.loader import PartyLoader
 
@@ -109,19 +110,13 @@ def _shapes(state: dict) -> dict:
     return {k: (list(v) if isinstance(v, list) else sorted(v)) for k, v in state.items() if k != "pool"}
 
 
-def _idx(path: Path, array: np.ndarray) -> None:
-    """`array` (uint8) as an idx file (Fashion-MNIST's format): two zero bytes, 0x08, the dimensions."""
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
-    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
-
-
 def _images(folder: Path, train: int, test: int) -> Path:
     """Random Fashion-MNIST-shaped images and labels as the four idx files."""
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True)
     for prefix, n in (("train", train), ("t10k", test)):
-        _idx(folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
-        _idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
     return folder
 
 

@@ -275,6 +275,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/party_memory.py": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py": "benchmark",
     ".venv/bin/python benchmarks/many_parties.py": "benchmark",
+    ".venv/bin/python benchmarks/many_parties.py --parties 100 1000000 --per-party 1 --rounds 3": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --connections 1": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --token wrong": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --window-kb 0": "benchmark",

@@ -74,6 +74,12 @@ TINY_IMAGENET_CACHE = "tiny-imagenet-200-uint8.npz"
 TINY_SIDE = 64
 
 
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write uint8 `array` as an IDX file (what `read_idx` reads: Fashion-MNIST's format)."""
+    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
+    Path(path).write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
 def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (plain or gzip, told apart by the 1f 8b magic bytes) into an array.
 

@@ -214,3 +214,22 @@ def test_a_sample_of_the_parties_tests_their_models_and_the_same_sample_in_every
 
 def _lines(out: Path) -> list[str]:
     return (out / "metrics.jsonl").read_text().splitlines()
+
+
+@needs_fmnist
+def test_a_party_that_trained_after_the_checkpoint_restored_is_back_at_its_start(tmp_path):
+    """A worker that lives on while its server restarts loads the checkpoint, which holds only the
+    parties that had trained: a party that trained after it loses its state and its stream's moves,
+    so it trains again exactly as it did the first time."""
+    config = ROOT / "config" / "fashion_mnist" / "moon.yaml"
+    with quiet_run(config, [*TINY, "train_args.state_store=memory"], tmp_path / "run") as run:
+        runner, server = run.loop.runner, run.loop.server
+        downloads = server.downloads(0)
+        first, second = list(downloads)[:2]
+        runner.train(first, downloads[first], 0)
+        checkpoint = {str(p): runner.state([p])[p] for p in runner.trained}
+        _, before = runner.train(second, downloads[second], 0)
+        runner.load_state(checkpoint)
+        assert runner.trained == {first} and not runner.trainer.store.get(second)
+        _, again = runner.train(second, downloads[second], 0)
+    assert all(torch.equal(before["model"][k], again["model"][k]) for k in before["model"])

@@ -56,6 +56,13 @@ class PartyLoaders(Mapping[int, PartyLoader]):
         if not torch.equal(state, first):
             self._streams[party] = state
 
+    def forget(self, party: int) -> None:
+        """Back to the party's first random stream: its next loader is made as at the start."""
+        party = int(party)
+        self._made.pop(party, None)
+        self._fresh.pop(party, None)
+        self._streams.pop(party, None)
+
     def __iter__(self) -> Iterator[int]:
         return iter(self._position)
 

@@ -96,7 +96,6 @@ class PluginClientManager(SecureWorker, _Manager):
         self.timeout_s, self.server_address = comm.timeout_s, server_address
         self.welcomed, self.session, self.digest = False, None, None
         self.trained_since_welcome = False
-        self.initial_state: dict | None = None
         self.folder = folder  # its checkpoints: <folder>/checkpoint/ (engine.resume)
         self.waiting_since = self.last_wait_log = time.monotonic()
         self.last_hello = 0.0
@@ -254,8 +253,7 @@ class PluginClientManager(SecureWorker, _Manager):
             log.warning(
                 "rank %d: the server started the run again from round 0; its parties start afresh", self.rank
             )
-            self.runner.load_state(self.initial_state)
-            self.runner.trained.clear()  # back at their first streams: nothing to checkpoint
+            self.runner.load_state({})  # every party back at its start: no state, its first streams
         self.trained_since_welcome = False
 
     def send_ready(self) -> None:
@@ -269,8 +267,6 @@ class PluginClientManager(SecureWorker, _Manager):
         if self.digest != config_digest(config):
             differs = config_differences(config, self.built.config)
             raise ValueError(f"this worker could not take the server's config: {', '.join(differs)} differ")
-        start = self.runner.state(self.parties)  # the loaders' first streams; no party state
-        self.initial_state = {p: {"state": {}, "rng": saved["rng"]} for p, saved in start.items()}
         log.info("rank %d holds parties %s (config sha256 %s)", self.rank, self.parties, self.digest[:12])
 
     def restore(self, round_idx: int) -> None:

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Protocol
 
 import torch
 
-from fedml_moon.data.loader import PartyLoader
+
+class PartyLoader(Protocol):
+    """What the mapping makes: a loader with its own random generator (`data.loader.PartyLoader`)."""
+
+    generator: torch.Generator
+
 
 KEEP = 256  # loaders held per mapping: more than the parties of any round's chunk
 

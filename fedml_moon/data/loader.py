@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fedml_moon.data import lazy
 from fedml_moon.data.augment import Draw, apply, draw, join
 from fedml_moon.data.holdings import Holdings
 
@@ -233,8 +234,6 @@ def build_fedml_dataset(
     n_train, n_test = len(data.y_train), len(data.y_test)
     train_global = PartyLoader(data.x_train, data.y_train, np.arange(n_train), eval_batch_size, **norm)
     test_global = PartyLoader(data.x_test, data.y_test, np.arange(n_test), eval_batch_size, **norm)
-    from fedml_moon.data import lazy  # it makes PartyLoaders
-
     keep = lazy.KEEP if keep is None else keep
     ids = list(range(len(train_parts))) if party_ids is None else [int(p) for p in party_ids]
     local = {"batch_size": batch_size, "shuffle": True, "drop_last": drop_last, "augment": data.augment}

@@ -238,7 +238,7 @@ def train_parties(
     """The local rounds of `jobs`: one job on the model itself (`engine.local`), several stacked in
     groups or each on its own stream (`train_args.together`, `engine.streams`), with CUDA graphs
     where `train_args.cuda_graphs`; (metrics, upload) per job, in order."""
-    precision = algorithm.train_args.precision
+    precision, device = algorithm.train_args.precision, torch.device(device)
     form = together(algorithm.train_args, model, device)
     if precision == "bf16" and len(jobs) > 1 and form == "stacked":
         raise ValueError(BF16_STACKED)

@@ -123,6 +123,7 @@ class AutoPartyStore(PartyStore):
         self.root, self.limit = Path(root), AUTO_MEMORY_BYTES if limit is None else limit
         self.inner: PartyStore = PartyStore()
         self._sizes: dict[int, int] = {}
+        self._held = 0  # the sum of _sizes, kept as it changes
 
     def get(self, party_id: int) -> dict[str, Any]:
         return self.inner.get(party_id)
@@ -131,8 +132,10 @@ class AutoPartyStore(PartyStore):
         self.inner.put(party_id, state)
         if isinstance(self.inner, DiskPartyStore):
             return
-        self._sizes[int(party_id)] = state_bytes(state)
-        held = sum(self._sizes.values())
+        size = state_bytes(state)
+        self._held += size - self._sizes.get(int(party_id), 0)
+        self._sizes[int(party_id)] = size
+        held = self._held
         if held > self.limit:
             log.info(
                 "party state: %d parties hold %.1f GB, past train_args.state_store auto's %.1f GB in memory; "
@@ -141,10 +144,10 @@ class AutoPartyStore(PartyStore):
             disk = DiskPartyStore(self.root)
             for party in self.inner.parties():
                 disk.put(party, self.inner.get(party))
-            self.inner, self._sizes = disk, {}
+            self.inner, self._sizes, self._held = disk, {}, 0
 
     def drop(self, party_id: int) -> None:
-        self._sizes.pop(int(party_id), None)
+        self._held -= self._sizes.pop(int(party_id), 0)
         self.inner.drop(party_id)
 
     def __contains__(self, party_id: object) -> bool:

@@ -323,7 +323,8 @@ class PluginClientManager(SecureWorker, _Manager):
             why = "whose parties are not party ids"
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
             return
-        reports = [self.runner.evaluate(p, payload) for p in self.parties if wanted is None or p in wanted]
+        asked = None if wanted is None else set(wanted)
+        reports = [self.runner.evaluate(p, payload) for p in self.parties if asked is None or p in asked]
         if secure:
             self.secure_eval(int(msg.get("round")), reports, list(payload["test"]))
             return

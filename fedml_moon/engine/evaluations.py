@@ -65,15 +65,14 @@ class Evaluations:
         `validation_args.eval_parties`, that many drawn on the seed's "evaluation" stream for the
         round (the same in every mode and on resume). Federated evaluation takes every party: their
         counts are the test set."""
-        every = list(range(self.n_parties))
-        if self.federated or not self.eval_sample or self.n_parties <= self.eval_sample:
-            return every
+        if not self.sampled_eval():
+            return list(range(self.n_parties))
         stream = rng(self.seed, "evaluation", round_idx)
         return sorted(int(p) for p in stream.choice(self.n_parties, self.eval_sample, replace=False))
 
     def sampled_eval(self) -> bool:
         """Whether evaluated rounds take a sample of the parties (`eval_parties`)."""
-        return len(self.eval_parties(0)) < self.n_parties
+        return not self.federated and 0 < self.eval_sample < self.n_parties
 
     def needs_new_test(self, reports: dict[int, Payload] | None) -> bool:
         """Whether the parties test their models combined (federated evaluation of a personalised

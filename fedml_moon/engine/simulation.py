@@ -66,8 +66,7 @@ class StandaloneSimulation:
         figures, runner = self.figures, self.runner
         if figures is None:
             return
-        if self.server.eval_sample:  # its figures follow every party's model: every party reports
-            self.server.eval_sample = 0
+        self.server.eval_sample = 0  # its figures follow every party's model: every party reports
         test_local = PartiesInOrder(runner.test_local, self.server.n_parties)
 
         def extra(states: list[dict], accs: list[float]) -> dict[str, float]:

@@ -33,6 +33,7 @@ setup(
     extras_require={
         "mpi": ["mpi4py"],
         "hf": ["datasets"],  # data_args.dataset: hf (Hugging Face datasets saved to disk, or their parquet)
+        "timm": ["timm"],  # model_args.model: timm:<name>
         "test": [
             "pytest",
             "pytest-xdist",
@@ -43,6 +44,7 @@ setup(
             "mkdocs-material",
             "mkdocstrings[python]",
             "datasets",
+            "timm",
         ],
     },
     entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:main"]},

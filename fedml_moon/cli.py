@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the most samples silo RANK's party may claim, signed into its certificate (repeatable)",
     )
     _verbose(certs)
-    check = sub.add_parser("check", help="run an algorithm through the conformance suite (every mode)")
+    check = sub.add_parser(
+        "check", help="run an algorithm and its network through the conformance suite (every mode)"
+    )
     check.add_argument("algorithm", help="a registered algorithm name (train_args.algorithm)")
     check.add_argument("--cf", required=True, help="a config to start from (its algorithm is replaced)")
     check.add_argument(
@@ -121,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--modes",
         help=f"comma-separated subset of the modes, standalone included (default: all: {', '.join(MODES)})",
+    )
+    check.add_argument(
+        "--model",
+        metavar="NETWORK",
+        help="the network to check with it (model_args.model): torchvision:NAME, timm:NAME or a plugin's "
+        "module:function",
     )
     check.add_argument("--keep", help="keep the runs in this folder (default: a temporary one, removed)")
     _plugin(check)
@@ -222,6 +230,8 @@ def _check(args: argparse.Namespace) -> int:
             f"--modes: {unknown or 'standalone is required'}; choose from {', '.join(conformance.MODES)}"
         )
     overrides = [*args.overrides, f"train_args.algorithm={args.algorithm}"]
+    if args.model:
+        overrides.append(f"model_args.model={args.model}")
     load_config(args.cf, overrides)  # a config mistake stops here, with the key named
     # the check's processes run elsewhere: paths are resolved here, once, against this directory
     config = Path(args.cf).resolve()

@@ -6,6 +6,7 @@ Field types drive validation in `fedml_moon.config`; `check()` methods hold the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fedml_moon.errors import ConfigError, require  # noqa: F401  (ConfigError: imported from here too)
@@ -206,7 +207,9 @@ class DataArgs:
 @dataclass
 class ModelArgs:
     model: str = "simple-cnn"
-    """the encoder: simple-cnn (MOON's), lg-cnn and mlp (LG-FedAvg's), resnet50 (CIFAR stem)"""
+    """the encoder: simple-cnn, lg-cnn, mlp, resnet50, torchvision:<name>, timm:<name> or module:function"""
+    pretrained: str | None = None
+    """starting weights: a local safetensors or state-dict file, its keys matched by name; null: none"""
     use_projection_head: bool = True
     """put the projection head Linear(d, d), ReLU, Linear(d, out_dim) before the classifier; false: z = h"""
     out_dim: int = 256
@@ -215,12 +218,17 @@ class ModelArgs:
     """applied to the classifier's output before the loss: none (plain logits), softmax or log-softmax"""
 
     def check(self) -> None:
-        from fedml_moon.core.models import ENCODERS, OUTPUT_ACTIVATIONS
+        from fedml_moon.core.models import OUTPUT_ACTIVATIONS
+        from fedml_moon.core.networks import check_name
 
+        try:
+            check_name(str(self.model))
+        except ValueError as err:
+            raise ConfigError(f"model_args.model: {err}") from None
         require(
-            self.model in ENCODERS,
-            "model_args.model",
-            f"{self.model!r} is unknown; choose one of {', '.join(ENCODERS)}",
+            self.pretrained is None or Path(self.pretrained).expanduser().is_file(),
+            "model_args.pretrained",
+            f"no file {self.pretrained!r} (a safetensors file, or a state dict saved with torch.save)",
         )
         require(self.out_dim > 0, "model_args.out_dim", "must be > 0")
         require(

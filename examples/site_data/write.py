@@ -3,6 +3,7 @@
     OUT/folder/{train,test}/<class>/*.png   one site's image folder (torchvision's ImageFolder layout)
     OUT/parties/<party>/{train,test}/<class>/*.png
                                             three parties' folders, each its own class mix
+    OUT/rgb/<party>/...                     the same in RGB, the grey in 3 channels (with --rgb)
     OUT/csv/{train,test}.csv, OUT/parquet/{train,test}.parquet
                                             tables: 49 features (the images pooled to 7x7), a label
     OUT/hf/                                 a Hugging Face DatasetDict saved with save_to_disk
@@ -42,26 +43,32 @@ def fashion(n_train: int, n_test: int, offset: int = 0, test_offset: int = 0) ->
     return x_train[tr, 0], y_train[tr], x_test[te, 0], y_test[te]
 
 
-def write_pngs(folder: Path, x: np.ndarray, y: np.ndarray, keep: list[int] | None = None) -> int:
-    """``folder/<class>/<i>.png`` for every image whose class is in `keep` (all by default)."""
+def write_pngs(
+    folder: Path, x: np.ndarray, y: np.ndarray, keep: list[int] | None = None, mode: str = "L"
+) -> int:
+    """``folder/<class>/<i>.png`` for every image whose class is in `keep` (all by default), grey
+    (`mode` "L") or with the grey repeated in three channels ("RGB")."""
     n = 0
     for i, (img, label) in enumerate(zip(x, y, strict=True)):
         if keep is None or int(label) in keep:
             target = folder / CLASSES[int(label)] / f"{i:05d}.png"
             target.parent.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(img, mode="L").save(target)
+            Image.fromarray(img, mode="L").convert(mode).save(target)
             n += 1
     return n
 
 
-def party_folders(root: Path, per_party: int = 300, n_test: int = 100, split: bool = True) -> Path:
+def party_folders(
+    root: Path, per_party: int = 300, n_test: int = 100, split: bool = True, mode: str = "L"
+) -> Path:
     """``root/<party>/{train,test}/<class>/*.png`` (``root/<party>/<class>/`` without `split`), each
-    party other images and its own class mix (`MIXES`), about `per_party` training images."""
+    party other images and its own class mix (`MIXES`), about `per_party` training images, in PIL
+    `mode` (`write_pngs`)."""
     for k, (party, keep) in enumerate(MIXES.items()):
         x, y, xt, yt = fashion(per_party * 2, n_test * 2, k * per_party * 2, k * n_test * 2)
-        write_pngs(root / party / ("train" if split else ""), x, y, keep)
+        write_pngs(root / party / ("train" if split else ""), x, y, keep, mode)
         if split:
-            write_pngs(root / party / "test", xt, yt, keep)
+            write_pngs(root / party / "test", xt, yt, keep, mode)
     return root
 
 
@@ -114,6 +121,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the folder to write into (made if missing)")
     parser.add_argument("--train", type=int, default=6000, help="training images of a site (default 6000)")
     parser.add_argument("--test", type=int, default=1000, help="test images of a site (default 1000)")
+    parser.add_argument("--rgb", action="store_true", help="also rgb/: the parties' folders in 3 channels")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     n, t = args.train, args.test
@@ -121,6 +129,8 @@ def main() -> None:
     write_pngs(args.out / "folder" / "train", x, y)
     write_pngs(args.out / "folder" / "test", xt, yt)
     party_folders(args.out / "parties", n // 2, t // 2)
+    if args.rgb:
+        party_folders(args.out / "rgb", n // 2, t // 2, mode="RGB")
     write_table(args.out / "csv", "csv", n, t)
     write_table(args.out / "parquet", "parquet", n, t)
     write_npz(args.out / "npz", n, t)

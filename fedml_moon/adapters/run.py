@@ -17,6 +17,7 @@ from fedml_moon.adapters import compat
 from fedml_moon.config import Config, config_to_dict, evaluation, own_data
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.models import build_model
+from fedml_moon.core.pretrained import load_pretrained
 from fedml_moon.core.schedule import quorum
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare, prepare_own, show_partition
@@ -147,6 +148,34 @@ def _model_factory(cfg: Config, fed: FederatedData):
     return factory
 
 
+def initial_model(cfg: Config, factory: Any, input_shape: tuple[int, int, int]) -> torch.nn.Module:
+    """The run's first model: `factory`'s (from the seed), then `model_args.pretrained`'s tensors
+    where their names and shapes match (said in the log, with what was left as it was)."""
+    m = cfg.model_args
+    try:
+        model = factory()
+        loaded = load_pretrained(model, m.pretrained) if m.pretrained else None
+    except ConfigError:
+        raise
+    except ValueError as err:  # e.g. the simple CNN on 64x64 images
+        said = str(err).removeprefix("model_args.pretrained: ")
+        key = "model_args.pretrained" if said != str(err) else "model_args.model"
+        shape = "x".join(map(str, input_shape))
+        raise ConfigError(f"{key}: {said} (the data's inputs: {shape}, channels x height x width)") from None
+    if loaded is not None:
+        log.info(
+            "model_args.pretrained: %d of %d tensors loaded from %s (sha256 %s); left as initialised: %s%s%s",
+            len(loaded.loaded),
+            len(loaded.loaded) + len(loaded.missing),
+            m.pretrained,
+            loaded.sha256[:16],
+            ", ".join(loaded.missing) or "none",
+            f"; shapes differ, not loaded: {loaded.mismatched}" if loaded.mismatched else "",
+            f"; the file's keys that match none: {', '.join(loaded.unused)}" if loaded.unused else "",
+        )
+    return model
+
+
 def load_partition(cfg: Config, rank: int, role: str) -> FederatedData:
     """This process's data (see `build_base`)."""
     seed, n = cfg.common_args.random_seed, cfg.train_args.client_num_in_total
@@ -207,13 +236,7 @@ def build_base(
         (out_dir / "partition.json").write_text(json.dumps({**record, **named, **ids}))
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
-    try:
-        model = factory()
-    except ValueError as err:  # e.g. the simple CNN on 64x64 images
-        raise ConfigError(
-            f"model_args.model: {err} ({fed.data.name} images are {fed.data.input_shape}); choose a model "
-            "that takes them (resnet50 and mlp take any size)"
-        ) from None
+    model = initial_model(cfg, factory, fed.data.input_shape)
     return Base(cfg, args, device, fed, dataset, model, factory, get_algorithm(train.algorithm))
 
 

@@ -44,22 +44,38 @@ class Traced:
 
 
 @contextlib.contextmanager
-def quiet_run(config: str | Path, overrides: list[str], folder: Path) -> Iterator[Any]:
-    """A standalone run assembled in this process (`adapters.run.assemble`), its INFO logging held
-    back; PyTorch's default dtype (fp64 changes it) and the log level are restored after."""
-    from fedml_moon.adapters.run import assemble
-    from fedml_moon.config import load_config
-
+def quiet() -> Iterator[None]:
+    """The package's and FedML's INFO logging held back; PyTorch's default dtype (fp64 changes it)
+    and the log levels restored after."""
     loggers, dtype = [logging.getLogger("fedml_moon"), logging.getLogger()], torch.get_default_dtype()
     levels = [logger.level for logger in loggers]
     for logger in loggers:  # the package's INFO lines and FedML's (on the root logger)
         logger.setLevel(logging.WARNING)
     try:
-        yield assemble(load_config(config, overrides), folder)
+        yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
         torch.set_default_dtype(dtype)
+
+
+@contextlib.contextmanager
+def quiet_run(config: str | Path, overrides: list[str], folder: Path) -> Iterator[Any]:
+    """A standalone run assembled in this process (`adapters.run.assemble`), held `quiet`."""
+    from fedml_moon.adapters.run import assemble
+    from fedml_moon.config import load_config
+
+    with quiet():
+        yield assemble(load_config(config, overrides), folder)
+
+
+def quiet_base(config: str | Path, overrides: list[str], folder: Path) -> Any:
+    """`adapters.run.build_base` of the config (data, partition, first model), held `quiet`."""
+    from fedml_moon.adapters.run import build_base
+    from fedml_moon.config import load_config
+
+    with quiet():
+        return build_base(load_config(config, overrides), folder)
 
 
 def algorithm_objects(run: Any) -> dict[str, Any]:

@@ -196,3 +196,22 @@ def auto_parties(
     per_party = 8 * model_bytes + activation_bytes(model, batch_shape) * 5 // 4
     free = free_memory(device) if free is None else free
     return max(1, min(most, free * 4 // 5 // max(per_party, 1)))
+
+
+def stacking_error(model: nn.Module, input_shape: tuple[int, ...], device: torch.device) -> str | None:
+    """Why two copies of `model` cannot train stacked (one vmapped forward and backward of a batch
+    of two zero inputs of `input_shape` each, on `device`), or None when they can. A network that
+    draws its randomness in place (torchvision's stochastic depth) or reads a tensor's value in its
+    forward cannot. The random state and `model` are left as they were."""
+    template = copy.deepcopy(model).to(device)
+    state = template.state_dict()
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            net = StackedModel(template, [state, state])
+            x = torch.zeros(2, 2, *input_shape, device=device)
+            out = vmapped(net.forward, (0, 0, 0))(net.params, net.buffers, x)
+            sum(o.float().sum() for o in out).backward()
+        except Exception as err:  # the error torch.func gives says what the network does
+            return f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    return None

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fedml_moon.config_schema import TrainArgs
-from fedml_moon.core.batched import auto_parties
+from fedml_moon.core.batched import auto_parties, stacking_error
 from fedml_moon.engine.precision import BF16_STACKED
 from fedml_moon.errors import ConfigError
 
@@ -86,9 +86,28 @@ def resolve_pace(
         )
     parallel, why = _parallel(train, device, model, input_shape, free_bytes)
     form = together(train, model, device)
+    if parallel > 1 and form == "stacked":
+        parallel, why = _stackable(train, device, model, input_shape, (parallel, why))
     if train.precision == "bf16" and parallel > 1 and form == "stacked":
         raise ConfigError(BF16_STACKED)
     return Pace(device, parallel, graphs_on(train.cuda_graphs, device), train.precision, why, form)
+
+
+def _stackable(
+    train: TrainArgs, device: torch.device, model: nn.Module, shape: tuple[int, ...], chosen: tuple[int, str]
+) -> tuple[int, str]:
+    """`chosen` where the network stacks (`batched.stacking_error`); else one party at a time for
+    `parties_in_parallel: auto`, and a ConfigError naming the network's error for a number."""
+    error = stacking_error(model, shape, device)
+    if error is None:
+        return chosen
+    if train.parties_in_parallel == "auto":
+        return 1, f"auto: one after another, this network cannot be stacked by torch.func ({error})"
+    raise ConfigError(
+        f"train_args.parties_in_parallel: {train.parties_in_parallel} parties stacked into one vmapped "
+        f"step cannot run this network ({error}); set parties_in_parallel: 1 (one after another), or "
+        "together: streams on a CUDA device"
+    )
 
 
 def _parallel(

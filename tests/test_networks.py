@@ -47,11 +47,19 @@ def test_a_timm_network_is_built_for_the_datas_channels(shape):
 
 
 @pytest.mark.parametrize(
+    "name, shape", [("timm:vit_tiny_patch16_224", (1, 48, 48)), ("torchvision:vit_b_32", RGB)]
+)
+def test_a_vit_is_built_for_the_datas_size(name, shape):
+    model = build_model(name, shape, 10)
+    assert model(torch.randn(2, *shape)).h.shape == (2, model.encoder.out_features)
+
+
+@pytest.mark.parametrize(
     "name, shape, said",
     [
         ("torchvision:resnet18", (1, 28, 28), "to have 3 channels"),
-        ("torchvision:vit_b_16", RGB, "Expected 224"),
-        ("timm:vit_tiny_patch16_224", RGB, "doesn't match model (224)"),
+        ("torchvision:vit_b_16", (3, 32, 40), "Expected 224"),  # a ViT is built for a square side
+        ("timm:convnext_atto", (3, 8, 8), "Kernel size can't be greater than actual input size"),
     ],
 )
 def test_a_network_the_data_cannot_feed_is_refused_naming_both(name, shape, said):

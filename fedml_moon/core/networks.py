@@ -86,9 +86,12 @@ def check_name(name: str) -> None:
             raise ValueError(f"timm has no network {rest!r} (its names: timm.list_models())")
 
 
-def _torchvision(name: str) -> nn.Module:
-    """torchvision's network `name` (no weights), its last Linear layer (the classifier) an identity."""
-    extra = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
+def _torchvision(name: str, input_shape: tuple[int, int, int]) -> nn.Module:
+    """torchvision's network `name` (no weights), its last Linear layer (the classifier) an identity;
+    a ViT built for the data's square side (`image_size`)."""
+    extra: dict = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
+    if name.startswith("vit_") and input_shape[1] == input_shape[2]:
+        extra["image_size"] = input_shape[1]
     net = torchvision.models.get_model(name, weights=None, **extra)
     linears = [(path, m) for path, m in net.named_modules() if isinstance(m, nn.Linear)]
     if not linears or linears[-1][1].out_features != IMAGENET_CLASSES:
@@ -101,14 +104,20 @@ def _torchvision(name: str) -> nn.Module:
     return LibraryEncoder(net, classifier.in_features)
 
 
-def _timm(name: str, channels: int) -> nn.Module:
+def _timm(name: str, input_shape: tuple[int, int, int]) -> nn.Module:
     """timm's network `name` (no weights) without its classifier (`num_classes=0`), built for the
-    data's channels (`in_chans`); its width is the one the probe measures."""
+    data's channels (`in_chans`) and, where the network takes one (ViTs, Swin), its size (`img_size`)."""
     try:
         import timm
     except ImportError:
         raise ValueError(TIMM_MISSING) from None
-    net = timm.create_model(name, pretrained=False, num_classes=0, in_chans=channels)
+    kwargs = {"pretrained": False, "num_classes": 0, "in_chans": input_shape[0]}
+    try:
+        net = timm.create_model(name, img_size=tuple(input_shape[1:]), **kwargs)
+    except TypeError as err:  # a network without a size to build for: the others
+        if "img_size" not in str(err):
+            raise
+        net = timm.create_model(name, **kwargs)
     return LibraryEncoder(net, int(getattr(net, "head_hidden_size", None) or net.num_features))
 
 
@@ -147,9 +156,9 @@ def make_encoder(name: str, input_shape: tuple[int, int, int]) -> nn.Module:
     rest = name.partition(":")[2]
     if what == "torchvision":
         check_name(name)
-        encoder = _torchvision(rest)
+        encoder = _torchvision(rest, input_shape)
     elif what == "timm":
-        encoder = _timm(rest, input_shape[0])
+        encoder = _timm(rest, input_shape)
     elif what == "plugin":
         encoder = _plugin(name, input_shape)
     else:

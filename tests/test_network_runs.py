@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,20 @@ def test_moon_with_a_library_network_ends_on_one_model_in_every_mode(tmp_path, r
     assert "training on cpu" in ref.tail(60)
 
 
+def test_a_dropout_network_ends_on_one_model_in_the_simulations(tmp_path, rgb):
+    """MobileNetV3-Small keeps its dropout before the removed classifier: each party's draws are its
+    own and its round's, so the MPI simulation (parties on other workers, in another order) ends
+    on the standalone model."""
+    run = _run(rgb, "torchvision:mobilenet_v3_small")
+    ref = conformance.run_mode("standalone", CONFIG, run, tmp_path)
+    assert ref.ok, ref.tail()
+    assert "this network draws random numbers" not in ref.tail(80)  # a CPU: one at a time anyway
+    other = conformance.run_mode("mpi-simulation", CONFIG, run, tmp_path)
+    assert other.ok, other.tail()
+    diff, metrics = conformance.compare(ref, other)
+    assert diff <= 1e-5 and not metrics, (diff, metrics)
+
+
 @pytest.mark.parametrize("model", NETWORKS)
 def test_secure_aggregation_of_a_library_network_equals_the_plain_one(tmp_path, rgb, model):
     outcome = conformance.secure_vs_plain(CONFIG, _run(rgb, model), tmp_path, 3)
@@ -107,24 +122,16 @@ def test_lg_fedavg_keeps_the_layers_below_resnet18s_last_block_at_each_party(tmp
     assert not torch.equal(first, second)  # each party's own stem, trained on its own images
 
 
-def test_a_model_plugin_passes_fedml_moon_check(tmp_path):
-    words = [
-        "check",
-        "moon",
-        "--cf",
-        "config/fashion_mnist/moon.yaml",
-        "--modes",
-        "standalone,cross-silo-grpc",
-    ]
-    plugin = "examples/networks/groupnorm_cnn.py:encoder"
-    env = {**os.environ, **conformance.process_env(tmp_path)}
-    command = [str(ROOT / ".venv" / "bin" / "fedml-moon"), *words, "--model", plugin]
-    if not Path(command[0]).exists():
+def test_a_model_plugin_passes_fedml_moon_check_as_the_how_to_shows_it(tmp_path):
+    from tests.test_readme_commands import NETWORK_CHECK
+
+    command = shlex.split(NETWORK_CHECK)
+    command[0] = str(ROOT / command[0])
+    if not Path(command[0]).exists():  # an installation without the repository's .venv
         command[0] = str(Path(sys.executable).with_name("fedml-moon"))
+    env = {**os.environ, **conformance.process_env(tmp_path)}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "moon: 14 of 14 checks passed" in done.stdout
-    assert (
-        f"PASS  the network is built for the data's inputs ({plugin}: (1, 28, 28) -> [batch, 128])"
-        in done.stdout
-    )
+    built = "examples/networks/groupnorm_cnn.py:encoder: (1, 28, 28) -> [batch, 128]"
+    assert f"PASS  the network is built for the data's inputs ({built})" in done.stdout

@@ -15,7 +15,7 @@ from torch import nn
 from fedml_moon.config import ConfigError, load_config
 from fedml_moon.config_schema import TrainArgs
 from fedml_moon.core.batched import stacking_error
-from fedml_moon.core.models import build_model
+from fedml_moon.core.models import MoonNet, build_model
 from fedml_moon.core.networks import make_encoder
 from fedml_moon.core.pretrained import load_pretrained
 from fedml_moon.core.split import resolve_split
@@ -182,15 +182,61 @@ def test_a_file_that_needs_unpickling_or_matches_nothing_is_refused_naming_it(tm
         load_config(MOON, [f"model_args.pretrained={tmp_path / 'missing.pt'}"])
 
 
+class Branching(nn.Module):
+    """An encoder that branches on a tensor's value, which vmap cannot run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, 8)
+        self.out_features = 8
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x.flatten(1))
+        return h if float(h.sum()) > 0 else -h
+
+
 def test_networks_that_cannot_be_stacked_train_one_party_at_a_time():
-    effnet = build_model("torchvision:efficientnet_b0", RGB, 10)  # stochastic depth: in-place randomness
+    effnet = build_model("torchvision:efficientnet_b0", RGB, 10)  # dropout and stochastic depth
     state = torch.random.get_rng_state()
-    assert "randomness" in stacking_error(effnet, RGB, CPU)
+    assert stacking_error(effnet, RGB, CPU).startswith("this network draws random numbers")
     assert torch.equal(torch.random.get_rng_state(), state)
+    branching = MoonNet(Branching(), 10)
+    assert "calling .item() on a Tensor" in stacking_error(branching, RGB, CPU)
     assert stacking_error(build_model("torchvision:resnet18", RGB, 10), RGB, CPU) is None
-    with pytest.raises(ConfigError, match=r"train_args.parties_in_parallel: 2 parties stacked.*randomness"):
-        resolve_pace(TrainArgs(parties_in_parallel=2), CPU, effnet, RGB)
+    for net, said in ((effnet, "draws random numbers"), (branching, "together: streams on a CUDA device")):
+        with pytest.raises(
+            ConfigError, match=r"train_args.parties_in_parallel: 2 parties trained together"
+        ) as e:
+            resolve_pace(TrainArgs(parties_in_parallel=2), CPU, net, RGB)
+        assert said in str(e.value)
     assert resolve_pace(TrainArgs(parties_in_parallel=2), CPU, build_model("mlp", RGB, 10), RGB).parallel == 2
+
+
+def test_a_partys_dropout_draws_are_its_own_whatever_trained_before_it():
+    from fedml_moon.core.seeds import own_random
+
+    net = nn.Dropout(0.5)
+    draws = []
+    for noise in (0, 1):
+        torch.manual_seed(noise)  # what drew before: another party, another process
+        with own_random(7, 3, 2, CPU):
+            draws.append(net(torch.ones(1000)))
+        after = torch.rand(1)
+        torch.manual_seed(noise)
+        assert torch.equal(after, torch.rand(1))  # the run's own state, as it was
+    assert torch.equal(draws[0], draws[1])
+    with own_random(7, 3, 1, CPU):  # another party
+        assert not torch.equal(net(torch.ones(1000)), draws[0])
+
+
+def test_auto_says_why_a_network_that_cannot_stack_trains_one_party_at_a_time():
+    from fedml_moon.engine.pace import _stackable
+
+    effnet = build_model("torchvision:efficientnet_b0", RGB, 10)
+    parallel, why = _stackable(TrainArgs(parties_in_parallel="auto"), CPU, effnet, RGB, (4, "fits"))
+    assert parallel == 1 and why.startswith("auto: one after another: this network draws random numbers")
+    mlp = build_model("mlp", RGB, 10)
+    assert _stackable(TrainArgs(parties_in_parallel="auto"), CPU, mlp, RGB, (4, "fits")) == (4, "fits")
 
 
 def test_lg_fedavg_splits_a_torchvision_network_at_its_last_block():
@@ -198,3 +244,28 @@ def test_lg_fedavg_splits_a_torchvision_network_at_its_last_block():
     glob, local = resolve_split(keys, global_prefixes=["encoder.net.layer4", "head", "classifier"])
     assert glob == [k for k in keys if k.startswith(("encoder.net.layer4.", "head.", "classifier."))]
     assert "encoder.net.layer4.1.bn2.running_mean" in glob and "encoder.net.conv1.weight" in local
+
+
+def test_no_network_is_downloaded_when_a_library_network_is_built(monkeypatch):
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a connection was opened: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    for name in ("torchvision:resnet18", "timm:resnet18", "timm:vit_tiny_patch16_224"):
+        assert build_model(name, RGB, 10)(torch.zeros(2, *RGB)).logits.shape == (2, 10)
+
+
+def test_a_silo_takes_the_servers_starting_weights_and_stops_naming_a_file_it_lacks(tmp_path):
+    from fedml_moon.distributed.deploy import shared_config, with_shared
+
+    weights = tmp_path / "start.pt"
+    torch.save(torchvision.models.resnet18().state_dict(), weights)
+    server = load_config(MOON, ["model_args.model=torchvision:resnet18", f"model_args.pretrained={weights}"])
+    silo = load_config(MOON)
+    assert with_shared(silo, shared_config(server)).model_args.pretrained == str(weights)
+    weights.unlink()  # this site holds no copy at the path the server names
+    with pytest.raises(ConfigError, match=f"model_args.pretrained: no file '{weights}'"):
+        with_shared(silo, shared_config(server))

@@ -198,6 +198,19 @@ SITE_INSPECT = [
     ".venv/bin/fedml-moon data data/site/folder",
     ".venv/bin/fedml-moon data data/site/parties --natural",
 ]
+_NET = ".venv/bin/fedml-moon simulate --cf config/networks/resnet18.yaml"
+NETWORK_WRITE = ".venv/bin/python examples/site_data/write.py data/site --train 600 --test 200 --rgb"
+NETWORK_RUNS = [  # in order: the last starts from the model the one before it wrote
+    _NET,
+    _NET + " --set model_args.model=timm:vit_tiny_patch16_224",
+    _NET + " --set model_args.model=examples/networks/groupnorm_cnn.py:encoder",
+    _NET + " --output-dir outputs/resnet18",
+    _NET + " --set model_args.pretrained=outputs/resnet18/final_model.pt",
+]
+NETWORK_CHECK = (
+    ".venv/bin/fedml-moon check moon --cf config/fashion_mnist/moon.yaml --model "
+    "examples/networks/groupnorm_cnn.py:encoder --modes standalone,cross-silo-grpc"
+)
 
 COMMANDS: dict[str, str] = {
     "bash run/main.sh": "script",
@@ -228,6 +241,10 @@ COMMANDS: dict[str, str] = {
     CONFIG_KEY: "single",
     **dict.fromkeys(SPLIT_RUNS, "single"),
     SITE_WRITE: "site-data",
+    NETWORK_WRITE: "network",
+    **dict.fromkeys(NETWORK_RUNS, "network"),
+    NETWORK_CHECK: "network-check",  # run as written by tests/test_network_runs.py
+    ".venv/bin/python benchmarks/networks.py": "benchmark",
     **dict.fromkeys([*SITE_RUNS, *SITE_TABLES, *SITE_INSPECT], "site-data"),
     MPI_SIMULATION: "mpi",
     CERTS_LOCAL: "grpc-tls",
@@ -631,6 +648,33 @@ def test_site_data_commands(tmp_path, home, capsys, monkeypatch):
             sets = [a for s in tiny for a in ("--set", s)]
             assert main([*_entry_point(command), *sets, "--output-dir", str(out)]) == 0, command
             _completed(out, 1)
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_network_commands(tmp_path, home, capsys, monkeypatch):
+    """The network how-to as a user types it, from a folder with the repository's config/ and
+    examples/: the RGB folders written, then each run (one tiny round), in order: the last starts
+    from the model the one before it wrote, and says so."""
+    pytest.importorskip("timm")
+    for name in ("config", "examples", ".venv"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    subprocess.run(shlex.split(NETWORK_WRITE), cwd=tmp_path, check=True, timeout=300, capture_output=True)
+    assert len(list((tmp_path / "data" / "site" / "rgb").iterdir())) == 3
+    tiny = ["train_args.comm_round=1", "train_args.epochs=1", "device_args.torch_threads=1"]
+    with restored_main() as main:
+        for i, command in enumerate(NETWORK_RUNS):
+            out = tmp_path / ("outputs/resnet18" if "--output-dir" in command else f"run-{i}")
+            own = [] if "--output-dir" in command else ["--output-dir", str(out)]
+            capsys.readouterr()
+            args = [*_entry_point(command), *(a for t in tiny for a in ("--set", t)), *own]
+            assert main(args) == 0, command
+            _completed(out, 1)
+    said = capsys.readouterr()
+    loaded = "model_args.pretrained: 126 of 126 tensors loaded from outputs/resnet18/final_model.pt"
+    assert loaded in said.err + said.out
 
 
 def _complete_copy(template: Path, folder: Path, config: dict) -> None:

@@ -173,6 +173,18 @@ def _modes(
     return checks
 
 
+def tiny(config: Path, overrides: list[str]) -> list[str]:
+    """TINY, less the sample caps where the config's partition is natural (a site's own parties,
+    whose samples it keeps whole: small folders make a tiny run)."""
+    from fedml_moon.config import load_config
+
+    if load_config(config, overrides).data_args.partition_method != "natural":
+        return list(TINY)
+    return [
+        t for t in TINY if not t.startswith(("data_args.max_train_samples", "data_args.max_test_samples"))
+    ]
+
+
 def check_algorithm(
     config: str | Path, overrides: list[str], folder: Path, modes: tuple[str, ...] = MODES
 ) -> list[Check]:
@@ -180,8 +192,12 @@ def check_algorithm(
     the two sides differ."""
     from fedml_moon.config import load_config
 
-    overrides = [*TINY, "train_args.checkpoint_every=1", *overrides]  # every run the resume check's
     folder, config = Path(folder).resolve(), Path(config).resolve()
+    overrides = [
+        *tiny(config, overrides),
+        "train_args.checkpoint_every=1",
+        *overrides,
+    ]  # as the resume check's
     train = load_config(config, overrides).train_args
     checks, unstackable = network_checks(config, overrides)
     if not all(c.ok for c in checks):

@@ -198,11 +198,34 @@ def auto_parties(
     return max(1, min(most, free * 4 // 5 // max(per_party, 1)))
 
 
+RANDOM_FORWARD = (
+    "this network draws random numbers in its training forward (dropout, stochastic depth), and parties "
+    "trained together cannot each draw what they would alone"
+)
+
+
+def draws_random(model: nn.Module, input_shape: tuple[int, ...], device: torch.device) -> bool:
+    """Whether a training-mode forward of `model` (a copy, on two zero inputs of `input_shape`)
+    moves torch's random state: dropout or stochastic depth. The random state is restored."""
+    template = copy.deepcopy(model).to(device).train()
+    cuda = device.type == "cuda"
+
+    def state() -> list[torch.Tensor]:
+        return [torch.random.get_rng_state(), *([torch.cuda.get_rng_state(device)] if cuda else [])]
+
+    with torch.random.fork_rng(devices=[device] if cuda else []), torch.no_grad():
+        before = state()
+        template(torch.zeros(2, *input_shape, device=device))
+        return any(not torch.equal(a, b) for a, b in zip(before, state(), strict=True))
+
+
 def stacking_error(model: nn.Module, input_shape: tuple[int, ...], device: torch.device) -> str | None:
-    """Why two copies of `model` cannot train stacked (one vmapped forward and backward of a batch
-    of two zero inputs of `input_shape` each, on `device`), or None when they can. A network that
-    draws its randomness in place (torchvision's stochastic depth) or reads a tensor's value in its
-    forward cannot. The random state and `model` are left as they were."""
+    """Why two copies of `model` cannot train stacked, or None when they can: a network that draws
+    random numbers in its forward (`draws_random`), or one that a vmapped forward and backward (of
+    two zero inputs of `input_shape` each, on `device`) fails, e.g. one that reads a tensor's value.
+    The random state and `model` are left as they were."""
+    if draws_random(model, input_shape, device):
+        return RANDOM_FORWARD
     template = copy.deepcopy(model).to(device)
     state = template.state_dict()
     devices = [device] if device.type == "cuda" else []

@@ -13,7 +13,11 @@ root.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
+import torch
 
 # purpose -> spawn key; never renumber (that would change every run's draws for that purpose)
 STREAMS: dict[str, int] = {
@@ -26,6 +30,7 @@ STREAMS: dict[str, int] = {
     "site_test_split": 6,  # a site's own data without a test split: its seeded local test share
     "algorithm": 7,  # an algorithm's own draws: ClientAlgorithm.generator / ServerAlgorithm.generator
     "evaluation": 8,  # validation_args.eval_parties: the parties that test their own models in a round
+    "network": 9,  # a network's own draws (dropout, stochastic depth) in a party's local round
 }
 
 
@@ -44,3 +49,15 @@ def rng(seed: int, purpose: str, *extra: int) -> np.random.Generator:
 def torch_seed(seed: int, purpose: str, *extra: int) -> int:
     """A 63-bit integer for ``torch.manual_seed`` / ``torch.Generator.manual_seed`` from the stream."""
     return int(seed_sequence(seed, purpose, *extra).generate_state(1, dtype=np.uint64)[0]) >> 1
+
+
+@contextlib.contextmanager
+def own_random(seed: int, round_idx: int, party: int, device: torch.device) -> Iterator[None]:
+    """torch's global random state (and `device`'s, for CUDA) seeded from the stream "network" of
+    (round, party) inside, restored after: the draws of a network's dropout or stochastic depth in
+    a party's local round are that party's and round's, whatever trained before it, in whatever
+    process; the run's other draws are as they were."""
+    devices = [device] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(torch_seed(seed, "network", round_idx, party))
+        yield

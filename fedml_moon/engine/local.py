@@ -27,6 +27,7 @@ from fedml_moon.algorithms.base import (
     make_optimizer,
 )
 from fedml_moon.core.batched import tree_map
+from fedml_moon.core.seeds import own_random
 from fedml_moon.engine import data_parallel, sync_batchnorm
 from fedml_moon.engine.graphed import PartyGraph
 from fedml_moon.engine.pace import graphs_on
@@ -104,9 +105,11 @@ def prepare(algorithm: ClientAlgorithm, job: PartyJob, device: torch.device) -> 
 
 def train_one(algorithm: ClientAlgorithm, model: nn.Module, job: PartyJob, device: torch.device) -> None:
     """E local epochs of one party on `model` itself; the step hooks see its parameters, gradients
-    and party entries as [1, ...] views."""
-    for _ in party_steps(algorithm, model, job, device):
-        pass
+    and party entries as [1, ...] views. The network's own draws (dropout) come from the party's
+    and round's stream (`seeds.own_random`)."""
+    with own_random(algorithm.seed, job.round.round_idx, job.party, device):
+        for _ in party_steps(algorithm, model, job, device):
+            pass
 
 
 def party_steps(

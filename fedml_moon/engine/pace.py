@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fedml_moon.config_schema import TrainArgs
-from fedml_moon.core.batched import auto_parties, stacking_error
+from fedml_moon.core.batched import RANDOM_FORWARD, auto_parties, draws_random, stacking_error
 from fedml_moon.engine.precision import BF16_STACKED
 from fedml_moon.errors import ConfigError
 
@@ -86,27 +86,36 @@ def resolve_pace(
         )
     parallel, why = _parallel(train, device, model, input_shape, free_bytes)
     form = together(train, model, device)
-    if parallel > 1 and form == "stacked":
-        parallel, why = _stackable(train, device, model, input_shape, (parallel, why))
+    if parallel > 1:
+        parallel, why = _stackable(train, device, model, input_shape, (parallel, why), form)
     if train.precision == "bf16" and parallel > 1 and form == "stacked":
         raise ConfigError(BF16_STACKED)
     return Pace(device, parallel, graphs_on(train.cuda_graphs, device), train.precision, why, form)
 
 
 def _stackable(
-    train: TrainArgs, device: torch.device, model: nn.Module, shape: tuple[int, ...], chosen: tuple[int, str]
+    train: TrainArgs,
+    device: torch.device,
+    model: nn.Module,
+    shape: tuple[int, ...],
+    chosen: tuple[int, str],
+    form: str = "stacked",
 ) -> tuple[int, str]:
-    """`chosen` where the network stacks (`batched.stacking_error`); else one party at a time for
-    `parties_in_parallel: auto`, and a ConfigError naming the network's error for a number."""
-    error = stacking_error(model, shape, device)
+    """`chosen` where the network's parties can train together in `form` (stacked:
+    `batched.stacking_error`; streams: a network that draws no random numbers); else one party at a
+    time for `parties_in_parallel: auto`, and a ConfigError naming why for a number."""
+    if form == "stacked":
+        error = stacking_error(model, shape, device)
+    else:
+        error = RANDOM_FORWARD if draws_random(model, shape, device) else None
     if error is None:
         return chosen
     if train.parties_in_parallel == "auto":
-        return 1, f"auto: one after another, this network cannot be stacked by torch.func ({error})"
+        return 1, f"auto: one after another: {error} ({form})"
+    other = ", or together: streams on a CUDA device" if form == "stacked" and error != RANDOM_FORWARD else ""
     raise ConfigError(
-        f"train_args.parties_in_parallel: {train.parties_in_parallel} parties stacked into one vmapped "
-        f"step cannot run this network ({error}); set parties_in_parallel: 1 (one after another), or "
-        "together: streams on a CUDA device"
+        f"train_args.parties_in_parallel: {train.parties_in_parallel} parties trained together ({form}) "
+        f"cannot run this network: {error}; set parties_in_parallel: 1 (one after another){other}"
     )
 
 

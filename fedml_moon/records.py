@@ -39,7 +39,8 @@ def earlier_records(out_dir: Path) -> list[str]:
     return found
 
 
-_PENDING: set[Path] = set()  # folders whose earlier records this process replaces (--overwrite)
+_PENDING: dict[Path, set[str]] = {}  # folders whose earlier records this process replaces (--overwrite),
+# and what their wandb/ held then: this run's W&B files go there before its first record
 
 
 def claim_folder(out_dir: Path, overwrite: bool) -> None:
@@ -56,20 +57,22 @@ def claim_folder(out_dir: Path, overwrite: bool) -> None:
             f"run with --resume {out_dir}, keep it and give this run another --output-dir, or replace its "
             "records with --overwrite"
         )
-    _PENDING.add(Path(out_dir).resolve())
+    key = Path(out_dir).resolve()
+    _PENDING[key] = {p.name for p in (key / "wandb").glob("*") if not p.is_symlink()}  # runs, not links
 
 
 def replace_earlier(out_dir: Path) -> None:
-    """Remove the earlier run's records from `out_dir` if `claim_folder` was told to replace them."""
+    """Remove the earlier run's records from `out_dir` if `claim_folder` was told to replace them
+    (of `wandb/`, what it held then: this run's own W&B files are already there)."""
     key = Path(out_dir).resolve()
     if key not in _PENDING:
         return
-    _PENDING.discard(key)
+    earlier_wandb = _PENDING.pop(key)
     found = earlier_records(out_dir)
-    for name in [*RECORDS, *(p.name for p in key.glob("model_at_*.pt"))]:
-        path = key / name
-        if path.is_dir():
+    names = [n for n in RECORDS if n != "wandb"] + [p.name for p in key.glob("model_at_*.pt")]
+    for path in [key / n for n in names] + [key / "wandb" / n for n in sorted(earlier_wandb)]:
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists():
+        elif path.exists() or path.is_symlink():
             path.unlink()
     log.warning("--overwrite: removed the earlier run's records in %s (%s)", out_dir, ", ".join(found))

@@ -85,3 +85,36 @@ def test_a_sweep_starts_again_only_a_run_that_failed_before_a_checkpoint(tmp_pat
     (run.folder / "checkpoint").mkdir()
     (run.folder / "checkpoint" / "LATEST").write_text("3")
     assert run.argv(["fedml-moon"])[-2:] == ["--resume", str(run.folder)]
+
+
+def _cli(tmp_path: Path, out: Path, sets: list[str], *extra: str) -> int:
+    """The real command line: exit code (W&B's own process ends with it)."""
+    import subprocess
+
+    cmd = [*conformance.cli_command("simulate", MOON, sets, out), *extra]
+    env = conformance.process_env(tmp_path)
+    return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, timeout=300).returncode
+
+
+MOON = ROOT / "config" / "fashion_mnist" / "moon.yaml"
+
+
+def test_overwrite_keeps_the_new_runs_wandb_files_and_none_of_the_earlier_runs_party_states(tmp_path):
+    """W&B offline writes this run's files into wandb/ before its first record, when --overwrite
+    removes the earlier run's: the earlier run's go, this run's stay and it exits 0. MOON's party
+    states on disk from the earlier run are not this run's: it ends on a fresh folder's model."""
+    import torch
+
+    sets = [*TINY, "train_args.comm_round=2", "train_args.state_store=disk"]
+    sets += ["tracking_args.enable_wandb=true", "tracking_args.wandb_mode=offline"]
+    out, fresh = tmp_path / "run", tmp_path / "fresh"
+    assert _cli(tmp_path, out, [*sets, "common_args.random_seed=1"]) == 0
+    earlier = {p.name for p in (out / "wandb").glob("offline-run-*")}
+    assert len(earlier) == 1 and list((out / "party_state").glob("party_*.pt"))
+    assert _cli(tmp_path, out, sets, "--overwrite") == 0
+    now = {p.name for p in (out / "wandb").glob("offline-run-*")}
+    assert len(now) == 1 and not now & earlier
+    assert _cli(tmp_path, fresh, sets) == 0
+    a = torch.load(out / "final_model.pt", weights_only=True)
+    b = torch.load(fresh / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in b)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedml_moon import conformance
 from fedml_moon.core import state as store_module
 from fedml_moon.core.state import AutoPartyStore, DiskPartyStore, PartyStore, make_store, state_bytes
 
@@ -71,6 +72,18 @@ def test_auto_keeps_states_in_memory_up_to_its_limit_then_on_disk(tmp_path, capl
         make_store("tape", tmp_path)
 
 
+def test_auto_moving_to_disk_leaves_no_state_an_earlier_process_wrote_there(tmp_path):
+    rng = random.Random(1)
+    earlier = DiskPartyStore(tmp_path / "auto")
+    earlier.put(7, _state(rng))  # a killed process's party 7, not in this run's checkpoint
+    states = {p: _state(rng) for p in range(2)}
+    store = AutoPartyStore(tmp_path / "auto", state_bytes(states[0]))
+    for p, state in states.items():
+        store.put(p, state)
+    assert type(store.inner) is DiskPartyStore
+    assert store.parties() == [0, 1] and 7 not in store
+
+
 def test_a_run_whose_states_move_to_disk_ends_as_one_that_keeps_them_in_memory(tmp_path, monkeypatch):
     """MOON, 6 parties, 3 a round: `auto` with a limit of one byte moves every state to disk from the first;
     the final model and the records equal the memory store's run."""
@@ -90,3 +103,31 @@ def test_a_run_whose_states_move_to_disk_ends_as_one_that_keeps_them_in_memory(t
     assert memory.ok
     diff, differences = conformance.compare(memory, conformance.RunResult("auto", tmp_path / "auto", [0], []))
     assert diff == 0.0 and not differences
+
+
+def test_a_resumed_run_ignores_states_a_killed_process_left_on_disk_after_its_checkpoint(tmp_path):
+    """A process killed after round 0's checkpoint may have written later states into its disk
+    store (a party first sampled after it, and newer states of the others): the resumed run takes
+    the checkpoint's, and a party that is not in it starts afresh, as the uninterrupted run."""
+    import shutil
+    import subprocess
+
+    from fedml_moon.conformance.inprocess import stopped_run
+
+    config = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "moon.yaml"
+    sets = [*conformance.TINY, "train_args.checkpoint_every=1", "device_args.torch_threads=1"]
+    whole = conformance.run_mode("standalone", config, sets, tmp_path / "whole")
+    assert whole.ok, whole.tail()
+    stopped = tmp_path / "stopped"
+    assert stopped_run(config, sets, stopped, after=0) == ""
+    left = sorted((whole.out_dir / "party_state").glob("party_*.pt"))
+    assert len(left) == 3 > len(list((stopped / "party_state").glob("party_*.pt")))
+    for path in left:  # what the killed process wrote after round 0's checkpoint
+        shutil.copy(path, stopped / "party_state" / path.name)
+    cmd = [*conformance.cli_command("simulate", config, sets, stopped), "--resume", str(stopped)]
+    env = conformance.process_env(tmp_path)
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a = torch.load(whole.out_dir / "final_model.pt", weights_only=True)
+    b = torch.load(stopped / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)

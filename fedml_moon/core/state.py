@@ -142,6 +142,8 @@ class AutoPartyStore(PartyStore):
                 "it moves to disk (%s)", len(self._sizes), held / 2**30, self.limit / 2**30, self.root,
             )  # fmt: skip
             disk = DiskPartyStore(self.root)
+            for party in set(disk.parties()) - set(self.inner.parties()):
+                disk.drop(party)  # what an earlier process left there is not this run's
             for party in self.inner.parties():
                 disk.put(party, self.inner.get(party))
             self.inner, self._sizes, self._held = disk, {}, 0

@@ -113,16 +113,18 @@ class PartyRunner:
         return Pieces({str(p): lambda p=p: self.state([p])[p] for p in kept})
 
     def load_state(self, states: Mapping[Any, dict]) -> None:
-        """Restore `state()`: the store holds exactly the checkpoint's states for these parties, and a
-        party that trained in this process but is not in the checkpoint (it trained after it) is back
-        at its start, no state and its first random stream, as it was when the checkpoint was
-        written (`{}`: every party back at its start)."""
+        """Restore `state()`: the store holds exactly the checkpoint's states, and a party that is not
+        in the checkpoint (it trained after it, in this process or in one that was killed and left
+        its state in a disk store) is back at its start, no state and its first random stream, as
+        it was when the checkpoint was written (`{}`: every party back at its start)."""
         saved_parties = {int(p) for p in states}
         forget = getattr(self.train_local, "forget", None)
         for party in sorted(self.trained - saved_parties):
-            self.trainer.store.drop(party)
             if forget is not None:
                 forget(party)
+        # a disk store may hold states a killed process wrote after the checkpoint: gone too
+        for party in sorted((self.trained | set(self.trainer.store.parties())) - saved_parties):
+            self.trainer.store.drop(party)
         self.trained = set(saved_parties)
         for party, saved in states.items():
             party = int(party)

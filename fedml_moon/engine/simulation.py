@@ -124,6 +124,8 @@ class StandaloneSimulation:
     def run(self) -> None:
         status = "failed"
         config = flatten(self.server.recorder.config)
+        if self.start_round == 0:  # a new run: states an earlier run left in a disk store are not its own
+            self.runner.load_state({})
         try:
             rounds = range(self.start_round, self.rounds)
             with tqdm(rounds, desc="rounds", unit="round", disable=None, initial=self.start_round) as bar:

@@ -280,7 +280,7 @@ class TrainArgs:
     on_bad_upload: str = "skip"
     """an upload with NaN, Inf or a wrong shape: skip (leave it out, naming the party) or stop the run"""
     parties_in_parallel: int | str = "auto"
-    """parties trained together: an integer >= 1 (1: one after another) or auto (per device)"""
+    """parties trained together: an integer >= 1 (1: one after another) or auto (per device and network)"""
     together: str = "auto"
     """how: stacked (one vmapped step), streams (each its own step and CUDA stream), auto (per model)"""
     cuda_graphs: bool | str = "auto"

@@ -199,7 +199,8 @@ def check_algorithm(
         *overrides,
     ]  # as the resume check's
     train = load_config(config, overrides).train_args
-    checks, unstackable = network_checks(config, overrides)
+    found, unstackable = network_checks(config, overrides)
+    checks = [Check(*c) for c in found]
     if not all(c.ok for c in checks):
         return checks
     traced = traced_run(config, overrides, folder / "traced")

@@ -89,7 +89,7 @@ def test_a_model_that_does_not_fit_the_data_is_named(tmp_path, monkeypatch):
         [*SMALL, "model_args.model=simple-cnn", "data_args.dataset=fashion-mnist"],
     )
     monkeypatch.setattr("fedml_moon.adapters.run.build_model", _refuse_28)
-    with pytest.raises(ConfigError, match=r"model_args.model: .* \(fashion-mnist images are \(1, 28, 28\)\)"):
+    with pytest.raises(ConfigError, match=r"model_args.model: .* \(the data's inputs: 1x28x28, channels x"):
         assemble(cfg, tmp_path / "o")
 
 

@@ -102,12 +102,14 @@ def _stackable(
     form: str = "stacked",
 ) -> tuple[int, str]:
     """`chosen` where the network's parties can train together in `form` (stacked:
-    `batched.stacking_error`; streams: a network that draws no random numbers); else one party at a
-    time for `parties_in_parallel: auto`, and a ConfigError naming why for a number."""
+    `batched.stacking_error`; streams: a network that draws no random numbers), tried on the CPU;
+    else one party at a time for `parties_in_parallel: auto`, and a ConfigError naming why for a
+    number."""
+    cpu = torch.device("cpu")  # what the network does, tried where it costs no device memory
     if form == "stacked":
-        error = stacking_error(model, shape, device)
+        error = stacking_error(model, shape, cpu)
     else:
-        error = RANDOM_FORWARD if draws_random(model, shape, device) else None
+        error = RANDOM_FORWARD if draws_random(model, shape, cpu) else None
     if error is None:
         return chosen
     if train.parties_in_parallel == "auto":

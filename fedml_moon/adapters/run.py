@@ -154,25 +154,28 @@ def initial_model(cfg: Config, factory: Any, input_shape: tuple[int, int, int]) 
     m = cfg.model_args
     try:
         model = factory()
-        loaded = load_pretrained(model, m.pretrained) if m.pretrained else None
-    except ConfigError:
+    except ConfigError:  # a model plugin's import, already naming its key
         raise
     except ValueError as err:  # e.g. the simple CNN on 64x64 images
-        said = str(err).removeprefix("model_args.pretrained: ")
-        key = "model_args.pretrained" if said != str(err) else "model_args.model"
         shape = "x".join(map(str, input_shape))
-        raise ConfigError(f"{key}: {said} (the data's inputs: {shape}, channels x height x width)") from None
-    if loaded is not None:
-        log.info(
-            "model_args.pretrained: %d of %d tensors loaded from %s (sha256 %s); left as initialised: %s%s%s",
-            len(loaded.loaded),
-            len(loaded.loaded) + len(loaded.missing),
-            m.pretrained,
-            loaded.sha256[:16],
-            ", ".join(loaded.missing) or "none",
-            f"; shapes differ, not loaded: {loaded.mismatched}" if loaded.mismatched else "",
-            f"; the file's keys that match none: {', '.join(loaded.unused)}" if loaded.unused else "",
-        )
+        said = f"(the data's inputs: {shape}, channels x height x width)"
+        raise ConfigError(f"model_args.model: {err} {said}") from None
+    if not m.pretrained:
+        return model
+    try:
+        loaded = load_pretrained(model, m.pretrained)
+    except ValueError as err:  # its message names model_args.pretrained and the file
+        raise ConfigError(str(err)) from None
+    log.info(
+        "model_args.pretrained: %d of %d tensors loaded from %s (sha256 %s); left as initialised: %s%s%s",
+        len(loaded.loaded),
+        len(loaded.loaded) + len(loaded.missing),
+        m.pretrained,
+        loaded.sha256[:16],
+        ", ".join(loaded.missing) or "none",
+        f"; shapes differ, not loaded: {loaded.mismatched}" if loaded.mismatched else "",
+        f"; the file's keys that match none: {', '.join(loaded.unused)}" if loaded.unused else "",
+    )
     return model
 
 

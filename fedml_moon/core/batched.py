@@ -207,7 +207,11 @@ RANDOM_FORWARD = (
 def draws_random(model: nn.Module, input_shape: tuple[int, ...], device: torch.device) -> bool:
     """Whether a training-mode forward of `model` (a copy, on two zero inputs of `input_shape`)
     moves torch's random state: dropout or stochastic depth. The random state is restored."""
-    template = copy.deepcopy(model).to(device).train()
+    return _moves_random(copy.deepcopy(model).to(device), input_shape, device)
+
+
+def _moves_random(template: nn.Module, input_shape: tuple[int, ...], device: torch.device) -> bool:
+    """`draws_random` on `template` itself (its BatchNorm statistics move)."""
     cuda = device.type == "cuda"
 
     def state() -> list[torch.Tensor]:
@@ -215,7 +219,7 @@ def draws_random(model: nn.Module, input_shape: tuple[int, ...], device: torch.d
 
     with torch.random.fork_rng(devices=[device] if cuda else []), torch.no_grad():
         before = state()
-        template(torch.zeros(2, *input_shape, device=device))
+        template.train()(torch.zeros(2, *input_shape, device=device))
         return any(not torch.equal(a, b) for a, b in zip(before, state(), strict=True))
 
 
@@ -224,9 +228,10 @@ def stacking_error(model: nn.Module, input_shape: tuple[int, ...], device: torch
     random numbers in its forward (`draws_random`), or one that a vmapped forward and backward (of
     two zero inputs of `input_shape` each, on `device`) fails, e.g. one that reads a tensor's value.
     The random state and `model` are left as they were."""
-    if draws_random(model, input_shape, device):
+    template = copy.deepcopy(model).to(device)  # one copy for both tries
+    if _moves_random(template, input_shape, device):
         return RANDOM_FORWARD
-    template = copy.deepcopy(model).to(device)
+    template.load_state_dict(model.state_dict())  # the statistics its forward moved, as they were
     state = template.state_dict()
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):

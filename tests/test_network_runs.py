@@ -81,6 +81,24 @@ def test_a_dropout_network_ends_on_one_model_in_the_simulations(tmp_path, rgb):
     assert diff <= 1e-5 and not metrics, (diff, metrics)
 
 
+def test_a_dropout_network_killed_after_a_checkpoint_resumes_as_the_uninterrupted_run(tmp_path, rgb):
+    from fedml_moon.conformance.inprocess import stopped_run
+
+    run = [*_run(rgb, "torchvision:mobilenet_v3_small"), "train_args.checkpoint_every=1"]
+    whole = conformance.run_mode("standalone", CONFIG, run, tmp_path / "whole")
+    assert whole.ok, whole.tail()
+    stopped = tmp_path / "stopped"
+    torch.manual_seed(12345)  # whatever drew before: the resumed party's draws are its own
+    assert stopped_run(CONFIG, run, stopped, after=0) == ""
+    cmd = [*conformance.cli_command("simulate", CONFIG, run, stopped), "--resume", str(stopped)]
+    env = {**os.environ, **conformance.process_env(tmp_path)}
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a = torch.load(whole.out_dir / "final_model.pt", weights_only=True)
+    b = torch.load(stopped / "final_model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("model", NETWORKS)
 def test_secure_aggregation_of_a_library_network_equals_the_plain_one(tmp_path, rgb, model):
     outcome = conformance.secure_vs_plain(CONFIG, _run(rgb, model), tmp_path, 3)

@@ -5,6 +5,7 @@ naming both. Runs of the modes and of the safeguards are in tests/test_network_r
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,16 +166,23 @@ def test_a_key_whose_shape_differs_is_not_loaded_and_named(tmp_path):
 
 
 class Payload:
+    """Un-pickled, it would write the file `marker` names."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
     def __reduce__(self):
-        return (print, ("un-pickled",))
+        return (Path.touch, (self.marker,))
 
 
 def test_a_file_that_needs_unpickling_or_matches_nothing_is_refused_naming_it(tmp_path):
     bad = tmp_path / "weights.pt"
-    bad.write_bytes(pickle.dumps({"conv1.weight": Payload()}))
+    marker = tmp_path / "ran"
+    bad.write_bytes(pickle.dumps({"conv1.weight": Payload(marker)}))
     model = build_model("torchvision:resnet18", RGB, 10)
     with pytest.raises(ValueError, match=r"model_args.pretrained: .*weights.pt is neither a safetensors"):
         load_pretrained(model, bad)
+    assert not marker.exists()  # nothing of the file ran
     torch.save({"layer.weight": torch.zeros(3)}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="no tensor of .*other.pt matches the model by name and shape"):
         load_pretrained(model, tmp_path / "other.pt")

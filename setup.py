@@ -28,6 +28,7 @@ setup(
         "scikit-learn",
         "dp-accounting",
         "pandas",
+        "submitit",  # fedml-moon sweep --on slurm|local
         "pyarrow<24",  # pyarrow 24 and later need numpy 2; FedML 0.9.6 pins numpy<2
     ],
     extras_require={

@@ -32,6 +32,8 @@ from fedml_moon.conformance.processes import MODES
 from fedml_moon.core.checkpoint import CheckpointError
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.records import claim_folder
+from fedml_moon.results import sweep_cli
+from fedml_moon.results.jobs import SchedulerError
 
 log = logging.getLogger("fedml_moon")
 
@@ -173,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override one config value in every run of the sweep (repeatable; after the file's 'set')",
     )
+    sweep_cli.add_arguments(sweep)
     _verbose(sweep)
     report = sub.add_parser("report", help="tables, curves and a summary from run folders")
     report.add_argument("folders", nargs="+", help="run folders, or folders holding them (a sweep's)")
@@ -262,6 +265,8 @@ def _new(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     from fedml_moon.results import sweep
 
+    if sweep_cli.wanted(args) and not args.list:
+        return sweep_cli.run(args)
     runs = sweep.load_sweep(args.sweep_file, args.output, args.overrides)
     if args.list:
         sys.stdout.write("".join(line + "\n" for line in sweep.commands(runs)))
@@ -421,6 +426,9 @@ def _output_dir(args: argparse.Namespace, cfg: Config) -> Path:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
+    # once: a second SIGTERM (Slurm signals every process of a job, mpirun every rank) must not
+    # interrupt the records the first one lets the run write
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated("terminated (SIGTERM)")
 
 
@@ -473,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         log.error("config error: %s", err)
         return 2
+    except SchedulerError as err:
+        log.error("%s", err)
+        return 1
     except KeyboardInterrupt:
         log.error("interrupted; what was computed so far is in the output directory")
         return 130

@@ -211,6 +211,13 @@ def _table(rows: list[KeyDoc]) -> list[str]:
     return [*out, ""]
 
 
+def slurm_markdown() -> str:
+    """The sweep file's `slurm:` section as a table, from `results.cluster.SlurmArgs`."""
+    from fedml_moon.results.cluster import SlurmArgs
+
+    return "\n".join(_table(_class_keys(SlurmArgs, "slurm", None, ())))
+
+
 def markdown(plugins: bool = False) -> str:
     """The reference as Markdown: one table per section, algorithm_args one per algorithm. Without
     `plugins`, the algorithms of this package only (the same page whatever else is installed)."""

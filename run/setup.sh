@@ -2,7 +2,8 @@
 # Install everything fedml_moon needs into ./.venv, and do nothing when nothing changed.
 #   - Debian packages (as root, when apt-get exists): dataset-fashion-mnist (the default job's data),
 #     openmpi-bin + libopenmpi-dev (MPI simulation, cross-silo over MPI), mosquitto (an MQTT broker
-#     for the edge mode's tests and local trials).
+#     for the edge mode's tests and local trials); with --tests also slurm-wlm + munge (the one-node
+#     Slurm cluster the cluster sweep's tests start).
 #   - Python 3.11 virtual environment with fedml_moon, mpi4py, gRPC, the test and documentation tools
 #     (moto's S3 endpoint, mkdocs-material among them), and the example plugin.
 # What pip installed is stamped in .venv/setup-stamp (a digest of the package definitions, this script
@@ -14,6 +15,8 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
 APT_PACKAGES="dataset-fashion-mnist openmpi-bin libopenmpi-dev mosquitto"
+# --tests (run/test.sh): also what only the tests need; never on a cluster's own nodes by the main job
+[ "${1:-}" = --tests ] && APT_PACKAGES="$APT_PACKAGES slurm-wlm munge"
 STAMP=.venv/setup-stamp
 LOG=.venv/setup.log
 

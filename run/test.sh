@@ -3,7 +3,7 @@
 # whole test suite, slow tests included, one pytest-xdist worker per core.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash run/setup.sh || exit 1
+bash run/setup.sh --tests || exit 1
 .venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1
 .venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1
 bash run/docs.sh || exit 1

@@ -212,8 +212,18 @@ NETWORK_CHECK = (
     "examples/networks/groupnorm_cnn.py:encoder --modes standalone,cross-silo-grpc"
 )
 
+CLUSTER = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_lg.yaml"
+CLUSTER_LOCAL = f"{CLUSTER} --on local --jobs 2"
+CLUSTER_SLURM = f"{CLUSTER} --on slurm --partition PARTITION --time 30 --cpus 2"
+CLUSTER_STATUS = f"{CLUSTER} --status"
+CLUSTER_WAIT = f"{CLUSTER} --on slurm --wait"
+
 COMMANDS: dict[str, str] = {
     "bash run/main.sh": "script",
+    CLUSTER_LOCAL: "cluster",
+    CLUSTER_SLURM: "cluster",
+    CLUSTER_STATUS: "cluster",
+    CLUSTER_WAIT: "cluster",
     "bash run/test.sh": "script",
     MAIN_JOB: "single",
     SYNOPSIS: "single",
@@ -368,7 +378,7 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
     main_sh, test_sh = _script("main.sh"), _script("test.sh")
     assert main_sh.index("bash run/setup.sh") < main_sh.index(f'exec {_exec_line()} "$@"')
     assert _exec_line() == STANDALONE  # the main job is the standalone row's command, run below
-    setup = test_sh.index("bash run/setup.sh || exit 1")
+    setup = test_sh.index("bash run/setup.sh --tests || exit 1")
     steps = [
         ".venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1",
         ".venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1",
@@ -675,6 +685,46 @@ def test_network_commands(tmp_path, home, capsys, monkeypatch):
     said = capsys.readouterr()
     loaded = "model_args.pretrained: 126 of 126 tensors loaded from outputs/resnet18/final_model.pt"
     assert loaded in said.err + said.out
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_cluster_sweep_commands(tmp_path, home):
+    """The cluster how-to as typed (6 tiny runs of the LG-FedAvg sweep): through the local executor,
+    then on a one-node Slurm cluster started here (partition `debug`): submitted, its states shown,
+    followed to the end; `--status` then says every run is complete."""
+    from tests import slurm_cluster
+
+    env = {**_env(home), "PYTHONPATH": str(ROOT)}
+    shards = ["--set", "train_args.client_num_in_total=5", "--set", "train_args.client_num_per_round=5"]
+
+    def run(command: str, output: Path, *, env: dict[str, str] = env) -> subprocess.CompletedProcess:
+        words = [w.replace("PARTITION", "debug") for w in _entry_point(command)]
+        argv = [sys.executable, "-m", "fedml_moon", *words, *_sets(command), *shards, "--output", str(output)]
+        return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+    def all_complete(output: Path, env: dict[str, str]) -> None:
+        status = run(CLUSTER_STATUS, output, env=env)
+        assert status.returncode == 0 and status.stdout.splitlines()[-1] == "6 runs: 6 complete", status
+
+    done = run(CLUSTER_LOCAL, tmp_path / "local")
+    assert done.returncode == 0, done.stderr[-3000:]
+    all_complete(tmp_path / "local", env)
+    try:
+        cluster = slurm_cluster.start()
+    except slurm_cluster.Unavailable as err:
+        pytest.skip(f"the local executor's commands ran; Slurm cannot start here: {err}")
+    try:
+        slurm_env, output = {**env, "SLURM_CONF": cluster.env["SLURM_CONF"]}, tmp_path / "slurm"
+        done = run(CLUSTER_SLURM, output, env=slurm_env)
+        assert done.returncode == 0 and "submitted 6 runs to slurm" in done.stderr, done.stderr[-3000:]
+        shown = run(CLUSTER_STATUS, output, env=slurm_env).stdout
+        assert all(f"config={c},random_seed={s}" in shown for c in ("lg", "fedavg_shards") for s in (0, 1, 2))
+        done = run(CLUSTER_WAIT, output, env=slurm_env)
+        assert done.returncode == 0 and "0 submitted now" in done.stderr, done.stderr[-3000:]
+        all_complete(output, slurm_env)
+    finally:
+        cluster.stop()
 
 
 def _complete_copy(template: Path, folder: Path, config: dict) -> None:

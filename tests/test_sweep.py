@@ -162,3 +162,33 @@ def test_a_method_sets_several_keys_and_a_bare_key_only_names_the_config():
         "algorithm_args.mu=0.001",
         "common_args.random_seed=0",
     )
+
+
+@pytest.mark.parametrize(
+    ("slurm", "words", "on"),
+    [
+        ("{time: soon}", "slurm.time: write minutes, HH:MM:SS or D-HH:MM:SS; got 'soon'", "slurm"),
+        ("{sbatch: [-C a100]}", "slurm.sbatch: write each option in its long form", "local"),
+        ("{gpu_per_run: 1}", "slurm.gpu_per_run: unknown key; did you mean 'gpus_per_run'?", None),
+        ("{cpus_per_run: 0}", "slurm.cpus_per_run: must be >= 1", "slurm"),
+    ],
+)
+def test_a_wrong_slurm_resource_is_refused_before_anything_runs(tmp_path, slurm, words, on):
+    path, out = _sweep_file(tmp_path)
+    path.write_text(path.read_text() + f"slurm: {slurm}\n")
+    for extra in [["--on", on] if on else []]:
+        done = subprocess.run(
+            [*FEDML_MOON, "sweep", str(path), *extra], capture_output=True, text=True, env=_env(tmp_path)
+        )
+        assert done.returncode == 2 and words in done.stderr, done.stderr[-1000:]
+    assert not out.exists()
+
+
+def test_slurm_asked_where_it_is_not_installed_says_so_and_submits_nothing(tmp_path):
+    path, out = _sweep_file(tmp_path)
+    env = {**_env(tmp_path), "PATH": str(Path(sys.executable).parent)}  # python, no sbatch, no srun
+    done = subprocess.run(
+        [*FEDML_MOON, "sweep", str(path), "--on", "slurm"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 2 and "sbatch and srun must be on PATH" in done.stderr, done.stderr[-1000:]
+    assert not (out / "jobs.json").exists() and not list(out.glob("*/run.log"))

@@ -13,6 +13,7 @@ A sweep file (YAML):
         - {train_args.algorithm: fedavg}
       data_args.partition_alpha: [0.5, 0.1]    # a config key: one override
       common_args.random_seed: [0, 1, 2]
+    slurm: {partition: gpu, time: "12:00:00", gpus_per_run: 1}   # for --on slurm (see cluster.py)
 
 A run's folder is named by its grid values (`algorithm=moon,partition_alpha=0.5,random_seed=0`). A
 run is complete when its `summary.json` says so; re-running the sweep skips complete runs and
@@ -40,9 +41,10 @@ import yaml
 from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.records import earlier_records
+from fedml_moon.results.cluster import slurm_args
 
 log = logging.getLogger(__name__)
-SWEEP_KEYS = {"base", "output", "set", "grid"}
+SWEEP_KEYS = {"base", "output", "set", "grid", "slurm"}
 
 
 @dataclass(frozen=True)
@@ -121,21 +123,30 @@ def _point(values: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any]]
     return ",".join(parts) or "run", overrides, names
 
 
+def read_sweep_file(path: Path) -> dict[str, Any]:
+    """The sweep file's mapping."""
+    if not path.is_file():
+        raise ConfigError(f"sweep file {path}: no such file")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"sweep file {path}: must be a mapping (base, output, set, grid, slurm)")
+    return raw
+
+
 def load_sweep(
     path: str | Path, output: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> list[Run]:
     """The sweep's runs, each config loaded once to check it (a bad key fails before anything runs).
     `overrides` (`--set` of the command line) apply to every run, after the file's `set`."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {path}: no such file")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_sweep_file(path)
     unknown = set(raw) - SWEEP_KEYS
     if unknown or "base" not in raw or not isinstance(raw.get("grid", {}), dict):
         raise ConfigError(
             f"sweep file {path}: needs 'base' (a config, may contain {{algorithm}}), optional 'output', "
-            f"'set' and 'grid' (key: [values]); unknown: {', '.join(sorted(unknown)) or 'none'}"
+            f"'set', 'grid' (key: [values]) and 'slurm'; unknown: {', '.join(sorted(unknown)) or 'none'}"
         )
+    slurm_args(raw.get("slurm"), {})  # a wrong resource fails before anything runs, as a wrong key
     grid: dict[str, list] = {k: v if isinstance(v, list) else [v] for k, v in (raw.get("grid") or {}).items()}
     grid_keys = {k for k in grid if "." in k} | {
         key for values in grid.values() for v in values if isinstance(v, dict) for key in v

@@ -1,0 +1,242 @@
+"""A sweep's jobs: what was submitted for which run (the sweep folder's `jobs.json`), what the
+scheduler says of them, and each run's state.
+
+`jobs.json` is written whole and atomically (a file beside it, then a rename), under a lock that
+one submitting process holds at a time. A submission is recorded before it is made, as a batch
+with its runs and no job id, and its job ids after: a submitting process killed between the two
+leaves a batch that the next one finds on the scheduler by its job name (Slurm) or its folder (a
+local job's controller process), so a queued job is neither submitted twice nor lost.
+
+A run's state, in the order it is decided:
+    complete  its summary.json says so (whatever its job does)
+    queued    its job waits (Slurm: PENDING, REQUEUED, ...)
+    running   its job runs
+    failed    it has a job that ended (or that the scheduler no longer knows) and it is not complete
+    stopped   never submitted, with a checkpoint to go on from (e.g. a local sweep stopped)
+    new       never submitted
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedml_moon.results.sweep import Run
+
+RECORD = "jobs.json"
+LOCK = ".jobs.lock"
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD"}
+ACTIVE = {"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING"}
+SUBMITTABLE = ("new", "stopped", "failed")
+
+
+class SchedulerError(RuntimeError):
+    """The scheduler cannot be asked, refused a submission, or another process is submitting."""
+
+
+class SweepBusy(SchedulerError):
+    """Another process is submitting this sweep's runs."""
+
+
+@contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """Hold the sweep folder's submission lock (released by the kernel if the holder dies)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / LOCK).open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SweepBusy(
+                f"another `fedml-moon sweep` is submitting the runs of {folder}; let it finish "
+                "(or stop it) and run this again"
+            ) from None
+        yield
+
+
+def read(folder: Path) -> dict[str, Any]:
+    """The sweep's record: {"batches": {id: {...}}, "runs": {name: {"job", "batch", ...}}}."""
+    path = folder / RECORD
+    if not path.is_file():
+        return {"batches": {}, "runs": {}}
+    return json.loads(path.read_text())
+
+
+def write(folder: Path, record: dict[str, Any]) -> None:
+    """Replace the record at once: a reader sees the old one or the new one, never a part."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{RECORD}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    os.replace(tmp, folder / RECORD)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the scheduler says of one job: queued, running or ended, and its own word for it."""
+
+    phase: str
+    word: str
+
+
+def slurm_jobs() -> dict[str, tuple[str, Job]]:
+    """This user's jobs Slurm still knows (ended ones for a few minutes): id -> (name, job)."""
+    argv = ["squeue", "-u", getpass.getuser(), "-t", "all", "-h", "-r", "-o", "%i|%j|%T|%r"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SchedulerError(f"squeue could not tell the jobs' states ({err}); is Slurm reachable?") from None
+    if done.returncode != 0:
+        raise SchedulerError(f"squeue could not tell the jobs' states: {done.stderr.strip()}")
+    out = {}
+    for line in done.stdout.splitlines():
+        job_id, name, state, reason = (line.split("|") + ["", "", ""])[:4]
+        phase = "queued" if state in WAITING else "running" if state in ACTIVE else "ended"
+        word = state if reason in ("", "None") else f"{state} ({reason})"
+        out[job_id.strip()] = (name, Job(phase, word))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def local_jobs(folders: list[str]) -> dict[str, tuple[str, Job]]:
+    """The local executor's job controllers alive on this machine for these submission folders:
+    job id (the controller's pid) -> (folder, job)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        line = _cmdline(int(entry.name))
+        if "submitit.local._local" not in line:
+            continue
+        for folder in folders:
+            if line.rstrip().endswith(folder):
+                out[entry.name] = (folder, Job("running", "RUNNING"))
+    return out
+
+
+def scheduler(record: dict[str, Any]) -> dict[str, tuple[str, Job]]:
+    """What the schedulers the sweep has used say of this user's jobs (keyed by job id)."""
+    batches = record["batches"].values()
+    known = slurm_jobs() if any(b["on"] == "slurm" for b in batches) else {}
+    return {**known, **local_jobs([b["folder"] for b in batches if b["on"] == "local"])}
+
+
+def _task(job_id: str) -> int:
+    """The array task index of a Slurm job id (`12_3` -> 3); 0 for a job that is not an array."""
+    return int(job_id.rsplit("_", 1)[1]) if "_" in job_id else 0
+
+
+def reconcile(record: dict[str, Any], known: dict[str, tuple[str, Job]]) -> list[str]:
+    """Give the job ids of a batch recorded without them (its submitter died before writing them),
+    each run the job the scheduler knows under the batch's name (Slurm) or folder (local) and task
+    index; a run whose job the scheduler does not know is left unsubmitted (it never was, or its job
+    ended: its own folder says the rest). The batches it changed."""
+    changed = []
+    for batch_id, batch in list(record["batches"].items()):
+        if batch.get("jobs") is not None:
+            continue
+        key = batch["name"] if batch["on"] == "slurm" else batch["folder"]
+        found = {_task(job_id): job_id for job_id, (name, _) in known.items() if name == key}
+        jobs = [found.get(i) for i in range(len(batch["runs"]))]
+        for name, job_id in zip(batch["runs"], jobs, strict=True):
+            if job_id is None and record["runs"].get(name, {}).get("batch") == batch_id:
+                del record["runs"][name]
+        if any(jobs):
+            assign(record, batch_id, jobs)
+        else:
+            del record["batches"][batch_id]
+        changed.append(batch_id)
+    return changed
+
+
+def assign(record: dict[str, Any], batch_id: str, job_ids: list[str | None]) -> None:
+    """Record a batch's job ids, one per run in the batch's order (None: that run has none)."""
+    batch = record["batches"][batch_id]
+    batch["jobs"] = list(job_ids)
+    for name, job_id in zip(batch["runs"], job_ids, strict=True):
+        if job_id is not None:
+            record["runs"][name] = {"job": job_id, "batch": batch_id, "on": batch["on"], "at": batch["at"]}
+
+
+def begin(record: dict[str, Any], batch_id: str, on: str, runs: list[Run], name: str, folder: Path) -> None:
+    """Record a submission about to be made: its runs, its job name and folder, no job ids yet."""
+    record["batches"][batch_id] = {
+        "on": on,
+        "name": name,
+        "folder": str(folder),
+        "runs": [r.name for r in runs],
+        "jobs": None,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    for run in runs:
+        record["runs"][run.name] = {"job": None, "batch": batch_id, "on": on}
+
+
+@dataclass(frozen=True)
+class RunState:
+    """A run's state (see the module's docstring), its job id and a line saying more."""
+
+    state: str
+    job: str | None
+    detail: str
+
+
+def last_line(run: Run) -> str:
+    """The last line the run wrote (its run.log, else its job's output), for a failed run's status."""
+    for name in ("run.log", "job.out"):
+        try:
+            lines = (run.folder / name).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        text = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        if text:
+            return text if len(text) <= 300 else text[:297] + "..."
+    return "no log written"
+
+
+def _progress(run: Run) -> str:
+    try:
+        rounds = sum(1 for line in (run.folder / "metrics.jsonl").open() if line.strip())
+    except OSError:
+        return ""
+    return f"{rounds} round{'s' * (rounds != 1)} recorded"
+
+
+def _own_word(run: Run) -> str:
+    """What the run's job wrote of its end (`job.json`), when the scheduler no longer says."""
+    try:
+        own = json.loads((run.folder / "job.json").read_text())
+    except (OSError, ValueError):
+        return "ended before it started the run"
+    if own.get("state") == "running":
+        return "ended without a word (cancelled, killed, or its node failed)"
+    return f"{own.get('state', 'ended')}, exit code {own.get('exit_code')}"
+
+
+def state_of(run: Run, entry: dict[str, Any] | None, known: dict[str, tuple[str, Job]]) -> RunState:
+    """The run's state from its folder, its record and what the scheduler knows."""
+    own = run.state()
+    job_id = (entry or {}).get("job")
+    if own == "complete":
+        return RunState("complete", job_id, _progress(run))
+    if job_id is None:
+        return RunState(own, None, _progress(run) if own == "stopped" else "")
+    job = known.get(job_id, ("", None))[1]
+    if job is not None and job.phase in ("queued", "running"):
+        detail = job.word if job.phase == "queued" else ", ".join(filter(None, [job.word, _progress(run)]))
+        return RunState(job.phase, job_id, detail)
+    word = job.word if job is not None else _own_word(run)
+    return RunState("failed", job_id, f"{word}: {last_line(run)}")

@@ -1,0 +1,142 @@
+"""A sweep through a job scheduler (`fedml-moon sweep FILE --on slurm|local`): every run that is not
+complete, queued or running is submitted through submitit, as one Slurm array job or as local jobs
+`jobs` at a time; `--status` prints each run's state; `--wait` (always, for local jobs) follows
+them to the end.
+
+The sweep folder is the one a local sweep writes (a run folder per grid point, `fedml-moon report`
+reads it unchanged), with `jobs.json` (see `jobs`) and submitit's files under `.submitit/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from fedml_moon.results import jobs
+from fedml_moon.results.cluster import SlurmArgs, executor
+from fedml_moon.results.jobs import RunState
+from fedml_moon.results.sweep import Run, threads_per_run
+from fedml_moon.results.sweep_job import SweepJob
+
+log = logging.getLogger(__name__)
+ORDER = ("complete", "running", "queued", "failed", "stopped", "new")
+
+
+class SubmitError(jobs.SchedulerError):
+    """The scheduler refused a submission; nothing of it was submitted."""
+
+
+def absolute(runs: list[Run]) -> list[Run]:
+    """The runs with absolute folders and configs: a job may start in another directory."""
+    return [dataclasses.replace(r, folder=r.folder.resolve(), config=r.config.resolve()) for r in runs]
+
+
+def states(runs: list[Run], folder: Path, record: dict[str, Any] | None = None) -> dict[str, RunState]:
+    """Every run's state now (the record's unresolved batches resolved in memory only)."""
+    record = record if record is not None else jobs.read(folder)
+    known = jobs.scheduler(record)
+    jobs.reconcile(record, known)
+    return {r.name: jobs.state_of(r, record["runs"].get(r.name), known) for r in runs}
+
+
+def _submit(
+    folder: Path, record: dict[str, Any], on: str, runs: list[Run], args: SlurmArgs, threads: int | None
+) -> None:
+    """One submission: recorded before it is made (no job ids), then with its job ids."""
+    batch = uuid.uuid4().hex[:12]
+    name, where = f"fedml-moon-sweep-{batch}", folder / ".submitit" / batch
+    ex = executor(on, where, args, name)
+    jobs.begin(record, batch, on, runs, name, where)
+    jobs.write(folder, record)
+    try:
+        with ex.batch():
+            submitted = [ex.submit(SweepJob(run, batch, threads)) for run in runs]
+    except Exception as err:  # sbatch refused it: nothing was submitted
+        del record["batches"][batch]
+        for run in runs:
+            record["runs"].pop(run.name, None)
+        jobs.write(folder, record)
+        raise SubmitError(f"the {on} scheduler refused the submission: {str(err).strip()}") from None
+    jobs.assign(record, batch, [str(job.job_id) for job in submitted])
+    jobs.write(folder, record)
+    ids = ", ".join(record["batches"][batch]["jobs"])
+    log.info("submitted %d run%s to %s: job %s", len(runs), "s" * (len(runs) != 1), on, ids)
+
+
+def _resolve(folder: Path) -> dict[str, Any]:
+    """The record, its unresolved batches resolved on the scheduler and written back."""
+    record = jobs.read(folder)
+    if jobs.reconcile(record, jobs.scheduler(record)):
+        jobs.write(folder, record)
+    return record
+
+
+def submit_slurm(runs: list[Run], folder: Path, args: SlurmArgs) -> int:
+    """Submit every run that is new, stopped or failed as one array job; the number submitted."""
+    with jobs.locked(folder):
+        record = _resolve(folder)
+        now = states(runs, folder, record)
+        todo = [r for r in runs if now[r.name].state in jobs.SUBMITTABLE]
+        if todo:
+            _submit(folder, record, "slurm", todo, args, args.cpus_per_run)
+        _summary(runs, now, todo)
+        return len(todo)
+
+
+def run_local(
+    runs: list[Run], folder: Path, args: SlurmArgs, at_once: int, poll_s: float
+) -> dict[str, RunState]:
+    """Run every run that is not complete through submitit's local executor, `at_once` at a time
+    (each its own job), and wait for all of them, those an earlier call left running included."""
+    threads, tried = threads_per_run(at_once), set()
+    with jobs.locked(folder):
+        while True:
+            record = _resolve(folder)
+            now = states(runs, folder, record)
+            busy = sum(s.state in ("queued", "running") for s in now.values())
+            todo = [r for r in runs if now[r.name].state in jobs.SUBMITTABLE and r.name not in tried]
+            for run in todo[: max(0, max(1, at_once) - busy)]:
+                _submit(folder, record, "local", [run], args, threads)
+                tried.add(run.name)
+            if not busy and not todo:
+                return now
+            time.sleep(poll_s)
+
+
+def wait(runs: list[Run], folder: Path, poll_s: float) -> dict[str, RunState]:
+    """Follow the runs until none is queued or running; their states then."""
+    last = None
+    while True:
+        now = states(runs, folder)
+        counts = _counts(now)
+        if counts != last:
+            log.info("sweep: %s", counts)
+            last = counts
+        if not any(s.state in ("queued", "running") for s in now.values()):
+            return now
+        time.sleep(poll_s)
+
+
+def _counts(now: dict[str, RunState]) -> str:
+    tally = Counter(s.state for s in now.values())
+    return ", ".join(f"{tally[k]} {k}" for k in ORDER if tally[k])
+
+
+def _summary(runs: list[Run], now: dict[str, RunState], todo: list[Run]) -> None:
+    log.info("sweep: %d runs: %s; %d submitted now", len(runs), _counts(now), len(todo))
+
+
+def status_lines(runs: list[Run], now: dict[str, RunState]) -> list[str]:
+    """The grid's states as a table: run, state, job, what more there is to say."""
+    width = max([len(r.name) for r in runs] + [3])
+    head = f"{'run':<{width}}  {'state':<8}  {'job':<12}  detail"
+    rows = []
+    for run in runs:
+        state = now[run.name]
+        rows.append(f"{run.name:<{width}}  {state.state:<8}  {state.job or '-':<12}  {state.detail}".rstrip())
+    return [head, *rows, f"{len(runs)} runs: {_counts(now)}"]

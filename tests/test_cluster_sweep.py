@@ -1,0 +1,330 @@
+"""A sweep through a job scheduler, on a real one: each test runs against a one-node Slurm cluster
+started on this machine (tests/slurm_cluster.py: munged + slurmctld + slurmd) and against
+submitit's local executor (real job processes). Where Slurm cannot start, its tests are skipped
+naming why, and the local executor's run alone.
+
+The claims: every run of the grid completes exactly once, each round recorded once; a job cancelled
+mid-run is failed in `--status` with its error and goes on from its checkpoint at the next
+submission; a job at its time limit requeues itself and goes on; a submitting process killed
+between recording a submission and recording its job ids, or between two submissions, leaves
+nothing submitted twice and nothing lost; the report reads the folder; the resources reach Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from tests import slurm_cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+FEDML_MOON = [sys.executable, "-m", "fedml_moon"]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"),
+]
+SWEEP = """
+base: {root}/config/fashion_mnist/{{algorithm}}.yaml
+output: {out}
+set:
+  data_args.max_train_samples: 600
+  data_args.max_test_samples: 200
+  train_args.client_num_in_total: 3
+  train_args.client_num_per_round: 3
+  train_args.comm_round: {rounds}
+  train_args.epochs: 1
+  train_args.batch_size: 32
+  train_args.checkpoint_every: 1
+  tracking_args.enable_wandb: false
+grid:
+  train_args.algorithm: [moon, fedavg]
+slurm:
+  time: "00:10:00"
+  signal_delay_s: 30
+"""
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[slurm_cluster.Cluster]:
+    try:
+        cluster = slurm_cluster.start()
+    except slurm_cluster.Unavailable as err:
+        pytest.skip(f"Slurm cannot start here ({err}); the local executor's tests ran instead")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["local", "slurm"])
+def on(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+class Sweep:
+    """A two-run sweep file in a temporary folder, and the commands a user types on it."""
+
+    def __init__(self, tmp_path: Path, on: str, env: dict[str, str], rounds: int) -> None:
+        self.on, self.env = on, env
+        self.out = tmp_path / "out"
+        self.file = tmp_path / "tiny.yaml"
+        self.file.write_text(SWEEP.format(root=ROOT, out=self.out, rounds=rounds))
+        self.rounds = rounds
+
+    def folder(self, algorithm: str) -> Path:
+        return self.out / f"algorithm={algorithm}"
+
+    def argv(self, *extra: str) -> list[str]:
+        return [*FEDML_MOON, "sweep", str(self.file), *extra]
+
+    def submit(self, *extra: str) -> subprocess.Popen:
+        """`sweep --on ...`, running (local jobs are waited for; Slurm's with --wait)."""
+        wait = ["--wait"] if self.on == "slurm" else []
+        return subprocess.Popen(
+            self.argv("--on", self.on, "--jobs", "2", "--poll", "1", *wait, *extra),
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def status(self) -> dict[str, list[str]]:
+        done = subprocess.run(self.argv("--status"), env=self.env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows = [line.split(None, 3) for line in done.stdout.splitlines()[1:-1]]
+        return {row[0]: row[1:] + [""] * (4 - len(row)) for row in rows}
+
+    def record(self) -> dict:
+        return json.loads((self.out / "jobs.json").read_text())
+
+    def job(self, algorithm: str) -> str:
+        return self.record()["runs"][f"algorithm={algorithm}"]["job"]
+
+
+@pytest.fixture
+def sweep(request: pytest.FixtureRequest, tmp_path: Path, on: str) -> Iterator[Callable[[int], Sweep]]:
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    if on == "slurm":
+        env = {**env, "SLURM_CONF": request.getfixturevalue("slurm").env["SLURM_CONF"]}
+    made: list[Sweep] = []
+
+    def make(rounds: int) -> Sweep:
+        made.append(Sweep(tmp_path, on, env, rounds))
+        return made[-1]
+
+    yield make
+    for s in made:  # nothing of a test goes on after it
+        if on == "slurm":
+            subprocess.run(["scancel", "-n", ",".join(_job_names(s))], env=env, capture_output=True)
+        _kill_local_jobs(s.out)
+
+
+def _job_names(s: Sweep) -> list[str]:
+    try:
+        return [b["name"] for b in s.record()["batches"].values()] or ["-"]
+    except OSError:
+        return ["-"]
+
+
+def _kill_local_jobs(out: Path) -> None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and str(out) in _cmdline(int(entry.name)):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _until(condition: Callable[[], bool], what: str, within_s: float = 180.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {within_s:.0f} s for {what}"
+        time.sleep(0.3)
+
+
+def _rounds(folder: Path) -> list[int]:
+    try:
+        return [json.loads(line)["round"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    except OSError:
+        return []
+
+
+def _starts(folder: Path) -> list[str]:
+    """The commands the run's jobs started, in order (run.log's `$ ...` lines)."""
+    return [line for line in (folder / "run.log").read_text().splitlines() if line.startswith("$ ")]
+
+
+def _run_pid(folder: Path) -> int:
+    """The run's own process (the job's child running `fedml-moon simulate`)."""
+    job_pid = json.loads((folder / "job.json").read_text())["pid"]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and "simulate" in _cmdline(int(entry.name)):
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == job_pid:
+                return int(entry.name)
+    raise AssertionError(f"no run process under job process {job_pid}")
+
+
+def _finished(proc: subprocess.Popen, within_s: float = 300.0) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return proc.returncode, err
+
+
+def _each_round_once(s: Sweep) -> None:
+    for algorithm in ("moon", "fedavg"):
+        folder = s.folder(algorithm)
+        assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
+        assert _rounds(folder) == list(range(s.rounds)), algorithm
+
+
+def test_a_cancelled_run_is_failed_with_its_error_and_the_next_submission_resumes_it(sweep, on):
+    s = sweep(8)
+    first = s.submit()
+    moon = s.folder("moon")
+    try:
+        _until(lambda: len(_rounds(moon)) >= 2 and (moon / "job.json").is_file(), "two rounds of moon")
+        if on == "slurm":
+            subprocess.run(["scancel", s.job("moon")], env=s.env, check=True)
+        else:  # the local executor has no scancel: the run is stopped as Slurm stops it, by SIGTERM
+            os.kill(_run_pid(moon), signal.SIGTERM)
+        code, err = _finished(first)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert code == 1, err[-2000:]  # waited for, one run not complete
+    state, job, detail = s.status()["algorithm=moon"]
+    assert state == "failed" and job == s.job("moon")
+    assert "terminated (SIGTERM)" in detail and (on == "local" or detail.startswith("CANCELLED"))
+    assert s.status()["algorithm=fedavg"][0] == "complete"
+    stopped_at = len(_rounds(moon))
+    assert 2 <= stopped_at < s.rounds
+
+    code, err = _finished(s.submit())
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    starts = _starts(moon)
+    assert len(starts) == 2 and "--resume" in starts[1] and "--resume" not in starts[0]
+    assert len(_starts(s.folder("fedavg"))) == 1  # complete: not submitted again
+    assert {row[0] for row in s.status().values()} == {"complete"}
+    report = subprocess.run([*FEDML_MOON, "report", str(s.out)], env=s.env, capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (s.out / "report" / "report.md").is_file()
+
+
+def test_a_job_at_its_time_limit_requeues_itself_and_goes_on_from_its_checkpoint(sweep, on, request):
+    s = sweep(8)
+    proc = s.submit()
+    moon = s.folder("moon")
+    try:
+        _until(lambda: len(_rounds(moon)) >= 2 and (moon / "job.json").is_file(), "two rounds of moon")
+        job = s.job("moon")
+        if on == "slurm":  # what Slurm sends signal_delay_s before the limit (submitit's own test does this)
+            subprocess.run(["scancel", "--signal=USR2", job], env=s.env, check=True)
+            _until(lambda: "PENDING" in s.status()["algorithm=moon"][2], "the requeued job", 60)
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=s.env, check=True)
+        else:  # submitit's local controller sends the job SIGUSR2 at its time limit
+            os.kill(json.loads((moon / "job.json").read_text())["pid"], signal.SIGUSR2)
+        code, err = _finished(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    starts = _starts(moon)
+    assert len(starts) == 2 and "--resume" in starts[1]
+    assert s.job("moon") == job  # the same job, requeued: not a new submission
+    assert "Requeued job" in (moon / "job.out").read_text()
+
+
+def test_a_submission_recorded_without_its_job_ids_is_found_not_made_again(sweep, on):
+    """The state a submitting process leaves when killed after submitting, before writing the job
+    ids: the next call finds the jobs (by the batch's job name or folder) and submits nothing."""
+    from fedml_moon.results import jobs, submit
+    from fedml_moon.results.cluster import SlurmArgs, executor
+    from fedml_moon.results.sweep import load_sweep
+    from fedml_moon.results.sweep_job import SweepJob
+
+    s = sweep(6)
+    runs = submit.absolute(load_sweep(s.file))
+    record = jobs.read(s.out)
+    for i, batch_runs in enumerate([runs] if on == "slurm" else [[r] for r in runs]):
+        batch = f"crashed{i}"
+        name, where = f"fedml-moon-sweep-{batch}", s.out / ".submitit" / batch
+        jobs.begin(record, batch, on, batch_runs, name, where)
+        jobs.write(s.out, record)
+        old = dict(os.environ)
+        os.environ.update(s.env)
+        try:
+            ex = executor(on, where, SlurmArgs(time=10), name)
+            with ex.batch():
+                for run in batch_runs:
+                    ex.submit(SweepJob(run, batch))
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+    assert all(r["job"] is None for r in s.record()["runs"].values())  # what a crash there leaves
+
+    code, err = _finished(s.submit())
+    assert code == 0, err[-2000:]
+    assert "0 submitted now" in err or on == "local"
+    _each_round_once(s)
+    for algorithm in ("moon", "fedavg"):
+        assert len(_starts(s.folder(algorithm))) == 1  # one job each: found, not submitted again
+    assert sorted(s.record()["batches"]) == (["crashed0"] if on == "slurm" else ["crashed0", "crashed1"])
+
+
+@pytest.mark.parametrize("on", ["local"])  # Slurm takes a call's runs in one submission (an array)
+def test_a_submitter_killed_between_two_submissions_leaves_one_job_a_run(sweep, on):
+    s = sweep(6)
+    proc = subprocess.Popen(
+        s.argv("--on", "local", "--jobs", "1", "--poll", "1"), env=s.env, stderr=subprocess.DEVNULL
+    )
+    moon = s.folder("moon")
+    try:  # the first run's job runs, the second is not yet submitted: kill -9 the submitter
+        _until(lambda: len(_rounds(moon)) >= 1, "the first run's first round")
+        assert len(s.record()["runs"]) == 1
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(_rounds(moon)) < s.rounds  # the first job still runs, orphaned
+    code, err = _finished(s.submit())
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    for algorithm in ("moon", "fedavg"):
+        assert len(_starts(s.folder(algorithm))) == 1, algorithm
+    assert len(s.record()["batches"]) == 2
+
+
+@pytest.mark.parametrize("on", ["slurm"])
+def test_the_resources_of_the_file_and_the_command_line_reach_slurm(sweep, on):
+    s = sweep(2)
+    s.file.write_text(s.file.read_text() + "  cpus_per_run: 2\n  sbatch: [--comment=from-the-file]\n")
+    argv = s.argv("--on", "slurm", "--cpus", "1", "--mem", "1.5", "--time", "7", "--partition", "debug")
+    done = subprocess.run([*argv, "--sbatch=--hold"], env=s.env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = subprocess.run(
+        ["scontrol", "show", "job", s.job("moon")], env=s.env, capture_output=True, text=True
+    ).stdout
+    for field in ("Partition=debug", "TimeLimit=00:07:00", "NumCPUs=1", "Comment=from-the-file"):
+        assert field in shown, field
+    assert "MinMemoryNode=1.50G" in shown and "Reason=JobHeldUser" in shown, shown
+    assert s.status()["algorithm=moon"][:2] == ["queued", s.job("moon")]

@@ -1,5 +1,6 @@
 """MkDocs hook: the config reference page's tables are `fedml_moon.config_reference.markdown()`,
-generated from the config's dataclasses at build time."""
+generated from the config's dataclasses at build time; the cluster how-to's table of a sweep file's
+`slurm:` keys is `slurm_markdown()`, from its dataclass."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 MARKER = "<!-- config-reference -->"
 PAGE = "reference/config.md"
+SLURM_MARKER = "<!-- sweep-slurm-reference -->"  # the sweep file's slurm: section, on the cluster how-to
+SLURM_PAGE = "how-to/cluster-sweep.md"
 
 
 def _source(page: Any) -> str:
@@ -16,6 +19,10 @@ def _source(page: Any) -> str:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
+    if SLURM_MARKER in markdown and _source(page) == SLURM_PAGE:
+        from fedml_moon.config_reference import slurm_markdown
+
+        return markdown.replace(SLURM_MARKER, slurm_markdown())
     if MARKER not in markdown or _source(page) != PAGE:
         return markdown
     from fedml_moon.config_reference import markdown as reference

@@ -164,7 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     _verbose(data)
     sweep = sub.add_parser("sweep", help="run a grid of simulations (algorithms x seeds x settings)")
     sweep.add_argument("sweep_file", help="a sweep file: base config, grid, output folder")
-    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (threads per run: cores / jobs)")
+    sweep.add_argument(
+        "--jobs",
+        type=int,
+        help="runs at a time (default 1; threads per run: cores / jobs); with --on slurm: the array's %%N",
+    )
     sweep.add_argument("--list", action="store_true", help="print one shell command per run and stop")
     sweep.add_argument("--output", help="the sweep's folder (default: the file's 'output')")
     sweep.add_argument(
@@ -260,27 +264,6 @@ def _new(args: argparse.Namespace) -> int:
     log.info("wrote %s", ", ".join(str(p) for p in written))
     log.info("next: fedml-moon check %s --cf %s", args.name, folder / f"{args.name}.yaml")
     return 0
-
-
-def _sweep(args: argparse.Namespace) -> int:
-    from fedml_moon.results import sweep
-
-    if sweep_cli.wanted(args) and not args.list:
-        return sweep_cli.run(args)
-    runs = sweep.load_sweep(args.sweep_file, args.output, args.overrides)
-    if args.list:
-        sys.stdout.write("".join(line + "\n" for line in sweep.commands(runs)))
-        return 0
-    outcome = sweep.run_sweep(runs, args.jobs)
-    log.info(
-        "sweep: %d runs, %d complete before, %d completed now, %d failed; outputs in %s",
-        len(runs),
-        len(outcome.skipped),
-        len(outcome.completed),
-        len(outcome.failed),
-        runs[0].folder.parent if runs else "-",
-    )
-    return 1 if outcome.failed else 0
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -446,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "new":
             return _new(args)
         if args.command == "sweep":
-            return _sweep(args)
+            return sweep_cli.run(args)
         if args.command == "data":
             return _data(args)
         if args.command == "config":

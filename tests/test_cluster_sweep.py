@@ -24,6 +24,7 @@ import pytest
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests import slurm_cluster
+from tests.test_sweep import SWEEP as GRID
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDML_MOON = [sys.executable, "-m", "fedml_moon"]
@@ -31,25 +32,10 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"),
 ]
-SWEEP = """
-base: {root}/config/fashion_mnist/{{algorithm}}.yaml
-output: {out}
-set:
-  data_args.max_train_samples: 600
-  data_args.max_test_samples: 200
-  train_args.client_num_in_total: 3
-  train_args.client_num_per_round: 3
-  train_args.comm_round: {rounds}
-  train_args.epochs: 1
-  train_args.batch_size: 32
-  train_args.checkpoint_every: 1
-  tracking_args.enable_wandb: false
-grid:
-  train_args.algorithm: [moon, fedavg]
-slurm:
-  time: "00:10:00"
-  signal_delay_s: 30
-"""
+SWEEP = (  # the local sweep's tiny grid, one seed: MOON and FedAvg
+    GRID.replace("  common_args.random_seed: [0, 1]\n", "")
+    + 'slurm:\n  time: "00:10:00"\n  signal_delay_s: 30\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -328,3 +314,28 @@ def test_the_resources_of_the_file_and_the_command_line_reach_slurm(sweep, on):
         assert field in shown, field
     assert "MinMemoryNode=1.50G" in shown and "Reason=JobHeldUser" in shown, shown
     assert s.status()["algorithm=moon"][:2] == ["queued", s.job("moon")]
+    # queued (held) jobs are left alone: by the sweep on this machine, and by the next submission
+    here = subprocess.run(s.argv(), env=s.env, capture_output=True, text=True)
+    assert here.returncode == 0 and "left to it" in here.stderr, here.stderr[-2000:]
+    again = subprocess.run(s.argv("--on", "slurm"), env=s.env, capture_output=True, text=True)
+    assert again.returncode == 0 and "2 queued; 0 submitted now" in again.stderr, again.stderr[-2000:]
+    assert not (s.folder("moon") / "run.log").exists()
+
+
+@pytest.mark.parametrize("on", ["local"])
+def test_a_submission_recorded_but_never_made_is_made_once(sweep, on):
+    """The state a submitting process leaves when killed after recording a submission, before
+    making it: the next call finds no job of it and submits each run once."""
+    from fedml_moon.results import jobs, submit
+    from fedml_moon.results.sweep import load_sweep
+
+    s = sweep(2)
+    runs = submit.absolute(load_sweep(s.file))
+    record = jobs.read(s.out)
+    jobs.begin(record, "never", "local", runs[:1], "-", s.out / ".submitit" / "never")
+    jobs.write(s.out, record)
+    code, err = _finished(s.submit())
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+    assert "never" not in s.record()["batches"]

@@ -67,7 +67,16 @@ def read(folder: Path) -> dict[str, Any]:
     path = folder / RECORD
     if not path.is_file():
         return {"batches": {}, "runs": {}}
-    return json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text())
+        if isinstance(record.get("batches"), dict) and isinstance(record.get("runs"), dict):
+            return record
+    except (ValueError, AttributeError):
+        pass
+    raise SchedulerError(
+        f"{path} is not a sweep's job record (it lists the jobs submitted); put back the file as "
+        "written, or remove it: every run not complete then counts as not submitted"
+    )
 
 
 def write(folder: Path, record: dict[str, Any]) -> None:
@@ -86,7 +95,11 @@ class Job:
     word: str
 
 
-def slurm_jobs() -> dict[str, tuple[str, Job]]:
+Known = dict[str, tuple[str, Job]]
+"""What the schedulers know: job id -> (its job name, or a local job's folder; the job)."""
+
+
+def slurm_jobs() -> Known:
     """This user's jobs Slurm still knows (ended ones for a few minutes): id -> (name, job)."""
     argv = ["squeue", "-u", getpass.getuser(), "-t", "all", "-h", "-r", "-o", "%i|%j|%T|%r"]
     try:
@@ -111,7 +124,7 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def local_jobs(folders: list[str]) -> dict[str, tuple[str, Job]]:
+def local_jobs(folders: list[str]) -> Known:
     """The local executor's job controllers alive on this machine for these submission folders:
     job id (the controller's pid) -> (folder, job)."""
     out = {}
@@ -127,7 +140,7 @@ def local_jobs(folders: list[str]) -> dict[str, tuple[str, Job]]:
     return out
 
 
-def scheduler(record: dict[str, Any]) -> dict[str, tuple[str, Job]]:
+def scheduler(record: dict[str, Any]) -> Known:
     """What the schedulers the sweep has used say of this user's jobs (keyed by job id)."""
     batches = record["batches"].values()
     known = slurm_jobs() if any(b["on"] == "slurm" for b in batches) else {}
@@ -139,7 +152,7 @@ def _task(job_id: str) -> int:
     return int(job_id.rsplit("_", 1)[1]) if "_" in job_id else 0
 
 
-def reconcile(record: dict[str, Any], known: dict[str, tuple[str, Job]]) -> list[str]:
+def reconcile(record: dict[str, Any], known: Known) -> list[str]:
     """Give the job ids of a batch recorded without them (its submitter died before writing them),
     each run the job the scheduler knows under the batch's name (Slurm) or folder (local) and task
     index; a run whose job the scheduler does not know is left unsubmitted (it never was, or its job
@@ -226,7 +239,7 @@ def _own_word(run: Run) -> str:
     return f"{own.get('state', 'ended')}, exit code {own.get('exit_code')}"
 
 
-def state_of(run: Run, entry: dict[str, Any] | None, known: dict[str, tuple[str, Job]]) -> RunState:
+def state_of(run: Run, entry: dict[str, Any] | None, known: Known) -> RunState:
     """The run's state from its folder, its record and what the scheduler knows."""
     own = run.state()
     job_id = (entry or {}).get("job")

@@ -19,11 +19,12 @@ from typing import Any
 
 from fedml_moon.results import jobs
 from fedml_moon.results.cluster import SlurmArgs, executor
-from fedml_moon.results.jobs import RunState
+from fedml_moon.results.jobs import Known, RunState
 from fedml_moon.results.sweep import Run, threads_per_run
 from fedml_moon.results.sweep_job import SweepJob
 
 log = logging.getLogger(__name__)
+ARRAY_SIZE = 1000  # runs of one array job
 ORDER = ("complete", "running", "queued", "failed", "stopped", "new")
 
 
@@ -36,11 +37,15 @@ def absolute(runs: list[Run]) -> list[Run]:
     return [dataclasses.replace(r, folder=r.folder.resolve(), config=r.config.resolve()) for r in runs]
 
 
-def states(runs: list[Run], folder: Path, record: dict[str, Any] | None = None) -> dict[str, RunState]:
+def states(runs: list[Run], folder: Path) -> dict[str, RunState]:
     """Every run's state now (the record's unresolved batches resolved in memory only)."""
-    record = record if record is not None else jobs.read(folder)
+    record = jobs.read(folder)
     known = jobs.scheduler(record)
     jobs.reconcile(record, known)
+    return _states(runs, record, known)
+
+
+def _states(runs: list[Run], record: dict[str, Any], known: Known) -> dict[str, RunState]:
     return {r.name: jobs.state_of(r, record["runs"].get(r.name), known) for r in runs}
 
 
@@ -55,7 +60,8 @@ def _submit(
     jobs.write(folder, record)
     try:
         with ex.batch():
-            submitted = [ex.submit(SweepJob(run, batch, threads)) for run in runs]
+            grace = max(5.0, args.signal_delay_s - 10.0)  # stopped before Slurm kills it at the limit
+            submitted = [ex.submit(SweepJob(run, batch, threads, grace)) for run in runs]
     except Exception as err:  # sbatch refused it: nothing was submitted
         del record["batches"][batch]
         for run in runs:
@@ -68,22 +74,24 @@ def _submit(
     log.info("submitted %d run%s to %s: job %s", len(runs), "s" * (len(runs) != 1), on, ids)
 
 
-def _resolve(folder: Path) -> dict[str, Any]:
-    """The record, its unresolved batches resolved on the scheduler and written back."""
+def _resolve(folder: Path) -> tuple[dict[str, Any], Known]:
+    """The record, its unresolved batches resolved on the scheduler and written back; and what the
+    scheduler knows."""
     record = jobs.read(folder)
-    if jobs.reconcile(record, jobs.scheduler(record)):
+    known = jobs.scheduler(record)
+    if jobs.reconcile(record, known):
         jobs.write(folder, record)
-    return record
+    return record, known
 
 
 def submit_slurm(runs: list[Run], folder: Path, args: SlurmArgs) -> int:
     """Submit every run that is new, stopped or failed as one array job; the number submitted."""
     with jobs.locked(folder):
-        record = _resolve(folder)
-        now = states(runs, folder, record)
+        record, known = _resolve(folder)
+        now = _states(runs, record, known)
         todo = [r for r in runs if now[r.name].state in jobs.SUBMITTABLE]
-        if todo:
-            _submit(folder, record, "slurm", todo, args, args.cpus_per_run)
+        for start in range(0, len(todo), ARRAY_SIZE):  # Slurm's MaxArraySize is 1001 by default
+            _submit(folder, record, "slurm", todo[start : start + ARRAY_SIZE], args, args.cpus_per_run)
         _summary(runs, now, todo)
         return len(todo)
 
@@ -96,8 +104,8 @@ def run_local(
     threads, tried = threads_per_run(at_once), set()
     with jobs.locked(folder):
         while True:
-            record = _resolve(folder)
-            now = states(runs, folder, record)
+            record, known = _resolve(folder)
+            now = _states(runs, record, known)
             busy = sum(s.state in ("queued", "running") for s in now.values())
             todo = [r for r in runs if now[r.name].state in jobs.SUBMITTABLE and r.name not in tried]
             for run in todo[: max(0, max(1, at_once) - busy)]:

@@ -1,5 +1,6 @@
-"""`fedml-moon sweep`'s options for a job scheduler (`--on`, `--status`, `--wait`, the Slurm
-resources) and what the command does with them; the plain local sweep is `sweep.run_sweep`."""
+"""`fedml-moon sweep`: its options for a job scheduler (`--on`, `--status`, `--wait`, the Slurm
+resources) and what the command does with them all (the sweep on this machine is `sweep.run_sweep`,
+through a scheduler `submit`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import logging
 import sys
 from pathlib import Path
 
-from fedml_moon.results import submit
-from fedml_moon.results.cluster import EXECUTORS, slurm_args
-from fedml_moon.results.sweep import load_sweep, read_sweep_file
+from fedml_moon.errors import ConfigError
+from fedml_moon.results import jobs, submit, sweep
+from fedml_moon.results.cluster import EXECUTORS, SlurmArgs, slurm_args
+from fedml_moon.results.sweep import Run
 
 log = logging.getLogger(__name__)
 
@@ -52,34 +54,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def wanted(args: argparse.Namespace) -> bool:
-    """Whether the command is this module's (a scheduler, or the grid's states)."""
-    return bool(args.on or args.status or args.wait)
-
-
 def run(args: argparse.Namespace) -> int:
-    """`fedml-moon sweep FILE --on ... | --status`: 0 when it did what was asked (and, waiting, every
-    run completed)."""
-    given = {key: getattr(args, f"slurm_{key}") for key, _, _ in RESOURCES.values()}
-    resources = slurm_args(
-        read_sweep_file(Path(args.sweep_file)).get("slurm"), {**given, "sbatch": args.slurm_sbatch}
-    )
-    runs = submit.absolute(load_sweep(args.sweep_file, args.output, args.overrides))
+    """`fedml-moon sweep FILE ...`: 0 when it did what was asked (and, when it waited, every run
+    completed)."""
+    if args.poll <= 0 or (args.jobs is not None and args.jobs < 1):
+        raise ConfigError("--poll must be > 0 seconds and --jobs >= 1")
+    if args.list:
+        listed = sweep.commands(sweep.load_sweep(args.sweep_file, args.output, args.overrides))
+        sys.stdout.write("".join(line + "\n" for line in listed))
+        return 0
+    runs = submit.absolute(sweep.load_sweep(args.sweep_file, args.output, args.overrides))
     folder = runs[0].folder.parent
     if args.status:
         now = submit.states(runs, folder)
         sys.stdout.write("".join(line + "\n" for line in submit.status_lines(runs, now)))
         return 0
+    if not (args.on or args.wait):
+        return _here(runs, folder, args.jobs or 1)
     if args.on == "local":
-        now = submit.run_local(runs, folder, resources, args.jobs, min(args.poll, 2.0))
-    elif args.on == "slurm":
-        submit.submit_slurm(runs, folder, resources)
-        if not args.wait:
-            log.info("follow it with: fedml-moon sweep %s --status", args.sweep_file)
-            return 0
-        now = submit.wait(runs, folder, args.poll)
+        now = submit.run_local(runs, folder, _resources(args), args.jobs or 1, min(args.poll, 2.0))
     else:
+        if args.on == "slurm":
+            submit.submit_slurm(runs, folder, _resources(args))
+            if not args.wait:
+                log.info("follow it with: fedml-moon sweep %s --status", args.sweep_file)
+                return 0
         now = submit.wait(runs, folder, args.poll)
     for line in submit.status_lines(runs, now):
         log.info("%s", line)
     return 0 if all(s.state == "complete" for s in now.values()) else 1
+
+
+def _resources(args: argparse.Namespace) -> SlurmArgs:
+    """The sweep file's `slurm:` section under the command line's values."""
+    given = {key: getattr(args, f"slurm_{key}") for key, _, _ in RESOURCES.values()}
+    given["sbatch"] = args.slurm_sbatch
+    if args.on == "slurm" and args.jobs is not None:
+        given["runs_at_a_time"] = args.jobs
+    return slurm_args(sweep.read_sweep_file(Path(args.sweep_file)).get("slurm"), given)
+
+
+def _here(runs: list[Run], folder: Path, at_once: int) -> int:
+    """The sweep on this machine, each run its own process; runs whose job a scheduler has queued
+    or runs (an earlier `--on`) are left to it."""
+    with jobs.locked(folder):
+        if (folder / jobs.RECORD).is_file():
+            now = submit.states(runs, folder)
+            taken = [r for r in runs if now[r.name].state in ("queued", "running")]
+            for run in taken:
+                log.warning(
+                    "run %s: its job %s is %s; left to it", run.name, now[run.name].job, now[run.name].state
+                )
+            runs = [r for r in runs if r not in taken]
+        outcome = sweep.run_sweep(runs, at_once)
+    log.info(
+        "sweep: %d runs, %d complete before, %d completed now, %d failed; outputs in %s",
+        len(runs),
+        len(outcome.skipped),
+        len(outcome.completed),
+        len(outcome.failed),
+        folder,
+    )
+    return 1 if outcome.failed else 0

@@ -25,7 +25,6 @@ from typing import Any
 from fedml_moon.results.sweep import Run
 
 log = logging.getLogger(__name__)
-STOP_GRACE_S = 60.0
 
 
 class RunFailed(RuntimeError):
@@ -38,17 +37,20 @@ def _ignore_usr2() -> None:  # in the run's process, before it starts: the job h
 
 class SweepJob:
     """The callable submitit runs in the job (pickled by the submitting process into the sweep's
-    folder). `threads`: the run's PyTorch threads (the job's CPUs), None for the run's own choice."""
+    folder). `threads`: the run's PyTorch threads (the job's CPUs), None for the run's own choice;
+    `grace_s`: how long a stopped run may take to write what it has before it is killed."""
 
-    def __init__(self, run: Run, batch: str, threads: int | None = None) -> None:
+    def __init__(self, run: Run, batch: str, threads: int | None = None, grace_s: float = 60.0) -> None:
         self.run = run
         self.batch = batch
         self.threads = threads
+        self.grace_s = grace_s
         self._child: subprocess.Popen | None = None
         self._job: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"run": self.run, "batch": self.batch, "threads": self.threads, "_child": None, "_job": None}
+        fields = ("run", "batch", "threads", "grace_s")
+        return {**{k: getattr(self, k) for k in fields}, "_child": None, "_job": None}
 
     def _note(self, **fields: Any) -> None:
         path = self.run.folder / "job.json"
@@ -104,11 +106,11 @@ class SweepJob:
         if child is not None and not _ended(child.pid, 0):
             log.info("stopping run %s to requeue its job", self.run.name)
             os.kill(child.pid, signal.SIGTERM)
-            if not _ended(child.pid, STOP_GRACE_S):
+            if not _ended(child.pid, self.grace_s):
                 os.kill(child.pid, signal.SIGKILL)
-                _ended(child.pid, STOP_GRACE_S)
+                _ended(child.pid, 10.0)
         self._note(job=self._job, state="requeued", exit_code=None)
-        return DelayedSubmission(SweepJob(self.run, self.batch, self.threads))
+        return DelayedSubmission(SweepJob(self.run, self.batch, self.threads, self.grace_s))
 
 
 def _ended(pid: int, within_s: float) -> bool:

@@ -31,7 +31,7 @@ from fedml_moon.config import Config, ConfigError, load_config, with_plugins
 from fedml_moon.conformance.processes import MODES
 from fedml_moon.core.checkpoint import CheckpointError
 from fedml_moon.core.validate import BadUpload
-from fedml_moon.records import claim_folder
+from fedml_moon.records import claim_folder, running
 from fedml_moon.results import sweep_cli
 from fedml_moon.results.jobs import SchedulerError
 
@@ -458,9 +458,10 @@ def main(argv: list[str] | None = None) -> int:
             return _distributed(args, cfg, out_dir)
         from fedml_moon.adapters.run import simulate
 
-        if not args.resume:
-            claim_folder(out_dir, args.overwrite)
-        summary = simulate(cfg, out_dir, resume=bool(args.resume))
+        with running(out_dir):
+            if not args.resume:
+                claim_folder(out_dir, args.overwrite)
+            summary = simulate(cfg, out_dir, resume=bool(args.resume))
     except ConfigError as err:
         log.error("config error: %s", err)
         return 2

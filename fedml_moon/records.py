@@ -5,8 +5,12 @@ a folder that holds them unless told `--resume` (go on with that run) or `--over
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fedml_moon.config_schema import ConfigError
@@ -76,3 +80,43 @@ def replace_earlier(out_dir: Path) -> None:
         elif path.exists() or path.is_symlink():
             path.unlink()
     log.warning("--overwrite: removed the earlier run's records in %s (%s)", out_dir, ", ".join(found))
+
+
+RUN_LOCK = ".running"
+"""The file a standalone run holds locked while it runs (the kernel lets go of it when it ends)."""
+
+
+@contextmanager
+def running(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir`'s run lock while this process runs the run there: a second process given the
+    same folder (a sweep started twice, a job and a local run) is refused instead of writing the
+    same records."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / RUN_LOCK).open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"{out_dir}: another process is running this run now (its records are being written); "
+                "let it end, or stop it, before starting it again"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def in_progress(out_dir: Path) -> bool:
+    """Whether a live process is running the run in `out_dir` (holds its run lock)."""
+    path = Path(out_dir) / RUN_LOCK
+    if not path.is_file():
+        return False
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -339,3 +340,105 @@ def test_a_submission_recorded_but_never_made_is_made_once(sweep, on):
     _each_round_once(s)
     assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
     assert "never" not in s.record()["batches"]
+
+
+def _wrapped_sbatch(tmp_path: Path, env: dict[str, str], before: str, after: str) -> dict[str, str]:
+    """The environment with an `sbatch` first on PATH that runs `before`, the real sbatch, then
+    `after`: a slow or failing sbatch as a loaded controller gives one."""
+    folder = tmp_path / "bin"
+    folder.mkdir(exist_ok=True)
+    script = folder / "sbatch"
+    real = shutil.which("sbatch", path=env.get("PATH")) or "/usr/bin/sbatch"
+    script.write_text(f'#!/bin/bash\n{before}\n{real} "$@" || exit $?\n{after}\n')
+    script.chmod(0o755)
+    return {**env, "PATH": f"{folder}:{env['PATH']}"}
+
+
+@pytest.mark.parametrize("on", ["slurm"])
+def test_an_sbatch_that_fails_after_slurm_took_the_jobs_leaves_none_queued(sweep, on, tmp_path):
+    s = sweep(2)
+    env = _wrapped_sbatch(tmp_path, s.env, "", 'echo "sbatch: error: Socket timed out" >&2; exit 1')
+    done = subprocess.run(s.argv("--on", "slurm"), env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and "refused the submission" in done.stderr, done.stderr[-2000:]
+    assert "cancelling job" in done.stderr  # Slurm took them; they never got their runs
+    code, err = _finished(s.submit())
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+
+
+@pytest.mark.parametrize("on", ["slurm"])
+def test_a_submitter_killed_while_its_sbatch_runs_leaves_one_job_a_run(sweep, on, tmp_path):
+    s = sweep(2)
+    env = _wrapped_sbatch(tmp_path, s.env, "sleep 15", "")
+    first = subprocess.Popen(s.argv("--on", "slurm"), env=env, stderr=subprocess.DEVNULL)
+    _until(lambda: (s.out / "jobs.json").is_file() and bool(s.record()["batches"]), "the recorded submission")
+    time.sleep(1)
+    first.kill()  # sbatch goes on without it
+    first.wait()
+    again = subprocess.run(s.argv("--on", "slurm"), env=s.env, capture_output=True, text=True)
+    assert again.returncode == 0 and "0 submitted now" in again.stderr, again.stderr[-2000:]
+    assert {row[0] for row in s.status().values()} == {"queued"}  # being submitted
+    _until(lambda: not jobs_submitting(s), "the orphaned sbatch", 60)
+    code, err = _finished(s.submit())  # its jobs never got their runs: cancelled, submitted again
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+
+
+def jobs_submitting(s: Sweep) -> bool:
+    from fedml_moon.results.jobs import submitting
+
+    return any(submitting(b["folder"]) for b in s.record()["batches"].values())
+
+
+@pytest.mark.parametrize("on", ["slurm"])
+def test_a_job_slurm_has_stopped_is_not_submitted_again_whoever_the_environment_says_we_are(sweep, on):
+    s = sweep(6)
+    proc = s.submit()
+    moon = s.folder("moon")
+    try:
+        _until(lambda: len(_rounds(moon)) >= 1 and (moon / "job.json").is_file(), "a round of moon")
+        job = s.job("moon")
+        subprocess.run(["scancel", "--signal=STOP", job], env=s.env, check=True)
+        other = {**s.env, "USER": "alice", "LOGNAME": "alice"}
+        again = subprocess.run(s.argv("--on", "slurm"), env=other, capture_output=True, text=True)
+        assert again.returncode == 0 and "0 submitted now" in again.stderr, again.stderr[-2000:]
+        assert s.status()["algorithm=moon"][:2] == ["running", job]
+        subprocess.run(["scancel", "--signal=CONT", job], env=s.env, check=True)
+        code, err = _finished(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+
+
+@pytest.mark.parametrize("on", ["slurm"])
+def test_a_job_that_fails_before_its_run_starts_shows_its_error(sweep, on):
+    s = sweep(2)
+    s.file.write_text(s.file.read_text() + '  setup: ["echo cuda module missing >&2; exit 3"]\n')
+    code, err = _finished(s.submit())
+    assert code == 1, err[-2000:]
+    state, _, detail = s.status()["algorithm=moon"]
+    assert state == "failed" and "cuda module missing" in detail, detail
+
+
+@pytest.mark.parametrize("on", ["local"])
+def test_runs_of_a_killed_sweep_that_still_run_are_not_started_twice(sweep, on):
+    s = sweep(40)
+    here = subprocess.Popen(s.argv("--jobs", "1"), env=s.env, stderr=subprocess.DEVNULL)
+    moon = s.folder("moon")
+    try:
+        _until(lambda: len(_rounds(moon)) >= 1, "a round of moon")
+        here.kill()  # its run goes on (a session of its own), orphaned
+        here.wait()
+    finally:
+        if here.poll() is None:
+            here.kill()
+    assert s.status()["algorithm=moon"][0] == "running"
+    code, err = _finished(s.submit())
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))

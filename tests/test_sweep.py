@@ -171,6 +171,9 @@ def test_a_method_sets_several_keys_and_a_bare_key_only_names_the_config():
         ("{sbatch: [-C a100]}", "slurm.sbatch: write each option in its long form", "local"),
         ("{gpu_per_run: 1}", "slurm.gpu_per_run: unknown key; did you mean 'gpus_per_run'?", None),
         ("{cpus_per_run: 0}", "slurm.cpus_per_run: must be >= 1", "slurm"),
+        ("{sbatch: [--job-name=mine]}", "--job-name=mine': the sweep sets it", "slurm"),
+        ("{sbatch: [--time=5]}", "give it as slurm.time (or --time)", "slurm"),
+        ("{time: 1}", "slurm.signal_delay_s: 120 s is more than half the time limit", "slurm"),
     ],
 )
 def test_a_wrong_slurm_resource_is_refused_before_anything_runs(tmp_path, slurm, words, on):

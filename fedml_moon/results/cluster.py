@@ -19,6 +19,7 @@ checkpointing), up to `timeouts_requeued` times.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,19 @@ from fedml_moon.config import build_section
 from fedml_moon.errors import ConfigError, require
 
 SECTION = "slurm"
+_SWEEP_SETS = "the sweep sets it (its jobs are found, logged and signalled by it)"
+OWN_OPTIONS = {
+    **dict.fromkeys(("job-name", "array", "output", "error", "open-mode", "signal"), _SWEEP_SETS),
+    **dict.fromkeys(("parsable", "wrap", "no-requeue"), _SWEEP_SETS),
+    "partition": "give it as slurm.partition (or --partition)",
+    "account": "give it as slurm.account (or --account)",
+    "qos": "give it as slurm.qos (or --qos)",
+    "time": "give it as slurm.time (or --time): the run's requeue at its limit depends on it",
+    "cpus-per-task": "give it as slurm.cpus_per_run (or --cpus)",
+    "gpus-per-node": "give it as slurm.gpus_per_run (or --gpus)",
+    "mem": "give it as slurm.mem_gb (or --mem)",
+}
+"""#SBATCH options a sweep file's `sbatch:` may not give, and why."""
 EXECUTORS = ("local", "slurm")
 _TIME = re.compile(r"(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>\d{1,2})(?::(?P<s>\d{1,2}))?")
 
@@ -69,6 +83,12 @@ class SlurmArgs:
             require(value is None or value >= 1, f"slurm.{key}", "must be >= 1 (or null)")
         require(self.mem_gb is None or self.mem_gb > 0, "slurm.mem_gb", "must be > 0 (or null)")
         require(self.signal_delay_s >= 10, "slurm.signal_delay_s", "must be >= 10 seconds")
+        require(
+            self.signal_delay_s * 2 <= minutes(self.time) * 60,
+            "slurm.signal_delay_s",
+            f"{self.signal_delay_s} s is more than half the time limit ({self.time!r}); "
+            "lower it or raise slurm.time",
+        )
         require(self.timeouts_requeued >= 0, "slurm.timeouts_requeued", "must be >= 0")
         sbatch_options(self.sbatch)
 
@@ -90,7 +110,8 @@ def minutes(value: int | str) -> int:
 
 
 def sbatch_options(lines: list[str]) -> dict[str, Any]:
-    """`["--constraint=a100", "--exclusive"]` as submitit's additional_parameters."""
+    """`["--constraint=a100", "--exclusive"]` as submitit's additional_parameters; an option the
+    sweep sets itself (the job's name, array, output, signal, or a key of this section) refused."""
     out: dict[str, Any] = {}
     for line in lines:
         text = line.strip().removeprefix("#SBATCH").strip()
@@ -100,6 +121,8 @@ def sbatch_options(lines: list[str]) -> dict[str, Any]:
             f"write each option in its long form, e.g. --constraint=a100 or --exclusive; got {line!r}",
         )
         key, _, value = text[2:].partition("=")
+        own = OWN_OPTIONS.get(key)
+        require(own is None, "slurm.sbatch", f"{line!r}: {own}")
         out[key.replace("-", "_")] = value if value else True
     return out
 
@@ -135,7 +158,7 @@ def executor(on: str, folder: Path, args: SlurmArgs, name: str) -> Any:
         "qos": args.qos,
         "cpus_per_task": args.cpus_per_run,
         "gpus_per_node": args.gpus_per_run or None,
-        "mem": f"{int(args.mem_gb * 1024)}MB" if args.mem_gb else None,
+        "mem": f"{max(1, math.ceil(args.mem_gb * 1024))}MB" if args.mem_gb else None,
         "array_parallelism": args.runs_at_a_time,
         "setup": list(args.setup) or None,
     }

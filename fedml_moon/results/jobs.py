@@ -19,9 +19,10 @@ A run's state, in the order it is decided:
 from __future__ import annotations
 
 import fcntl
-import getpass
 import json
 import os
+import pwd
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -30,12 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.records import in_progress
 from fedml_moon.results.sweep import Run
 
 RECORD = "jobs.json"
 LOCK = ".jobs.lock"
-WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESV_DEL_HOLD"}
-ACTIVE = {"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING", "RESIZING"}
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY"}
+ENDED |= {"PREEMPTED", "TIMEOUT", "REVOKED"}
+"""Slurm's states of a job that will not run again; any other (RUNNING, STOPPED, SUSPENDED, ...,
+and a state this list does not know) counts as running, so its run is never submitted twice."""
 SUBMITTABLE = ("new", "stopped", "failed")
 
 
@@ -101,7 +106,8 @@ Known = dict[str, tuple[str, Job]]
 
 def slurm_jobs() -> Known:
     """This user's jobs Slurm still knows (ended ones for a few minutes): id -> (name, job)."""
-    argv = ["squeue", "-u", getpass.getuser(), "-t", "all", "-h", "-r", "-o", "%i|%j|%T|%r"]
+    user = pwd.getpwuid(os.getuid()).pw_name  # the real user, whatever USER or LOGNAME say
+    argv = ["squeue", "-u", user, "-t", "all", "-h", "-r", "-o", "%i|%j|%T|%r"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -111,7 +117,7 @@ def slurm_jobs() -> Known:
     out = {}
     for line in done.stdout.splitlines():
         job_id, name, state, reason = (line.split("|") + ["", "", ""])[:4]
-        phase = "queued" if state in WAITING else "running" if state in ACTIVE else "ended"
+        phase = "queued" if state in WAITING else "ended" if state in ENDED else "running"
         word = state if reason in ("", "None") else f"{state} ({reason})"
         out[job_id.strip()] = (name, Job(phase, word))
     return out
@@ -152,18 +158,38 @@ def _task(job_id: str) -> int:
     return int(job_id.rsplit("_", 1)[1]) if "_" in job_id else 0
 
 
-def reconcile(record: dict[str, Any], known: Known) -> list[str]:
-    """Give the job ids of a batch recorded without them (its submitter died before writing them),
+def submitting(folder: str) -> bool:
+    """Whether an sbatch of the submission in `folder` still runs on this machine (a submitting
+    process killed while sbatch ran leaves it running: its jobs may appear in a moment)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            words = _cmdline(int(entry.name)).split()
+            if any(Path(w).name == "sbatch" for w in words[:2]) and folder in " ".join(words):
+                return True
+    return False
+
+
+def reconcile(record: dict[str, Any], known: Known) -> tuple[bool, dict[str, list[str]]]:
+    """Give the job ids of a batch recorded without them (its submitter died before writing them):
     each run the job the scheduler knows under the batch's name (Slurm) or folder (local) and task
-    index; a run whose job the scheduler does not know is left unsubmitted (it never was, or its job
-    ended: its own folder says the rest). The batches it changed."""
-    changed = []
+    index, if submitit gave that job its task (its pickle is there); a job without one cannot run
+    and is returned to be cancelled. A run with no such job is left unsubmitted (it never was, or its
+    job ended: its own folder says the rest), unless the batch's sbatch still runs: then the batch
+    waits, its runs counted as queued. Returns whether the record changed, and the jobs to cancel
+    by executor."""
+    changed, cancel = False, {}
     for batch_id, batch in list(record["batches"].items()):
         if batch.get("jobs") is not None:
             continue
         key = batch["name"] if batch["on"] == "slurm" else batch["folder"]
         found = {_task(job_id): job_id for job_id, (name, _) in known.items() if name == key}
-        jobs = [found.get(i) for i in range(len(batch["runs"]))]
+        if not found and batch["on"] == "slurm" and submitting(batch["folder"]):
+            continue
+        changed = True
+        handless = [j for j in found.values() if not (Path(batch["folder"]) / f"{j}_submitted.pkl").is_file()]
+        if handless:
+            cancel.setdefault(batch["on"], []).extend(handless)
+        jobs = [found.get(i) if found.get(i) not in handless else None for i in range(len(batch["runs"]))]
         for name, job_id in zip(batch["runs"], jobs, strict=True):
             if job_id is None and record["runs"].get(name, {}).get("batch") == batch_id:
                 del record["runs"][name]
@@ -171,8 +197,19 @@ def reconcile(record: dict[str, Any], known: Known) -> list[str]:
             assign(record, batch_id, jobs)
         else:
             del record["batches"][batch_id]
-        changed.append(batch_id)
-    return changed
+    return changed, cancel
+
+
+def cancel(on: str, job_ids: list[str]) -> None:
+    """Cancel jobs of this sweep that cannot run (Slurm: scancel; local: the controller's SIGINT)."""
+    if on == "slurm":
+        subprocess.run(["scancel", *job_ids], capture_output=True, timeout=60)
+        return
+    for job_id in job_ids:
+        try:
+            os.kill(int(job_id), signal.SIGINT)
+        except (ProcessLookupError, ValueError):
+            pass
 
 
 def assign(record: dict[str, Any], batch_id: str, job_ids: list[str | None]) -> None:
@@ -207,11 +244,12 @@ class RunState:
     detail: str
 
 
-def last_line(run: Run) -> str:
-    """The last line the run wrote (its run.log, else its job's output), for a failed run's status."""
-    for name in ("run.log", "job.out"):
+def last_line(run: Run, job_output: Path | None = None) -> str:
+    """The last line the run wrote (its run.log, else its job's output: a job that failed before
+    the run started), for a failed run's status."""
+    for path in (run.folder / "run.log", run.folder / "job.out", job_output):
         try:
-            lines = (run.folder / name).read_text(errors="replace").splitlines()
+            lines = path.read_text(errors="replace").splitlines() if path else []
         except OSError:
             continue
         text = next((line.strip() for line in reversed(lines) if line.strip()), "")
@@ -239,17 +277,23 @@ def _own_word(run: Run) -> str:
     return f"{own.get('state', 'ended')}, exit code {own.get('exit_code')}"
 
 
-def state_of(run: Run, entry: dict[str, Any] | None, known: Known) -> RunState:
-    """The run's state from its folder, its record and what the scheduler knows."""
-    own = run.state()
-    job_id = (entry or {}).get("job")
+def state_of(run: Run, record: dict[str, Any], known: Known) -> RunState:
+    """The run's state from its folder, the sweep's record and what the scheduler knows."""
+    own, entry = run.state(), record["runs"].get(run.name) or {}
+    job_id = entry.get("job")
     if own == "complete":
         return RunState("complete", job_id, _progress(run))
-    if job_id is None:
-        return RunState(own, None, _progress(run) if own == "stopped" else "")
-    job = known.get(job_id, ("", None))[1]
+    if entry and job_id is None:  # reconcile() left it: its sbatch still runs
+        return RunState("queued", None, "being submitted (its sbatch still runs)")
+    job = known.get(job_id, ("", None))[1] if job_id else None
     if job is not None and job.phase in ("queued", "running"):
         detail = job.word if job.phase == "queued" else ", ".join(filter(None, [job.word, _progress(run)]))
         return RunState(job.phase, job_id, detail)
+    if in_progress(run.folder):  # a process runs it still (a sweep's or a job's that lost its parent)
+        return RunState("running", job_id, ", ".join(filter(None, ["a process runs it", _progress(run)])))
+    if job_id is None:
+        return RunState(own, None, _progress(run) if own == "stopped" else "")
+    batch = record["batches"].get(entry.get("batch"), {})
+    output = Path(batch["folder"]) / f"{job_id}_0_log.out" if batch.get("folder") else None
     word = job.word if job is not None else _own_word(run)
-    return RunState("failed", job_id, f"{word}: {last_line(run)}")
+    return RunState("failed", job_id, f"{word}: {last_line(run, output)}")

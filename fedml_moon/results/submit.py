@@ -46,7 +46,7 @@ def states(runs: list[Run], folder: Path) -> dict[str, RunState]:
 
 
 def _states(runs: list[Run], record: dict[str, Any], known: Known) -> dict[str, RunState]:
-    return {r.name: jobs.state_of(r, record["runs"].get(r.name), known) for r in runs}
+    return {r.name: jobs.state_of(r, record, known) for r in runs}
 
 
 def _submit(
@@ -62,24 +62,28 @@ def _submit(
         with ex.batch():
             grace = max(5.0, args.signal_delay_s - 10.0)  # stopped before Slurm kills it at the limit
             submitted = [ex.submit(SweepJob(run, batch, threads, grace)) for run in runs]
-    except Exception as err:  # sbatch refused it: nothing was submitted
-        del record["batches"][batch]
-        for run in runs:
-            record["runs"].pop(run.name, None)
-        jobs.write(folder, record)
-        raise SubmitError(f"the {on} scheduler refused the submission: {str(err).strip()}") from None
+    except Exception as err:  # sbatch failed; it may have failed after Slurm took the jobs
+        _resolve(folder, record)  # any job it left is cancelled: it never got its run
+        raise SubmitError(
+            f"the {on} scheduler refused the submission: {str(err).strip()} (nothing of it is left "
+            "queued; submit again)"
+        ) from None
     jobs.assign(record, batch, [str(job.job_id) for job in submitted])
     jobs.write(folder, record)
     ids = ", ".join(record["batches"][batch]["jobs"])
     log.info("submitted %d run%s to %s: job %s", len(runs), "s" * (len(runs) != 1), on, ids)
 
 
-def _resolve(folder: Path) -> tuple[dict[str, Any], Known]:
+def _resolve(folder: Path, record: dict[str, Any] | None = None) -> tuple[dict[str, Any], Known]:
     """The record, its unresolved batches resolved on the scheduler and written back; and what the
     scheduler knows."""
-    record = jobs.read(folder)
+    record = jobs.read(folder) if record is None else record
     known = jobs.scheduler(record)
-    if jobs.reconcile(record, known):
+    changed, cancel = jobs.reconcile(record, known)
+    for on, job_ids in cancel.items():
+        log.warning("cancelling job %s: its submitter died before handing it its run", ", ".join(job_ids))
+        jobs.cancel(on, job_ids)
+    if changed:
         jobs.write(folder, record)
     return record, known
 

@@ -98,14 +98,11 @@ def _here(runs: list[Run], folder: Path, at_once: int) -> int:
     """The sweep on this machine, each run its own process; runs whose job a scheduler has queued
     or runs (an earlier `--on`) are left to it."""
     with jobs.locked(folder):
-        if (folder / jobs.RECORD).is_file():
-            now = submit.states(runs, folder)
-            taken = [r for r in runs if now[r.name].state in ("queued", "running")]
-            for run in taken:
-                log.warning(
-                    "run %s: its job %s is %s; left to it", run.name, now[run.name].job, now[run.name].state
-                )
-            runs = [r for r in runs if r not in taken]
+        now = submit.states(runs, folder)
+        taken = [r for r in runs if now[r.name].state in ("queued", "running")]
+        for run in taken:
+            log.warning("run %s is %s (%s); left to it", run.name, now[run.name].state, now[run.name].detail)
+        runs = [r for r in runs if r not in taken]
         outcome = sweep.run_sweep(runs, at_once)
     log.info(
         "sweep: %d runs, %d complete before, %d completed now, %d failed; outputs in %s",

@@ -202,6 +202,13 @@ def test_a_cancelled_run_is_failed_with_its_error_and_the_next_submission_resume
     assert s.status()["algorithm=fedavg"][0] == "complete"
     stopped_at = len(_rounds(moon))
     assert 2 <= stopped_at < s.rounds
+    other = subprocess.run(  # going on with another config is refused before anything is submitted
+        s.argv("--on", on, "--set", "train_args.learning_rate=0.2"), env=s.env, capture_output=True, text=True
+    )
+    assert (
+        other.returncode == 2 and "sweep run algorithm=moon would go on from its checkpoint" in other.stderr
+    )
+    assert "train_args.learning_rate" in other.stderr and len(_starts(moon)) == 1
 
     code, err = _finished(s.submit())
     assert code == 0, err[-2000:]
@@ -442,3 +449,22 @@ def test_runs_of_a_killed_sweep_that_still_run_are_not_started_twice(sweep, on):
     assert code == 0, err[-2000:]
     _each_round_once(s)
     assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+
+
+@pytest.mark.parametrize("on", ["local"])
+def test_a_job_out_of_time_too_often_says_so(sweep, on):
+    s = sweep(40)
+    s.file.write_text(s.file.read_text() + "  timeouts_requeued: 0\n")
+    proc = s.submit()
+    moon = s.folder("moon")
+    try:
+        _until(lambda: len(_rounds(moon)) >= 1 and (moon / "job.json").is_file(), "a round of moon")
+        os.kill(json.loads((moon / "job.json").read_text())["pid"], signal.SIGUSR2)
+        code, err = _finished(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 1, err[-2000:]
+    state, _, detail = s.status()["algorithm=moon"]
+    assert state == "failed" and "out of time more often than slurm.timeouts_requeued allows" in detail
+    assert "stopped the run at its time limit" in detail  # the run's last line: why it stopped

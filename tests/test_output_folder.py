@@ -118,3 +118,46 @@ def test_overwrite_keeps_the_new_runs_wandb_files_and_none_of_the_earlier_runs_p
     a = torch.load(out / "final_model.pt", weights_only=True)
     b = torch.load(fresh / "final_model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_run_a_live_process_writes_is_not_started_again_in_its_folder(tmp_path):
+    """The folder's run lock: while one process runs the run, a second one given the folder (to go
+    on with it, or to replace it) is refused and changes nothing; once the first has ended (here by
+    SIGKILL: the kernel lets go of the lock), the run goes on."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)}
+    base = [
+        sys.executable,
+        "-m",
+        "fedml_moon",
+        *_argv(out, "--set", "train_args.checkpoint_every=1", rounds=200),
+    ]
+    first = subprocess.Popen(base, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    at = base.index("--output-dir")
+    elsewhere = base[:at] + base[at + 2 :]  # the same run, its folder given by the option below
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "checkpoint" / "LATEST").is_file():
+            assert first.poll() is None and time.monotonic() < deadline, "the first run ended or stalled"
+            time.sleep(0.2)
+        for extra in (["--resume", str(out)], ["--output-dir", str(out), "--overwrite"]):
+            done = subprocess.run([*elsewhere, *extra], env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 2, done.stderr[-2000:]
+            assert "another process is running this run now" in done.stderr
+        assert first.poll() is None  # untouched by the refusals
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    done = subprocess.run(
+        [*elsewhere, "--resume", str(out)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == list(range(200))

@@ -195,3 +195,12 @@ def test_slurm_asked_where_it_is_not_installed_says_so_and_submits_nothing(tmp_p
     )
     assert done.returncode == 2 and "sbatch and srun must be on PATH" in done.stderr, done.stderr[-1000:]
     assert not (out / "jobs.json").exists() and not list(out.glob("*/run.log"))
+
+
+def test_wait_without_a_scheduler_is_refused(tmp_path):
+    path, out = _sweep_file(tmp_path)
+    done = subprocess.run(
+        [*FEDML_MOON, "sweep", str(path), "--wait"], capture_output=True, text=True, env=_env(tmp_path)
+    )
+    assert done.returncode == 2 and "--wait follows the jobs of --on slurm" in done.stderr
+    assert not out.exists()

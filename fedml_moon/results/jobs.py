@@ -118,7 +118,7 @@ def slurm_jobs() -> Known:
     for line in done.stdout.splitlines():
         job_id, name, state, reason = (line.split("|") + ["", "", ""])[:4]
         phase = "queued" if state in WAITING else "ended" if state in ENDED else "running"
-        word = state if reason in ("", "None") else f"{state} ({reason})"
+        word = state if reason in ("", "None") or phase != "queued" else f"{state} ({reason})"
         out[job_id.strip()] = (name, Job(phase, word))
     return out
 
@@ -273,7 +273,9 @@ def _own_word(run: Run) -> str:
     except (OSError, ValueError):
         return "ended before it started the run"
     if own.get("state") == "running":
-        return "ended without a word (cancelled, killed, or its node failed)"
+        return "its job ended before it could write how (cancelled, killed, or its node failed)"
+    if own.get("state") == "requeued":
+        return "out of time more often than slurm.timeouts_requeued allows (raise it, or slurm.time)"
     return f"{own.get('state', 'ended')}, exit code {own.get('exit_code')}"
 
 
@@ -295,5 +297,13 @@ def state_of(run: Run, record: dict[str, Any], known: Known) -> RunState:
         return RunState(own, None, _progress(run) if own == "stopped" else "")
     batch = record["batches"].get(entry.get("batch"), {})
     output = Path(batch["folder"]) / f"{job_id}_0_log.out" if batch.get("folder") else None
-    word = job.word if job is not None else _own_word(run)
+    word = _own_word(run) if job is None or _requeued(run) else job.word
     return RunState("failed", job_id, f"{word}: {last_line(run, output)}")
+
+
+def _requeued(run: Run) -> bool:
+    """Whether the run's job last stopped it to requeue (so it ended out of requeues)."""
+    try:
+        return json.loads((run.folder / "job.json").read_text()).get("state") == "requeued"
+    except (OSError, ValueError):
+        return False

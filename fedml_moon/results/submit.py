@@ -17,6 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.config import load_config
+from fedml_moon.errors import ConfigError
 from fedml_moon.results import jobs
 from fedml_moon.results.cluster import SlurmArgs, executor
 from fedml_moon.results.jobs import Known, RunState
@@ -74,6 +76,22 @@ def _submit(
     log.info("submitted %d run%s to %s: job %s", len(runs), "s" * (len(runs) != 1), on, ids)
 
 
+def check_resumes(runs: list[Run]) -> None:
+    """Refuse, before anything is submitted, a run that would go on from its checkpoint with
+    another config (a changed `--set`, sweep file or base config): its job would fail at start."""
+    from fedml_moon.engine.resume import check_resumable
+
+    for run in runs:
+        if (run.folder / "checkpoint" / "LATEST").is_file():
+            try:
+                check_resumable(run.folder, load_config(run.config, list(run.overrides)))
+            except ConfigError as err:
+                raise ConfigError(
+                    f"sweep run {run.name} would go on from its checkpoint: {err}; or remove "
+                    f"{run.folder} to start it over"
+                ) from None
+
+
 def _resolve(folder: Path, record: dict[str, Any] | None = None) -> tuple[dict[str, Any], Known]:
     """The record, its unresolved batches resolved on the scheduler and written back; and what the
     scheduler knows."""
@@ -94,6 +112,7 @@ def submit_slurm(runs: list[Run], folder: Path, args: SlurmArgs) -> int:
         record, known = _resolve(folder)
         now = _states(runs, record, known)
         todo = [r for r in runs if now[r.name].state in jobs.SUBMITTABLE]
+        check_resumes(todo)
         for start in range(0, len(todo), ARRAY_SIZE):  # Slurm's MaxArraySize is 1001 by default
             _submit(folder, record, "slurm", todo[start : start + ARRAY_SIZE], args, args.cpus_per_run)
         _summary(runs, now, todo)
@@ -112,6 +131,7 @@ def run_local(
             now = _states(runs, record, known)
             busy = sum(s.state in ("queued", "running") for s in now.values())
             todo = [r for r in runs if now[r.name].state in jobs.SUBMITTABLE and r.name not in tried]
+            check_resumes(todo)
             for run in todo[: max(0, max(1, at_once) - busy)]:
                 _submit(folder, record, "local", [run], args, threads)
                 tried.add(run.name)
@@ -140,7 +160,11 @@ def _counts(now: dict[str, RunState]) -> str:
 
 
 def _summary(runs: list[Run], now: dict[str, RunState], todo: list[Run]) -> None:
-    log.info("sweep: %d runs: %s; %d submitted now", len(runs), _counts(now), len(todo))
+    log.info("sweep: %s: %s; %d submitted now", _plural(len(runs), "run"), _counts(now), len(todo))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
 
 
 def status_lines(runs: list[Run], now: dict[str, RunState]) -> list[str]:
@@ -151,4 +175,4 @@ def status_lines(runs: list[Run], now: dict[str, RunState]) -> list[str]:
     for run in runs:
         state = now[run.name]
         rows.append(f"{run.name:<{width}}  {state.state:<8}  {state.job or '-':<12}  {state.detail}".rstrip())
-    return [head, *rows, f"{len(runs)} runs: {_counts(now)}"]
+    return [head, *rows, f"{_plural(len(runs), 'run')}: {_counts(now)}"]

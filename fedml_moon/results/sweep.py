@@ -143,7 +143,7 @@ def load_sweep(
     unknown = set(raw) - SWEEP_KEYS
     if unknown or "base" not in raw or not isinstance(raw.get("grid", {}), dict):
         raise ConfigError(
-            f"sweep file {path}: needs 'base' (a config, may contain {{algorithm}}), optional 'output', "
+            f"sweep file {path}: needs 'base' (a config; {{name}} takes a grid value), optional 'output', "
             f"'set', 'grid' (key: [values]) and 'slurm'; unknown: {', '.join(sorted(unknown)) or 'none'}"
         )
     slurm_args(raw.get("slurm"), {})  # a wrong resource fails before anything runs, as a wrong key

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     completed)."""
     if args.poll <= 0 or (args.jobs is not None and args.jobs < 1):
         raise ConfigError("--poll must be > 0 seconds and --jobs >= 1")
+    if args.wait and args.on != "slurm":
+        raise ConfigError("--wait follows the jobs of --on slurm (--on local always waits); add --on slurm")
     if args.list:
         listed = sweep.commands(sweep.load_sweep(args.sweep_file, args.output, args.overrides))
         sys.stdout.write("".join(line + "\n" for line in listed))
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if args.on == "slurm":
             submit.submit_slurm(runs, folder, _resources(args))
             if not args.wait:
-                log.info("follow it with: fedml-moon sweep %s --status", args.sweep_file)
+                log.info("follow it with: %s", _status_command(args))
                 return 0
         now = submit.wait(runs, folder, args.poll)
     for line in submit.status_lines(runs, now):
@@ -113,3 +116,10 @@ def _here(runs: list[Run], folder: Path, at_once: int) -> int:
         folder,
     )
     return 1 if outcome.failed else 0
+
+
+def _status_command(args: argparse.Namespace) -> str:
+    """The `--status` command of this sweep, as this one was typed."""
+    program = sys.argv[0] if Path(sys.argv[0]).name == "fedml-moon" else "fedml-moon"
+    output = ["--output", args.output] if args.output else []
+    return shlex.join([program, "sweep", args.sweep_file, *output, "--status"])

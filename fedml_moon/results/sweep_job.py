@@ -76,24 +76,30 @@ class SweepJob:
         if self.run.state() == "complete":  # e.g. requeued after its last checkpoint
             self._note(job=env.job_id, state="complete", exit_code=0, started=started)
             return "complete"
-        argv = self.run.argv([sys.executable, "-m", "fedml_moon"], self.threads)
         self._note(job=env.job_id, state="running", pid=os.getpid(), started=started)
+        code = self._run()
+        complete = code == 0 and self.run.state() == "complete"
+        state = "complete" if complete else "failed"
+        self._note(job=env.job_id, state=state, exit_code=code, started=started)
+        if not complete:
+            log_path = self.run.folder / "run.log"
+            raise RunFailed(f"run {self.run.name} ended with exit code {code}; see {log_path}")
+        return "complete"
+
+    def _run(self) -> int:
+        """The run's `fedml-moon simulate` (new, or `--resume`), its output in run.log; its exit code."""
+        argv = self.run.argv([sys.executable, "-m", "fedml_moon"], self.threads)
         with (self.run.folder / "run.log").open("ab") as out:
             out.write(f"$ {shlex.join(argv)}\n".encode())
             out.flush()
-            self._child = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_ignore_usr2
-            )
-            code = self._child.wait()
-        complete = code == 0 and self.run.state() == "complete"
-        self._note(
-            job=env.job_id, state="complete" if complete else "failed", exit_code=code, started=started
-        )
-        if not complete:
-            raise RunFailed(
-                f"run {self.run.name} ended with exit code {code}; see {self.run.folder / 'run.log'}"
-            )
-        return "complete"
+            child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_ignore_usr2)
+            self._child = child
+            try:
+                return child.wait()
+            except KeyboardInterrupt:  # a local sweep stopped with Ctrl-C: the run stops with it
+                _ended(child.pid, 30.0)
+                self._note(job=self._job, state="interrupted", exit_code=None)
+                raise
 
     def checkpoint(self) -> Any:
         """At the time limit or a preemption (in submitit's SIGUSR2 handler, while `__call__` waits
@@ -110,6 +116,11 @@ class SweepJob:
                 os.kill(child.pid, signal.SIGKILL)
                 _ended(child.pid, 10.0)
         self._note(job=self._job, state="requeued", exit_code=None)
+        with (self.run.folder / "run.log").open("a") as out:
+            out.write(
+                f"job {self._job} stopped the run at its time limit (or a preemption); it goes on from "
+                "the last checkpoint when the job starts again (slurm.timeouts_requeued times at most)\n"
+            )
         return DelayedSubmission(SweepJob(self.run, self.batch, self.threads, self.grace_s))
 
 

@@ -5,6 +5,7 @@ a folder that holds them unless told `--resume` (go on with that run) or `--over
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -87,25 +88,34 @@ RUN_LOCK = ".running"
 
 
 @contextmanager
-def running(out_dir: Path) -> Iterator[None]:
-    """Hold `out_dir`'s run lock while this process runs the run there: a second process given the
-    same folder (a sweep started twice, a job and a local run) is refused instead of writing the
-    same records."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / RUN_LOCK).open("a+") as handle:
+def held(path: Path, taken: Exception) -> Iterator[None]:
+    """Hold the lock file `path` (its folder made) while the block runs, writing this process's id
+    in it; `taken` raised if another process holds it. The kernel lets go of it when the holder ends,
+    even by SIGKILL."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(
-                f"{out_dir}: another process is running this run now (its records are being written); "
-                "let it end, or stop it, before starting it again"
-            ) from None
+            raise taken from None
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
+
+
+def running(out_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """Hold `out_dir`'s run lock while this process runs the run there: a second process given the
+    same folder (a sweep started twice, a job and a local run) is refused instead of writing the
+    same records."""
+    return held(
+        Path(out_dir) / RUN_LOCK,
+        ConfigError(
+            f"{out_dir}: another process is running this run now (its records are being written); "
+            "let it end, or stop it, before starting it again"
+        ),
+    )
 
 
 def in_progress(out_dir: Path) -> bool:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,30 @@ def _finished(proc: subprocess.Popen, within_s: float = 300.0) -> tuple[int, str
     return proc.returncode, err
 
 
+@contextmanager
+def _midway(s: Sweep, proc: subprocess.Popen, rounds: int, job: bool = True) -> Iterator[Path]:
+    """Once MOON's run has `rounds` rounds (and, with `job`, its job has noted itself): its folder;
+    `proc` killed afterwards if it still runs."""
+    moon = s.folder("moon")
+
+    def there() -> bool:
+        return len(_rounds(moon)) >= rounds and (not job or (moon / "job.json").is_file())
+
+    try:
+        _until(there, f"{rounds} round(s) of moon")
+        yield moon
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _completed_each_started_once(s: Sweep, code: int, err: str) -> None:
+    """The sweep command succeeded, every run completed with each round once, from one start."""
+    assert code == 0, err[-2000:]
+    _each_round_once(s)
+    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+
+
 def _each_round_once(s: Sweep) -> None:
     for algorithm in ("moon", "fedavg"):
         folder = s.folder(algorithm)
@@ -184,17 +209,12 @@ def _each_round_once(s: Sweep) -> None:
 def test_a_cancelled_run_is_failed_with_its_error_and_the_next_submission_resumes_it(sweep, on):
     s = sweep(8)
     first = s.submit()
-    moon = s.folder("moon")
-    try:
-        _until(lambda: len(_rounds(moon)) >= 2 and (moon / "job.json").is_file(), "two rounds of moon")
+    with _midway(s, first, 2) as moon:
         if on == "slurm":
             subprocess.run(["scancel", s.job("moon")], env=s.env, check=True)
         else:  # the local executor has no scancel: the run is stopped as Slurm stops it, by SIGTERM
             os.kill(_run_pid(moon), signal.SIGTERM)
         code, err = _finished(first)
-    finally:
-        if first.poll() is None:
-            first.kill()
     assert code == 1, err[-2000:]  # waited for, one run not complete
     state, job, detail = s.status()["algorithm=moon"]
     assert state == "failed" and job == s.job("moon")
@@ -225,9 +245,7 @@ def test_a_cancelled_run_is_failed_with_its_error_and_the_next_submission_resume
 def test_a_job_at_its_time_limit_requeues_itself_and_goes_on_from_its_checkpoint(sweep, on, request):
     s = sweep(8)
     proc = s.submit()
-    moon = s.folder("moon")
-    try:
-        _until(lambda: len(_rounds(moon)) >= 2 and (moon / "job.json").is_file(), "two rounds of moon")
+    with _midway(s, proc, 2) as moon:
         job = s.job("moon")
         if on == "slurm":  # what Slurm sends signal_delay_s before the limit (submitit's own test does this)
             subprocess.run(["scancel", "--signal=USR2", job], env=s.env, check=True)
@@ -236,9 +254,6 @@ def test_a_job_at_its_time_limit_requeues_itself_and_goes_on_from_its_checkpoint
         else:  # submitit's local controller sends the job SIGUSR2 at its time limit
             os.kill(json.loads((moon / "job.json").read_text())["pid"], signal.SIGUSR2)
         code, err = _finished(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert code == 0, err[-2000:]
     _each_round_once(s)
     starts = _starts(moon)
@@ -290,15 +305,12 @@ def test_a_submitter_killed_between_two_submissions_leaves_one_job_a_run(sweep, 
     proc = subprocess.Popen(
         s.argv("--on", "local", "--jobs", "1", "--poll", "1"), env=s.env, stderr=subprocess.DEVNULL
     )
-    moon = s.folder("moon")
-    try:  # the first run's job runs, the second is not yet submitted: kill -9 the submitter
-        _until(lambda: len(_rounds(moon)) >= 1, "the first run's first round")
+    with _midway(
+        s, proc, 1, job=False
+    ) as moon:  # the first run's job runs, the second is not yet submitted: kill -9 the submitter
         assert len(s.record()["runs"]) == 1
         proc.kill()
         proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert len(_rounds(moon)) < s.rounds  # the first job still runs, orphaned
     code, err = _finished(s.submit())
     assert code == 0, err[-2000:]
@@ -343,9 +355,7 @@ def test_a_submission_recorded_but_never_made_is_made_once(sweep, on):
     jobs.begin(record, "never", "local", runs[:1], "-", s.out / ".submitit" / "never")
     jobs.write(s.out, record)
     code, err = _finished(s.submit())
-    assert code == 0, err[-2000:]
-    _each_round_once(s)
-    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+    _completed_each_started_once(s, code, err)
     assert "never" not in s.record()["batches"]
 
 
@@ -369,9 +379,7 @@ def test_an_sbatch_that_fails_after_slurm_took_the_jobs_leaves_none_queued(sweep
     assert done.returncode == 1 and "refused the submission" in done.stderr, done.stderr[-2000:]
     assert "cancelling job" in done.stderr  # Slurm took them; they never got their runs
     code, err = _finished(s.submit())
-    assert code == 0, err[-2000:]
-    _each_round_once(s)
-    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+    _completed_each_started_once(s, code, err)
 
 
 @pytest.mark.parametrize("on", ["slurm"])
@@ -388,9 +396,7 @@ def test_a_submitter_killed_while_its_sbatch_runs_leaves_one_job_a_run(sweep, on
     assert {row[0] for row in s.status().values()} == {"queued"}  # being submitted
     _until(lambda: not jobs_submitting(s), "the orphaned sbatch", 60)
     code, err = _finished(s.submit())  # its jobs never got their runs: cancelled, submitted again
-    assert code == 0, err[-2000:]
-    _each_round_once(s)
-    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+    _completed_each_started_once(s, code, err)
 
 
 def jobs_submitting(s: Sweep) -> bool:
@@ -403,9 +409,7 @@ def jobs_submitting(s: Sweep) -> bool:
 def test_a_job_slurm_has_stopped_is_not_submitted_again_whoever_the_environment_says_we_are(sweep, on):
     s = sweep(6)
     proc = s.submit()
-    moon = s.folder("moon")
-    try:
-        _until(lambda: len(_rounds(moon)) >= 1 and (moon / "job.json").is_file(), "a round of moon")
+    with _midway(s, proc, 1):
         job = s.job("moon")
         subprocess.run(["scancel", "--signal=STOP", job], env=s.env, check=True)
         other = {**s.env, "USER": "alice", "LOGNAME": "alice"}
@@ -414,12 +418,7 @@ def test_a_job_slurm_has_stopped_is_not_submitted_again_whoever_the_environment_
         assert s.status()["algorithm=moon"][:2] == ["running", job]
         subprocess.run(["scancel", "--signal=CONT", job], env=s.env, check=True)
         code, err = _finished(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert code == 0, err[-2000:]
-    _each_round_once(s)
-    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+    _completed_each_started_once(s, code, err)
 
 
 @pytest.mark.parametrize("on", ["slurm"])
@@ -436,19 +435,12 @@ def test_a_job_that_fails_before_its_run_starts_shows_its_error(sweep, on):
 def test_runs_of_a_killed_sweep_that_still_run_are_not_started_twice(sweep, on):
     s = sweep(40)
     here = subprocess.Popen(s.argv("--jobs", "1"), env=s.env, stderr=subprocess.DEVNULL)
-    moon = s.folder("moon")
-    try:
-        _until(lambda: len(_rounds(moon)) >= 1, "a round of moon")
+    with _midway(s, here, 1, job=False):
         here.kill()  # its run goes on (a session of its own), orphaned
         here.wait()
-    finally:
-        if here.poll() is None:
-            here.kill()
     assert s.status()["algorithm=moon"][0] == "running"
     code, err = _finished(s.submit())
-    assert code == 0, err[-2000:]
-    _each_round_once(s)
-    assert all(len(_starts(s.folder(a))) == 1 for a in ("moon", "fedavg"))
+    _completed_each_started_once(s, code, err)
 
 
 @pytest.mark.parametrize("on", ["local"])
@@ -456,14 +448,9 @@ def test_a_job_out_of_time_too_often_says_so(sweep, on):
     s = sweep(40)
     s.file.write_text(s.file.read_text() + "  timeouts_requeued: 0\n")
     proc = s.submit()
-    moon = s.folder("moon")
-    try:
-        _until(lambda: len(_rounds(moon)) >= 1 and (moon / "job.json").is_file(), "a round of moon")
+    with _midway(s, proc, 1) as moon:
         os.kill(json.loads((moon / "job.json").read_text())["pid"], signal.SIGUSR2)
         code, err = _finished(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert code == 1, err[-2000:]
     state, _, detail = s.status()["algorithm=moon"]
     assert state == "failed" and "out of time more often than slurm.timeouts_requeued allows" in detail

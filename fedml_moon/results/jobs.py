@@ -18,20 +18,18 @@ A run's state, in the order it is decided:
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import pwd
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.records import in_progress
+from fedml_moon.records import held, in_progress
 from fedml_moon.results.sweep import Run
 
 RECORD = "jobs.json"
@@ -52,19 +50,13 @@ class SweepBusy(SchedulerError):
     """Another process is submitting this sweep's runs."""
 
 
-@contextmanager
-def locked(folder: Path) -> Iterator[None]:
+def locked(folder: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the sweep folder's submission lock (released by the kernel if the holder dies)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / LOCK).open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SweepBusy(
-                f"another `fedml-moon sweep` is submitting the runs of {folder}; let it finish "
-                "(or stop it) and run this again"
-            ) from None
-        yield
+    busy = SweepBusy(
+        f"another `fedml-moon sweep` is submitting the runs of {folder}; let it finish (or stop it) "
+        "and run this again"
+    )
+    return held(folder / LOCK, busy)
 
 
 def read(folder: Path) -> dict[str, Any]:

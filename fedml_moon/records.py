@@ -83,50 +83,55 @@ def replace_earlier(out_dir: Path) -> None:
     log.warning("--overwrite: removed the earlier run's records in %s (%s)", out_dir, ", ".join(found))
 
 
-RUN_LOCK = ".running"
-"""The file a standalone run holds locked while it runs (the kernel lets go of it when it ends)."""
+@contextmanager
+def held(path: Path, taken: Exception) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (a folder, or a lock file, made if missing) while the block
+    runs; `taken` raised if another process holds it. The kernel lets go of it when the holder
+    ends, even by SIGKILL."""
+    if not path.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY) if path.is_dir() else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise taken from None
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextmanager
-def held(path: Path, taken: Exception) -> Iterator[None]:
-    """Hold the lock file `path` (its folder made) while the block runs, writing this process's id
-    in it; `taken` raised if another process holds it. The kernel lets go of it when the holder ends,
-    even by SIGKILL."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise taken from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        yield
-
-
-def running(out_dir: Path) -> contextlib.AbstractContextManager[None]:
-    """Hold `out_dir`'s run lock while this process runs the run there: a second process given the
-    same folder (a sweep started twice, a job and a local run) is refused instead of writing the
-    same records."""
-    return held(
-        Path(out_dir) / RUN_LOCK,
-        ConfigError(
-            f"{out_dir}: another process is running this run now (its records are being written); "
-            "let it end, or stop it, before starting it again"
-        ),
+def running(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir`'s lock (on the folder itself: no file is added to it) while this process runs
+    the run there: a second process given the same folder (a sweep started twice, a job and a local
+    run) is refused instead of writing the same records. A folder made here that the run left empty
+    (refused before it wrote anything) is removed."""
+    out_dir = Path(out_dir)
+    made = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    busy = ConfigError(
+        f"{out_dir}: another process is running this run now (its records are being written); "
+        "let it end, or stop it, before starting it again"
     )
+    try:
+        with held(out_dir, busy):
+            yield
+    finally:
+        if made:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
 
 
 def in_progress(out_dir: Path) -> bool:
-    """Whether a live process is running the run in `out_dir` (holds its run lock)."""
-    path = Path(out_dir) / RUN_LOCK
-    if not path.is_file():
+    """Whether a live process is running the run in `out_dir` (holds its folder's lock)."""
+    if not Path(out_dir).is_dir():
         return False
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)

@@ -72,8 +72,9 @@ def _submit(
         ) from None
     jobs.assign(record, batch, [str(job.job_id) for job in submitted])
     jobs.write(folder, record)
-    ids = ", ".join(record["batches"][batch]["jobs"])
-    log.info("submitted %d run%s to %s: job %s", len(runs), "s" * (len(runs) != 1), on, ids)
+    log.info(
+        "submitted %s to %s: %s", _plural(len(runs), "run"), on, _job_text(record["batches"][batch]["jobs"])
+    )
 
 
 def check_resumes(runs: list[Run]) -> None:
@@ -161,6 +162,14 @@ def _counts(now: dict[str, RunState]) -> str:
 
 def _summary(runs: list[Run], now: dict[str, RunState], todo: list[Run]) -> None:
     log.info("sweep: %s: %s; %d submitted now", _plural(len(runs), "run"), _counts(now), len(todo))
+
+
+def _job_text(ids: list[str]) -> str:
+    """`job 12_[0-44]` for an array's tasks, else the ids."""
+    arrays = {i.split("_", 1)[0] for i in ids}
+    if len(ids) > 1 and len(arrays) == 1 and all("_" in i for i in ids):
+        return f"job {arrays.pop()}_[0-{len(ids) - 1}]"
+    return f"job {', '.join(ids)}"
 
 
 def _plural(n: int, word: str) -> str:

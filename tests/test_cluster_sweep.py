@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.results.jobs import _cmdline
 from tests import slurm_cluster
 from tests.test_sweep import SWEEP as GRID
 
@@ -127,13 +128,6 @@ def _kill_local_jobs(out: Path) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _until(condition: Callable[[], bool], what: str, within_s: float = 180.0) -> None:

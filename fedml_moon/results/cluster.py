@@ -18,7 +18,6 @@ checkpointing), up to `timeouts_requeued` times.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -170,8 +169,3 @@ def executor(on: str, folder: Path, args: SlurmArgs, name: str) -> Any:
         **common,
     )
     return ex
-
-
-def fields() -> list[str]:
-    """The `slurm:` section's keys, in order."""
-    return [f.name for f in dataclasses.fields(SlurmArgs)]

@@ -5,6 +5,7 @@ import logging
 import signal
 from collections.abc import Callable, Iterator
 
+import pytest
 import torch
 
 from fedml_moon.config_schema import TrainArgs
@@ -62,3 +63,15 @@ def restored_main() -> Iterator[Callable[[list[str]], int]]:
         root.handlers[:] = handlers
         root.setLevel(level)
         signal.signal(signal.SIGTERM, sigterm)
+
+
+# A test of what only a CUDA device runs: skipped without one, and selected by `pytest -m cuda`
+# (benchmarks/gpu_check.sh runs these on a GPU machine). For a parameter: pytest.param(..., marks=CUDA_ONLY).
+CUDA_ONLY = (pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
+
+
+def cuda_only(test: Callable) -> Callable:
+    """Mark `test` as needing a CUDA device (both marks of `CUDA_ONLY`)."""
+    for mark in CUDA_ONLY:
+        test = mark(test)
+    return test

@@ -21,9 +21,10 @@ from fedml_moon.data.datasets import DatasetTensors
 from fedml_moon.data.loader import build_fedml_dataset
 from fedml_moon.engine.batched import PartyJob, train_parties, train_party
 from fedml_moon.registry import get_algorithm
+from tests.helpers import CUDA_ONLY, cuda_only
 
 BUILT_IN = ("fedavg", "fedprox", "fedssc", "lg", "moon", "scaffold", "solo")
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+CUDA = cuda_only
 PARTIES, SAMPLED = 5, (0, 1, 3, 4)
 
 
@@ -180,7 +181,7 @@ def _tf32(on: bool) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_ONLY)])
 def test_with_tf32_batching_adds_no_error_beyond_tf32_rounding(device: str) -> None:
     """TF32 (PyTorch's default for cuDNN convolutions on Ampere and later) rounds the sequential and
     the batched (grouped) convolutions differently, so no fixed tolerance fits every GPU. The stated

@@ -9,6 +9,7 @@ import torch
 from fedml_moon.core.partition import iid_partition
 from fedml_moon.data.datasets import DatasetTensors
 from fedml_moon.data.loader import PartyLoader, build_fedml_dataset, materialize
+from tests.helpers import cuda_only
 
 
 def _indexed(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +127,7 @@ def test_several_parties_batches_made_as_one_equal_each_made_alone(kind: str) ->
     )
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@cuda_only
 def test_a_resident_loader_draws_on_the_device_and_never_waits_for_it() -> None:
     """On a GPU the party's generator, its sample indices and every batch live on the device: an
     epoch of augmented batches runs under CUDA's sync debug mode set to error."""
@@ -161,7 +162,7 @@ def test_the_plain_copy_of_a_loader_takes_its_device_indices_without_the_host() 
     assert plain.indices.dtype == torch.int64
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@cuda_only
 def test_the_plain_copy_of_a_resident_loader_stays_on_the_device() -> None:
     images = torch.arange(10, dtype=torch.uint8, device="cuda").view(10, 1, 1, 1).expand(10, 1, 2, 2)
     loader = PartyLoader(images.contiguous(), torch.arange(10, device="cuda"), np.array([7, 2, 5]), 2)
@@ -169,7 +170,7 @@ def test_the_plain_copy_of_a_resident_loader_stays_on_the_device() -> None:
     assert plain.indices.is_cuda and [y.tolist() for y in _epoch(plain)] == [[7, 2, 5]]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@cuda_only
 def test_batches_on_cuda() -> None:
     images = torch.randint(0, 256, (10, 3, 8, 8), dtype=torch.uint8)  # reflect-padding by 4: side > 4
     labels = torch.arange(10)

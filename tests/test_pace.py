@@ -12,10 +12,9 @@ from fedml_moon.config_schema import ConfigError, TrainArgs
 from fedml_moon.core.batched import auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.engine.pace import graphs_on, large, resolve_pace, together
-from tests.helpers import restored_main
+from tests.helpers import CUDA_ONLY, restored_main
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 SIMPLE = build_model("simple-cnn", (3, 32, 32), 10, use_head=True, out_dim=256)
 GB = 2**30
 

@@ -15,7 +15,8 @@ FedML start-up each), everything else as real processes. Not run inside the suit
 their contents are checked and the command main.sh execs is run), the pip installs (setup.sh runs
 them; the packages imported are this tree's), the benchmarks (measurements, minutes each at full
 scale, some for a GPU: each script exists, compiles and takes the options shown) and the
-conformance check (run as written by tests/test_contributor_kit.py). The two sweeps run with all
+conformance check (run as written by tests/test_contributor_kit.py) and the GPU checks (run as
+written, at quick scale on the CPU, by tests/test_gpu_check.py). The two sweeps run with all
 but three of their runs already complete (copies of a tiny run, so the sweep skips them): the
 commands, the skip logic and the report run for real, 3 tiny runs instead of 42.
 
@@ -318,6 +319,8 @@ COMMANDS: dict[str, str] = {
     ),
     # 21 recorded runs, 4 minutes; their digests are bitwise for one machine and PyTorch build
     ".venv/bin/python tests/recorded_runs.py --check tests/recorded_runs.json": "benchmark",
+    # every GPU check: run at quick scale on the CPU (its folder and stages given) by tests/test_gpu_check.py
+    "bash benchmarks/gpu_check.sh outputs/gpu_check": "gpu-check",
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)
     "bash run/mpirun.sh [--hostfile FILE] [NP] ARGS...": "synopsis",
     "mpirun -np NP .venv/bin/fedml-moon ARGS...": "synopsis",
@@ -405,6 +408,10 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
         compile(source, words[1], "exec")
         for option in (w for w in words[2:] if w.startswith("--")):
             assert f'"{option}"' in source, f"{command}: {words[1]} has no {option}"
+    # the GPU checks run, as written at quick scale, in tests/test_gpu_check.py
+    from tests import test_gpu_check
+
+    assert [c for c, kind in COMMANDS.items() if kind == "gpu-check"] == [test_gpu_check.COMMAND]
     # the conformance check runs, as written, in tests/test_contributor_kit.py
     from tests import test_contributor_kit
 

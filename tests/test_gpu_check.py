@@ -1,0 +1,73 @@
+"""benchmarks/gpu_check.sh, the GPU machine's checks in one command, run here on the CPU at its quick
+scale (QUICK=1): its stages run the real entry points and write their figures; a stage that needs
+FedML where FedML does not import is skipped saying why, and the others still run."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = "bash benchmarks/gpu_check.sh outputs/gpu_check"  # as docs/benchmarks.md shows it
+
+
+def _check(out: Path, *stages: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The documented command, its output folder `out`, the `stages` named, at quick scale."""
+    *words, folder = shlex.split(COMMAND)
+    assert folder == "outputs/gpu_check"
+    env = {**os.environ, "QUICK": "1", **(env or {})}
+    return subprocess.run(
+        [*words, str(out), *stages], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_the_main_job_and_a_grpc_run_with_a_silo_on_the_gpu_and_writes_figures(tmp_path):
+    done = _check(tmp_path / "out", "env", "job", "grpc")
+    assert done.returncode == 0, done.stderr
+    figures = (tmp_path / "out" / "figures.txt").read_text()
+    assert "env: fedml=0.9.6" in figures and "gpu_check: job: exit 0" in figures, figures
+    assert "gpu_check: grpc: exit 0" in figures, figures
+    job = [line for line in figures.splitlines() if line.startswith("job: ")]
+    assert any("training on cpu" in line for line in job) and any(
+        "done: final_test_acc" in line for line in job
+    )
+    # the silo asked for the GPU says which device it got; the server and the other silo stay on the CPU
+    assert "rank 1 INFO fedml_moon.adapters.run: device: cpu (no CUDA device is visible)" in figures
+    assert "rank 2 INFO fedml_moon.adapters.run: device: cpu (device_args.using_gpu: false)" in figures
+    assert (tmp_path / "out" / "runs" / "grpc" / "summary.json").is_file()
+
+
+def test_without_fedml_its_stages_are_skipped_saying_why_and_the_others_run(tmp_path):
+    blocker = tmp_path / "site"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nsys.modules['fedml'] = None  # as if not installed\n"
+    )
+    done = _check(tmp_path / "out", "env", "job", "memory", env={"PYTHONPATH": str(blocker)})
+    assert done.returncode == 0, done.stderr
+    figures = (tmp_path / "out" / "figures.txt").read_text()
+    assert "env: fedml=none" in figures, figures
+    for stage in ("job", "memory"):
+        assert f"gpu_check: {stage}: skipped: FedML does not import with Python 3." in figures, figures
+    assert not (tmp_path / "out" / "job.log").exists()
+
+
+def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path):
+    done = _check(tmp_path / "out", "envv")
+    assert done.returncode == 2
+    assert "unknown stage 'envv' (stages: env tests cnn resnet job tf32 grpc memory)" in done.stderr
+
+
+def test_a_stage_out_of_time_leaves_no_process_behind_and_the_next_stage_runs(tmp_path):
+    out = tmp_path / "out"
+    done = _check(out, "grpc", "env", env={"LIMIT_S": "4"})
+    assert done.returncode == 0, done.stderr
+    figures = (out / "figures.txt").read_text()
+    assert "gpu_check: grpc: exit 124" in figures and "env: fedml=0.9.6" in figures, figures
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes of the stage still running: {left}"

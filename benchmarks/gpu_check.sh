@@ -5,7 +5,7 @@
 #
 # Stages (each bounded by `timeout`; a stage that fails or runs out of time is noted and the next runs):
 #   env     the GPU, the driver, Python, PyTorch, and whether FedML imports      -> env.txt
-#   tests   the CUDA test cases (`pytest -m cuda`: skipped without a GPU)         -> tests.log
+#   tests   the CUDA test cases (`pytest -m cuda` over the files that hold them) -> tests.log
 #   cnn     benchmarks/gpu_round.py, the MOON paper's CIFAR-10 simple-CNN round, every mode the device
 #           runs, with the kernels' time (--profile)                               -> cnn.log
 #   resnet  the same for CIFAR-100 ResNet-50 in the modes that do not stack it     -> resnet.log
@@ -41,6 +41,9 @@ FASHION=${FASHION_MNIST_DIR:+--set data_args.data_cache_dir=$FASHION_MNIST_DIR}
 ROUNDS=$(quick 1 5)
 # QUICK: a few batches per party
 SMALL=$(quick "--set data_args.max_train_samples=640 --set data_args.max_test_samples=500 --set train_args.epochs=1" "")
+
+# The test files that hold CUDA cases (only these: the others import FedML, which may be missing).
+cuda_test_files() { grep -l -E 'cuda_only|CUDA_ONLY|^@CUDA$' tests/test_*.py; }
 
 note() { echo "gpu_check: $*" | tee -a "$OUT_DIR/figures.txt" >&2; }
 
@@ -130,7 +133,7 @@ export PY FASHION SMALL ROUNDS OUT_DIR
 for s in $STAGES; do
   case $s in
     env) env_stage ;;
-    tests) stage tests 420 "$PY" -m pytest -q -rs -m cuda -p no:cacheprovider tests ;;
+    tests) stage tests 420 "$PY" -m pytest -q -rs -m cuda -p no:cacheprovider $(cuda_test_files) ;;
     cnn) stage cnn 420 "$PY" benchmarks/gpu_round.py --setting cifar10-cnn --profile $CIFAR \
       --epochs "$(quick 1 2)" $(quick "--samples 256" "") ;;
     resnet) stage resnet 420 "$PY" benchmarks/gpu_round.py --setting cifar100-resnet50 $CIFAR --epochs 1 \

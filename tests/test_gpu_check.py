@@ -5,8 +5,10 @@ FedML where FedML does not import is skipped saying why, and the others still ru
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,23 @@ def test_a_stage_out_of_time_leaves_no_process_behind_and_the_next_stage_runs(tm
     assert "gpu_check: grpc: exit 124" in figures and "env: fedml=0.9.6" in figures, figures
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert left == [], f"processes of the stage still running: {left}"
+
+
+@pytest.mark.slow
+def test_its_tests_stage_runs_every_cuda_case_of_the_suite(tmp_path):
+    """The stage runs `pytest -m cuda` over the files that hold CUDA cases only (the others import
+    FedML, which a GPU machine's Python may lack): it must reach every case the marker selects."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    wanted = int(re.search(r"(\d+)/\d+ tests collected", listed.stdout)[1])
+    assert wanted >= 40, listed.stdout[-2000:]  # the 47 of the stacked, streams, loader and pace files
+    done = _check(tmp_path / "out", "tests")
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "out" / "tests.log").read_text()
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", log)}
+    assert counts and sum(counts.values()) == wanted, log[-2000:]

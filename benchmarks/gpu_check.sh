@@ -12,6 +12,8 @@
 #   job     the README's main job (Fashion-MNIST MOON) with no other setting, 5 rounds -> job.log
 #   tf32    the same job in train_args.precision tf32, then bf16 (accuracy and speed) -> tf32.log, bf16.log
 #   grpc    a gRPC cross-silo run on 127.0.0.1, server and silo 2 on the CPU, silo 1 on the GPU -> grpc.log
+#   networks benchmarks/networks.py --gpu: samples/s of each network, torchvision's ResNet-18 at 224 too
+#           -> networks.log
 #   memory  benchmarks/party_memory.py --gpu (state in memory vs on disk)           -> memory.log
 # The lines that carry figures (key=value, the runs' device, pace, accuracy per round, the tests' count)
 # of every stage go to figures.txt too.
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash benchmarks/gpu_check.sh OUT_DIR [STAGE ...]" >&2; exit 2; }
 OUT_DIR=$1
 shift
-STAGES=${*:-env tests cnn resnet job tf32 grpc memory}
+STAGES=${*:-env tests cnn resnet job tf32 grpc networks memory}
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 QUICK=${QUICK:-0}
 quick() { [ "$QUICK" = 1 ] && echo "$1" || echo "$2"; }
@@ -146,9 +148,11 @@ for s in $STAGES; do
         --set train_args.precision=$p
     done ;;
     grpc) have_fedml grpc && stage grpc 300 bash -c grpc_stage ;;
+    networks) have_fedml networks && stage networks 420 "$PY" benchmarks/networks.py --gpu \
+      --samples "$(quick 64 2048)" --repeats "$(quick 1 2)" ;;
     memory) have_fedml memory && stage memory 420 "$PY" benchmarks/party_memory.py --gpu \
       --parties "$(quick 4 100)" $CIFAR ;;
-    *) echo "gpu_check: unknown stage '$s' (stages: env tests cnn resnet job tf32 grpc memory)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown stage '$s' (stages: env tests cnn resnet job tf32 grpc networks memory)" >&2; exit 2 ;;
   esac
 done
 note "done: $OUT_DIR"

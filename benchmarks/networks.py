@@ -8,7 +8,8 @@ the RGB networks; the reader resizes them to each setting's side). Each setting 
 once to warm up, then --repeats epochs; the line says samples per second of the fastest. The last
 line: `<setting>=<samples/s> ...`, and the machine.
 
-Run: .venv/bin/python benchmarks/networks.py [--samples 256] [--repeats 2] [--threads 2]
+Run: .venv/bin/python benchmarks/networks.py [--samples 256] [--repeats 2] [--threads 2] [--gpu]
+(--gpu: on the GPU, device_args.using_gpu: true; where none is visible the run says so and uses the CPU)
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def epoch_rate(folder: Path, model: str, channels: int, side: int, batch: int, a
         "train_args.epochs=1",
         f"train_args.batch_size={batch}",
         f"device_args.torch_threads={args.threads}",
+        f"device_args.using_gpu={str(args.gpu).lower()}",
         "train_args.state_store=memory",
     ]
     with quiet(), tempfile.TemporaryDirectory() as out:
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=256, help="the party's training images")
     parser.add_argument("--repeats", type=int, default=2, help="timed epochs per setting (the fastest)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--gpu", action="store_true", help="train on the GPU (device_args.using_gpu: true)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rates = {}
@@ -97,6 +100,8 @@ def main() -> None:
             log.info("%s: %.1f samples/s (batch %d, %s)", name, rates[name], batch, shape)
     cpu = platform.processor() or platform.machine()
     machine = f"{cpu}, {args.threads} threads, torch {torch.__version__}"
+    if args.gpu and torch.cuda.is_available():
+        machine = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     log.info("%s (%s)", " ".join(f"{k}={v:.1f}" for k, v in rates.items()), machine)
 
 

@@ -31,7 +31,11 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash benchmarks/gpu_check.sh OUT_DIR [STAGE ...]" >&2; exit 2; }
 OUT_DIR=$1
 shift
-STAGES=${*:-env tests cnn resnet job tf32 grpc networks memory}
+ALL="env tests cnn resnet job tf32 grpc networks memory"
+STAGES=${*:-$ALL}
+for s in $STAGES; do  # every name checked before anything runs
+  [[ " $ALL " == *" $s "* ]] || { echo "gpu_check: unknown stage '$s' (stages: $ALL)" >&2; exit 2; }
+done
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 QUICK=${QUICK:-0}
 quick() { [ "$QUICK" = 1 ] && echo "$1" || echo "$2"; }
@@ -152,7 +156,6 @@ for s in $STAGES; do
       --samples "$(quick 64 2048)" --repeats "$(quick 1 2)" ;;
     memory) have_fedml memory && stage memory 420 "$PY" benchmarks/party_memory.py --gpu \
       --parties "$(quick 4 100)" $CIFAR ;;
-    *) echo "gpu_check: unknown stage '$s' (stages: env tests cnn resnet job tf32 grpc networks memory)" >&2; exit 2 ;;
   esac
 done
 note "done: $OUT_DIR"

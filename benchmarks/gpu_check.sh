@@ -7,7 +7,9 @@
 #   env     the GPU, the driver, Python, PyTorch, and whether FedML imports      -> env.txt
 #   tests   the CUDA test cases (`pytest -m cuda` over the files that hold them) -> tests.log
 #   cnn     benchmarks/gpu_round.py, the MOON paper's CIFAR-10 simple-CNN round, every mode the device
-#           runs, with the kernels' time (--profile)                               -> cnn.log
+#           runs, 2 epochs                                                        -> cnn.log
+#   kernels the same for 1 epoch under the profiler (--profile): CUDA kernel time against wall time, in
+#           the stacked, streams and one-party-graph modes                        -> kernels.log
 #   resnet  the same for CIFAR-100 ResNet-50 in the modes that do not stack it     -> resnet.log
 #   job     the README's main job (Fashion-MNIST MOON) with no other setting, 5 rounds -> job.log
 #   tf32    the same job in train_args.precision tf32, then bf16 (accuracy and speed) -> tf32.log, bf16.log
@@ -20,7 +22,7 @@
 #
 # PYTHON (default .venv/bin/python, else python3) runs everything, from this repository's root, with
 # the repository on PYTHONPATH, so a machine with PyTorch and no installed fedml_moon runs the stages
-# that need only PyTorch: env, tests, cnn, resnet. The others go through FedML (`fedml-moon`); where
+# that need only PyTorch: env, tests, cnn, kernels, resnet. The others go through FedML (`fedml-moon`); where
 # FedML does not import (FedML 0.9.6 needs Python 3.11: its wandb 0.13 needs `imp`), they are skipped
 # saying so. The data: Fashion-MNIST from FASHION_MNIST_DIR (default: Debian's folder); CIFAR from
 # CIFAR_DIR when set, else random images of CIFAR's shape (gpu_round says which).
@@ -31,7 +33,7 @@ cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash benchmarks/gpu_check.sh OUT_DIR [STAGE ...]" >&2; exit 2; }
 OUT_DIR=$1
 shift
-ALL="env tests cnn resnet job tf32 grpc networks memory"
+ALL="env tests cnn kernels resnet job tf32 grpc networks memory"
 STAGES=${*:-$ALL}
 for s in $STAGES; do  # every name checked before anything runs
   [[ " $ALL " == *" $s "* ]] || { echo "gpu_check: unknown stage '$s' (stages: $ALL)" >&2; exit 2; }
@@ -140,8 +142,10 @@ for s in $STAGES; do
   case $s in
     env) env_stage ;;
     tests) stage tests 420 "$PY" -m pytest -q -rs -m cuda -p no:cacheprovider $(cuda_test_files) ;;
-    cnn) stage cnn 420 "$PY" benchmarks/gpu_round.py --setting cifar10-cnn --profile $CIFAR \
+    cnn) stage cnn 420 "$PY" benchmarks/gpu_round.py --setting cifar10-cnn $CIFAR \
       --epochs "$(quick 1 2)" $(quick "--samples 256" "") ;;
+    kernels) stage kernels 420 "$PY" benchmarks/gpu_round.py --setting cifar10-cnn $CIFAR --epochs 1 --profile \
+      $(quick "--samples 256" "") --modes batched $(quick "" "graphs streams sequential-graphs") ;;
     resnet) stage resnet 420 "$PY" benchmarks/gpu_round.py --setting cifar100-resnet50 $CIFAR --epochs 1 \
       --samples "$(quick 320 5000)" --channels-last \
       --modes sequential sequential-bf16 $(quick "" "sequential-graphs-bf16 streams-bf16") ;;

@@ -102,13 +102,16 @@ PYTHON
 # Ask each process to stop (they write their records), then kill what is left after 15 s.
 stop_all() {
   kill "$@" 2>/dev/null
-  local pid
   for _ in $(seq 15); do
-    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && break; done
-    kill -0 "$pid" 2>/dev/null || return 0
+    any_alive "$@" || return 0
     sleep 1
   done
   kill -9 "$@" 2>/dev/null
+}
+any_alive() {
+  local pid
+  for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+  return 1
 }
 
 # The server and silo 2 on the CPU, silo 1 on the GPU (device_args.gpu_id 0), over gRPC on a free port of
@@ -132,10 +135,12 @@ grpc_stage() {
   "$PY" "${run[@]}" --rank 2 --role client --output-dir "$OUT_DIR/runs/grpc-silo2" &
   pids+=($!)
   for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
-  grep -h "final_test_acc" "$OUT_DIR/runs/grpc/summary.json" 2>/dev/null
+  # the server's final accuracy as a figure (key=value) for figures.txt
+  "$PY" -c "import json, sys; print(f\"final_test_acc={json.load(open(sys.argv[1]))['final_test_acc']}\")" \
+    "$OUT_DIR/runs/grpc/summary.json" 2>/dev/null
   return "$rc"
 }
-export -f grpc_stage stop_all
+export -f grpc_stage stop_all any_alive
 export PY FASHION SMALL ROUNDS OUT_DIR
 
 for s in $STAGES; do

@@ -98,10 +98,11 @@ def main() -> None:
             rates[name] = epoch_rate(folder, model, channels, side, batch, args)
             shape = f"{channels}x{side}x{side}"
             log.info("%s: %.1f samples/s (batch %d, %s)", name, rates[name], batch, shape)
-    cpu = platform.processor() or platform.machine()
-    machine = f"{cpu}, {args.threads} threads, torch {torch.__version__}"
     if args.gpu and torch.cuda.is_available():
         machine = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    else:
+        cpu = platform.processor() or platform.machine()
+        machine = f"{cpu}, {args.threads} threads, torch {torch.__version__}"
     log.info("%s (%s)", " ".join(f"{k}={v:.1f}" for k, v in rates.items()), machine)
 
 

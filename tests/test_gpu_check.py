@@ -4,6 +4,7 @@ FedML where FedML does not import is skipped saying why, and the others still ru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -41,7 +42,8 @@ def test_the_gpu_check_runs_the_main_job_and_a_grpc_run_with_a_silo_on_the_gpu_a
     # the silo asked for the GPU says which device it got; the server and the other silo stay on the CPU
     assert "rank 1 INFO fedml_moon.adapters.run: device: cpu (no CUDA device is visible)" in figures
     assert "rank 2 INFO fedml_moon.adapters.run: device: cpu (device_args.using_gpu: false)" in figures
-    assert (tmp_path / "out" / "runs" / "grpc" / "summary.json").is_file()
+    summary = json.loads((tmp_path / "out" / "runs" / "grpc" / "summary.json").read_text())
+    assert f"grpc: final_test_acc={summary['final_test_acc']}" in figures, figures
 
 
 def test_without_fedml_its_stages_are_skipped_saying_why_and_the_others_run(tmp_path):

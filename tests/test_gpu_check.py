@@ -52,13 +52,17 @@ def test_without_fedml_its_stages_are_skipped_saying_why_and_the_others_run(tmp_
     (blocker / "sitecustomize.py").write_text(
         "import sys\nsys.modules['fedml'] = None  # as if not installed\n"
     )
-    done = _check(tmp_path / "out", "env", "job", "memory", env={"PYTHONPATH": str(blocker)})
+    done = _check(tmp_path / "out", "env", "job", "tests", "memory", env={"PYTHONPATH": str(blocker)})
     assert done.returncode == 0, done.stderr
     figures = (tmp_path / "out" / "figures.txt").read_text()
     assert "env: fedml=none" in figures, figures
     for stage in ("job", "memory"):
         assert f"gpu_check: {stage}: skipped: FedML does not import with Python 3." in figures, figures
-    assert not (tmp_path / "out" / "job.log").exists()
+    # the CUDA tests need no FedML: collected and run (skipped here for want of a GPU), none failing
+    assert "gpu_check: tests: exit 0" in figures, (tmp_path / "out" / "tests.log").read_text()[-3000:]
+    assert re.search(r"\b4\d skipped", (tmp_path / "out" / "tests.log").read_text())
+    # only the stages named ran
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["env.txt", "figures.txt", "tests.log"]
 
 
 def test_an_unknown_stage_is_refused_naming_the_stages_before_any_runs(tmp_path):

@@ -9,9 +9,13 @@ not up yet, so the benchmark starts the server first. Bytes are counted where Fe
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import sys
 from typing import Any
+
+# FedML's generated gRPC code predates protobuf 4: it loads with protobuf's Python implementation
+os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")
 
 from fedml_moon.distributed import deploy
 

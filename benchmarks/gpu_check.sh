@@ -68,8 +68,9 @@ stage() {
 }
 
 have_fedml() {
-  "$PY" -c "import fedml" >/dev/null 2>&1 && return 0
-  note "$1: skipped: FedML does not import with $("$PY" --version 2>&1) ($("$PY" -c 'import fedml' 2>&1 | tail -n 1))"
+  local parts="import fedml_moon.distributed.managers, fedml_moon.adapters.trainer"  # FedML's parts, as a run
+  "$PY" -c "$parts" >/dev/null 2>&1 && return 0
+  note "$1: skipped: FedML's parts do not import with $("$PY" --version 2>&1) ($("$PY" -c "$parts" 2>&1 | tail -n 1))"
   return 1
 }
 
@@ -89,9 +90,10 @@ if cuda:
     p = torch.cuda.get_device_properties(0)
     print(f"device={p.name.replace(' ', '_')} sms={p.multi_processor_count} memory_gib={p.total_memory / 2**30:.1f}")
 try:
-    import fedml
+    import fedml_moon.distributed.managers  # noqa: F401 (FedML's parts, as a run imports them)
+    from importlib.metadata import version
 
-    print(f"fedml={fedml.__version__}")
+    print(f"fedml={version('fedml')} numpy={version('numpy')}")
 except Exception as exc:  # any failure to import is the answer
     print(f"fedml=none ({type(exc).__name__}: {exc})")
 PYTHON

@@ -1,4 +1,5 @@
-"""Tests for fedml_moon.adapters.compat: each test guards one FedML 0.9.6 defect the module works around."""
+"""Tests for fedml_moon.adapters.compat: FedML 0.9.6's parts without its package `__init__`s, and its
+runner's writes kept in the run's folder."""
 
 from __future__ import annotations
 
@@ -8,42 +9,38 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from fedml_moon.adapters import compat
 
-_NETWORK_EVENTS = frozenset({"socket.getaddrinfo", "socket.connect", "socket.gethostbyname"})
-_AUDIT: dict[str, Any] = {"installed": False, "recording": False, "events": []}
+ROOT = Path(__file__).resolve().parents[1]
 
-SIMULATION = {"training_type": "simulation", "backend": "sp"}
-CROSS_SILO_SERVER = {"training_type": "cross_silo", "backend": "GRPC", "rank": 0}
-CROSS_SILO_CLIENT = {"training_type": "cross_silo", "backend": "GRPC", "rank": 1}
+# What a server or silo process imports of FedML, and what the probe reports of the process after.
+PARTS_PROBE = textwrap.dedent(
+    """
+    import json, sys
+    import fedml_moon.adapters.aggregator, fedml_moon.adapters.trainer, fedml_moon.distributed.managers
+    from fedml.runner import FedMLRunner
+    import fedml, fedml.core, fedml.core.mlops
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("fedml", "wandb", "pandas", "sklearn"))
+    json.dump({
+        "loaded": loaded,
+        "fedml_init_ran": "init" in vars(fedml),
+        "core_init_ran": "ClientTrainer" in vars(fedml.core),
+        "mlops_init_ran": "log" in vars(fedml.core.mlops),
+    }, sys.stdout)
+    """
+)
 
 
-def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
-    if _AUDIT["recording"] and event in _NETWORK_EVENTS:
-        _AUDIT["events"].append((event, repr(args)[:200]))
-
-
-@contextmanager
-def _network_events() -> Iterator[list[tuple[str, str]]]:
-    """Record the network audit events raised in the block (audit hooks cannot be removed: gate one)."""
-    if not _AUDIT["installed"]:
-        sys.addaudithook(_audit_hook)
-        _AUDIT["installed"] = True
-    events: list[tuple[str, str]] = []
-    _AUDIT["events"] = events
-    _AUDIT["recording"] = True
-    try:
-        yield events
-    finally:
-        _AUDIT["recording"] = False
+def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter: what a process imports is only visible from its start."""
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 class _NoopFlow:
@@ -53,222 +50,81 @@ class _NoopFlow:
         return None
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A throwaway $HOME, so the real one is never touched even if a workaround fails."""
-    path = tmp_path / "home"
-    path.mkdir()
-    monkeypatch.setenv("HOME", str(path))
-    return path
+def test_a_process_imports_fedmls_parts_only(tmp_path: Path) -> None:
+    """The trainer, aggregator, managers and runner import without FedML's package __init__ (its
+    scheduler, MLOps and device modules, wandb internals), and without pandas or scikit-learn."""
+    proc = _python(PARTS_PROBE, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout)
+    assert not found["fedml_init_ran"] and not found["mlops_init_ran"]
+    assert found["core_init_ran"]  # FedML's algorithm frame (ClientTrainer, ServerAggregator) runs whole
+    loaded = found["loaded"]
+    assert "fedml.core.distributed.fedml_comm_manager" in loaded and "fedml.runner" in loaded
+    for never in ("fedml.computing", "fedml.core.mlops.stats_impl", "fedml.core.mlops.mlops_runtime_log"):
+        assert not any(m == never or m.startswith(never + ".") for m in loaded), never
+    assert not [m for m in loaded if m.split(".")[0] in ("wandb", "pandas", "sklearn")], loaded
+    assert proc.stderr == "", proc.stderr  # no import warnings either
 
 
-@pytest.fixture
-def fedml_home(tmp_path: Path, home: Path) -> Path:
-    """The directory FedML should use instead of ~/.fedml; importing FedML here keeps it out of timings."""
-    import fedml  # noqa: F401
-
-    return tmp_path / "run" / ".fedml"
-
-
-@pytest.mark.parametrize(
-    "kind",
-    [SIMULATION, CROSS_SILO_SERVER, CROSS_SILO_CLIENT],
-    ids=["sp", "cross_silo_server", "cross_silo_client"],
-)
-def test_init_makes_no_network_call(fedml_home: Path, kind: dict[str, Any]) -> None:
-    """Guards fetch_config's five untimed POSTs to FedML's config server, and check_env's network probes."""
-    args = compat.minimal_fedml_args(**kind)
-    with _network_events() as events:
-        start = time.perf_counter()
-        out = compat.init_fedml(args, fedml_home)
-        elapsed = time.perf_counter() - start
-    assert events == []
-    assert elapsed < 2.0
-    assert out.device_id == compat.LOCAL_DEVICE_ID
+def test_fedmls_whole_package_fails_naming_why(tmp_path: Path) -> None:
+    """Canary: FedML's whole package (fedml.init, MLOps) still needs the 2022 libraries it pins (wandb
+    internals current wandb lacks), which is why the plugin imports its parts only. If an upgrade makes
+    it import, this fails, and the docs' statement can change."""
+    proc = _python("import fedml_moon, fedml; fedml.init", tmp_path)
+    assert proc.returncode != 0
+    assert "fedml.init needs fedml/__init__.py, which failed to import" in proc.stderr
+    assert "docs/explanation/fedml-compat.md" in proc.stderr
 
 
-def test_init_leaves_logging_and_streams_alone(fedml_home: Path) -> None:
-    """Guards fedml.init's log setup (root handlers, stdout.write, excepthook) and implicit basicConfig."""
-    root = logging.getLogger()
-    saved_handlers, saved_level = root.handlers[:], root.level
-    root.handlers[:] = []  # with no handlers, FedML's logging.info(...) runs logging.basicConfig()
-    root.setLevel(logging.ERROR)
-    try:
-        before = (
-            logging.root,
-            root.handlers[:],
-            root.level,
-            sys.stdout.write,
-            sys.stderr.write,
-            sys.excepthook,
-        )
-        compat.init_fedml(compat.minimal_fedml_args(), fedml_home)
-        after = (
-            logging.root,
-            root.handlers[:],
-            root.level,
-            sys.stdout.write,
-            sys.stderr.write,
-            sys.excepthook,
-        )
-    finally:
-        root.handlers[:] = saved_handlers
-        root.setLevel(saved_level)
-    assert after == before
-
-
-def test_init_writes_nothing_in_cwd(
-    fedml_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Guards should_init_logs=True, whose log setup runs before log_file_dir is set and creates ./logs."""
-    from fedml.core.mlops.mlops_runtime_log import MLOpsRuntimeLog
-
-    monkeypatch.setattr(MLOpsRuntimeLog, "_log_sdk_instance", None)  # FedML keeps the first one it made
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    compat.init_fedml(compat.minimal_fedml_args(), fedml_home)
-    assert list(cwd.iterdir()) == []
-
-
-def test_init_prints_nothing(fedml_home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Guards fedml.init's print of client_id_list for cross-silo runs (logged at debug level instead)."""
-    compat.init_fedml(compat.minimal_fedml_args(**CROSS_SILO_SERVER), fedml_home)
-    assert capsys.readouterr().out == ""
-
-
-@pytest.mark.parametrize("caller_value", [None, "dev"])
-def test_init_does_not_leak_fedml_env(
-    fedml_home: Path, monkeypatch: pytest.MonkeyPatch, caller_value: str | None
-) -> None:
-    """Guards fedml.init's `.env` loading (override=True) and its FEDML_ENV_VERSION write into os.environ."""
-    services = fedml_home / "global_services"
-    services.mkdir(parents=True)
-    (services / ".env").write_text("FEDML_ENV_VERSION='release'\nFEDML_MOON_TEST_KEY='from-env-file'\n")
-    monkeypatch.delenv("FEDML_MOON_TEST_KEY", raising=False)
-    if caller_value is None:
-        monkeypatch.delenv("FEDML_ENV_VERSION", raising=False)
-    else:
-        monkeypatch.setenv("FEDML_ENV_VERSION", caller_value)
-    compat.init_fedml(compat.minimal_fedml_args(), fedml_home)
-    assert os.environ.get("FEDML_ENV_VERSION") == caller_value
-    assert "FEDML_MOON_TEST_KEY" not in os.environ
-
-
-def test_fedml_files_stay_in_fedml_home(fedml_home: Path, home: Path) -> None:
-    """Guards FedML's writes under ~/.fedml (run dirs, device ids, .env, FedMLRunner's fedml_trace/<pid>)."""
-    args = compat.init_fedml(compat.minimal_fedml_args(), fedml_home)
+def test_a_probe_of_a_deferred_package_runs_nothing() -> None:
+    """copy, pickle and inspect look up dunder names: those never run a package's __init__."""
     import fedml
 
-    fedml.FedMLRunner(args, None, None, None, algorithm_flow=_NoopFlow()).run()
+    assert compat.use_fedml_parts()
+    assert not hasattr(fedml, "__wrapped__") and not hasattr(fedml, "__deepcopy__")
+    assert "init" not in vars(fedml)
+
+
+def test_fedml_files_stay_in_fedml_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guards FedMLRunner.run's write of ~/.fedml/fedml_trace/<pid>."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    fedml_home = tmp_path / "run" / ".fedml"
+    compat.run_flow(_NoopFlow(), fedml_home, compat.minimal_fedml_args())
     assert list(home.iterdir()) == []
     assert (fedml_home / "fedml_trace" / str(os.getpid())).is_file()
-    assert (fedml_home / "global_services" / ".env").is_file()
-    assert Path(args.current_running_dir).is_relative_to(fedml_home)
-    assert Path(args.log_file_dir).is_relative_to(fedml_home / "fedml-server")
 
 
-def test_offline_fetch_config_keeps_fedml_attributes(fedml_home: Path) -> None:
-    """Guards that replacing fetch_config (network defect) still sets the attributes FedML reads later."""
-    args = compat.init_fedml(compat.minimal_fedml_args(**CROSS_SILO_CLIENT), fedml_home)
-    assert Path(args.log_file_dir).is_relative_to(fedml_home / "fedml-client")
-    assert (args.version, args.config_version, args.cloud_region) == ("release", "release", "")
-    assert args.os_name and args.device_id == compat.LOCAL_DEVICE_ID
-
-
-def test_apply_workarounds_is_idempotent_and_recorded(fedml_home: Path, tmp_path: Path) -> None:
+def test_redirect_home_is_idempotent_and_moves(tmp_path: Path) -> None:
     """Guards against double patching; a second call with another home moves the ~ redirect."""
-    compat.apply_workarounds(fedml_home)
+    compat.redirect_home(tmp_path / "one" / ".fedml")
     other = tmp_path / "other" / ".fedml"
-    compat.apply_workarounds(other)
+    compat.redirect_home(other)
     import fedml.runner
 
     assert fedml.runner.expanduser("~/.fedml") == str(other)
-    assert len(compat.PATCHED_NAMES) == 1 + len(compat.HOME_REDIRECTED_MODULES)
-    with pytest.raises(ValueError):
-        compat.apply_workarounds(tmp_path / "not-dot-fedml")
+    assert fedml.runner.expanduser("~user/x") == os.path.expanduser("~user/x")
+    assert len(compat.PATCHED_NAMES) == len(compat.HOME_REDIRECTED_MODULES)
+    with pytest.raises(ValueError, match="named '.fedml'"):
+        compat.redirect_home(tmp_path / "not-dot-fedml")
 
 
-def test_version_mismatch_warns(
-    fedml_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_version_mismatch_warns(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Guards against silently running the 0.9.6 workarounds on another FedML version."""
-    import fedml
-
-    monkeypatch.setattr(fedml, "__version__", "0.9.7")
+    real = compat.importlib.metadata.version
+    monkeypatch.setattr(compat.importlib.metadata, "version", lambda name: "0.9.7")
     with caplog.at_level(logging.WARNING, logger=compat.__name__):
-        compat.apply_workarounds(fedml_home)
+        assert not compat.check_fedml_version()
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("0.9.7" in m and compat.FEDML_VERSION in m for m in messages)
-    monkeypatch.setattr(fedml, "__version__", compat.FEDML_VERSION)
+    monkeypatch.setattr(compat.importlib.metadata, "version", real)
     assert compat.check_fedml_version()
 
 
 def test_minimal_fedml_args_defaults_and_overrides() -> None:
-    """Guards the fields fedml.init/FedMLRunner read without a default (rank, role, worker_num, run_id)."""
+    """Guards the fields FedML's pieces read without a default (rank, role, worker_num, run_id)."""
     args = compat.minimal_fedml_args(rank=2, client_num_per_round=5, model="resnet")
     assert (args.rank, args.role, args.worker_num, args.model, args.run_id) == (2, "client", 5, "resnet", "0")
     assert compat.minimal_fedml_args().role == "server"
     assert compat.minimal_fedml_args(role="client", worker_num=1).worker_num == 1
-
-
-_UNPATCHED_PROBE = textwrap.dedent(
-    """
-    import json, os, sys
-
-    class NetworkAttempt(BaseException):
-        pass
-
-    def hook(event, args):
-        if event == "socket.getaddrinfo":
-            raise NetworkAttempt(args[0])
-
-    import fedml
-    from fedml_moon.adapters.compat import minimal_fedml_args
-
-    hooks = (sys.excepthook, sys.stdout.write)
-    sys.addaudithook(hook)
-    network = None
-    try:
-        fedml.init(minimal_fedml_args())
-    except NetworkAttempt as exc:
-        network = str(exc)
-    result = {
-        "network": network,
-        "excepthook_changed": sys.excepthook is not hooks[0],
-        "stdout_write_changed": sys.stdout.write != hooks[1],
-        "home_written": os.path.isdir(os.path.join(os.environ["HOME"], ".fedml")),
-    }
-    with open(sys.argv[1], "w") as f:
-        json.dump(result, f)
-    """
-)
-
-
-def test_unpatched_fedml_still_has_the_defects(tmp_path: Path) -> None:
-    """Canary: plain fedml.init still goes online, takes over logging and writes ~/.fedml.
-
-    When a FedML upgrade fixes these, this test fails and the matching workaround can be dropped.
-    """
-    home = tmp_path / "home"
-    home.mkdir()
-    repo_root = Path(compat.__file__).resolve().parents[2]
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(repo_root)}
-    env.pop("FEDML_ENV_VERSION", None)
-    out = tmp_path / "result.json"
-    proc = subprocess.run(
-        [sys.executable, "-c", _UNPATCHED_PROBE, str(out)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(out.read_text())
-    assert result == {
-        "network": "open.fedml.ai",
-        "excepthook_changed": True,
-        "stdout_write_changed": True,
-        "home_written": True,
-    }

@@ -178,6 +178,7 @@ def _idle_cpu(cmd: list[str], ready: str, log_path: Path, env: dict, seconds: fl
 FEDML_GRPC_IDLE = textwrap.dedent(
     """
     import sys
+    import fedml_moon  # FedML's parts without its package __init__ (which needs FedML's 2022 pins)
     from fedml.core.distributed.communication.grpc.grpc_comm_manager import GRPCCommManager
     m = GRPCCommManager(sys.argv[1], client_rank=0, client_num=1)
     m.add_observer(type("Quiet", (), {"receive_message": lambda self, kind, msg: None})())
@@ -210,8 +211,10 @@ def test_a_waiting_grpc_silo_does_not_spin_but_fedmls_own_grpc_manager_does(tmp_
     fedml_cfg.write_text(f"eid,rank,grpc_server_ip,grpc_server_port\n0,0,127.0.0.1,{port}\n")
     script = tmp_path / "fedml_grpc_idle.py"
     script.write_text(FEDML_GRPC_IDLE)
+    # FedML's generated gRPC code predates protobuf 4: it loads with protobuf's Python implementation
+    old_stubs = {**env, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
     theirs = _idle_cpu(
-        [sys.executable, str(script), str(fedml_cfg), str(port)], "idle now", tmp_path / "f.log", env
+        [sys.executable, str(script), str(fedml_cfg), str(port)], "idle now", tmp_path / "f.log", old_stubs
     )
     print(f"idle CPU over 4 s: plugin silo {ours:.3f} s, FedML gRPC manager {theirs:.3f} s")  # noqa: T201
     assert ours < 0.2, f"an idle silo used {ours:.2f} CPU seconds in 4 s"
@@ -225,15 +228,15 @@ def test_a_waiting_grpc_silo_does_not_spin_but_fedmls_own_grpc_manager_does(tmp_
 def test_fedml_backends_still_unpickle_and_refuse_own_backends():
     """Canary: why the plugin routes around FedML 0.9.6's transports. If one of these stops holding
     after an upgrade, the workaround can be revisited."""
-    import inspect
+    import importlib.util
 
-    from fedml.core.distributed.communication.grpc.grpc_comm_manager import GRPCCommManager
-    from fedml.core.distributed.communication.mpi.mpi_receive_thread import MPIReceiveThread
-    from fedml.core.distributed.communication.s3 import remote_storage
+    def source(module: str) -> str:  # read, not imported: FedML's gRPC stubs need protobuf < 4 to import
+        return Path(importlib.util.find_spec(module).origin).read_text()
 
-    assert "pickle.loads" in inspect.getsource(GRPCCommManager.message_handling_subroutine)
-    assert "self.comm.recv()" in inspect.getsource(MPIReceiveThread.run)  # mpi4py's pickled receive
-    assert "pickle.load" in inspect.getsource(remote_storage.S3Storage.read_model)
+    communication = "fedml.core.distributed.communication"
+    assert "pickle.loads" in source(f"{communication}.grpc.grpc_comm_manager")
+    assert "self.comm.recv()" in source(f"{communication}.mpi.mpi_receive_thread")  # mpi4py's pickled receive
+    assert "pickle.load" in source(f"{communication}.s3.remote_storage")
     from fedml.core.distributed.fedml_comm_manager import FedMLCommManager
 
     class Plain(FedMLCommManager):

@@ -1,42 +1,39 @@
-"""Every workaround the plugin needs for FedML 0.9.6; nothing else in the project patches FedML.
+"""Every workaround the plugin needs for FedML 0.9.6; nothing else in the project patches FedML or any
+other third-party library.
 
-The defects, all on the path `fedml.init(...)` -> `fedml.FedMLRunner(...).run()`:
+FedML 0.9.6 is the host: the plugin's trainer and aggregator are its `ClientTrainer` and
+`ServerAggregator`, its managers are `FedMLCommManager`s exchanging FedML `Message`s, and every run goes
+through `FedMLRunner(..., algorithm_flow=...)`. Those pieces import on Python 3.11 to 3.13 beside
+NumPy 2, a current wandb, protobuf and paho-mqtt 2; the rest of FedML does not, and is not imported:
 
-* `fedml.core.mlops.fetch_config` POSTs to FedML's cloud config endpoint up to five times, with no
-  timeout and whatever `using_mlops` says (2.5 s where DNS fails fast, minutes where packets are
-  dropped). It is replaced by `_offline_fetch_config`, which sets the same attributes offline.
-* FedML writes under `~/.fedml` (run dirs, device id files, a `.env`, `fedml_trace/<pid>`). The
-  module-level `expanduser` names of the modules in `HOME_REDIRECTED_MODULES` are pointed at the
-  parent of the caller's `fedml_home`, so FedML's `~/.fedml` tree becomes `fedml_home`.
-* `fedml.init` loads that `.env` into `os.environ` with override=True and adds FEDML_ENV_VERSION;
-  `init_fedml` puts `os.environ` back as it found it (except `KEPT_ENV_KEYS`).
-* `should_init_logs=True` replaces the root logger, `sys.stdout.write` and `sys.excepthook`, and
-  FedML's root-level `logging.info` calls run `logging.basicConfig` when the root logger has no
-  handlers; `init_fedml` passes `should_init_logs=False` and restores anything still changed.
-* `check_env=True` runs `collect_env()` (prints, probes the network) for non-simulation runs;
-  `init_fedml` passes `check_env=False`. FedML's `print` calls during init go to a debug log, and so
-  does its root-level `args.rank = 0, args.worker_num = ...` line (every process initialises FedML as
-  a one-process simulation, so a silo would announce rank 0).
-* Importing FedML warns that `pkg_resources` is deprecated, and importing `requests` (which FedML
-  does) warns that its urllib3 / chardet versions are not the ones it was tested with, in every
-  process. `quiet_import_warnings` (run when `fedml_moon` is imported) ignores exactly these two.
-
-`import fedml` takes seconds, so FedML is imported inside functions only.
+* `import fedml` runs `fedml/__init__.py`, which imports FedML's scheduler, MLOps, device and
+  environment modules (about 6 s and 1 GB), and through `fedml.core.mlops` wandb internals that current
+  wandb releases no longer have (`wandb.sdk.internal.ipu`, `.tpu`, `.settings_static`,
+  `wandb.vendor.pynvml`). Importing any `fedml.x.y` runs the `__init__` of every package above it
+  first. `use_fedml_parts` registers `fedml`, `fedml.core` and `fedml.core.mlops` (FEDML_PARTS) as
+  packages whose `__init__` runs at the first use of a name it defines, not when a submodule is
+  imported: `fedml.core.distributed...` and `fedml.runner` import without `fedml/__init__.py`, and
+  `from fedml.core import ClientTrainer` runs `fedml/core/__init__.py` (FedML's algorithm frame: a
+  second) with `fedml.core.mlops` still unrun. `fedml_moon/__init__.py` calls it, before anything
+  imports FedML.
+* `fedml.init` is therefore not called. What it did for the plugin's processes (seeding the global
+  generators, which every run seeds itself; FedML's MLOps and device set-up, which the plugin turns
+  off) is not needed; what it did wrong (five untimed POSTs to FedML's cloud, writes under `~/.fedml`,
+  its own root logger and excepthook) is gone with it.
+* `FedMLRunner.run` writes `~/.fedml/fedml_trace/<pid>`: `run_flow` points the `expanduser` of
+  `fedml.runner` at the run's own `.fedml` folder, so FedML's `~/.fedml` is that folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import io
+import importlib.machinery
+import importlib.metadata
+import importlib.util
 import logging
 import os
-import platform
 import sys
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -46,66 +43,18 @@ log = logging.getLogger(__name__)
 FEDML_VERSION = "0.9.6"
 """The FedML version the workarounds below were written against and measured on."""
 
-LOCAL_DEVICE_ID = "fedml-moon-local"
-"""The device id `_offline_fetch_config` reports (FedML would derive one from the hardware)."""
+FEDML_PARTS: tuple[str, ...] = ("fedml", "fedml.core", "fedml.core.mlops")
+"""FedML packages whose `__init__` waits for the first use of a name it defines (`use_fedml_parts`)."""
 
-HOME_REDIRECTED_MODULES: tuple[str, ...] = (
-    "fedml.runner",
-    "fedml.computing.scheduler.slave.client_constants",
-    "fedml.computing.scheduler.master.server_constants",
-    "fedml.computing.scheduler.comm_utils.sys_utils",
-    "fedml.core.distributed.communication.s3.remote_storage",
-)
-"""FedML modules on the init/run path (simulation and cross-silo) whose `expanduser` is redirected."""
+HOME_REDIRECTED_MODULES: tuple[str, ...] = ("fedml.runner",)
+"""FedML modules on the plugin's path that write under `~/.fedml`; their `expanduser` is redirected."""
 
-PATCHED_NAMES: tuple[str, ...] = ("fedml.core.mlops.fetch_config",) + tuple(
-    f"{module}.expanduser" for module in HOME_REDIRECTED_MODULES
-)
-"""Every FedML attribute `apply_workarounds` replaces, as `module.name`."""
+PATCHED_NAMES: tuple[str, ...] = tuple(f"{module}.expanduser" for module in HOME_REDIRECTED_MODULES)
+"""Every FedML attribute `redirect_home` replaces, as `module.name`."""
 
-KEPT_ENV_KEYS: tuple[str, ...] = ("KMP_DUPLICATE_LIB_OK",)
-"""Variables `fedml.init` sets on purpose and `init_fedml` leaves set (FedML's guard against the
-duplicate-OpenMP-runtime abort; a process setting, not FedML configuration)."""
 
 _FEDML_HOME_NAME = ".fedml"
 _MISSING = object()
-
-IGNORED_IMPORT_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
-    # requests' RequestsDependencyWarning (its class cannot be named without importing requests)
-    (r"urllib3 \(.*\) or chardet \(.*\)/charset_normalizer \(.*\) doesn't match", Warning, r"requests\Z"),
-    # FedML's `from pkg_resources import parse_version` (setuptools' deprecation notice)
-    (r"pkg_resources is deprecated as an API", UserWarning, r"fedml(\.|\Z)"),
-)
-"""(message, category, module) regular expressions of the warnings `quiet_import_warnings` ignores."""
-
-
-CHILD_WARNINGS: tuple[str, ...] = (
-    "ignore:urllib3 (:Warning",
-    "ignore:pkg_resources is deprecated as an API:UserWarning",
-)
-"""The same two warnings as `PYTHONWARNINGS` entries (message prefixes), for the Python processes this
-one starts (W&B's service process imports requests and pkg_resources too)."""
-
-
-def quiet_import_warnings() -> None:
-    """Ignore the two warnings every process printed on importing FedML (IGNORED_IMPORT_WARNINGS), in
-    this process and, through PYTHONWARNINGS, in the Python processes it starts; must run before
-    `requests` and `fedml` are imported (`fedml_moon/__init__.py` does it)."""
-    for message, category, module in IGNORED_IMPORT_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category, module=module)
-    entries = [e for e in os.environ.get("PYTHONWARNINGS", "").split(",") if e]
-    os.environ["PYTHONWARNINGS"] = ",".join(entries + [e for e in CHILD_WARNINGS if e not in entries])
-
-
-class _RankLineToDebug(logging.Filter):
-    """On the root logger during `fedml.init`: its `args.rank = ...` info line goes to a debug log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if message.startswith("args.rank = ") and f"{os.sep}fedml{os.sep}" in record.pathname:
-            log.debug("fedml.init logged: %s", message)
-            return False
-        return True
 
 
 class _HomeRedirect:
@@ -128,11 +77,59 @@ class _HomeRedirect:
 _HOME_REDIRECT = _HomeRedirect()
 
 
+def _deferred_package(name: str, path: list[str] | None) -> ModuleType | None:
+    """Register package `name` (found on `path`) with its `__init__` not yet run; the first lookup of a
+    name the module lacks runs it, in the same module object, and answers from it."""
+    spec = importlib.machinery.PathFinder.find_spec(name, path)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+
+    def complete(attr: str) -> Any:
+        if attr.startswith("__"):  # probes (copy, pickle, inspect) never run a package's __init__
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        del module.__dict__["__getattr__"]
+        log.debug("running %s/__init__.py (for %s)", name, attr)
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except ImportError as err:
+            raise ImportError(
+                f"{name}.{attr} needs {name}/__init__.py, which failed to import ({err}); fedml_moon "
+                "uses FedML's trainer, aggregator, managers and runner only, and FedML's full package "
+                "needs the 2022 libraries it pins (docs/explanation/fedml-compat.md)"
+            ) from err
+        return getattr(module, attr)
+
+    module.__getattr__ = complete  # type: ignore[method-assign]
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        sys.modules[parent].__dict__.setdefault(child, module)
+    return module
+
+
+def use_fedml_parts() -> bool:
+    """Let FedML's parts import without FedML's package `__init__`s (see FEDML_PARTS); idempotent.
+
+    Does nothing when FedML is already imported (a user's `import fedml` first keeps FedML whole) or
+    not installed. Returns whether the parts are registered now."""
+    if FEDML_PARTS[0] in sys.modules:
+        return all(part in sys.modules for part in FEDML_PARTS)
+    path: list[str] | None = None
+    for name in FEDML_PARTS:
+        module = _deferred_package(name, path)
+        if module is None:
+            return False
+        path = list(module.__path__)
+    return True
+
+
 def check_fedml_version() -> bool:
     """Return True when the installed FedML is `FEDML_VERSION`; otherwise log a warning and return False."""
-    import fedml
-
-    installed = str(getattr(fedml, "__version__", "unknown"))
+    try:
+        installed = importlib.metadata.version("fedml")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "not installed"
     if installed == FEDML_VERSION:
         return True
     log.warning(
@@ -145,31 +142,9 @@ def check_fedml_version() -> bool:
     return False
 
 
-def _offline_fetch_config(args: Any, version: str = "release") -> bool:
-    """Offline `fedml.core.mlops.fetch_config`: the attributes FedML sets before its network loop, no network.
-
-    Returns False, as FedML's own function does when the config server cannot be reached (in which
-    case it sets no mqtt/s3 config paths and no `log_server_url` either).
-    """
-    from fedml.computing.scheduler.master.server_constants import ServerConstants
-    from fedml.computing.scheduler.slave.client_constants import ClientConstants
-
-    system = platform.system()
-    args.current_running_dir = ClientConstants.get_fedml_home_dir()
-    args.os_name = "MacOS" if system == "Darwin" else system
-    args.version = version
-    constants = ServerConstants if args.rank == 0 else ClientConstants
-    args.log_file_dir = constants.get_log_file_dir()
-    args.device_id = LOCAL_DEVICE_ID
-    args.config_version = version
-    args.cloud_region = ""
-    log.debug("FedML config fetch skipped (offline); log_file_dir=%s", args.log_file_dir)
-    return False
-
-
 def _replace(module: ModuleType, name: str, replacement: object) -> None:
     """Set `module.name` to `replacement` unless it already is; fail loudly if FedML lacks the name."""
-    current = getattr(module, name, _MISSING)
+    current = module.__dict__.get(name, _MISSING)
     if current is replacement:
         return
     if current is _MISSING:
@@ -178,131 +153,34 @@ def _replace(module: ModuleType, name: str, replacement: object) -> None:
     log.debug("patched %s.%s", module.__name__, name)
 
 
-def apply_workarounds(fedml_home: Path) -> None:
-    """Patch FedML (idempotent): no config fetch over the network, and `fedml_home` in place of `~/.fedml`.
+def redirect_home(fedml_home: Path) -> None:
+    """Point FedML's `~/.fedml` at `fedml_home` (idempotent; a later call moves it).
 
-    FedML builds every path as `join(expanduser("~"), ".fedml", ...)`, so `fedml_home` must be named
-    `.fedml`; `~` is redirected to its parent. A later call with another `fedml_home` moves the redirect.
-    """
+    FedML builds its paths as `join(expanduser("~"), ".fedml", ...)`, so `fedml_home` must be named
+    `.fedml`; `~` is redirected to its parent in the modules of HOME_REDIRECTED_MODULES."""
     fedml_home = Path(os.path.abspath(fedml_home))
     if fedml_home.name != _FEDML_HOME_NAME:
         raise ValueError(f"fedml_home must be a directory named {_FEDML_HOME_NAME!r}, got {fedml_home}")
     check_fedml_version()
     _HOME_REDIRECT.home = fedml_home.parent
-    _replace(importlib.import_module("fedml.core.mlops"), "fetch_config", _offline_fetch_config)
     for module_name in HOME_REDIRECTED_MODULES:
         _replace(importlib.import_module(module_name), "expanduser", _HOME_REDIRECT)
 
 
-def _write_override(stream: object) -> object:
-    """The instance-level `write` set on a stream (as FedML's log setup does), or `_MISSING`."""
-    return getattr(stream, "__dict__", {}).get("write", _MISSING)
+def run_flow(
+    flow: Any, fedml_home: Path, args: Any, device: Any = None, dataset: Any = None, model: Any = None
+) -> None:
+    """Run `flow` (an object with `run()`) through FedML's `FedMLRunner(args, device, dataset, model,
+    algorithm_flow=flow).run()`, FedML's `~/.fedml` being `fedml_home`."""
+    redirect_home(fedml_home)
+    from fedml.runner import FedMLRunner
 
-
-def _restore_write(stream: Any, saved: object) -> None:
-    if saved is _MISSING:
-        with contextlib.suppress(AttributeError):
-            delattr(stream, "write")
-    else:
-        stream.write = saved
-
-
-@dataclass(frozen=True)
-class _ProcessState:
-    """The process-wide state FedML's init may change: root logger, standard streams, excepthook."""
-
-    root: logging.Logger
-    handlers: tuple[logging.Handler, ...]
-    level: int
-    streams: dict[str, tuple[Any, object]]
-    excepthook: Callable[..., Any]
-
-    @classmethod
-    def capture(cls) -> _ProcessState:
-        root = logging.getLogger()
-        streams = {
-            name: (getattr(sys, name), _write_override(getattr(sys, name))) for name in ("stdout", "stderr")
-        }
-        return cls(root, tuple(root.handlers), root.level, streams, sys.excepthook)
-
-    def restore(self) -> list[str]:
-        """Undo any change since `capture`; return what had changed."""
-        changed: list[str] = []
-        if logging.root is not self.root:
-            logging.root = self.root  # type: ignore[misc]
-            changed.append("logging.root")
-        if tuple(self.root.handlers) != self.handlers:
-            self.root.handlers[:] = self.handlers
-            changed.append("root logger handlers")
-        if self.root.level != self.level:
-            self.root.setLevel(self.level)
-            changed.append("root logger level")
-        for name, (stream, write) in self.streams.items():
-            if getattr(sys, name) is not stream:
-                setattr(sys, name, stream)
-                changed.append(f"sys.{name}")
-            if _write_override(stream) is not write:
-                _restore_write(stream, write)
-                changed.append(f"sys.{name}.write")
-        if sys.excepthook is not self.excepthook:
-            sys.excepthook = self.excepthook
-            changed.append("sys.excepthook")
-        return changed
-
-
-def _restore_environ(before: dict[str, str]) -> list[str]:
-    """Put `os.environ` back to `before` (keys in `KEPT_ENV_KEYS` aside); return the keys restored."""
-    restored: list[str] = []
-    for key in sorted(set(os.environ) | set(before)):
-        old, new = before.get(key), os.environ.get(key)
-        if key in KEPT_ENV_KEYS or old == new:
-            continue
-        if old is None:
-            del os.environ[key]
-        else:
-            os.environ[key] = old
-        restored.append(key)
-    return restored
-
-
-def init_fedml(args: argparse.Namespace, fedml_home: Path) -> argparse.Namespace:
-    """`fedml.init` without its network calls, its writes under `~`, or lasting process-wide changes.
-
-    Runs `apply_workarounds(fedml_home)`, then `fedml.init(args, check_env=False,
-    should_init_logs=False)`. Afterwards the root logger (object, handlers, level), `sys.stdout`,
-    `sys.stderr` (and their `write`), `sys.excepthook` and `os.environ` are as they were before the
-    call; FedML's prints during init are logged at debug level. Returns FedML's args.
-
-    FedML's later calls to `fedml.get_env_version()` reload `fedml_home/global_services/.env` into
-    `os.environ`; that file holds only what FedML itself wrote there (FEDML_ENV_VERSION=release).
-    """
-    apply_workarounds(fedml_home)
-    import fedml
-
-    state = _ProcessState.capture()
-    environ = dict(os.environ)
-    printed = io.StringIO()
-    rank_line = _RankLineToDebug()
-    state.root.addFilter(rank_line)
-    try:
-        with contextlib.redirect_stdout(printed):
-            fedml_args = fedml.init(args, check_env=False, should_init_logs=False)
-    finally:
-        state.root.removeFilter(rank_line)
-        changed = state.restore()
-        restored_env = _restore_environ(environ)
-    if changed:
-        log.debug("restored process state fedml.init changed: %s", ", ".join(changed))
-    if restored_env:
-        log.debug("restored os.environ keys fedml.init changed: %s", ", ".join(restored_env))
-    for line in printed.getvalue().splitlines():
-        if line.strip():
-            log.debug("fedml.init printed: %s", line)
-    return fedml_args
+    FedMLRunner(args, device, dataset, model, algorithm_flow=flow).run()
 
 
 def minimal_fedml_args(**overrides: Any) -> argparse.Namespace:
-    """A Namespace that `fedml.init` and `fedml.FedMLRunner` accept; `overrides` win over the defaults.
+    """The argument Namespace FedML's pieces read (FedMLRunner, the managers, trainer and aggregator);
+    `overrides` win over the defaults.
 
     The defaults describe a single-process simulation. For cross-silo pass
     `training_type="cross_silo"`, a `backend` and `rank`; `role` follows `rank` (0: "server", else

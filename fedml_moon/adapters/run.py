@@ -50,9 +50,9 @@ def fedml_args(cfg: Config, out_dir: Path) -> Any:
     values["enable_wandb"] = False  # the plugin owns W&B logging (FedML's copies every argument)
     values["using_gpu"] = uses_gpu(cfg)  # FedML reads a plain flag
     values["output_dir"] = str(out_dir)
-    # fedml.init would set up its own MPI / cross-silo machinery for the other modes (asserting its
+    # FedML's own runners would set up its MPI / cross-silo machinery for the other modes (asserting
     # process counts, building client id lists); the plugin's managers and transports replace it, so
-    # every process initialises FedML as a single-process simulation. The mode stays in the Config.
+    # every process describes itself to FedML as a single-process simulation. The mode stays in the Config.
     values["training_type"], values["backend"] = "simulation", "sp"
     return compat.minimal_fedml_args(**values)
 
@@ -193,17 +193,17 @@ def load_partition(cfg: Config, rank: int, role: str) -> FederatedData:
 
 
 def build_args(cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1) -> Any:
-    """PyTorch's threads and FedML's initialised args for a process of this run (no data yet)."""
+    """PyTorch's threads and FedML's args for a process of this run (no data yet)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(torch_threads(cfg.device_args.torch_threads, local_procs))
-    return compat.init_fedml(fedml_args(cfg, out_dir), out_dir / ".fedml")
+    return fedml_args(cfg, out_dir)
 
 
 def build_base(
     cfg: Config, out_dir: Path, rank: int = 0, local_procs: int = 1, args: Any = None, role: str = "all"
 ) -> Base:
     """Load and partition the data (before anything is written: data refused leave `out_dir` as it
-    was), initialise FedML (or, with `args` from `build_args`, bring those args up to `cfg`), build the
+    was), fill FedML's args (or, with `args` from `build_args`, bring those args up to `cfg`), build the
     initial model (from the seed).
 
     Every process of a run does this identically, so every process holds the same partition; but
@@ -218,7 +218,9 @@ def build_base(
         args = build_args(cfg, out_dir, rank, local_procs)
     else:
         vars(args).update(vars(fedml_args(cfg, out_dir)))
-    np.random.seed(seed)
+    np.random.seed(seed)  # with the two lines below, what fedml.init did here (the plugin no longer calls it)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = True
     if fed.ids:
         show_partition(fed, cfg.data_args, out_dir)
     dataset = build_fedml_dataset(
@@ -408,8 +410,6 @@ def simulate(cfg: Config, out_dir: Path, resume: bool = False) -> dict[str, Any]
 
     Returns the summary (also written to out_dir/summary.json).
     """
-    import fedml
-
     run = assemble(cfg, Path(out_dir), resume)
-    fedml.FedMLRunner(run.args, run.device, run.dataset, run.model, algorithm_flow=run.loop).run()
+    compat.run_flow(run.loop, Path(out_dir) / ".fedml", run.args, run.device, run.dataset, run.model)
     return run.loop.summary

@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.adapters import compat
 from fedml_moon.adapters.run import build_args, build_base, build_runner, build_server, held_claims
 from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_overrides
 from fedml_moon.config_schema import ConfigError
@@ -383,8 +384,6 @@ def run_process(
     """Build and run one process through FedML's `FedMLRunner(..., algorithm_flow=...)`; its status.
     `placed`: this process's place in a hierarchical silo's group under mpirun (`comm` is then the
     server's and leaders' communicator, None for the group's other processes)."""
-    import fedml
-
     local_procs = 1
     if comm is not None:
         from mpi4py import MPI
@@ -396,6 +395,5 @@ def run_process(
         if not group.leader:
             return run_follower(cfg, Path(out_dir), rank, group, size)
     proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group)
-    base_args = proc.manager.args
-    fedml.FedMLRunner(base_args, None, None, None, algorithm_flow=proc).run()
+    compat.run_flow(proc, Path(out_dir) / ".fedml", proc.manager.args)
     return proc.status

@@ -76,7 +76,7 @@ def test_a_silo_sends_heartbeats_while_it_builds_its_data():
 def _forge(port: int, run_id: str, stop: threading.Event) -> None:
     """Publish, as rank 2 (its own topic: a broker without an ACL lets anyone), control messages to
     rank 1, every half second until `stop`, for at most 60 s."""
-    client = mqtt.Client(client_id=f"forger-{port}", clean_session=True)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"forger-{port}", clean_session=True)
     client.connect("127.0.0.1", port)
     client.loop_start()
     forged = [

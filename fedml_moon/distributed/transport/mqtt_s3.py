@@ -31,6 +31,7 @@ import queue
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
@@ -82,7 +83,7 @@ class MqttS3Transport(QueueTransport):
         self._frames: queue.Queue = queue.Queue()
         threading.Thread(target=self._resolve_loop, name=f"mqtt-s3-{rank}", daemon=True).start()
         client_id = f"fedml_moon-{run_id}-{rank}"
-        self.client = mqtt.Client(client_id=client_id, clean_session=False)
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False)
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message
         sec = security or MqttSecurity()
@@ -90,13 +91,13 @@ class MqttS3Transport(QueueTransport):
             self.client.tls_set(ca_certs=sec.ca, certfile=sec.cert, keyfile=sec.key)
         if sec.username:
             self.client.username_pw_set(sec.username, sec.password)
-        self._refused: int | None = None
+        self._refused: Any = None  # the broker's reason code when it refused
         self.client.connect_async(host, port, keepalive=30)
         self.client.loop_start()
         if not self._connected.wait(timeout_s) or self._refused is not None:
             self.client.loop_stop()
             why = (
-                f"refused the connection (code {self._refused}: wrong user or password?)"
+                f"refused the connection ({self._refused}: wrong user or password?)"
                 if self._refused
                 else "did not answer"
             )
@@ -105,10 +106,10 @@ class MqttS3Transport(QueueTransport):
     def topic(self, receiver: int, sender: int | str) -> str:
         return f"fedml_moon/{self.run_id}/to/{receiver}/from/{sender}"
 
-    def _on_connect(self, client, userdata, flags, rc) -> None:
-        if rc != 0:
-            log.error("rank %d: the MQTT broker refused the connection (code %s)", self.rank, rc)
-            self._refused = rc
+    def _on_connect(self, client, userdata, flags, reason, properties) -> None:
+        if reason.is_failure:  # paho-mqtt 2's callbacks (CallbackAPIVersion.VERSION2)
+            log.error("rank %d: the MQTT broker refused the connection (%s)", self.rank, reason)
+            self._refused = reason
             self._connected.set()
             return
         client.subscribe(self.topic(self.rank, "+"), qos=1)

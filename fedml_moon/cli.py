@@ -26,14 +26,17 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedml_moon.config import Config, ConfigError, load_config, with_plugins
-from fedml_moon.conformance.processes import MODES
-from fedml_moon.core.checkpoint import CheckpointError
-from fedml_moon.core.validate import BadUpload
+from fedml_moon.errors import BadUpload, CheckpointError, ConfigError, SchedulerError
+from fedml_moon.modes import MODES
 from fedml_moon.records import claim_folder, running
-from fedml_moon.results import sweep_cli
-from fedml_moon.results.jobs import SchedulerError
+
+if TYPE_CHECKING:
+    from fedml_moon.config import Config
+
+# Only what --help, `config` and argument errors need is imported here (no torch, no FedML); each
+# command imports what it uses when it runs.
 
 log = logging.getLogger("fedml_moon")
 
@@ -179,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override one config value in every run of the sweep (repeatable; after the file's 'set')",
     )
+    from fedml_moon.results import sweep_cli
+
     sweep_cli.add_arguments(sweep)
     _verbose(sweep)
     report = sub.add_parser("report", help="tables, curves and a summary from run folders")
@@ -239,6 +244,8 @@ def _check(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, f"train_args.algorithm={args.algorithm}"]
     if args.model:
         overrides.append(f"model_args.model={args.model}")
+    from fedml_moon.config import load_config
+
     load_config(args.cf, overrides)  # a config mistake stops here, with the key named
     # the check's processes run elsewhere: paths are resolved here, once, against this directory
     config = Path(args.cf).resolve()
@@ -348,6 +355,8 @@ def mpi_ranks(argv: list[str]) -> int:
         raise ConfigError(
             f"`{args.command}` under mpirun: give the number of ranks, e.g. 3 (a server, 2 workers)"
         )
+    from fedml_moon.config import load_config
+
     cfg = load_config(args.cf, args.overrides)
     if (cfg.common_args.training_type, cfg.comm_args.backend) != ("cross_silo", "MPI"):
         raise ConfigError(
@@ -420,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        from fedml_moon.config import load_config, with_plugins
+
         if getattr(args, "plugins", None):
             args.overrides = with_plugins(args.cf, args.overrides, args.plugins)
         if args.command == "check":
@@ -429,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "new":
             return _new(args)
         if args.command == "sweep":
+            from fedml_moon.results import sweep_cli
+
             return sweep_cli.run(args)
         if args.command == "data":
             return _data(args)

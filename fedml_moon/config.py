@@ -21,7 +21,6 @@ from fedml_moon.config_schema import (
     ConfigError,
     require,
 )
-from fedml_moon.core import networks
 from fedml_moon.privacy.options import privacy_checks
 from fedml_moon.registry import get_algorithm, load_plugin
 
@@ -353,6 +352,8 @@ def load_config_plugins(raw: dict[str, Any], folder: Path) -> list[str]:
         f"must be a list of module:attribute strings, e.g. [fedml_moon_fedproto:spec]; got {plugins!r}",
     )
     model = (raw.get("model_args") or {}).get("model")
+    from fedml_moon.core import networks  # torch: only where a model is named
+
     if isinstance(model, str) and ":" in model and networks.kind_or_none(model) == "plugin":
         networks.load_plugin(model, (folder, Path.cwd()))  # a model plugin, found as an algorithm's is
     return [load_plugin(ref, (folder, Path.cwd())).name for ref in plugins]

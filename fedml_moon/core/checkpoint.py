@@ -26,12 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.core.codec import CodecError, decode, encode
+from fedml_moon.errors import CheckpointError  # noqa: F401 (raised here, caught by the command line)
 
 LATEST = "LATEST"
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or read; the message says which file and why."""
 
 
 def _fsync_dir(path: Path) -> None:

@@ -14,10 +14,7 @@ from typing import Any
 
 import torch
 
-
-class BadUpload(RuntimeError):
-    """Uploads that cannot be used, with train_args.on_bad_upload: stop (or none usable at all)."""
-
+from fedml_moon.errors import BadUpload  # noqa: F401 (raised here, caught by the command line)
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_METRICS = 32

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.config import build_section
 from fedml_moon.errors import ConfigError, require
 
 SECTION = "slurm"
@@ -133,6 +132,8 @@ def slurm_args(raw: dict[str, Any] | None, overrides: dict[str, Any]) -> SlurmAr
         if value is None or value == []:
             continue
         merged[key] = [*merged.get(key, []), *value] if key == "sbatch" else value
+    from fedml_moon.config import build_section  # the config (and torch) only when a sweep is read
+
     return build_section(SlurmArgs, merged, SECTION)
 
 

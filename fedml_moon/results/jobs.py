@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.errors import SchedulerError  # noqa: F401 (raised here, caught by the command line)
 from fedml_moon.records import held, in_progress
 from fedml_moon.results.sweep import Run
 
@@ -41,9 +42,6 @@ ENDED |= {"PREEMPTED", "TIMEOUT", "REVOKED"}
 and a state this list does not know) counts as running, so its run is never submitted twice."""
 SUBMITTABLE = ("new", "stopped", "failed")
 
-
-class SchedulerError(RuntimeError):
-    """The scheduler cannot be asked, refused a submission, or another process is submitting."""
 
 
 class SweepBusy(SchedulerError):

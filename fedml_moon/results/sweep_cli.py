@@ -9,11 +9,13 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedml_moon.errors import ConfigError
-from fedml_moon.results import jobs, submit, sweep
 from fedml_moon.results.cluster import EXECUTORS, SlurmArgs, slurm_args
-from fedml_moon.results.sweep import Run
+
+if TYPE_CHECKING:
+    from fedml_moon.results.sweep import Run
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """`fedml-moon sweep FILE ...`: 0 when it did what was asked (and, when it waited, every run
     completed)."""
+    from fedml_moon.results import submit, sweep  # the sweep's machinery when it runs, not for --help
     if args.poll <= 0 or (args.jobs is not None and args.jobs < 1):
         raise ConfigError("--poll must be > 0 seconds and --jobs >= 1")
     if args.wait and args.on != "slurm":
@@ -94,12 +97,15 @@ def _resources(args: argparse.Namespace) -> SlurmArgs:
     given["sbatch"] = args.slurm_sbatch
     if args.on == "slurm" and args.jobs is not None:
         given["runs_at_a_time"] = args.jobs
+    from fedml_moon.results import sweep
+
     return slurm_args(sweep.read_sweep_file(Path(args.sweep_file)).get("slurm"), given)
 
 
 def _here(runs: list[Run], folder: Path, at_once: int) -> int:
     """The sweep on this machine, each run its own process; runs whose job a scheduler has queued
     or runs (an earlier `--on`) are left to it."""
+    from fedml_moon.results import jobs, submit, sweep
     with jobs.locked(folder):
         now = submit.states(runs, folder)
         taken = [r for r in runs if now[r.name].state in ("queued", "running")]

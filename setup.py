@@ -2,34 +2,43 @@
 
 from setuptools import find_packages, setup
 
+# What the FedML 0.9.6 modules fedml_moon imports (fedml_moon/adapters/compat.py: FedML's trainer,
+# aggregator, managers and runner, without its package __init__s) import themselves, beyond torch,
+# torchvision, numpy and pyyaml: its MLOps config reader (requests, certifi, cachetools) and its
+# contribution assessors (scipy).
+FEDML_PARTS = ["requests", "certifi", "cachetools", "scipy"]
+
 setup(
     name="fedml_moon",
     version="0.1.0",
     description="Model-contrastive and representation-level federated learning on FedML",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10,<3.12",
+    python_requires=">=3.11,<3.14",  # CPython 3.11, 3.12 and 3.13 (run/setup.sh)
     packages=find_packages(include=["fedml_moon", "fedml_moon.*"]),
+    # FedML 0.9.6 is not a requirement here: its published pins (numpy<2, wandb==0.13.2, protobuf<4,
+    # paho-mqtt<2, ...) would bind the whole environment. It installs without them (pip install
+    # --no-deps fedml==0.9.6, which the locks in requirements/ and run/setup.sh do), beside what the
+    # FedML modules the plugin imports need (FEDML_PARTS above); docs/explanation/fedml-compat.md.
     install_requires=[
-        "fedml==0.9.6",
         "torch",
         "torchvision",
+        "numpy",
         "wandb",
         "pyyaml",
-        "numpy<2",
-        "setuptools>=77,<81",
         "matplotlib",
         "tqdm",
         "safetensors",
         "grpcio",
-        "paho-mqtt<2",
+        "paho-mqtt>=2",
         "boto3",
         "cryptography",
         "scikit-learn",
         "dp-accounting",
         "pandas",
+        "pyarrow",
         "submitit",  # fedml-moon sweep --on slurm|local
-        "pyarrow<24",  # pyarrow 24 and later need numpy 2; FedML 0.9.6 pins numpy<2
+        *FEDML_PARTS,
     ],
     extras_require={
         "mpi": ["mpi4py"],

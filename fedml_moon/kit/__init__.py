@@ -97,7 +97,7 @@ build-backend = "setuptools.build_meta"
 name = "fedml-moon-{name.replace("_", "-")}"
 version = "0.1.0"
 description = "The {name} algorithm for fedml_moon"
-requires-python = ">=3.10,<3.12"
+requires-python = ">=3.11,<3.14"
 dependencies = ["fedml_moon"]
 
 [project.entry-points."fedml_moon.algorithms"]

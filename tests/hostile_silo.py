@@ -6,8 +6,8 @@ Every round it answers TRAIN with its honest result (the model it was sent, back
 `attack` mode by hostile messages drawn from tests/hostile.py (seeded by the round) and the raw frames
 found on the wire (a 5,000-digit JSON integer, random bytes, a pickle); in `churn` mode (gRPC) a
 thread of its own opens Subscribe calls for its rank's frames on a second connection without pause,
-each cancelled at once, from its hello to its end. It answers CHECKPOINT and FINISH as a silo does
-and sends heartbeats. It exits 0 on FINISH, 1 on ABORT, 2 after --timeout-s.
+each cancelled at once, from its READY (once it is in the run) to its end. It answers CHECKPOINT and
+FINISH as a silo does and sends heartbeats. It exits 0 on FINISH, 1 on ABORT, 2 after --timeout-s.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-from fedml.core.distributed.communication.message import Message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -42,12 +40,12 @@ class Inbox:
     def __init__(self) -> None:
         self.got: queue.Queue = queue.Queue()
 
-    def receive_message(self, kind: str, msg: Message) -> None:
+    def receive_message(self, kind: str, msg: m.Message) -> None:
         self.got.put(msg)
 
 
 def send(transport, kind: str, **params) -> None:
-    msg = Message(kind, transport.rank, 0)
+    msg = m.Message(kind, transport.rank, 0)
     for key, value in params.items():
         msg.add_params(key, value)
     try:
@@ -97,8 +95,6 @@ def main() -> int:
     send(transport, m.HELLO, parties=[a.rank - 1], **hello)
     stop = threading.Event()
     churner = threading.Thread(target=churn, args=(transport, a.rank, stop), daemon=True)
-    if a.mode == "churn":
-        churner.start()
     deadline, beat = time.monotonic() + a.timeout_s, 0.0
     try:
         while time.monotonic() < deadline:
@@ -115,6 +111,8 @@ def main() -> int:
                 send(transport, m.HELLO, parties=[a.rank - 1], **hello)
             elif kind == m.WELCOME:
                 send(transport, m.READY, claims=[{"party": a.rank - 1, "claim": claim}])
+                if a.mode == "churn" and churner.ident is None:  # in the run: now it deafens itself
+                    churner.start()
             elif kind == m.TRAIN:
                 task, round_idx = msg.get("tasks")[0], msg.get("round")
                 other = 0 if a.rank != 1 else 1

@@ -226,6 +226,7 @@ COMMANDS: dict[str, str] = {
     CLUSTER_STATUS: "cluster",
     CLUSTER_WAIT: "cluster",
     "bash run/test.sh": "script",
+    "bash run/setup.sh": "setup",  # tests/test_docs.py (nothing the second time), tests/test_interpreters.py
     MAIN_JOB: "single",
     SYNOPSIS: "single",
     PYTHON_M: "single",
@@ -292,6 +293,7 @@ COMMANDS: dict[str, str] = {
     ),
     ".venv/bin/pip install -e .": "install",
     ".venv/bin/pip install -e examples/headprox": "install",
+    ".venv/bin/pip install --no-deps fedml==0.9.6": "install",  # every lock names it; setup installs them
     ".venv/bin/python benchmarks/transport_cost.py": "benchmark",
     ".venv/bin/python benchmarks/round_time.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/gpu_round.py": "benchmark",
@@ -393,8 +395,11 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
     assert (ROOT / ".venv/bin/mkdocs").is_file()  # `mkdocs serve` serves what run/docs.sh builds
     # the pip installs: run/setup.sh runs them, and the packages imported are this tree's
     setup_sh = "\n".join(_script("setup.sh"))
-    assert 'pip_install -q -e ".[test]"' in setup_sh
-    assert "pip_install -q -e examples/headprox" in setup_sh
+    assert 'pip_install -q --no-deps -r "$LOCK"' in setup_sh  # every version from the Python's lock
+    for lock in sorted((ROOT / "requirements").glob("py3.*.txt")):
+        assert "\nfedml==0.9.6\n" in lock.read_text(), lock  # FedML, installed without its pins
+    assert 'pip_install -q --no-deps -e ".[test]"' in setup_sh
+    assert "pip_install -q --no-deps -e examples/headprox" in setup_sh
     import fedml_moon_headprox
 
     import fedml_moon

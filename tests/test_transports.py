@@ -117,8 +117,8 @@ MPI_SCRIPT = textwrap.dedent(
     """
     import time, torch
     from mpi4py import MPI
+    from fedml_moon.distributed.transport.mpi import MpiTransport  # first: FedML's parts only
     from fedml.core.distributed.communication.message import Message
-    from fedml_moon.distributed.transport.mpi import MpiTransport
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     t = MpiTransport(comm, rank)

@@ -31,7 +31,6 @@ from fedml_moon.errors import CheckpointError  # noqa: F401 (raised here, caught
 LATEST = "LATEST"
 
 
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

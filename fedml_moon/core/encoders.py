@@ -4,7 +4,6 @@ ResNet-50 with a CIFAR stem. Each maps [B, C, H, W] to [B, out_features]. Pure P
 from __future__ import annotations
 
 import torch
-import torchvision
 from torch import nn
 
 BUILT_IN = ("simple-cnn", "lg-cnn", "resnet50", "mlp")
@@ -38,6 +37,8 @@ class ResNet50Encoder(nn.Module):
 
     def __init__(self, in_channels: int) -> None:
         super().__init__()
+        import torchvision  # a second to import: only where this network is built
+
         net = torchvision.models.resnet50(weights=None)
         net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
         net.maxpool = nn.Identity()

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import nn
 
 from fedml_moon.core.encoders import BUILT_IN, built_in_encoder
@@ -63,6 +62,8 @@ def kind_or_none(name: str) -> str | None:
 
 def torchvision_names() -> list[str]:
     """The classification networks of `torchvision.models`."""
+    import torchvision  # a second to import: only where a torchvision network is named
+
     return list(torchvision.models.list_models(module=torchvision.models))
 
 
@@ -92,6 +93,8 @@ def _torchvision(name: str, input_shape: tuple[int, int, int]) -> nn.Module:
     extra: dict = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
     if name.startswith("vit_") and input_shape[1] == input_shape[2]:
         extra["image_size"] = input_shape[1]
+    import torchvision
+
     net = torchvision.models.get_model(name, weights=None, **extra)
     linears = [(path, m) for path, m in net.named_modules() if isinstance(m, nn.Linear)]
     if not linears or linears[-1][1].out_features != IMAGENET_CLASSES:

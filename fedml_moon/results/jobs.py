@@ -43,7 +43,6 @@ and a state this list does not know) counts as running, so its run is never subm
 SUBMITTABLE = ("new", "stopped", "failed")
 
 
-
 class SweepBusy(SchedulerError):
     """Another process is submitting this sweep's runs."""
 

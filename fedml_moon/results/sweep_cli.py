@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     """`fedml-moon sweep FILE ...`: 0 when it did what was asked (and, when it waited, every run
     completed)."""
     from fedml_moon.results import submit, sweep  # the sweep's machinery when it runs, not for --help
+
     if args.poll <= 0 or (args.jobs is not None and args.jobs < 1):
         raise ConfigError("--poll must be > 0 seconds and --jobs >= 1")
     if args.wait and args.on != "slurm":
@@ -106,6 +107,7 @@ def _here(runs: list[Run], folder: Path, at_once: int) -> int:
     """The sweep on this machine, each run its own process; runs whose job a scheduler has queued
     or runs (an earlier `--on`) are left to it."""
     from fedml_moon.results import jobs, submit, sweep
+
     with jobs.locked(folder):
         now = submit.states(runs, folder)
         taken = [r for r in runs if now[r.name].state in ("queued", "running")]

@@ -54,6 +54,7 @@ def first_line(env: dict[str, str], folder: Path) -> float:
     """Seconds from a cross-silo server's start to its first log line (its ipconfig on a free port)."""
     from fedml_moon import conformance
 
+    folder.mkdir(parents=True)
     ipconfig = conformance.write_ipconfig(folder / "ip.csv", 2, conformance.free_port())
     cmd = [FEDML_MOON, "run", "--cf", str(ROOT / "config/modes/moon_cross_silo_grpc.yaml"), "--rank", "0"]
     cmd += ["--role", "server", "--output-dir", str(folder / "run"), "--overwrite"]
@@ -69,9 +70,11 @@ def first_line(env: dict[str, str], folder: Path) -> float:
         assert line, "the server printed nothing"
         log.info("server's first line: %s", line.strip())
         return elapsed
-    finally:
+    finally:  # only its start is measured: stopped at once, its folder a temporary one
         deadline.cancel()
-        conformance.stop(proc)
+        proc.kill()
+        proc.wait(timeout=60)
+        proc.stderr.close()
 
 
 def main() -> None:

@@ -22,9 +22,11 @@
 #
 # PYTHON (default .venv/bin/python, else python3) runs everything, from this repository's root, with
 # the repository on PYTHONPATH, so a machine with PyTorch and no installed fedml_moon runs the stages
-# that need only PyTorch: env, tests, cnn, kernels, resnet. The others go through FedML (`fedml-moon`); where
-# FedML does not import (FedML 0.9.6 needs Python 3.11: its wandb 0.13 needs `imp`), they are skipped
-# saying so. The data: Fashion-MNIST from FASHION_MNIST_DIR (default: Debian's folder); CIFAR from
+# that need only PyTorch: env, tests, cnn, kernels, resnet. The others go through FedML's parts
+# (`fedml-moon`), which import on Python 3.11 to 3.13 given their packages: on a machine whose own
+# Python lacks some, the wheels `bash benchmarks/gpu_wheels.sh` fetched elsewhere (WHEELS=DIR, default
+# .whl, when it holds any) are installed into OUT_DIR/site and put on PYTHONPATH. Where FedML's parts
+# still do not import, those stages are skipped saying why (the import's last line). The data: Fashion-MNIST from FASHION_MNIST_DIR (default: Debian's folder); CIFAR from
 # CIFAR_DIR when set, else random images of CIFAR's shape (gpu_round says which).
 # QUICK=1 shrinks every measurement to a few batches: the plumbing, on any machine (a CPU too).
 # LIMIT_S=N bounds every stage to N seconds (default: 420 each, 300 for grpc).
@@ -44,6 +46,12 @@ quick() { [ "$QUICK" = 1 ] && echo "$1" || echo "$2"; }
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
+WHEELS=${WHEELS:-.whl}
+if compgen -G "$WHEELS/*.whl" >/dev/null; then  # what this Python lacks, carried as wheels
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$OUT_DIR/site" \
+    "$WHEELS"/*.whl >"$OUT_DIR/wheels.log" 2>&1 || { echo "gpu_check: the wheels of $WHEELS did not install: $OUT_DIR/wheels.log" >&2; exit 1; }
+  export PYTHONPATH="$PYTHONPATH:$OUT_DIR/site"
+fi
 CIFAR=${CIFAR_DIR:+--data $CIFAR_DIR}
 FASHION=${FASHION_MNIST_DIR:+--set data_args.data_cache_dir=$FASHION_MNIST_DIR}
 ROUNDS=$(quick 1 5)

@@ -102,3 +102,42 @@ def test_its_tests_stage_runs_every_cuda_case_of_the_suite(tmp_path):
     log = (tmp_path / "out" / "tests.log").read_text()
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|skipped|failed)", log)}
     assert counts and sum(counts.values()) == wanted, log[-2000:]
+
+
+def test_carried_wheels_are_installed_beside_the_machines_own_packages(tmp_path):
+    """A Python that lacks a package gets it from the wheels carried in WHEELS (gpu_wheels.sh's
+    folder): installed, without touching that Python, into OUT_DIR/site (the stages' PYTHONPATH)."""
+    project = tmp_path / "probe"
+    (project / "carried_probe").mkdir(parents=True)
+    (project / "carried_probe" / "__init__.py").write_text("VALUE = 'carried'\n")
+    (project / "pyproject.toml").write_text('[project]\nname = "carried_probe"\nversion = "1.0"\n')
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels)]
+        + [str(project)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    done = _check(tmp_path / "out", "env", env={"WHEELS": str(wheels)})
+    assert done.returncode == 0, done.stderr
+    site = tmp_path / "out" / "site"
+    assert (site / "carried_probe" / "__init__.py").is_file()
+    probe = subprocess.run(
+        [sys.executable, "-c", "import carried_probe; print(carried_probe.VALUE)"],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.stdout.strip() == "carried"
+
+
+def test_the_wheels_named_for_a_gpu_machine_are_pinned_in_its_lock():
+    """benchmarks/gpu_wheels.sh fetches each of its packages at the version of the Python's lock."""
+    script = (ROOT / "benchmarks" / "gpu_wheels.sh").read_text()
+    (line,) = re.findall(r'^GPU_WHEELS="([^"]+)"$', script, flags=re.M)
+    lock = (ROOT / "requirements" / "py3.12.txt").read_text().lower().replace("_", "-")
+    pinned = set(re.findall(r"^([a-z0-9.-]+)==", lock, flags=re.M))
+    assert "fedml" in line.split() and not set(line.split()) - pinned, set(line.split()) - pinned

@@ -34,6 +34,7 @@ from fedml_moon.distributed.silo_group import (
     follow,
     join,
     lead,
+    leave,
     prepare_batchnorm,
 )
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
@@ -390,10 +391,13 @@ def run_process(
 
         local_procs = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
     group = join(cfg, rank, placed)  # a hierarchical silo's group, or None
-    if group is not None:
-        local_procs = group.local_size
-        if not group.leader:
-            return run_follower(cfg, Path(out_dir), rank, group, size)
-    proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group)
-    compat.run_flow(proc, Path(out_dir) / ".fedml", proc.manager.args)
-    return proc.status
+    try:
+        if group is not None:
+            local_procs = group.local_size
+            if not group.leader:
+                return run_follower(cfg, Path(out_dir), rank, group, size)
+        proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group)
+        compat.run_flow(proc, Path(out_dir) / ".fedml", proc.manager.args)
+        return proc.status
+    finally:
+        leave(group)

@@ -89,6 +89,18 @@ def join(cfg: Config, silo_rank: int, placed: Placement | None = None) -> Group 
     return group
 
 
+def leave(group: Group | None) -> None:
+    """End this process's part of its silo's group (torch.distributed's process group) before the
+    process exits: a gloo group left to the interpreter's exit can abort the process after its run
+    completed ("terminate called without an active exception", exit -6, which fails its torchrun)."""
+    if group is None:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def group_backend(cuda: bool) -> str:
     """The group's torch.distributed backend: gloo on CPUs; on GPUs nccl for CUDA tensors (gradients,
     loss terms, BatchNorm's sums) and gloo for CPU tensors (the leader's broadcasts, `Channel`)."""

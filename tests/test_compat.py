@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -128,3 +129,42 @@ def test_minimal_fedml_args_defaults_and_overrides() -> None:
     assert (args.rank, args.role, args.worker_num, args.model, args.run_id) == (2, "client", 5, "resnet", "0")
     assert compat.minimal_fedml_args().role == "server"
     assert compat.minimal_fedml_args(role="client", worker_num=1).worker_num == 1
+
+
+_NETWORK_EVENTS = frozenset({"socket.getaddrinfo", "socket.gethostbyname", "socket.connect"})
+_AUDIT: dict[str, list | None] = {"events": None}
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _AUDIT["events"] is not None and event in _NETWORK_EVENTS:
+        _AUDIT["events"].append((event, repr(args)[:200]))
+
+
+def test_a_run_never_contacts_fedmls_cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docs (deployment modes): "FedML's cloud is never contacted". A standalone run through FedML's
+    runner, its trainer and aggregator, with every name lookup and connection of the process recorded
+    (an audit hook: it cannot be removed, so it records only while `events` is a list): none."""
+    from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+    from tests.helpers import restored_main
+
+    if not DEBIAN_FASHION_MNIST.is_dir():
+        pytest.skip("apt-get install dataset-fashion-mnist")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    sets = ["data_args.max_train_samples=200", "data_args.max_test_samples=100", "train_args.comm_round=1"]
+    sets += ["train_args.client_num_in_total=2", "train_args.client_num_per_round=2"]
+    sets += ["tracking_args.enable_wandb=false", "device_args.torch_threads=1"]
+    argv = ["simulate", "--cf", str(ROOT / "config/fashion_mnist/moon.yaml"), "--output-dir", str(tmp_path)]
+    argv += [a for s in sets for a in ("--set", s)]
+    sys.addaudithook(_audit)
+    events: list = []
+    _AUDIT["events"] = events
+    socket.getaddrinfo("127.0.0.1", 1)  # the hook sees a lookup: this test can fail
+    assert [e for e, _ in events] == ["socket.getaddrinfo"]
+    events.clear()
+    try:
+        with restored_main() as main:
+            assert main(argv) == 0
+    finally:
+        _AUDIT["events"] = None
+    assert events == []
+    assert not (tmp_path / "home" / ".fedml").exists()

@@ -253,9 +253,11 @@ def build_process(
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs, role="server")
     base.args.rank = rank
-    transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
+    # built (FedML's aggregator imported, a checkpoint loaded) before the transport listens: a server
+    # that listens while it builds sends no heartbeat, and its silos' comm_args.timeout_s runs
     rounds = build_server(base, folder)
     start = _resume_server(rounds, folder) if resume else 0
+    transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
     ranks = list(range(1, workers + 1))
     ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
     manager = PluginServerManager(
@@ -331,6 +333,9 @@ def _build_worker(
 ) -> DistributedProcess:
     """A worker or silo: its transport now; its data and parties when the server's WELCOME names the
     run's config (`with_shared`)."""
+    # FedML's trainer (its algorithm frame: a second or more) imported before the transport dials: its
+    # clock, comm_args.timeout_s for the server to answer, starts with it
+    from fedml_moon.adapters import trainer  # noqa: F401
     from fedml_moon.distributed.client_manager import Local, PluginClientManager
 
     transport = make_transport(cfg, rank, worker_count(cfg, size), comm)

@@ -89,7 +89,7 @@ def _verbose(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedml-moon", description="MOON and baselines on FedML.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _common(sub.add_parser("simulate", help="a simulation: standalone, or the MPI simulation under mpirun"))
     run = sub.add_parser("run", help="one process of a cross-silo run (server or silo)")
     _common(run)

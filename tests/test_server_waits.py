@@ -81,7 +81,7 @@ def _server(
     return manager, wire
 
 
-def _from(manager: PluginServerManager, rank: int, kind: str, **params) -> None:
+def _from(manager: PluginServerManager, rank: int, kind: str, /, **params) -> None:
     msg = Message(kind, rank, 0)
     for key, value in params.items():
         msg.add_params(key, value)

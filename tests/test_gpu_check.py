@@ -22,7 +22,8 @@ def _check(out: Path, *stages: str, env: dict[str, str] | None = None) -> subpro
     """The documented command, its output folder `out`, the `stages` named, at quick scale."""
     *words, folder = shlex.split(COMMAND)
     assert folder == "outputs/gpu_check"
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHON"}, "QUICK": "1", **(env or {})}  # its default
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHON"}  # the command's own default
+    env = {**inherited, "QUICK": "1", **(env or {})}
     return subprocess.run(
         [*words, str(out), *stages], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )

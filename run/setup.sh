@@ -14,7 +14,8 @@
 # What pip installed is stamped in .venv/setup-stamp (a digest of the lock, the package definitions,
 # this script and the Python version): the next call finds it unchanged and returns at once. pip's own
 # output goes to .venv/setup.log and is shown only when pip fails, apt's only when apt fails.
-# FEDML_MOON_SETUP=force reinstalls.
+# FEDML_MOON_SETUP=force reinstalls. A reinstall makes .venv anew, so that it holds the lock and nothing
+# else (an earlier .venv's FedML pins, another Python's packages).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -95,11 +96,11 @@ install_python() {
   if [ "${FEDML_MOON_SETUP:-}" != force ] && [ -x .venv/bin/fedml-moon ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$digest" ]; then
     return 0
   fi
-  if [ -x .venv/bin/python ] && [ "$(version_of .venv/bin/python)" != "$PYVER" ]; then
-    echo "setup: .venv holds Python $(version_of .venv/bin/python); making it anew with Python $PYVER" >&2
+  if [ -d .venv ]; then  # what it held (another lock, another Python, FedML's old pins) goes with it
+    echo "setup: making .venv anew: it does not hold $LOCK with Python $PYVER" >&2
     rm -rf .venv
   fi
-  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  "$PYTHON" -m venv .venv
   rm -f "$STAMP"
   : >"$LOG"
   echo "setup: installing into .venv with Python $PYVER ($PYTHON) from $LOCK (pip's output: $LOG)" >&2

@@ -83,8 +83,11 @@ wanted() {
 
 pip_install() {
   if ! .venv/bin/python -m pip install "$@" >>"$LOG" 2>&1; then
-    echo "setup: pip install $* failed; its output:" >&2
-    tail -n 40 "$LOG" >&2
+    echo "setup: pip install $* failed; its output (pip's warnings about index locations left out):" >&2
+    grep -v '^WARNING: Location .* is ignored' "$LOG" | tail -n 40 >&2
+    if grep -q 'No space left on device' "$LOG"; then
+      echo "setup: the disk is full ($(df -h --output=avail . | tail -n 1 | tr -d ' ') free here); a venv of this lock takes about 6.5 GB" >&2
+    fi
     exit 1
   fi
 }

@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # Install, then lint (ruff check + format check), build the documentation (mkdocs --strict) and run the
 # whole test suite, slow tests included, one pytest-xdist worker per core.
+#   bash run/test.sh --quick   the quick tier, for the edit-and-test loop: install and lint, then the
+#                              tests not marked slow (no test of it starts a process; tests/conftest.py)
+# Other arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+  quick=1
+  shift
+fi
 bash run/setup.sh --tests || exit 1
 .venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1
 .venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1
-bash run/docs.sh || exit 1
-.venv/bin/python -m pytest -q -n auto --dist load --maxschedchunk 2 "$@"
+if [ "$quick" -eq 1 ]; then
+  .venv/bin/python -m pytest -q -n auto --dist load -m "not slow" "$@"
+else
+  bash run/docs.sh || exit 1
+  .venv/bin/python -m pytest -q -n auto --dist load --maxschedchunk 2 "$@"
+fi
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "run/test.sh: pytest collected no tests; that is a failure" >&2

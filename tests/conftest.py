@@ -12,6 +12,7 @@ on another's order.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterator
 
@@ -23,6 +24,63 @@ from fedml_moon import registry
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+# --- the quick tier starts no process -------------------------------------------------------------
+
+_STARTS = frozenset(
+    {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.system"}
+)
+_started: list[str] | None = None
+"""What the running quick-tier test started (audit events); None while no quick-tier test runs."""
+
+
+_PROBES = frozenset({"lscpu"})
+"""Programs a library runs once to look at the machine (loky's count of physical cores, for
+scikit-learn's t-SNE): not a process of the test's."""
+
+
+def _watch_starts(event: str, args: tuple) -> None:
+    if event == "subprocess.Popen" and os.path.basename(str(args[0])) in _PROBES:
+        return
+    if _started is not None and event in _STARTS:
+        _started.append(
+            f"{event} {' '.join(map(str, args[1] if event == 'subprocess.Popen' else args))[:200]}"
+        )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_watch_starts)  # an audit hook stays for the process: it watches only while armed
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    return (yield from _unless_started(item, "its set-up"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    return (yield from _unless_started(item, "it"))
+
+
+def _unless_started(item: pytest.Item, what: str):
+    """A test not marked slow (the quick tier, `run/test.sh --quick`) fails if it starts a process: a
+    test that needs one is marked `slow` and says in its docstring why it must."""
+    global _started
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    _started = []
+    try:
+        result = yield
+    finally:
+        started, _started = _started, None
+    if started:
+        pytest.fail(
+            f"{what} started a process but the test is not marked slow (the quick tier starts none): "
+            f"{started[0]}; mark it @pytest.mark.slow and say in its docstring why it needs a process",
+            pytrace=False,
+        )
+    return result
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "fedml_moon"
 MAY_IMPORT_FEDML = ("adapters", "distributed", "conformance")  # conformance drives whole runs
 
@@ -42,6 +44,7 @@ def test_only_the_adapters_and_the_distributed_layer_import_fedml():
     assert offenders == []
 
 
+@pytest.mark.slow
 def test_the_round_engine_imports_without_fedml():
     code = (
         "import sys\n"

@@ -107,6 +107,7 @@ except Exception as err:
 """
 
 
+@pytest.mark.slow
 def test_a_data_folder_without_read_permission_is_named(tmp_path):
     """Through the real loader; as root, with the capabilities that bypass file permissions dropped."""
     folder = tmp_path / "data"

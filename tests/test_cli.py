@@ -52,6 +52,7 @@ def test_certs_through_main(cli, tmp_path):
     assert "server-tokens.json" in names
 
 
+@pytest.mark.slow
 def test_certs_are_never_added_to_a_repository(cli, tmp_path):
     """`git add -A` in a repository holding the command's folder (anywhere in it) adds no key."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
@@ -96,6 +97,7 @@ def _mpirun_sh(tmp_path: Path, *args: str) -> list[str]:
     return proc.stdout.split()
 
 
+@pytest.mark.slow
 def test_mpirun_script_adds_root_and_oversubscribe_flags(tmp_path):
     program = str(ROOT / ".venv/bin/fedml-moon")
     few = _mpirun_sh(tmp_path, "1", "simulate", "--cf", "x.yaml")

@@ -18,6 +18,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [

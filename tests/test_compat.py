@@ -25,12 +25,15 @@ PARTS_PROBE = textwrap.dedent(
     import fedml_moon.adapters.aggregator, fedml_moon.adapters.trainer, fedml_moon.distributed.managers
     from fedml.runner import FedMLRunner
     import fedml, fedml.core, fedml.core.mlops
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("fedml", "wandb", "pandas", "sklearn"))
+    heavy = ("fedml", "wandb", "pandas", "sklearn", "torchvision", "torch")
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in heavy and not m.startswith("torch."))
+    loaded += ["torch._dynamo"] if "torch._dynamo" in sys.modules else []
     json.dump({
         "loaded": loaded,
         "fedml_init_ran": "init" in vars(fedml),
         "core_init_ran": "ClientTrainer" in vars(fedml.core),
         "mlops_init_ran": "log" in vars(fedml.core.mlops),
+        "dlg_attack_imported": "__file__" in vars(sys.modules["fedml.core.security.attack.dlg_attack"]),
     }, sys.stdout)
     """
 )
@@ -51,9 +54,11 @@ class _NoopFlow:
         return None
 
 
+@pytest.mark.slow
 def test_a_process_imports_fedmls_parts_only(tmp_path: Path) -> None:
     """The trainer, aggregator, managers and runner import without FedML's package __init__ (its
-    scheduler, MLOps and device modules, wandb internals), and without pandas or scikit-learn."""
+    scheduler, MLOps and device modules, wandb internals), and without pandas, scikit-learn or
+    torchvision (FedML's DLG attack module, which imports it, is a stand-in until used)."""
     proc = _python(PARTS_PROBE, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout)
@@ -63,10 +68,32 @@ def test_a_process_imports_fedmls_parts_only(tmp_path: Path) -> None:
     assert "fedml.core.distributed.fedml_comm_manager" in loaded and "fedml.runner" in loaded
     for never in ("fedml.computing", "fedml.core.mlops.stats_impl", "fedml.core.mlops.mlops_runtime_log"):
         assert not any(m == never or m.startswith(never + ".") for m in loaded), never
-    assert not [m for m in loaded if m.split(".")[0] in ("wandb", "pandas", "sklearn")], loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("wandb", "pandas", "sklearn", "torchvision")], loaded
+    assert "torch._dynamo" not in loaded and not found["dlg_attack_imported"]
     assert proc.stderr == "", proc.stderr  # no import warnings either
 
 
+def test_fedmls_dlg_attack_is_the_real_one_once_used() -> None:
+    """The stand-in for FedML's DLG attack module: FedML's attacker, told to run that attack, builds
+    it with FedML's own DLGAttack (torchvision imported then), which needs FedML's whole package as it
+    always did; the module's other names are the real module's."""
+    from fedml.core.security.attack import dlg_attack as early
+    from fedml.core.security.fedml_attacker import FedMLAttacker
+
+    with pytest.raises(AttributeError):
+        early.__wrapped__  # noqa: B018 (a probe: dunder names never import the module)
+    assert "__file__" not in vars(early)
+    args = compat.minimal_fedml_args(enable_attack=True, attack_type="dlg", attack_round_num=1)
+    with pytest.raises(ImportError, match="fedml.device needs fedml/__init__.py") as stand_in:
+        FedMLAttacker().init(args)
+    real = sys.modules["fedml.core.security.attack.dlg_attack"]
+    assert real is not early and "__file__" in vars(real) and "torchvision" in sys.modules
+    where = [Path(entry.frame.code.path) for entry in stand_in.traceback]
+    assert Path(real.__file__) in where  # raised inside FedML's own class
+    assert early.BaseAttackMethod is real.BaseAttackMethod
+
+
+@pytest.mark.slow
 def test_fedmls_whole_package_fails_naming_why(tmp_path: Path) -> None:
     """Canary: FedML's whole package (fedml.init, MLOps) still needs the 2022 libraries it pins (wandb
     internals current wandb lacks), which is why the plugin imports its parts only. If an upgrade makes

@@ -92,6 +92,7 @@ def test_tables_and_hugging_face_datasets_are_read_as_a_run_reads_them(tmp_path,
     assert rc == 0 and lines["dataset"] == "hf" and lines["channels"] == 1 and lines["image_size"] == 28
 
 
+@pytest.mark.slow
 def test_the_command_line_entry_point_refuses_a_missing_folder(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "fedml_moon", "data", str(tmp_path / "nowhere")],

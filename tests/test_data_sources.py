@@ -68,6 +68,7 @@ def test_defaults_fall_back_to_the_download_when_the_package_copy_is_broken(tmp_
     assert "unreadable" in caplog.text
 
 
+@pytest.mark.slow
 def test_cli_names_the_corrupt_file_and_exits_2(tmp_path):
     named = tmp_path / "mine"
     _write_mnist(named, gz=True)

@@ -71,6 +71,7 @@ def test_the_strict_build_fails_on_what_drifts(tmp_path):
     assert "#no-such" in result.stderr  # an anchor that is not there
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (ROOT / ".venv/setup-stamp").is_file(), reason="run/setup.sh has not stamped .venv")
 def test_setup_does_nothing_when_nothing_changed():
     """README: run/setup.sh "does nothing the second time": with its stamp current it runs no pip."""
@@ -99,6 +100,7 @@ def _stand_ins(tmp_path: Path, apt_exit: int) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (ROOT / ".venv/setup-stamp").is_file(), reason="run/setup.sh has not stamped .venv")
 @pytest.mark.parametrize("apt_exit", [0, 100])
 def test_setup_shows_apts_output_only_when_apt_fails(tmp_path, apt_exit):

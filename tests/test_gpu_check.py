@@ -47,6 +47,7 @@ def test_the_gpu_check_runs_the_main_job_and_a_grpc_run_with_a_silo_on_the_gpu_a
     assert f"grpc: final_test_acc={summary['final_test_acc']}" in figures, figures
 
 
+@pytest.mark.slow
 def test_without_fedml_its_stages_are_skipped_saying_why_and_the_others_run(tmp_path):
     blocker = tmp_path / "site"
     blocker.mkdir()
@@ -66,6 +67,7 @@ def test_without_fedml_its_stages_are_skipped_saying_why_and_the_others_run(tmp_
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["env.txt", "figures.txt", "tests.log"]
 
 
+@pytest.mark.slow
 def test_an_unknown_stage_is_refused_naming_the_stages_before_any_runs(tmp_path):
     done = _check(tmp_path / "out", "env", "envv")
     assert done.returncode == 2 and not (tmp_path / "out").exists()
@@ -75,6 +77,7 @@ def test_an_unknown_stage_is_refused_naming_the_stages_before_any_runs(tmp_path)
     )
 
 
+@pytest.mark.slow
 def test_a_stage_out_of_time_leaves_no_process_behind_and_the_next_stage_runs(tmp_path):
     out = tmp_path / "out"
     done = _check(out, "grpc", "env", env={"LIMIT_S": "4"})
@@ -105,6 +108,7 @@ def test_its_tests_stage_runs_every_cuda_case_of_the_suite(tmp_path):
     assert counts and sum(counts.values()) == wanted, log[-2000:]
 
 
+@pytest.mark.slow
 def test_carried_wheels_are_installed_beside_the_machines_own_packages(tmp_path):
     """A Python that lacks a package gets it from the wheels carried in WHEELS (gpu_wheels.sh's
     folder): installed, without touching that Python, into OUT_DIR/site (the stages' PYTHONPATH)."""

@@ -91,6 +91,7 @@ def test_moons_conformance_check_in_standalone(tmp_path, home):
     assert passed == total > 0 and "FAIL" not in done.stdout, done.stdout
 
 
+@pytest.mark.slow
 def test_the_lock_of_this_python_is_what_the_venv_holds():
     """run/setup.sh installs the lock as it is written: `.venv` holds exactly its packages."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -107,6 +108,7 @@ def test_the_lock_of_this_python_is_what_the_venv_holds():
     assert "fedml==0.9.6" in pinned and any(p.startswith("numpy==2.") for p in pinned)
 
 
+@pytest.mark.slow
 def test_the_documented_own_environment_install_installs_the_lock_only(tmp_path):
     """`python3.X -m pip install --no-deps -r requirements/py3.X.txt -e .` (docs: FedML compatibility),
     run as written but as a dry run into this `.venv`: nothing to install but the plugin itself."""
@@ -120,6 +122,7 @@ def test_the_documented_own_environment_install_installs_the_lock_only(tmp_path)
     assert installed == ["fedml_moon"], installed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "python, says",
     [

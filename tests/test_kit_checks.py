@@ -113,6 +113,7 @@ def test_the_sum_form_must_carry_every_upload_field():
     assert sum_form_problem(Stray, {**spec, "extra": torch.empty(1)}, "demo") is None
 
 
+@pytest.mark.slow
 @needs_fmnist
 @pytest.mark.parametrize("key", ["privacy_args.secure_aggregation=true", "train_args.stream_uploads=true"])
 def test_the_engine_refuses_a_sum_form_that_drops_a_field(tmp_path, key):

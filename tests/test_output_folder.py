@@ -99,6 +99,7 @@ def _cli(tmp_path: Path, out: Path, sets: list[str], *extra: str) -> int:
 MOON = ROOT / "config" / "fashion_mnist" / "moon.yaml"
 
 
+@pytest.mark.slow
 def test_overwrite_keeps_the_new_runs_wandb_files_and_none_of_the_earlier_runs_party_states(tmp_path):
     """W&B offline writes this run's files into wandb/ before its first record, when --overwrite
     removes the earlier run's: the earlier run's go, this run's stay and it exits 0. MOON's party
@@ -120,6 +121,7 @@ def test_overwrite_keeps_the_new_runs_wandb_files_and_none_of_the_earlier_runs_p
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
+@pytest.mark.slow
 def test_a_run_a_live_process_writes_is_not_started_again_in_its_folder(tmp_path):
     """The folder's run lock: while one process runs the run, a second one given the folder (to go
     on with it, or to replace it) is refused and changes nothing; once the first has ended (here by

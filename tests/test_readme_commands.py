@@ -226,6 +226,7 @@ COMMANDS: dict[str, str] = {
     CLUSTER_STATUS: "cluster",
     CLUSTER_WAIT: "cluster",
     "bash run/test.sh": "script",
+    "bash run/test.sh --quick": "script",  # .ci/run runs it after the whole suite, timed
     "bash run/setup.sh": "setup",  # tests/test_docs.py (nothing the second time), tests/test_interpreters.py
     MAIN_JOB: "single",
     SYNOPSIS: "single",
@@ -393,6 +394,9 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
     ]
     positions = [test_sh.index(step) for step in steps]
     assert setup < positions[0] and positions == sorted(positions)
+    quick = test_sh.index('.venv/bin/python -m pytest -q -n auto --dist load -m "not slow" "$@"')
+    assert positions[1] < quick < positions[2]  # --quick: lint, then the tests not marked slow
+    assert "bash run/test.sh --quick" in (ROOT / ".ci" / "run").read_text()  # and CI times it
     assert (ROOT / ".venv/bin/mkdocs").is_file()  # `mkdocs serve` serves what run/docs.sh builds
     # the pip installs: run/setup.sh runs them, and the packages imported are this tree's
     setup_sh = "\n".join(_script("setup.sh"))
@@ -1020,6 +1024,7 @@ def test_hierarchical_commands(tmp_path, home):
         assert " rank 1 process 1 INFO " in said and " rank 1 process 0 INFO " in said  # as the guide says
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("left_out", "says"),
     [
@@ -1049,6 +1054,7 @@ def test_the_one_host_silo_command_missing_a_key_is_refused_naming_the_sets_to_a
     assert not (home / "never").exists()
 
 
+@pytest.mark.slow
 def test_a_master_port_in_use_stops_torchrun_naming_it(home):
     """The guide's promise: the one-host silo command with its --master-port already taken stops
     within seconds (exit 1), its last line naming the port and that it is in use."""

@@ -257,6 +257,7 @@ def tiny_disk(tmp_path):
     subprocess.run(["umount", str(disk)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_named_and_the_previous_checkpoint_stays(tiny_disk):
     write_checkpoint(tiny_disk, 1, {"server": {"w": torch.ones(1000)}})  # 4 kB: fits
     with pytest.raises(CheckpointError, match="round 2 .* the disk is full; free space, then resume"):

@@ -97,6 +97,7 @@ def _refused(name: str, tmp_path: Path, run) -> None:
     assert "round 0" not in said
 
 
+@pytest.mark.slow
 def test_broken_data_is_refused_by_the_command_as_a_process_and_nothing_is_written_over(tmp_path):
     def process(args: list[str]) -> tuple[int, str]:
         env = {**os.environ, "HOME": str(tmp_path)}

@@ -84,6 +84,7 @@ def test_auto_moving_to_disk_leaves_no_state_an_earlier_process_wrote_there(tmp_
     assert store.parties() == [0, 1] and 7 not in store
 
 
+@pytest.mark.slow
 def test_a_run_whose_states_move_to_disk_ends_as_one_that_keeps_them_in_memory(tmp_path, monkeypatch):
     """MOON, 6 parties, 3 a round: `auto` with a limit of one byte moves every state to disk from the first;
     the final model and the records equal the memory store's run."""
@@ -105,6 +106,7 @@ def test_a_run_whose_states_move_to_disk_ends_as_one_that_keeps_them_in_memory(t
     assert diff == 0.0 and not differences
 
 
+@pytest.mark.slow
 def test_a_resumed_run_ignores_states_a_killed_process_left_on_disk_after_its_checkpoint(tmp_path):
     """A process killed after round 0's checkpoint may have written later states into its disk
     store (a party first sampled after it, and newer states of the others): the resumed run takes

@@ -65,6 +65,7 @@ def _results(folder: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in lines]
 
 
+@pytest.mark.slow
 def test_a_bad_sweep_file_is_refused_naming_the_run_and_key(tmp_path):
     path, out = _sweep_file(tmp_path)
     path.write_text(path.read_text().replace("train_args.epochs: 1", "train_args.epochs: two"))
@@ -164,6 +165,7 @@ def test_a_method_sets_several_keys_and_a_bare_key_only_names_the_config():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("slurm", "words", "on"),
     [
@@ -187,6 +189,7 @@ def test_a_wrong_slurm_resource_is_refused_before_anything_runs(tmp_path, slurm,
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_slurm_asked_where_it_is_not_installed_says_so_and_submits_nothing(tmp_path):
     path, out = _sweep_file(tmp_path)
     env = {**_env(tmp_path), "PATH": str(Path(sys.executable).parent)}  # python, no sbatch, no srun
@@ -197,6 +200,7 @@ def test_slurm_asked_where_it_is_not_installed_says_so_and_submits_nothing(tmp_p
     assert not (out / "jobs.json").exists() and not list(out.glob("*/run.log"))
 
 
+@pytest.mark.slow
 def test_wait_without_a_scheduler_is_refused(tmp_path):
     path, out = _sweep_file(tmp_path)
     done = subprocess.run(

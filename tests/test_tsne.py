@@ -33,6 +33,7 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_tsne_of_the_global_and_a_partys_saved_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -56,6 +57,7 @@ def test_tsne_of_the_global_and_a_partys_saved_model(tmp_path, monkeypatch, caps
         tsne(tmp_path / "run", 99, samples=50)
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_tsne_of_two_runs_is_one_picture_with_a_row_per_run(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -16,6 +16,11 @@ NumPy 2, a current wandb, protobuf and paho-mqtt 2; the rest of FedML does not, 
   `from fedml.core import ClientTrainer` runs `fedml/core/__init__.py` (FedML's algorithm frame: a
   second) with `fedml.core.mlops` still unrun. `fedml_moon/__init__.py` calls it, before anything
   imports FedML.
+* FedML's algorithm frame imports FedML's attacks, and its gradient-inversion (DLG) attack imports
+  torchvision, whose import takes `torch._dynamo` with it: 1.3 s of every server's and silo's start,
+  for an attack the plugin never enables. `use_fedml_parts` registers a stand-in for that module
+  (STAND_INS): constructing its `DLGAttack`, or using any other name of it, imports the real module
+  first. A run whose network is torchvision's imports torchvision where it builds the network.
 * `fedml.init` is therefore not called. What it did for the plugin's processes (seeding the global
   generators, which every run seeds itself; FedML's MLOps and device set-up, which the plugin turns
   off) is not needed; what it did wrong (five untimed POSTs to FedML's cloud, writes under `~/.fedml`,
@@ -45,6 +50,10 @@ FEDML_VERSION = "0.9.6"
 
 FEDML_PARTS: tuple[str, ...] = ("fedml", "fedml.core", "fedml.core.mlops")
 """FedML packages whose `__init__` waits for the first use of a name it defines (`use_fedml_parts`)."""
+
+STAND_INS: dict[str, tuple[str, ...]] = {"fedml.core.security.attack.dlg_attack": ("DLGAttack",)}
+"""FedML modules on the plugin's path that only a FedML attack uses, each with the classes FedML takes
+from it at import: the module is imported when one of them is constructed (`use_fedml_parts`)."""
 
 HOME_REDIRECTED_MODULES: tuple[str, ...] = ("fedml.runner",)
 """FedML modules on the plugin's path that write under `~/.fedml`; their `expanduser` is redirected."""
@@ -108,6 +117,32 @@ def _deferred_package(name: str, path: list[str] | None) -> ModuleType | None:
     return module
 
 
+def _stand_in(name: str, classes: tuple[str, ...]) -> None:
+    """Register a stand-in for module `name`: constructing one of `classes`, or using any other name
+    the module defines, imports the real module (in its place in sys.modules) and answers from it."""
+    stand_in = ModuleType(name, f"stands in for {name} until it is used ({__name__})")
+
+    def real() -> ModuleType:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+            log.debug("importing %s (a stand-in until now)", name)
+        return importlib.import_module(name)
+
+    def other(attr: str) -> Any:
+        if attr.startswith("__"):  # probes never import the module
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        return getattr(real(), attr)
+
+    for cls in classes:
+
+        def construct(_cls: type, *args: Any, _name: str = cls, **kwargs: Any) -> Any:
+            return getattr(real(), _name)(*args, **kwargs)
+
+        setattr(stand_in, cls, type(cls, (), {"__new__": construct, "__module__": name}))
+    stand_in.__getattr__ = other  # type: ignore[method-assign]
+    sys.modules[name] = stand_in
+
+
 def use_fedml_parts() -> bool:
     """Let FedML's parts import without FedML's package `__init__`s (see FEDML_PARTS); idempotent.
 
@@ -121,6 +156,8 @@ def use_fedml_parts() -> bool:
         if module is None:
             return False
         path = list(module.__path__)
+    for name, classes in STAND_INS.items():
+        _stand_in(name, classes)
     return True
 
 

@@ -166,6 +166,13 @@ def mpirun_command(np: int, cmd: list[str]) -> list[str]:
 
 
 def spawn(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """Start `cmd` in a session of its own, its output to `log_path`: `python -m fedml_moon ...` and
+    `python SCRIPT.py ...` forked from a process that has imported PyTorch and FedML's parts
+    (`preloaded`, unless FEDML_MOON_PRELOAD=0 here), anything else (`mpirun ...`) as it is."""
+    from fedml_moon.conformance import preloaded
+
+    if preloaded.enabled() and preloaded.forkable(cmd):
+        return preloaded.start(cmd, log_path, env, cwd)  # type: ignore[return-value]
     out = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
         cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True

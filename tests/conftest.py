@@ -11,6 +11,7 @@ on another's order.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -29,7 +30,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # --- the quick tier starts no process -------------------------------------------------------------
 
 _STARTS = frozenset(
-    {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.system"}
+    {
+        "fedml_moon.fork",  # fedml_moon.conformance.preloaded.start
+        "subprocess.Popen",
+        "os.posix_spawn",
+        "os.fork",
+        "os.forkpty",
+        "os.exec",
+        "os.spawn",
+        "os.system",
+    }
 )
 _started: list[str] | None = None
 """What the running quick-tier test started (audit events); None while no quick-tier test runs."""
@@ -44,9 +54,8 @@ def _watch_starts(event: str, args: tuple) -> None:
     if event == "subprocess.Popen" and os.path.basename(str(args[0])) in _PROBES:
         return
     if _started is not None and event in _STARTS:
-        _started.append(
-            f"{event} {' '.join(map(str, args[1] if event == 'subprocess.Popen' else args))[:200]}"
-        )
+        words = args[1] if event == "subprocess.Popen" else args[0] if event == "fedml_moon.fork" else args
+        _started.append(f"{event} {' '.join(map(str, words))[:2000]}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -55,32 +64,41 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
-    return (yield from _unless_started(item, "its set-up"))
+    return (yield from _watched(item, "its set-up"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):
-    return (yield from _unless_started(item, "it"))
+    return (yield from _watched(item, "it"))
 
 
-def _unless_started(item: pytest.Item, what: str):
-    """A test not marked slow (the quick tier, `run/test.sh --quick`) fails if it starts a process: a
-    test that needs one is marked `slow` and says in its docstring why it must."""
+def _watched(item: pytest.Item, what: str):
+    """Watch what `item` starts. A test not marked slow (the quick tier, `run/test.sh --quick`) fails
+    if it starts a process: a test that needs one is marked `slow` and says in its docstring why it
+    must. With FEDML_MOON_TEST_PROCESSES set (a folder: `run/test.sh` sets it), each test's commands
+    are appended there for `benchmarks/suite_budget.py`."""
     global _started
-    if item.get_closest_marker("slow") is not None:
-        return (yield)
     _started = []
     try:
         result = yield
     finally:
         started, _started = _started, None
-    if started:
+        _record(item, started)
+    if started and item.get_closest_marker("slow") is None:
         pytest.fail(
             f"{what} started a process but the test is not marked slow (the quick tier starts none): "
-            f"{started[0]}; mark it @pytest.mark.slow and say in its docstring why it needs a process",
+            f"{started[0][:300]}; mark it @pytest.mark.slow and say in its docstring why it needs a process",
             pytrace=False,
         )
     return result
+
+
+def _record(item: pytest.Item, started: list[str]) -> None:
+    folder = os.environ.get("FEDML_MOON_TEST_PROCESSES")
+    if folder and started:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(folder, f"{worker}.jsonl"), "a") as out:
+            out.write(json.dumps({"test": item.nodeid, "started": started}) + "\n")
 
 
 @pytest.fixture(autouse=True)

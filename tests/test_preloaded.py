@@ -54,7 +54,7 @@ def test_a_forked_script_is_a_process_of_its_own(tmp_path, monkeypatch):
     cwd.mkdir()
     env = {"MINE": "yes", "PYTHONPATH": str(tmp_path / "extra"), "PATH": os.environ["PATH"]}
     child = conformance.spawn([sys.executable, str(script), "3"], log, env, cwd)
-    assert isinstance(child, preloaded.Forked)
+    assert isinstance(child, preloaded.Forked) and log.is_file()  # the log is there, as a Popen's is
     assert child.wait(timeout=120) == 3 and child.poll() == 3
     report = json.loads(log.read_text().splitlines()[-1])
     assert report["pid"] == child.pid != os.getpid() and report["sid"] == child.pid
@@ -77,8 +77,11 @@ def test_a_forked_process_is_stopped_with_its_session_and_reports_how_it_ended(t
     assert hung.returncode == 7
     killed = conformance.spawn([sys.executable, str(script), "hang"], tmp_path / "b.log", env, tmp_path)
     wait_for(tmp_path / "b.log", '"pid"', 120)
-    os.kill(killed.pid, signal.SIGKILL)
+    killed.send_signal(signal.SIGSTOP)  # as a test freezes a silo
+    killed.send_signal(signal.SIGCONT)
+    killed.kill()
     assert killed.wait(timeout=60) == -signal.SIGKILL
+    killed.terminate()  # a signal to a process that has ended does nothing, as with Popen
 
 
 def test_the_server_imports_no_transport_and_no_per_process_state():

@@ -227,6 +227,7 @@ COMMANDS: dict[str, str] = {
     CLUSTER_WAIT: "cluster",
     "bash run/test.sh": "script",
     "bash run/test.sh --quick": "script",  # .ci/run runs it after the whole suite, timed
+    ".venv/bin/python benchmarks/suite_budget.py --top 20": "benchmark",  # run/test.sh runs it
     "bash run/setup.sh": "setup",  # tests/test_docs.py (nothing the second time), tests/test_interpreters.py
     MAIN_JOB: "single",
     SYNOPSIS: "single",
@@ -390,7 +391,9 @@ def test_scripts_installs_and_benchmarks_the_suite_does_not_run():
         ".venv/bin/ruff check fedml_moon tests benchmarks examples docs || exit 1",
         ".venv/bin/ruff format --check fedml_moon tests benchmarks examples docs || exit 1",
         "bash run/docs.sh || exit 1",  # the documentation, built --strict
-        '.venv/bin/python -m pytest -q -n auto --dist load --maxschedchunk 2 "$@"',  # every core
+        ".venv/bin/python -m pytest -q -n auto --dist load --maxschedchunk 2"
+        ' --junitxml=outputs/suite/junit.xml "$@"',
+        ".venv/bin/python benchmarks/suite_budget.py --top 10 >&2",  # where the time went
     ]
     positions = [test_sh.index(step) for step in steps]
     assert setup < positions[0] and positions == sorted(positions)

@@ -26,6 +26,7 @@ import json
 import multiprocessing
 import os
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,8 +80,8 @@ def _context() -> Any:
 
 
 class Forked:
-    """A child of the preloaded server, with what `processes` uses of `subprocess.Popen`: `pid`,
-    `args`, `returncode`, `poll`, `wait` (a negative code: the signal that ended it)."""
+    """A child of the preloaded server, with `subprocess.Popen`'s `pid`, `args`, `returncode`, `poll`,
+    `wait` (a negative code: the signal that ended it), `send_signal`, `terminate` and `kill`."""
 
     def __init__(self, process: Any, args: list[str]) -> None:
         self._process, self.args, self.pid = process, args, process.pid
@@ -90,6 +91,16 @@ class Forked:
         if self.returncode is None:
             self.returncode = self._process.exitcode
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
@@ -101,18 +112,22 @@ class Forked:
 def start(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> Forked:
     """Fork `cmd` (see `forkable`) from the preloaded server: its stdout and stderr to `log_path`, in a
     session of its own, in `cwd`, with `env` as its whole environment."""
+    sys.audit("fedml_moon.fork", cmd)  # what a started process raises (subprocess.Popen), for watchers
     base = _base_path()
+    Path(log_path).write_bytes(b"")  # there when this returns, as a Popen's log is
     process = _context().Process(
         target=_child, args=(cmd[1:], str(log_path), dict(env), str(cwd), base), name=f"fedml-moon {cmd[1]}"
     )
     process.start()
+    # Like a subprocess.Popen, never joined at this process's exit: whoever started it stops it.
+    multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
     return Forked(process, cmd)
 
 
 def _child(words: list[str], log_path: str, env: dict[str, str], cwd: str, base: tuple[str, ...]) -> None:
     """In the forked child: become the process `python WORDS...` would be, then run it."""
     os.setsid()
-    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
@@ -123,20 +138,13 @@ def _child(words: list[str], log_path: str, env: dict[str, str], cwd: str, base:
     os.environ.clear()
     os.environ.update(env)
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if words[0] == "-m":
-        sys.argv = [str(Path(__import__("fedml_moon").__file__).with_name("__main__.py")), *words[2:]]
-        sys.path[:] = [cwd, *extra, *base]
-    else:
-        sys.argv = list(words)
-        sys.path[:] = [str(Path(words[0]).resolve().parent), *extra, *base]
+    first = cwd if words[0] == "-m" else str(Path(words[0]).resolve().parent)
+    sys.path[:] = [first, *extra, *base]
+    sys.argv = list(["-m", *words[2:]] if words[0] == "-m" else words)  # run_module sets argv[0]
     try:
-        if words[0] == "-m":
-            from fedml_moon.cli import main
-
-            code = main(words[2:])
+        if words[0] == "-m":  # `python -m fedml_moon`: its __main__.py, argv[0] its path
+            runpy.run_module(words[1], run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(words[0], run_name="__main__")
-            code = 0
     finally:
         atexit._run_exitfuncs()  # as the interpreter does at exit (multiprocessing's children skip it)
-    sys.exit(code)

@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedml_moon.conformance.preloaded import enabled as preload_enabled
+from fedml_moon.conformance.preloaded import forkable
+from fedml_moon.conformance.preloaded import start as fork
 from fedml_moon.modes import MODES  # noqa: F401 (the conformance suite's name for them)
 
 log = logging.getLogger(__name__)
@@ -169,10 +172,8 @@ def spawn(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path) -> sub
     """Start `cmd` in a session of its own, its output to `log_path`: `python -m fedml_moon ...` and
     `python SCRIPT.py ...` forked from a process that has imported PyTorch and FedML's parts
     (`preloaded`, unless FEDML_MOON_PRELOAD=0 here), anything else (`mpirun ...`) as it is."""
-    from fedml_moon.conformance import preloaded
-
-    if preloaded.enabled() and preloaded.forkable(cmd):
-        return preloaded.start(cmd, log_path, env, cwd)  # type: ignore[return-value]
+    if preload_enabled() and forkable(cmd):
+        return fork(cmd, log_path, env, cwd)  # type: ignore[return-value]
     out = open(log_path, "wb")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
         cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True

@@ -93,12 +93,29 @@ def leave(group: Group | None) -> None:
     """End this process's part of its silo's group (torch.distributed's process group) before the
     process exits: a gloo group left to the interpreter's exit can abort the process after its run
     completed ("terminate called without an active exception", exit -6, which fails its torchrun)."""
+    global _left
     if group is None:
         return
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    _left = True
+
+
+_left = False
+
+
+def exit_if_left(code: int) -> None:
+    """End a process that was part of a silo's group at once, with `code`, its logs flushed: gloo's
+    threads can still abort it in the interpreter's exit after its group was destroyed ("terminate
+    called without an active exception", exit -6, seen under load). `python -m fedml_moon` calls it."""
+    if not _left:
+        return
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def group_backend(cuda: bool) -> str:

@@ -45,9 +45,10 @@ _started: list[str] | None = None
 """What the running quick-tier test started (audit events); None while no quick-tier test runs."""
 
 
-_PROBES = frozenset({"lscpu"})
-"""Programs a library runs once to look at the machine (loky's count of physical cores, for
-scikit-learn's t-SNE): not a process of the test's."""
+_PROBES = frozenset({"lscpu", "fc-list", "fc-match", "ldconfig", "gcc", "cc", "ld", "objdump", "uname"})
+"""Programs a library runs once to look at the machine, not processes of the test's: loky's count of
+physical cores (scikit-learn's t-SNE), matplotlib's first font cache on a fresh machine, ctypes'
+`find_library`, `platform`."""
 
 
 def _watch_starts(event: str, args: tuple) -> None:

@@ -15,7 +15,9 @@ Used where a run's start-up is not what is tested: `fedml-moon check` and the su
 standalone, gRPC and MQTT + S3 processes through `processes.spawn`, which forks a command of the
 form `python -m fedml_moon ...` or `python SCRIPT.py ...` from here. The MPI modes start under
 `mpirun`, and the commands the docs show run as typed. `FEDML_MOON_PRELOAD=0` in the environment of
-the process that starts them makes every one a fresh interpreter again.
+the process that starts them makes every one a fresh interpreter again. As with any use of
+multiprocessing's forkserver, a script that starts runs this way keeps its work under
+`if __name__ == "__main__":` (the `fedml-moon` command, `python -m fedml_moon` and pytest do).
 """
 
 from __future__ import annotations

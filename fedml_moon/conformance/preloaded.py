@@ -4,12 +4,12 @@ A `python -m fedml_moon` process spends about 2 s of a core importing PyTorch an
 before its first line of work, and a run in every mode starts a dozen of them. `start` forks the
 command instead from a server process that imported those modules once (multiprocessing's
 forkserver, PRELOAD): the child is a process of its own, with its own pid and session, working
-directory, environment, `sys.path` and log file, and runs `fedml_moon.cli.main` (or a script, as
-`python SCRIPT` would) exactly as `python -m fedml_moon` does; it reaches the other processes of its
-run over the same real transports. What children share is what a fresh start would not: the
-modules' memory (copy-on-write), the interpreter's hash seed, and environment variables already read
-when the server imported its modules (it imports no transport: gRPC, protobuf, paho-mqtt and mpi4py
-load in each child, under the child's environment).
+directory, environment, `sys.path` and log file, and runs the package's `__main__` as `python -m
+fedml_moon` does (`runpy.run_module`), or a script as `python SCRIPT` does; it reaches the other
+processes of its run over the same real transports. What children share is what a fresh start would
+not: the modules' memory (copy-on-write), the interpreter's hash seed, and environment variables
+already read when the server imported its modules (it imports no transport: gRPC, protobuf, paho-
+mqtt and mpi4py load in each child, under the child's environment).
 
 Used where a run's start-up is not what is tested: `fedml-moon check` and the suite start their
 standalone, gRPC and MQTT + S3 processes through `processes.spawn`, which forks a command of the

@@ -29,6 +29,8 @@ log = logging.getLogger("recorded_runs")
 CONFIGS = ROOT / "config" / "fashion_mnist"
 SETTINGS = [
     *conformance.TINY,
+    "data_args.max_train_samples=800",  # the samples of the recorded file
+    "data_args.max_test_samples=300",
     "train_args.client_num_in_total=5",
     "train_args.client_num_per_round=4",  # MOON's pools grow at different paces
     "train_args.comm_round=4",

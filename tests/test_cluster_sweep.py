@@ -449,3 +449,17 @@ def test_a_job_out_of_time_too_often_says_so(sweep, on):
     state, _, detail = s.status()["algorithm=moon"]
     assert state == "failed" and "out of time more often than slurm.timeouts_requeued allows" in detail
     assert "stopped the run at its time limit" in detail  # the run's last line: why it stopped
+
+
+def test_a_jobs_own_process_imports_no_pytorch(tmp_path):
+    """What submitit's job process unpickles (sweep_job.SweepJob) leaves PyTorch to the run it starts:
+    a job pays for its run's start-up once. A fresh interpreter, as a job's: what a process imports
+    is only visible from its start."""
+    code = (
+        "import sys, submitit, fedml_moon.results.sweep_job\n"
+        "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

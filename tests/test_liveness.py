@@ -30,6 +30,7 @@ SLOW_STEPS = [
     f"common_args.plugins=[{ROOT / 'tests' / 'slow_plugin.py'}:slow]",
     "train_args.algorithm=fedavg_slow",
     "train_args.comm_round=2",
+    "data_args.max_train_samples=800",  # ~8 steps a party
     f"comm_args.heartbeat_s={HEARTBEAT_S}",
 ]
 SLOW = [*conformance.TINY, *SLOW_STEPS]

@@ -32,8 +32,8 @@ from fedml_moon.modes import MODES  # noqa: F401 (the conformance suite's name f
 
 log = logging.getLogger(__name__)
 TINY = [
-    "data_args.max_train_samples=800",
-    "data_args.max_test_samples=300",
+    "data_args.max_train_samples=384",
+    "data_args.max_test_samples=96",
     "train_args.client_num_in_total=3",
     "train_args.client_num_per_round=2",
     "train_args.comm_round=3",

@@ -38,7 +38,6 @@ from typing import Any
 
 import yaml
 
-from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.records import earlier_records
 from fedml_moon.results.cluster import slurm_args
@@ -158,6 +157,8 @@ def load_sweep(
         )
     fixed = [*(_override(k, v) for k, v in (raw.get("set") or {}).items()), *overrides]
     out = Path(output or raw.get("output") or f"outputs/sweeps/{path.stem}")
+    from fedml_moon.config import load_config  # here: a job that runs a Run imports no PyTorch
+
     runs = []
     for combo in itertools.product(*grid.values()):
         name, values, names = _point(dict(zip(grid, combo, strict=True)))

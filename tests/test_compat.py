@@ -23,9 +23,10 @@ PARTS_PROBE = textwrap.dedent(
     """
     import json, sys
     import fedml_moon.adapters.aggregator, fedml_moon.adapters.trainer, fedml_moon.distributed.managers
+    import fedml_moon.distributed.deploy
     from fedml.runner import FedMLRunner
     import fedml, fedml.core, fedml.core.mlops
-    heavy = ("fedml", "wandb", "pandas", "sklearn", "torchvision", "torch")
+    heavy = ("fedml", "wandb", "pandas", "sklearn", "scipy", "matplotlib", "torchvision", "torch")
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in heavy and not m.startswith("torch."))
     loaded += ["torch._dynamo"] if "torch._dynamo" in sys.modules else []
     json.dump({
@@ -57,8 +58,10 @@ class _NoopFlow:
 @pytest.mark.slow
 def test_a_process_imports_fedmls_parts_only(tmp_path: Path) -> None:
     """The trainer, aggregator, managers and runner import without FedML's package __init__ (its
-    scheduler, MLOps and device modules, wandb internals), and without pandas, scikit-learn or
-    torchvision (FedML's DLG attack module, which imports it, is a stand-in until used)."""
+    scheduler, MLOps and device modules, wandb internals), and without pandas, scikit-learn,
+    torchvision (FedML's DLG attack module, which imports it, is a stand-in until used), SciPy
+    (FedML's defences, DP accountant and contribution assessor: stand-ins too) or matplotlib (a
+    process imports it where it draws)."""
     proc = _python(PARTS_PROBE, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout)
@@ -68,7 +71,8 @@ def test_a_process_imports_fedmls_parts_only(tmp_path: Path) -> None:
     assert "fedml.core.distributed.fedml_comm_manager" in loaded and "fedml.runner" in loaded
     for never in ("fedml.computing", "fedml.core.mlops.stats_impl", "fedml.core.mlops.mlops_runtime_log"):
         assert not any(m == never or m.startswith(never + ".") for m in loaded), never
-    assert not [m for m in loaded if m.split(".")[0] in ("wandb", "pandas", "sklearn", "torchvision")], loaded
+    unwanted = ("wandb", "pandas", "sklearn", "scipy", "matplotlib", "torchvision")
+    assert not [m for m in loaded if m.split(".")[0] in unwanted], loaded
     assert "torch._dynamo" not in loaded and not found["dlg_attack_imported"]
     assert proc.stderr == "", proc.stderr  # no import warnings either
 
@@ -91,6 +95,20 @@ def test_fedmls_dlg_attack_is_the_real_one_once_used() -> None:
     where = [Path(entry.frame.code.path) for entry in stand_in.traceback]
     assert Path(real.__file__) in where  # raised inside FedML's own class
     assert early.BaseAttackMethod is real.BaseAttackMethod
+
+
+def test_fedmls_rdp_analysis_is_the_real_one_once_called() -> None:
+    """The stand-in for FedML's RDP analysis (SciPy's importer): FedML's RDP accountant, asked for a
+    privacy budget, gets the real module's figures, and the module is the real one after."""
+    from fedml.core.dp.budget_accountant import rdp_accountant
+
+    name = "fedml.core.dp.budget_accountant.rdp_analysis"
+    orders = [2.0, 8.0, 32.0]
+    got = rdp_accountant.compute_rdp(q=0.01, noise_multiplier=1.1, steps=100, orders=orders)
+    real = sys.modules[name]
+    assert "__file__" in vars(real) and "scipy" in sys.modules
+    assert list(got) == list(real.compute_rdp(q=0.01, noise_multiplier=1.1, steps=100, orders=orders))
+    assert len(got) == 3 and all(0 < a < b for a, b in zip(got[:-1], got[1:], strict=True))  # grows with α
 
 
 @pytest.mark.slow

@@ -18,9 +18,12 @@ NumPy 2, a current wandb, protobuf and paho-mqtt 2; the rest of FedML does not, 
   imports FedML.
 * FedML's algorithm frame imports FedML's attacks, and its gradient-inversion (DLG) attack imports
   torchvision, whose import takes `torch._dynamo` with it: 1.3 s of every server's and silo's start,
-  for an attack the plugin never enables. `use_fedml_parts` registers a stand-in for that module
-  (STAND_INS): constructing its `DLGAttack`, or using any other name of it, imports the real module
-  first. A run whose network is torchvision's imports torchvision where it builds the network.
+  for an attack the plugin never enables; its defences, its DP accountant and its contribution
+  assessor import SciPy (0.3 s more), for features the plugin never enables either (its own DP and
+  robust aggregation are its own). `use_fedml_parts` registers a stand-in for each of those modules
+  (STAND_INS): calling what FedML takes from it (constructing `DLGAttack`, calling `compute_rdp`),
+  or using any other name of it, imports the real module first. A run whose network is
+  torchvision's imports torchvision where it builds the network.
 * `fedml.init` is therefore not called. What it did for the plugin's processes (seeding the global
   generators, which every run seeds itself; FedML's MLOps and device set-up, which the plugin turns
   off) is not needed; what it did wrong (five untimed POSTs to FedML's cloud, writes under `~/.fedml`,
@@ -51,9 +54,18 @@ FEDML_VERSION = "0.9.6"
 FEDML_PARTS: tuple[str, ...] = ("fedml", "fedml.core", "fedml.core.mlops")
 """FedML packages whose `__init__` waits for the first use of a name it defines (`use_fedml_parts`)."""
 
-STAND_INS: dict[str, tuple[str, ...]] = {"fedml.core.security.attack.dlg_attack": ("DLGAttack",)}
-"""FedML modules on the plugin's path that only a FedML attack uses, each with the classes FedML takes
-from it at import: the module is imported when one of them is constructed (`use_fedml_parts`)."""
+STAND_INS: dict[str, tuple[str, ...]] = {
+    "fedml.core.security.attack.dlg_attack": ("DLGAttack",),
+    "fedml.core.security.defense.cross_round_defense": ("CrossRoundDefense",),
+    "fedml.core.security.defense.three_sigma_defense": ("ThreeSigmaDefense",),
+    "fedml.core.security.defense.three_sigma_defense_foolsgold": ("ThreeSigmaDefense_Foolsgold",),
+    "fedml.core.security.defense.three_sigma_geomedian_defense": ("ThreeSigmaGeoMedianDefense",),
+    "fedml.core.dp.budget_accountant.rdp_analysis": ("compute_rdp",),
+    "fedml.core.contribution.mr_shapley_value": ("MRShapleyValue",),
+}
+"""FedML modules on the plugin's path that only FedML's own attacks, defences, DP accountant and
+contribution assessor use, each with the classes (or functions) FedML takes from it at import: the
+module is imported when one of them is called (`use_fedml_parts`)."""
 
 HOME_REDIRECTED_MODULES: tuple[str, ...] = ("fedml.runner",)
 """FedML modules on the plugin's path that write under `~/.fedml`; their `expanduser` is redirected."""

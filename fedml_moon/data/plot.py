@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +40,9 @@ def save_partition_heatmap(
     20 of each); else their indices. Rendered with the Agg canvas, so no display is needed. Returns
     ``path``.
     """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # here: a process that draws none
+    from matplotlib.figure import Figure  # (a silo, a server) imports no matplotlib
+
     grid = np.asarray(counts).T
     n_classes, n_parties = grid.shape
     fig = Figure(figsize=(max(4.0, 0.5 * n_parties + 2.0), max(3.0, 0.4 * n_classes + 1.5)))
@@ -72,6 +73,9 @@ def save_partition_summary(counts: np.ndarray, path: Path, title: str) -> Path:
     """Save two histograms of ``counts`` [n_parties, num_classes] for a partition of too many parties
     for a heat map: the parties' training sizes, and how many classes each party holds. Returns
     ``path``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     counts = np.asarray(counts)
     sizes, held = counts.sum(1), (counts > 0).sum(1)
     fig = Figure(figsize=(9.0, 3.5))

@@ -429,9 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        from fedml_moon.config import load_config, with_plugins
-
         if getattr(args, "plugins", None):
+            from fedml_moon.config import with_plugins
+
             args.overrides = with_plugins(args.cf, args.overrides, args.plugins)
         if args.command == "check":
             return _check(args)
@@ -464,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
                 [Path(f) for f in args.folders], args.out and Path(args.out), args.target, args.latex
             )
             return 0
+        from fedml_moon.config import load_config  # PyTorch with it: a command that loads no config
+        #                                            (sweep --status, report, help) imports none
+
         cfg = load_config(args.cf, args.overrides)
         _check_command(args.command, cfg)
         out_dir = _output_dir(args, cfg)

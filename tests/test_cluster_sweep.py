@@ -451,15 +451,20 @@ def test_a_job_out_of_time_too_often_says_so(sweep, on):
     assert "stopped the run at its time limit" in detail  # the run's last line: why it stopped
 
 
-def test_a_jobs_own_process_imports_no_pytorch(tmp_path):
-    """What submitit's job process unpickles (sweep_job.SweepJob) leaves PyTorch to the run it starts:
-    a job pays for its run's start-up once. A fresh interpreter, as a job's: what a process imports
-    is only visible from its start."""
-    code = (
-        "import sys, submitit, fedml_moon.results.sweep_job\n"
-        "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
-    )
+def test_a_jobs_own_process_and_status_import_no_pytorch(tmp_path):
+    """What submitit's job process unpickles (sweep_job.SweepJob) leaves PyTorch to the run it starts
+    (a job pays for its run's start-up once), and `sweep FILE --status`, which reads the runs'
+    folders, loads no config and imports no PyTorch. Fresh interpreters, as a job's and a user's:
+    what a process imports is only visible from its start."""
+    s = Sweep(tmp_path, "local", {}, 2)
+    probes = {
+        "job": "import submitit, fedml_moon.results.sweep_job",
+        "status": f"from fedml_moon.cli import main\nassert main(['sweep', '{s.file}', '--status']) == 0",
+    }
     env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]", done.stdout
+    for what, code in probes.items():
+        code = f"import sys\n{code}\nprint(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
+        argv = [sys.executable, "-c", code]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (what, done.stderr[-2000:])
+        assert done.stdout.strip().splitlines()[-1] == "[]", (what, done.stdout)

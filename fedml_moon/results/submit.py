@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.config import load_config
 from fedml_moon.errors import ConfigError
 from fedml_moon.results import jobs
 from fedml_moon.results.cluster import SlurmArgs, executor
@@ -80,6 +79,7 @@ def _submit(
 def check_resumes(runs: list[Run]) -> None:
     """Refuse, before anything is submitted, a run that would go on from its checkpoint with
     another config (a changed `--set`, sweep file or base config): its job would fail at start."""
+    from fedml_moon.config import load_config
     from fedml_moon.engine.resume import check_resumable
 
     for run in runs:

@@ -133,10 +133,15 @@ def read_sweep_file(path: Path) -> dict[str, Any]:
 
 
 def load_sweep(
-    path: str | Path, output: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    path: str | Path,
+    output: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    check: bool = True,
 ) -> list[Run]:
     """The sweep's runs, each config loaded once to check it (a bad key fails before anything runs).
-    `overrides` (`--set` of the command line) apply to every run, after the file's `set`."""
+    `overrides` (`--set` of the command line) apply to every run, after the file's `set`. `check`
+    False (`--status`, which reads the runs' folders) skips loading the configs, and PyTorch with
+    them; the sweep file itself is still checked."""
     path = Path(path)
     raw = read_sweep_file(path)
     unknown = set(raw) - SWEEP_KEYS
@@ -157,23 +162,30 @@ def load_sweep(
         )
     fixed = [*(_override(k, v) for k, v in (raw.get("set") or {}).items()), *overrides]
     out = Path(output or raw.get("output") or f"outputs/sweeps/{path.stem}")
-    from fedml_moon.config import load_config  # here: a job that runs a Run imports no PyTorch
-
     runs = []
     for combo in itertools.product(*grid.values()):
         name, values, names = _point(dict(zip(grid, combo, strict=True)))
         overrides = (*fixed, *(_override(k, v) for k, v in values.items()))
         config = _config_path(str(raw["base"]), path.parent, names)
-        try:
-            load_config(config, list(overrides))
-        except ConfigError as err:
-            raise ConfigError(f"sweep run {name}: {err}") from None
+        if check:
+            _check(name, config, overrides)
         runs.append(Run(name, out / name, config, overrides))
     if len({r.name for r in runs}) != len(runs):
         raise ConfigError(
             f"sweep file {path}: two grid points give the same folder name; make the values distinct"
         )
     return runs
+
+
+def _check(name: str, config: Path, overrides: tuple[str, ...]) -> None:
+    """Load the run's config: a ConfigError names the run. (Imported here: a job that runs a Run,
+    and `--status`, import no PyTorch.)"""
+    from fedml_moon.config import load_config
+
+    try:
+        load_config(config, list(overrides))
+    except ConfigError as err:
+        raise ConfigError(f"sweep run {name}: {err}") from None
 
 
 def commands(runs: list[Run]) -> list[str]:

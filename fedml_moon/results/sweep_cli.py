@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         listed = sweep.commands(sweep.load_sweep(args.sweep_file, args.output, args.overrides))
         sys.stdout.write("".join(line + "\n" for line in listed))
         return 0
-    runs = submit.absolute(sweep.load_sweep(args.sweep_file, args.output, args.overrides))
+    runs = sweep.load_sweep(args.sweep_file, args.output, args.overrides, check=not args.status)
+    runs = submit.absolute(runs)
     folder = runs[0].folder.parent
     if args.status:
         now = submit.states(runs, folder)

@@ -40,8 +40,8 @@ def save_partition_heatmap(
     20 of each); else their indices. Rendered with the Agg canvas, so no display is needed. Returns
     ``path``.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # here: a process that draws none
-    from matplotlib.figure import Figure  # (a silo, a server) imports no matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # here: a process that draws no
+    from matplotlib.figure import Figure  # partition (a cross-silo server) imports no matplotlib
 
     grid = np.asarray(counts).T
     n_classes, n_parties = grid.shape

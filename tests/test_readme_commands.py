@@ -1044,9 +1044,10 @@ def test_hierarchical_commands(tmp_path, home):
     ],
 )
 def test_the_one_host_silo_command_missing_a_key_is_refused_naming_the_sets_to_add(home, left_out, says):
-    """The guide's one-host silo command with one of its --set left out: every process refuses before
-    anything is built (no output folder), naming the --set that make it agree with torchrun; without
-    the scenario each process would otherwise act as the whole silo 1."""
+    """The guide's one-host silo command with one of its --set left out: every process that gets as
+    far as its config refuses it before anything is built (no output folder), naming the --set that
+    make it agree with torchrun; without the scenario each process would otherwise act as the whole
+    silo 1."""
     from fedml_moon.conformance import free_port
 
     one = next(c for c, kind in COMMANDS.items() if kind == "hierarchical")
@@ -1055,7 +1056,10 @@ def test_the_one_host_silo_command_missing_a_key_is_refused_naming_the_sets_to_a
     argv = [*shlex.split(cmd), "--output-dir", str(home / "never")]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=_env(home), cwd=ROOT)
     fix = "--set device_args.n_node_in_silo=1 --set device_args.n_proc_per_node=2"
-    assert done.returncode == 1 and done.stderr.count(says) == 2 and done.stderr.count(fix) == 2, done.stderr
+    # torchrun stops the other process once one has exited: each refused, or was stopped before it
+    # got as far (on a busy machine the other may still be importing); none went further
+    refused = done.stderr.count(says)
+    assert done.returncode == 1 and refused in (1, 2) and done.stderr.count(fix) == refused, done.stderr
     assert not (home / "never").exists()
 
 

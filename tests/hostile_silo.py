@@ -59,8 +59,12 @@ def raw_frames() -> list[bytes]:
 
 
 def churn(transport, rank: int, stop: threading.Event) -> None:
-    """Subscribe calls of `rank` on a connection of their own, each cancelled at once, until `stop`."""
+    """Subscribe calls of `rank` on a connection of their own, each cancelled at once, until `stop`.
+    The thread runs at the lowest priority (Linux's nice values are per thread): an attacker's CPU is
+    its own machine's, and here it shares the server's and the honest silos' cores."""
     from fedml_moon.distributed.transport.grpc_common import RANK, SERVICE, channel_options
+
+    os.nice(19)
 
     channel = transport._channel(transport.server_address, channel_options(16))
     subscribe, calls = channel.stream_stream(f"/{SERVICE}/Subscribe"), 0

@@ -57,5 +57,5 @@ setup(
             "timm",
         ],
     },
-    entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:main"]},
+    entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:entry"]},
 )

@@ -497,6 +497,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The `fedml-moon` command and `python -m fedml_moon`: `main()`, then the process's exit. A
+    process that was part of a silo's group ends at once (`silo_group.exit_if_left`): gloo's threads
+    can abort an interpreter's ordinary exit after its run completed."""
+    code = main()
+    group = sys.modules.get("fedml_moon.distributed.silo_group")  # loaded only where a silo ran as a group
+    if group is not None:
+        group.exit_if_left(code)
+    sys.exit(code)
+
+
 def _report(summary: dict, out_dir: Path) -> None:
     acc = summary.get("final_test_acc")
     log.info(

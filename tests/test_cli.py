@@ -125,3 +125,32 @@ def test_mpi_ranks_of_a_cross_silo_run():
         mpi_ranks(["simulate", "--cf", str(ROOT / "config/modes/moon_mpi_simulation.yaml")])
     with pytest.raises(ConfigError, match="does not run under mpirun"):
         mpi_ranks(["run", "--cf", str(ROOT / "config/modes/moon_cross_silo_grpc.yaml")])
+
+
+def test_the_command_ends_a_silo_groups_process_at_once(monkeypatch):
+    """The installed `fedml-moon` and `python -m fedml_moon` go through `cli.entry`: a process that was
+    part of a silo's group ends with os._exit(main's code), before the interpreter's exit can meet
+    gloo's threads; any other process exits as usual, with main's code."""
+    from importlib.metadata import entry_points
+
+    from fedml_moon import cli
+    from fedml_moon.distributed import silo_group
+
+    (command,) = [e for e in entry_points(group="console_scripts") if e.name == "fedml-moon"]
+    assert command.value == "fedml_moon.cli:entry"
+    assert "entry()" in (Path(cli.__file__).parent / "__main__.py").read_text()
+    exits: list[int] = []
+
+    def _exit(code: int) -> None:
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli, "main", lambda argv=None: 3)
+    monkeypatch.setattr(silo_group.os, "_exit", _exit)
+    with pytest.raises(SystemExit) as ended:
+        cli.entry()
+    assert ended.value.code == 3 and exits == []
+    monkeypatch.setattr(silo_group, "_left", True)
+    with pytest.raises(SystemExit):
+        cli.entry()
+    assert exits == [3]

@@ -109,9 +109,14 @@ _left = False
 def exit_if_left(code: int) -> None:
     """End a process that was part of a silo's group at once, with `code`, its logs flushed: gloo's
     threads can still abort it in the interpreter's exit after its group was destroyed ("terminate
-    called without an active exception", exit -6, seen under load). `python -m fedml_moon` calls it."""
+    called without an active exception", exit -6, seen under load). A rank of an mpirun job
+    finalizes MPI first (mpirun ends a job whose rank exits without). The `fedml-moon` command and
+    `python -m fedml_moon` call it (`cli.entry`)."""
     if not _left:
         return
+    mpi = sys.modules.get("mpi4py.MPI")  # a rank of an mpirun job: MPI finalized first, as at exit
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -464,8 +464,8 @@ def main(argv: list[str] | None = None) -> int:
                 [Path(f) for f in args.folders], args.out and Path(args.out), args.target, args.latex
             )
             return 0
-        from fedml_moon.config import load_config  # PyTorch with it: a command that loads no config
-        #                                            (sweep --status, report, help) imports none
+        # imported here, PyTorch with it: a command that loads no config (sweep --status, report) imports none
+        from fedml_moon.config import load_config
 
         cfg = load_config(args.cf, args.overrides)
         _check_command(args.command, cfg)

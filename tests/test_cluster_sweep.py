@@ -27,6 +27,7 @@ import pytest
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.results.jobs import _cmdline
 from tests import slurm_cluster
+from tests.test_compat import _python
 from tests.test_sweep import SWEEP as GRID
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -461,10 +462,8 @@ def test_a_jobs_own_process_and_status_import_no_pytorch(tmp_path):
         "job": "import submitit, fedml_moon.results.sweep_job",
         "status": f"from fedml_moon.cli import main\nassert main(['sweep', '{s.file}', '--status']) == 0",
     }
-    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
     for what, code in probes.items():
         code = f"import sys\n{code}\nprint(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
-        argv = [sys.executable, "-c", code]
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        done = _python(code, tmp_path)
         assert done.returncode == 0, (what, done.stderr[-2000:])
         assert done.stdout.strip().splitlines()[-1] == "[]", (what, done.stdout)

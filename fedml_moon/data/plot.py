@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +14,17 @@ logger = logging.getLogger(__name__)
 MAX_ANNOTATED_CELLS = 2500
 TABLE_PARTIES = 100  # a partition of more parties is summarised in the log (the table: partition.json)
 HEATMAP_PARTIES = 200  # a partition of more parties is drawn as histograms, not a heat map
+
+
+def _figure(size: tuple[float, float]) -> Any:
+    """A matplotlib Figure on the Agg canvas (no display needed). matplotlib is imported here: a
+    process that draws no partition (a cross-silo server) imports none."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _annotate(ax, counts: np.ndarray) -> None:
@@ -40,13 +52,9 @@ def save_partition_heatmap(
     20 of each); else their indices. Rendered with the Agg canvas, so no display is needed. Returns
     ``path``.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # here: a process that draws no
-    from matplotlib.figure import Figure  # partition (a cross-silo server) imports no matplotlib
-
     grid = np.asarray(counts).T
     n_classes, n_parties = grid.shape
-    fig = Figure(figsize=(max(4.0, 0.5 * n_parties + 2.0), max(3.0, 0.4 * n_classes + 1.5)))
-    FigureCanvasAgg(fig)
+    fig = _figure((max(4.0, 0.5 * n_parties + 2.0), max(3.0, 0.4 * n_classes + 1.5)))
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(grid, cmap="Blues", aspect="auto", interpolation="nearest")
     fig.colorbar(image, ax=ax)
@@ -73,13 +81,9 @@ def save_partition_summary(counts: np.ndarray, path: Path, title: str) -> Path:
     """Save two histograms of ``counts`` [n_parties, num_classes] for a partition of too many parties
     for a heat map: the parties' training sizes, and how many classes each party holds. Returns
     ``path``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     counts = np.asarray(counts)
     sizes, held = counts.sum(1), (counts > 0).sum(1)
-    fig = Figure(figsize=(9.0, 3.5))
-    FigureCanvasAgg(fig)
+    fig = _figure((9.0, 3.5))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     left.hist(sizes, bins=min(50, max(1, int(sizes.max() - sizes.min()) + 1)), color="tab:blue")
     left.set_xlabel("training samples of a party")

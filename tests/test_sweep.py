@@ -208,3 +208,32 @@ def test_wait_without_a_scheduler_is_refused(tmp_path):
     )
     assert done.returncode == 2 and "--wait follows the jobs of --on slurm" in done.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("scheduler_says", [None, ("ended", "COMPLETED")])
+def test_a_job_between_its_two_starts_is_queued_until_submitit_writes_its_result(tmp_path, scheduler_says):
+    """A job that stopped its run to requeue is queued while the scheduler passes it from one start
+    to the next (out of its queue for a moment, or in an ended state): a sweep waiting on it must
+    not call it failed. Once submitit writes its result (no requeue: out of requeues), or
+    REQUEUE_S after it stopped the run, it is failed, saying why."""
+    from fedml_moon.results import jobs
+    from fedml_moon.results.sweep import Run
+
+    run = Run("algorithm=moon", tmp_path / "algorithm=moon", tmp_path / "moon.yaml", ())
+    run.folder.mkdir()
+    submitted = tmp_path / ".submitit" / "b1"
+    submitted.mkdir(parents=True)
+    record = {"batches": {}, "runs": {}}
+    jobs.begin(record, "b1", "slurm", [run], "sweep", submitted)
+    jobs.assign(record, "b1", ["7_0"])
+    (run.folder / "job.json").write_text(json.dumps({"batch": "b1", "job": "7_0", "state": "requeued"}))
+    known = {} if scheduler_says is None else {"7_0": ("sweep", jobs.Job(*scheduler_says))}
+
+    assert jobs.state_of(run, record, known) == jobs.RunState("queued", "7_0", "being requeued")
+    (submitted / "7_0_0_result.pkl").write_bytes(b"")
+    failed = jobs.state_of(run, record, known)
+    assert failed.state == "failed" and failed.detail.startswith("out of time more often than")
+    (submitted / "7_0_0_result.pkl").unlink()
+    old = time.time() - jobs.REQUEUE_S - 1
+    os.utime(run.folder / "job.json", (old, old))
+    assert jobs.state_of(run, record, known).state == "failed"

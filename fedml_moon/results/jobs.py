@@ -11,7 +11,9 @@ A run's state, in the order it is decided:
     complete  its summary.json says so (whatever its job does)
     queued    its job waits (Slurm: PENDING, REQUEUED, ...)
     running   its job runs
-    failed    it has a job that ended (or that the scheduler no longer knows) and it is not complete
+    failed    it has a job that ended (or that the scheduler no longer knows) and it is not complete;
+              a job that stopped its run to requeue counts as queued until submitit writes its
+              result (out of requeues) or for REQUEUE_S at most
     stopped   never submitted, with a checkpoint to go on from (e.g. a local sweep stopped)
     new       never submitted
 """
@@ -285,9 +287,17 @@ def state_of(run: Run, record: dict[str, Any], known: Known) -> RunState:
     if job_id is None:
         return RunState(own, None, _progress(run) if own == "stopped" else "")
     batch = record["batches"].get(entry.get("batch"), {})
-    output = Path(batch["folder"]) / f"{job_id}_0_log.out" if batch.get("folder") else None
+    folder = Path(batch["folder"]) if batch.get("folder") else None
+    if _requeued(run) and _being_requeued(run, folder, job_id):
+        return RunState("queued", job_id, "being requeued")
+    output = folder / f"{job_id}_0_log.out" if folder else None
     word = _own_word(run) if job is None or _requeued(run) else job.word
     return RunState("failed", job_id, f"{word}: {last_line(run, output)}")
+
+
+REQUEUE_S = 60.0
+"""How long a job that stopped its run to requeue may be out of the scheduler's queue (or in an
+ended state: Slurm passes through one as it requeues a job) before it counts as failed."""
 
 
 def _requeued(run: Run) -> bool:
@@ -295,4 +305,17 @@ def _requeued(run: Run) -> bool:
     try:
         return json.loads((run.folder / "job.json").read_text()).get("state") == "requeued"
     except (OSError, ValueError):
+        return False
+
+
+def _being_requeued(run: Run, folder: Path | None, job_id: str) -> bool:
+    """Whether a job that stopped its run to requeue is still between its two starts: submitit wrote
+    no result for it (it writes one when it does not requeue: out of requeues), and it stopped the
+    run less than REQUEUE_S ago (a requeued job cancelled before it starts again has no result
+    either)."""
+    if folder is None or (folder / f"{job_id}_0_result.pkl").exists():
+        return False
+    try:
+        return time.time() - (run.folder / "job.json").stat().st_mtime < REQUEUE_S
+    except OSError:
         return False

@@ -720,7 +720,8 @@ def test_cluster_sweep_commands(tmp_path, home):
 
     def run(command: str, output: Path, *, env: dict[str, str] = env) -> subprocess.CompletedProcess:
         words = [w.replace("PARTITION", "debug") for w in _entry_point(command)]
-        argv = [sys.executable, "-m", "fedml_moon", *words, *_sets(command), *shards, "--output", str(output)]
+        more = [*shards, "--poll", "1"] if command == CLUSTER_WAIT else shards  # not 30 s between looks
+        argv = [sys.executable, "-m", "fedml_moon", *words, *_sets(command), *more, "--output", str(output)]
         return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
     def all_complete(output: Path, env: dict[str, str]) -> None:

@@ -114,9 +114,10 @@ def exit_if_left(code: int) -> None:
     `python -m fedml_moon` call it (`cli.entry`)."""
     if not _left:
         return
-    mpi = sys.modules.get("mpi4py.MPI")  # a rank of an mpirun job: MPI finalized first, as at exit
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
+    if "mpi4py.MPI" in sys.modules:  # a rank of an mpirun job: MPI finalized first, as at exit
+        from fedml_moon.distributed.transport import mpi
+
+        mpi.finalize()  # with no transport thread calling MPI then or after
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -186,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep_cli.add_arguments(sweep)
     _verbose(sweep)
+    status = sub.add_parser("status", help="what a run is doing: round, phase, sites, test figures, the end")
+    from fedml_moon import status_cli
+
+    status_cli.add_arguments(status)
+    _verbose(status)
     report = sub.add_parser("report", help="tables, curves and a summary from run folders")
     report.add_argument("folders", nargs="+", help="run folders, or folders holding them (a sweep's)")
     report.add_argument("--out", help="where the report goes (default: <first folder>/report)")
@@ -443,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
             from fedml_moon.results import sweep_cli
 
             return sweep_cli.run(args)
+        if args.command == "status":
+            from fedml_moon import status_cli
+
+            return status_cli.run(args)
         if args.command == "data":
             return _data(args)
         if args.command == "config":

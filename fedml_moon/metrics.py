@@ -1,4 +1,5 @@
-"""Run records: metrics.jsonl per round (test fields where evaluated), summary.json, a plot, W&B."""
+"""Run records: metrics.jsonl per round (test fields where evaluated), summary.json, status.json (what
+the run is doing: `fedml_moon.status`), a plot, W&B."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedml_moon import status as run_status
 from fedml_moon.records import replace_earlier
 from fedml_moon.tracking import WandbRun
 
@@ -33,6 +35,18 @@ class RunRecorder:
         self.started = time.perf_counter()
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self._written = False  # whether metrics.jsonl holds this run's records yet
+        self.live: dict[str, Any] = {}  # what status.json says beside the run's name, algorithm, rounds
+
+    def publish(self, **fields: Any) -> None:
+        """Rewrite status.json with `fields` (kept for the next writes too): the round in progress
+        (as metrics.jsonl numbers rounds), its phase and, from a distributed run's server, its sites."""
+        self.live.update(fields)
+        train = self.config.get("train_args", {})
+        head = {"run": self.out_dir.resolve().name, "algorithm": train.get("algorithm")}
+        try:
+            run_status.write(self.out_dir, {**head, "rounds": train.get("comm_round"), **self.live})
+        except (OSError, ValueError) as err:  # a status file must never cost the run its records
+            log.warning("could not write %s: %s", self.out_dir / run_status.STATUS, err)
 
     def _rewrite(self) -> None:
         """metrics.jsonl := exactly `records` (from here on, records are appended)."""
@@ -49,6 +63,7 @@ class RunRecorder:
                 fh.write(json_line(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "round"}, record["round"])
+        self.publish(round=record["round"] + 1, phase=self.live.get("phase", "training"))
         test = (
             f"test_acc {record['test_acc']:.4f} test_loss {record['test_loss']:.4f} "
             if "test_acc" in record
@@ -98,6 +113,7 @@ class RunRecorder:
             self._rewrite()
         summary = self.summary(status, extra)
         (self.out_dir / "summary.json").write_text(json_line(summary, indent=2))
+        self.publish(phase="finished" if status == "completed" else status)
         try:
             self.plot(self.out_dir / "accuracy.png")
         except Exception:  # a plot must never cost the run its summary

@@ -25,6 +25,7 @@ RECORDS = (
     "claims.json",
     "party_models",
     "accuracy.png",
+    "status.json",
     "wandb",
 )
 """What a run's server or simulation writes of its own (a silo's files are under `rank-<r>/`)."""

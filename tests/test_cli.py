@@ -37,6 +37,7 @@ def test_every_subcommand_takes_verbose():
         "config",
         "data",
         "sweep",
+        "status",
         "report",
         "tsne",
     }

@@ -455,13 +455,16 @@ def test_a_job_out_of_time_too_often_says_so(sweep, on):
 def test_a_jobs_own_process_and_status_import_no_pytorch(tmp_path):
     """What submitit's job process unpickles (sweep_job.SweepJob) leaves PyTorch to the run it starts
     (a job pays for its run's start-up once), and `sweep FILE --status`, which reads the runs'
-    folders, loads no config and imports no PyTorch. Fresh interpreters, as a job's and a user's:
-    what a process imports is only visible from its start."""
+    folders, loads no config and imports no PyTorch; nor does `fedml-moon status RUN_DIR`. Fresh
+    interpreters, as a job's and a user's: what a process imports is only visible from its start."""
     s = Sweep(tmp_path, "local", {}, 2)
     probes = {
         "job": "import submitit, fedml_moon.results.sweep_job",
         "status": f"from fedml_moon.cli import main\nassert main(['sweep', '{s.file}', '--status']) == 0",
+        "run status": f"from fedml_moon.cli import main\nassert main(['status', '{tmp_path / 'run'}']) == 0",
     }
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"round": 0, "round_time_s": 1.0}\n')
     for what, code in probes.items():
         code = f"import sys\n{code}\nprint(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
         done = _python(code, tmp_path)

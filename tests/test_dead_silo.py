@@ -9,6 +9,8 @@ import signal
 import time
 
 from fedml_moon import conformance
+from fedml_moon.cli import main
+from fedml_moon.status import read
 from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
 
 TOLERANT = ["comm_args.heartbeat_s=1", "comm_args.round_timeout_s=60", "comm_args.min_reports=2"]
@@ -18,9 +20,13 @@ def _records(out):
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_restarted_rejoins(tmp_path):
+def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_restarted_rejoins(
+    tmp_path, capsys
+):
     """Default heartbeats (5 s) and quorum (half of the sampled parties): the round goes on as soon as
-    the silo is known dead, not at round_timeout_s; the silo started again takes part again."""
+    the silo is known dead, not at round_timeout_s; the silo started again takes part again. The
+    server's status.json says the silo is gone, then back, and at the end how many rounds each site
+    took part in (`fedml-moon status`)."""
     cmd, out = _grpc(tmp_path, 3, "train_args.comm_round=40", "comm_args.round_timeout_s=600")
     server, log = _start(cmd, 0, tmp_path)
     silos = [_start(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
@@ -30,10 +36,14 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     _wait_for(log, "goes on without parties [1] (rank(s) [2]): rank(s) [2] stopped sending heartbeats", 60)
     noticed = time.monotonic() - killed_at
     assert noticed < 30, noticed  # three heartbeat periods and a tick, not the 600 s deadline
+    gone = _status_until(out, lambda s: not _site(s, 2)["connected"])  # status.json: within a second
+    assert _site(gone, 1)["connected"] and _site(gone, 3)["connected"], gone
+    assert gone["phase"] in ("training", "evaluating", "checkpointing") and gone["rounds"] == 40
     env = conformance.process_env(tmp_path)
     again = conformance.spawn([*cmd, "--rank", "2"], tmp_path / "rank-2-again.log", env, tmp_path)
     try:
         _wait_for(log, "rank 2 is back", 90)
+        _status_until(out, lambda s: _site(s, 2)["connected"])
         codes = conformance.wait_all([server, silos[0], again, silos[2]], 240)
     finally:
         for proc in [server, *silos, again]:
@@ -43,6 +53,31 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     assert summary["status"] == "completed" and len(records) == 40
     assert "missing_parties" not in records[0] and "missing_parties" not in records[-1]
     assert any(r.get("missing_parties") == [1] and r["parties"] == 2 for r in records)
+    assert main(["status", str(out), "--json"]) == 0  # the command as an operator types it
+    end = json.loads(capsys.readouterr().out)
+    assert end["phase"] == "finished" and end["rounds_completed"] == end["rounds"] == 40
+    without_2 = sum(1 for r in records if 1 in r.get("missing_parties", []))
+    took_part = {site["rank"]: site["rounds"] for site in end["sites"]}
+    assert took_part == {1: 40, 2: 40 - without_2, 3: 40}, (took_part, without_2)
+    assert [site["refused"] for site in end["sites"]] == [0, 0, 0]
+
+
+def _site(status: dict, rank: int) -> dict:
+    return next(site for site in status["sites"] if site["rank"] == rank)
+
+
+def _status_until(out, condition, within_s: float = 30.0) -> dict:
+    """The run's status (fedml_moon.status.read) once `condition` holds of it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            status = read(out)
+            if status["sites"] and condition(status):
+                return status
+        except FileNotFoundError:
+            status = None
+        assert time.monotonic() < deadline, f"status.json did not say so within {within_s:.0f} s: {status}"
+        time.sleep(0.2)
 
 
 def test_a_stalled_silo_has_its_late_upload_dropped_and_comes_back(tmp_path):

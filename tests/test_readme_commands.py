@@ -80,6 +80,7 @@ SYNOPSIS = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set algorithm_args.mu=5 "
     "--output-dir outputs/moon-mu5"
 )
+STATUS = ".venv/bin/fedml-moon status outputs/moon-mu5"
 PYTHON_M = (
     ".venv/bin/python -m fedml_moon simulate --cf config/fashion_mnist/moon.yaml --set algorithm_args.mu=5 "
     "--output-dir outputs/moon-mu5-again"
@@ -231,6 +232,7 @@ COMMANDS: dict[str, str] = {
     "bash run/setup.sh": "setup",  # tests/test_docs.py (nothing the second time), tests/test_interpreters.py
     MAIN_JOB: "single",
     SYNOPSIS: "single",
+    STATUS: "single",
     PYTHON_M: "single",
     STANDALONE: "single",
     HEADPROX: "single",
@@ -536,6 +538,12 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     assert cli([*words[:-1], str(tmp_path / "mu5"), *_sets(SYNOPSIS), "-v"]) == 0
     assert _completed(tmp_path / "mu5", 1)["config"]["algorithm_args"]["mu"] == 5
     done.add(SYNOPSIS)
+    words = _entry_point(STATUS)
+    assert words[-1] == "outputs/moon-mu5"  # the run just made, in this test's folder
+    capsys.readouterr()
+    assert cli([*words[:-1], str(tmp_path / "mu5")]) == 0
+    assert "run mu5: moon, round 1 of 1, finished (1 rounds recorded" in capsys.readouterr().out
+    done.add(STATUS)
     words = shlex.split(PYTHON_M)
     assert words[:3] == [".venv/bin/python", "-m", "fedml_moon"] and words[-1] == "outputs/moon-mu5-again"
     out = tmp_path / "python-m"

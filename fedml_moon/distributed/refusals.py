@@ -22,6 +22,7 @@ from collections.abc import Callable
 WIDTH = 300
 HELD_SOURCES = 20
 HELD_REASONS = 10
+COUNTED_SOURCES = 1000
 OTHER_SOURCES, OTHER_REASONS = "other sources", "other reasons"
 
 
@@ -54,13 +55,22 @@ class RefusalLog:
         self._lines: Counter = Counter()  # source -> full lines in this window
         self._held: dict[str, Counter] = {}  # source -> reason -> refusals counted, not logged
         self.count = 0  # every refusal so far, logged or counted
+        self.by_source: Counter = Counter()  # every refusal so far by source (COUNTED_SOURCES at most)
 
-    def refused(self, source: str, what: str, reason: str = "", level: int = logging.WARNING) -> bool:
+    def refused(
+        self, source: str, what: str, reason: str = "", level: int = logging.WARNING, counted: bool = True
+    ) -> bool:
         """One refusal from `source`: `what` in full (cut to `width`) while the budgets last, else
         counted under `reason` (default: `what`'s first 60 characters) for the window's summary.
-        Whether it was logged in full (an answer to the peer can be bounded by the same budget)."""
+        Whether it was logged in full (an answer to the peer can be bounded by the same budget).
+        `counted`: whether `by_source` counts it (a peer's BYE or ERROR is logged this way, bounded,
+        but is no refusal of its message)."""
         with self._lock:
             self.count += 1
+            counted = (
+                source if source in self.by_source or len(self.by_source) < COUNTED_SOURCES else OTHER_SOURCES
+            )
+            self.by_source[counted] += 1
             self._roll()
             if self._lines[source] < self.per_source and sum(self._lines.values()) < self.total:
                 self._lines[source] += 1

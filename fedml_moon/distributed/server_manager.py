@@ -36,6 +36,7 @@ from fedml_moon.distributed.secure import SecureServer
 from fedml_moon.distributed.secure_eval import SecureEvaluation
 from fedml_moon.distributed.server_claims import ReadyPhase
 from fedml_moon.distributed.server_phases import RoundPhases
+from fedml_moon.distributed.server_status import StatusBoard
 from fedml_moon.distributed.transport.base import QueueTransport
 from fedml_moon.engine.rounds import ServerRounds
 
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 WELCOME_EVERY_S = 1.0
 
 
-class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServer, _Manager):
+class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServer, StatusBoard, _Manager):
     """Rank 0: hands each round's parties to the workers that hold them, collects, records.
 
     A round waits for every worker it sent work to, but no longer than `comm_args.round_timeout_s`
@@ -105,6 +106,7 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         )  # privacy_args.secure_aggregation (its accounting may come with the claims)
         self.secure_reset()
         self.ready_reset()
+        self.status_reset()
         super().__init__(args, transport, 0, len(workers) + 1, comm.backend, comm.heartbeat_s)
 
     def peers(self) -> list[int]:
@@ -188,8 +190,10 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         self.send(msg_type, rank, **params)
 
     def _phase(self, phase: str, pending: set[int]) -> None:
+        self.status_phase(phase)
         self.phase, self.pending = phase, set(pending)
         self.phase_started = self.last_wait_log = time.monotonic()
+        self.publish_status(force=True)
 
     # --- start ---------------------------------------------------------------------------------
     def on_hello(self, msg: Message) -> None:
@@ -282,11 +286,14 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
             self.fail(f"rank {rank} failed: {reason}")
             return
         what = f"rank {rank} failed in the {self.phase} phase of round {self.round_idx}: {reason}"
-        self.refusals.refused(f"rank {rank}", what, reason="an ERROR", level=logging.ERROR)  # bounded
+        # bounded, as refusals are (not counted as one: an ERROR is the silo's to send)
+        self.refusals.refused(f"rank {rank}", what, reason="an ERROR", level=logging.ERROR, counted=False)
         self.gone.add(rank)
 
     def on_tick(self, msg: Message) -> None:
         self.refusals.flush()
+        if self.phase != "done":
+            self.publish_status()
         now = time.monotonic()
         waited = now - self.phase_started
         if self.phase != "done" and now - self.last_wait_log >= self.wait_log_every_s:

@@ -213,7 +213,8 @@ class RoundPhases:
                 self.done("completed")
         elif rank in self.pending:  # leaving in the middle of a round: its parties are missing
             what = f"rank {rank} said BYE in the {self.phase} phase of round {self.round_idx}"
-            self.refusals.refused(f"rank {rank}", what, reason="a BYE")  # logged bounded, as refusals are
+            # logged bounded, as refusals are (not counted as one: a BYE is the silo's to send)
+            self.refusals.refused(f"rank {rank}", what, reason="a BYE", counted=False)
             self.gone.add(rank)
 
     # --- giving up on ranks -------------------------------------------------------------------------

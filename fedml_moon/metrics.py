@@ -126,12 +126,10 @@ class RunRecorder:
         evaluated = [r for r in self.records if "test_acc" in r]
         if not evaluated:
             return None
-        import matplotlib
+        from fedml_moon.data.plot import figure  # matplotlib's Figure on Agg, without pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig = figure((6.0, 4.0))
+        ax = fig.add_subplot()
         ax.plot([r["round"] for r in evaluated], [100 * r["test_acc"] for r in evaluated], marker=".")
         algo = self.config.get("train_args", {}).get("algorithm", "")
         data = self.config.get("data_args", {}).get("dataset", "")
@@ -139,7 +137,6 @@ class RunRecorder:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
-        plt.close(fig)
         return path
 
 

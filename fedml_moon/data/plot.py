@@ -16,9 +16,10 @@ TABLE_PARTIES = 100  # a partition of more parties is summarised in the log (the
 HEATMAP_PARTIES = 200  # a partition of more parties is drawn as histograms, not a heat map
 
 
-def _figure(size: tuple[float, float]) -> Any:
-    """A matplotlib Figure on the Agg canvas (no display needed). matplotlib is imported here: a
-    process that draws no partition (a cross-silo server) imports none."""
+def figure(size: tuple[float, float]) -> Any:
+    """A matplotlib Figure on the Agg canvas (no display needed, no pyplot). matplotlib is imported
+    here, where a process draws (its partition; a run's accuracy curve as it ends): a cross-silo
+    server does not import it before its last round."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -54,7 +55,7 @@ def save_partition_heatmap(
     """
     grid = np.asarray(counts).T
     n_classes, n_parties = grid.shape
-    fig = _figure((max(4.0, 0.5 * n_parties + 2.0), max(3.0, 0.4 * n_classes + 1.5)))
+    fig = figure((max(4.0, 0.5 * n_parties + 2.0), max(3.0, 0.4 * n_classes + 1.5)))
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(grid, cmap="Blues", aspect="auto", interpolation="nearest")
     fig.colorbar(image, ax=ax)
@@ -83,7 +84,7 @@ def save_partition_summary(counts: np.ndarray, path: Path, title: str) -> Path:
     ``path``."""
     counts = np.asarray(counts)
     sizes, held = counts.sum(1), (counts > 0).sum(1)
-    fig = _figure((9.0, 3.5))
+    fig = figure((9.0, 3.5))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     left.hist(sizes, bins=min(50, max(1, int(sizes.max() - sizes.min()) + 1)), color="tab:blue")
     left.set_xlabel("training samples of a party")

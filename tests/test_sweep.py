@@ -237,3 +237,15 @@ def test_a_job_between_its_two_starts_is_queued_until_submitit_writes_its_result
     old = time.time() - jobs.REQUEUE_S - 1
     os.utime(run.folder / "job.json", (old, old))
     assert jobs.state_of(run, record, known).state == "failed"
+
+
+def test_a_job_id_listed_twice_by_squeue_counts_as_its_live_entry():
+    """squeue may list a requeued array task's id twice (the ended start and the waiting one): the
+    job is queued, in either order; an id listed once keeps its own state."""
+    from fedml_moon.results import jobs
+
+    lines = ["7_0|sweep|CANCELLED|None", "7_0|sweep|PENDING|BeginTime", "7_1|sweep|COMPLETED|None"]
+    for order in (lines, lines[::-1]):
+        known = jobs.parse_squeue("\n".join(order) + "\n")
+        assert known["7_0"] == ("sweep", jobs.Job("queued", "PENDING (BeginTime)"))
+        assert known["7_1"][1].phase == "ended"

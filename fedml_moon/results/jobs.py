@@ -105,12 +105,20 @@ def slurm_jobs() -> Known:
         raise SchedulerError(f"squeue could not tell the jobs' states ({err}); is Slurm reachable?") from None
     if done.returncode != 0:
         raise SchedulerError(f"squeue could not tell the jobs' states: {done.stderr.strip()}")
-    out = {}
-    for line in done.stdout.splitlines():
+    return parse_squeue(done.stdout)
+
+
+def parse_squeue(text: str) -> Known:
+    """squeue's `%i|%j|%T|%r` lines: job id -> (name, job). An id listed twice (a requeued array
+    task: its ended start and the one that waits) counts as its live entry."""
+    out: Known = {}
+    for line in text.splitlines():
         job_id, name, state, reason = (line.split("|") + ["", "", ""])[:4]
         phase = "queued" if state in WAITING else "ended" if state in ENDED else "running"
         word = state if reason in ("", "None") or phase != "queued" else f"{state} ({reason})"
-        out[job_id.strip()] = (name, Job(phase, word))
+        seen = out.get(job_id.strip())
+        if seen is None or seen[1].phase == "ended":
+            out[job_id.strip()] = (name, Job(phase, word))
     return out
 
 

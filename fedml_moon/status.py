@@ -7,7 +7,9 @@ in, the messages of it that were refused). The server rewrites the file as its p
 most once a second, and each round's record rewrites it; a reader sees the old file or the new one,
 never a part. `read` joins it with the records: the latest test figures and their curve, the mean
 round time and an estimate of the end. A folder without `status.json` (a run of an earlier version)
-is read from its records alone.
+is read from its records alone. A silo writes its own in its folder (`<output>/rank-<r>/`): the
+round the server last gave it, its phase, the rounds it trained, the server (connected or not, when
+last heard) and the run's pace as the silo sees it (`fedml_moon.distributed.client_status`).
 
 Phases: `waiting for sites` (before round one, or sites of a resumed run coming back), `training`,
 `secure summing` (secure aggregation's key, share and unmask exchanges), `evaluating`,
@@ -92,7 +94,7 @@ def read(run_dir: Path) -> dict[str, Any]:
         site["last_heard_s"] = max(0.0, now - heard) if isinstance(heard, (int, float)) else None
     updated = status.get("updated")
     status["written_s_ago"] = max(0.0, now - updated) if isinstance(updated, (int, float)) else None
-    done = len({r["round"] for r in records})
+    done = len({r["round"] for r in records}) if records else status.get("site", {}).get("rounds", 0)
     status["rounds_completed"] = done
     if summary is not None and summary.get("status") is not None:
         status["phase"] = "finished" if summary["status"] == "completed" else summary["status"]
@@ -103,11 +105,20 @@ def read(run_dir: Path) -> dict[str, Any]:
         {k: evaluated[-1].get(k) for k in ("round", "test_acc", "test_loss")} if evaluated else None
     )
     status["curve"] = [[r["round"], r["test_acc"]] for r in evaluated]
-    times = [r["round_time_s"] for r in records[-10:] if isinstance(r.get("round_time_s"), (int, float))]
-    status["round_time_s"] = sum(times) / len(times) if times else None
-    left = (status["rounds"] or 0) - done
     running = status["phase"] not in ("finished", "failed", "stopped", "interrupted")
-    status["eta_s"] = left * status["round_time_s"] if running and times and left > 0 else None
+    if records:  # a silo's folder holds none: its own pace and estimate are in status.json
+        times = [r["round_time_s"] for r in records[-10:] if isinstance(r.get("round_time_s"), (int, float))]
+        status["round_time_s"] = sum(times) / len(times) if times else None
+        left = (status["rounds"] or 0) - done
+        status["eta_s"] = left * status["round_time_s"] if times and left > 0 else None
+    if not running:
+        status["eta_s"] = None
+    status.setdefault("round_time_s", None)
+    status.setdefault("eta_s", None)
+    server = status.get("server")
+    if isinstance(server, dict):
+        heard = server.get("heard_at")
+        server["last_heard_s"] = max(0.0, now - heard) if isinstance(heard, (int, float)) else None
     return status
 
 
@@ -131,10 +142,13 @@ def render(status: dict[str, Any]) -> str:
     shown = min(index + 1, rounds) if rounds else index + 1
     of = f" of {rounds}" if rounds else ""
     ago = status.get("written_s_ago")
-    written = f"; status written {ago:.0f} s ago" if ago is not None else ""
+    notes = (
+        [] if "site" in status else [f"{status['rounds_completed']} rounds recorded"]
+    )  # a silo records none
+    notes += [f"status written {ago:.0f} s ago"] if ago is not None else []
     lines = [
         f"run {status['run']}: {status.get('algorithm') or '?'}, round {shown}{of}, "
-        f"{status['phase']} ({status['rounds_completed']} rounds recorded{written})"
+        f"{status['phase']} ({'; '.join(notes)})"
     ]
     latest = status.get("latest")
     if latest:
@@ -145,6 +159,13 @@ def render(status: dict[str, Any]) -> str:
     if status.get("round_time_s") is not None:
         end = f", done in about {status['eta_s']:.0f} s" if status.get("eta_s") else ""
         lines.append(f"round time {status['round_time_s']:.1f} s{end}")
+    server, site = status.get("server"), status.get("site")
+    if isinstance(server, dict) and isinstance(site, dict):  # a silo's own status
+        state = "connected" if server.get("connected") else "not connected"
+        lines.append(
+            f"site rank {site['rank']}: trained {site.get('rounds', 0)} rounds; the server: {state}, "
+            f"last heard {_ago(server.get('last_heard_s'))}"
+        )
     for site in status.get("sites", []):
         state = "connected" if site.get("connected") else "gone"
         lines.append(

@@ -60,6 +60,13 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     took_part = {site["rank"]: site["rounds"] for site in end["sites"]}
     assert took_part == {1: 40, 2: 40 - without_2, 3: 40}, (took_part, without_2)
     assert [site["refused"] for site in end["sites"]] == [0, 0, 0]
+    assert main(["status", str(out / "rank-1")]) == 0  # what a site sees of the run: its own view
+    said = capsys.readouterr().out
+    assert "round 40 of 40, finished (status written" in said, said
+    assert "site rank 1: trained 40 rounds; the server: connected" in said, said
+    own = json.loads((out / "rank-1" / "status.json").read_text())  # nothing of another site
+    fields = {"run", "algorithm", "rounds", "round", "phase", "site", "server", "round_time_s", "eta_s"}
+    assert set(own) == {*fields, "updated"} and set(own["site"]) == {"rank", "rounds"}, own
 
 
 def _site(status: dict, rank: int) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon import conformance
+from fedml_moon import conformance, status
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests.test_deploy_failures import _grpc, _start, _wait_for
 
@@ -73,7 +73,8 @@ def test_a_server_that_dies_during_a_long_local_round_is_noticed(tmp_path):
 
 @pytest.mark.parametrize("transport", ["GRPC", "MQTT_S3"])
 def test_a_silo_started_before_its_server_says_that_it_waits(transport, tmp_path):
-    """It says so every max(5 s, 6 heartbeat periods) and stops at comm_args.timeout_s, naming it."""
+    """It says so every max(5 s, 6 heartbeat periods) and stops at comm_args.timeout_s, naming it;
+    its status.json says it never heard from the server."""
     sets = [
         *conformance.TINY,
         "common_args.training_type=cross_silo",
@@ -98,6 +99,9 @@ def test_a_silo_started_before_its_server_says_that_it_waits(transport, tmp_path
     assert 18 <= time.monotonic() - started < 60
     waits = [line for line in said.splitlines() if "is waiting for the server (rank 0" in line]
     assert len(waits) >= 2, said[-2000:]  # at 6 s and 12 s (18 s, if the clock allows)
+    own = status.read(tmp_path / "out" / "rank-1")  # what `fedml-moon status` shows the site
+    assert own["phase"] == "failed" and own["site"] == {"rank": 1, "rounds": 0}
+    assert own["server"]["connected"] is False and own["server"]["last_heard_s"] is None
 
 
 def test_a_pause_renews_only_the_peers_alive_when_it_began():

@@ -14,6 +14,7 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.config import Config
 from fedml_moon.config_schema import CommArgs
+from fedml_moon.distributed.client_status import SiloStatus
 from fedml_moon.distributed.managers import (
     ABORT,
     BYE,
@@ -71,7 +72,7 @@ class Local:
     fresh: Callable[[], list[int]]
 
 
-class PluginClientManager(SecureWorker, _Manager):
+class PluginClientManager(SecureWorker, SiloStatus, _Manager):
     """A worker (MPI simulation) or silo: trains and evaluates the parties it holds when asked.
 
     It builds its data and parties from the config the server's WELCOME hands it (`build`), once. When
@@ -102,6 +103,7 @@ class PluginClientManager(SecureWorker, _Manager):
         self.process = secrets.token_hex(8)  # this process: a restarted worker is told its work again
         self.reason = ""
         self.said_hello = False
+        self.silo_status_reset()
         super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
 
     @property
@@ -187,6 +189,7 @@ class PluginClientManager(SecureWorker, _Manager):
         now = time.monotonic()
         if self.welcomed and self.is_dead(0):
             self.lose_server(now)
+        self.silo_publish()
         if self.welcomed:
             return
         waited = now - self.waiting_since
@@ -227,6 +230,7 @@ class PluginClientManager(SecureWorker, _Manager):
         self.last_seen.pop(0, None)
         self.waiting_since = self.last_wait_log = now
         self.last_hello = 0.0
+        self.silo_publish("waiting for the server")
 
     def on_welcome(self, msg: Message) -> None:
         """Build the parties from the server's config (the first time), then follow the server's session:
@@ -296,15 +300,18 @@ class PluginClientManager(SecureWorker, _Manager):
             return
         self.welcomed, self.trained_since_welcome = True, True
         round_idx, tasks = int(msg.get("round")), msg.get("tasks")
+        self.silo_trains(round_idx)
         trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
+        self.silo_trained += 1
         if self.built.run_config.privacy_args.secure_aggregation:
             self.secure_train(round_idx, tasks, trained)
-            return
-        results = [
-            {"party": int(t["party"]), "n": int(n), "upload": u}
-            for t, (n, u) in zip(tasks, trained, strict=True)
-        ]
-        self.send(RESULT, 0, round=round_idx, results=results)
+        else:
+            results = [
+                {"party": int(t["party"]), "n": int(n), "upload": u}
+                for t, (n, u) in zip(tasks, trained, strict=True)
+            ]
+            self.send(RESULT, 0, round=round_idx, results=results)
+        self.silo_publish("waiting for the next round")
 
     def on_eval(self, msg: Message) -> None:
         """Evaluate its parties' own models and report. Under secure aggregation only the counts of a
@@ -324,7 +331,9 @@ class PluginClientManager(SecureWorker, _Manager):
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
             return
         asked = None if wanted is None else set(wanted)
+        self.silo_publish("evaluating", int(msg.get("round")))
         reports = [self.runner.evaluate(p, payload) for p in self.parties if asked is None or p in asked]
+        self.silo_publish("waiting for the next round")
         if secure:
             self.secure_eval(int(msg.get("round")), reports, list(payload["test"]))
             return
@@ -349,4 +358,5 @@ class PluginClientManager(SecureWorker, _Manager):
 
     def stop(self, status: str) -> None:
         self.status = status
+        self.silo_publish("finished" if status == "completed" else status)
         self.finish()

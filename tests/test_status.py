@@ -94,3 +94,23 @@ def test_the_sparkline_spans_lowest_to_highest():
     assert status.sparkline([0.0, 0.5, 1.0]) == "▁▅█"
     assert status.sparkline([0.3, 0.3]) == "▁▁"
     assert status.sparkline([]) == "" and len(status.sparkline(list(range(100)))) == status.CURVE_WIDTH
+
+
+def test_a_sites_refused_count_is_its_refused_messages_only_and_its_sources_are_bounded():
+    """`refused` in the server's status: every refusal of the rank's messages, logged or only counted;
+    a BYE or an ERROR logged the same way is not one; a flood of sources adds no more than
+    COUNTED_SOURCES keys (the rest under "other sources")."""
+    import logging
+
+    from fedml_moon.distributed import refusals
+
+    log = refusals.RefusalLog(logging.getLogger("fedml_moon.test.status"), per_source=1)
+    for _ in range(3):  # the first logged in full, the others only counted
+        log.refused("rank 2", "HELLO refused: another config")
+    log.refused("rank 2", "rank 2 said BYE in the train phase", reason="a BYE", counted=False)
+    log.refused("rank 1", "rank 1 failed: out of memory", reason="an ERROR", counted=False)
+    assert log.by_source["rank 2"] == 3 and log.by_source["rank 1"] == 0 and log.count == 5
+    for i in range(refusals.COUNTED_SOURCES + 10):
+        log.refused(f"10.0.0.{i}", "no token")
+    assert len(log.by_source) == refusals.COUNTED_SOURCES + 1
+    assert log.by_source[refusals.OTHER_SOURCES] == 11

@@ -67,10 +67,9 @@ class RefusalLog:
         but is no refusal of its message)."""
         with self._lock:
             self.count += 1
-            counted = (
-                source if source in self.by_source or len(self.by_source) < COUNTED_SOURCES else OTHER_SOURCES
-            )
-            self.by_source[counted] += 1
+            if counted:
+                known = source in self.by_source or len(self.by_source) < COUNTED_SOURCES
+                self.by_source[source if known else OTHER_SOURCES] += 1
             self._roll()
             if self._lines[source] < self.per_source and sum(self._lines.values()) < self.total:
                 self._lines[source] += 1

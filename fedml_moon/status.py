@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 STATUS = "status.json"
+PUBLISH_EVERY_S = 1.0
+"""A server or silo rewrites its status.json at most this often, but at once when its phase changes."""
 PHASES = {  # the server's own phase names -> what `status` says
     "hello": "waiting for sites",
     "ready": "waiting for sites",

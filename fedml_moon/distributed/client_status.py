@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from fedml_moon import status
+from fedml_moon.status import PUBLISH_EVERY_S
 
 log = logging.getLogger(__name__)
-PUBLISH_EVERY_S = 1.0
 PACE_ROUNDS = 10
 
 
@@ -51,8 +51,7 @@ class SiloStatus:
         pace = sum(gaps) / len(gaps) if gaps else None
         rounds = train.comm_round if train is not None else None
         left = rounds - self.silo_round - 1 if rounds is not None else None
-        heard = 0 in self.last_seen or 0 in self._transport.heard
-        silent = self.silent_for(0) if heard else None
+        heard_at = self.heard_at(0)
         return {
             "run": self.folder.resolve().name,
             "algorithm": train.algorithm if train is not None else None,
@@ -61,8 +60,8 @@ class SiloStatus:
             "phase": self.silo_phase,
             "site": {"rank": self.rank, "rounds": self.silo_trained},
             "server": {
-                "connected": bool(self.welcomed) and heard and not self.is_dead(0),
-                "heard_at": time.time() - silent if silent is not None else None,
+                "connected": bool(self.welcomed) and heard_at is not None and not self.is_dead(0),
+                "heard_at": heard_at,
             },
             "round_time_s": pace,
             "eta_s": left * pace if pace is not None and left is not None and left > 0 else None,

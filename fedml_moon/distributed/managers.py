@@ -107,6 +107,12 @@ class _Manager(FedMLCommManager):
         heard = max(self.last_seen.get(rank, 0.0), self._transport.heard.get(rank, 0.0))
         return time.monotonic() - heard
 
+    def heard_at(self, rank: int) -> float | None:
+        """When `rank` was last heard, in seconds since 1970 (for a status file); None: never."""
+        if rank not in self.last_seen and rank not in self._transport.heard:
+            return None
+        return time.time() - self.silent_for(rank)
+
     def is_dead(self, rank: int) -> bool:
         return rank in self.last_seen and self.silent_for(rank) > DEAD_AFTER_BEATS * self.heartbeat_s
 

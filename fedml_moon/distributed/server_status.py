@@ -10,9 +10,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from fedml_moon.status import PHASES
-
-PUBLISH_EVERY_S = 1.0
+from fedml_moon.status import PHASES, PUBLISH_EVERY_S
 
 
 class StatusBoard:
@@ -42,12 +40,11 @@ class StatusBoard:
         self.rounds.recorder.publish(round=round_idx, phase=PHASES.get(self.phase, self.phase), sites=sites)
 
     def _site(self, rank: int) -> dict[str, Any]:
-        heard = rank in self.last_seen or rank in self._transport.heard
-        silent = self.silent_for(rank) if heard else None
+        heard_at = self.heard_at(rank)
         return {
             "rank": rank,
-            "connected": heard and rank not in self.gone and not self.is_dead(rank),
-            "heard_at": time.time() - silent if silent is not None else None,
+            "connected": heard_at is not None and rank not in self.gone and not self.is_dead(rank),
+            "heard_at": heard_at,
             "rounds": self.took_part[rank],
             "refused": self.refusals.by_source[f"rank {rank}"],
         }

@@ -28,7 +28,7 @@ TAG = 7113
 IDLE_SLEEP_S = (0.0005, 0.02)
 _CALLS = threading.Lock()
 _closed = False  # MPI is (being) finalized: no transport thread calls it any more
-_HOOKED: list = []  # _close, once registered with atexit
+_hooked = False  # _close registered with atexit
 
 
 def _close() -> None:
@@ -56,9 +56,10 @@ class MpiTransport(QueueTransport):
         self._mpi, self.comm = MPI, comm
         self._sends: list[tuple[Any, bytes]] = []
         self._send_lock = threading.Lock()
-        if _close not in _HOOKED:  # runs before mpi4py's finalize at exit (registered at its import)
+        global _hooked
+        if not _hooked:  # runs before mpi4py's finalize at exit (registered at its import)
             atexit.register(_close)
-            _HOOKED.append(_close)
+            _hooked = True
         self._thread = threading.Thread(target=self._receive_loop, name=f"mpi-recv-{rank}", daemon=True)
         self._thread.start()
 

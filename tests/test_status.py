@@ -114,3 +114,18 @@ def test_a_sites_refused_count_is_its_refused_messages_only_and_its_sources_are_
         log.refused(f"10.0.0.{i}", "no token")
     assert len(log.by_source) == refusals.COUNTED_SOURCES + 1
     assert log.by_source[refusals.OTHER_SOURCES] == 11
+
+
+def test_a_status_file_alone_never_blocks_a_new_run_in_its_folder(tmp_path):
+    """A run refused before its first record (its sites never came) leaves status.json: a new run
+    in the folder is not refused for it, whatever it holds; a run's records still are."""
+    from fedml_moon.config_schema import ConfigError
+    from fedml_moon.records import claim_folder
+
+    status.write(tmp_path, {"run": "r", "round": 0, "phase": "waiting for sites"})
+    claim_folder(tmp_path, overwrite=False)
+    (tmp_path / "status.json").write_text("not json {")
+    claim_folder(tmp_path, overwrite=False)
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match="summary.json"):
+        claim_folder(tmp_path, overwrite=False)

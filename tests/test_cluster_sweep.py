@@ -244,8 +244,9 @@ def test_a_job_at_its_time_limit_requeues_itself_and_goes_on_from_its_checkpoint
         job = s.job("moon")
         if on == "slurm":  # what Slurm sends signal_delay_s before the limit (submitit's own test does this)
             subprocess.run(["scancel", "--signal=USR2", job], env=s.env, check=True)
+            first = json.loads((moon / "job.json").read_text())["pid"]  # read before the job rewrites it
             _until(lambda: "PENDING" in s.status()["algorithm=moon"][2], "the requeued job", 60)
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=s.env, check=True)
+            _start_again_soon(s, job, first)
         else:  # submitit's local controller sends the job SIGUSR2 at its time limit
             os.kill(json.loads((moon / "job.json").read_text())["pid"], signal.SIGUSR2)
         code, err = _finished(proc)
@@ -255,6 +256,17 @@ def test_a_job_at_its_time_limit_requeues_itself_and_goes_on_from_its_checkpoint
     assert len(starts) == 2 and "--resume" in starts[1]
     assert s.job("moon") == job  # the same job, requeued: not a new submission
     assert "Requeued job" in (moon / "job.out").read_text()
+
+
+def _start_again_soon(s: Sweep, job: str, first_pid: int) -> None:
+    """Start a requeued job now, not after the BeginTime Slurm gives it (its credential's lifetime,
+    2 minutes). Not while its first start ends: slurmd refuses a launch whose credential (stamped in
+    whole seconds) is not newer than the job's revocation at the end of that start. So: once the
+    first start's process is gone, and the clock is in a later second."""
+    _until(lambda: not Path(f"/proc/{first_pid}").exists(), "the job's first start to end", 60)
+    later = int(time.time()) + 1
+    _until(lambda: time.time() >= later, "the next second", 5)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=s.env, check=True)
 
 
 def test_a_submission_recorded_without_its_job_ids_is_found_not_made_again(sweep, on):

@@ -78,6 +78,9 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
         assert not problems, f"{mode}: {problems[:5]}"
         digest = json.loads((run.out_dir / "summary.json").read_text())["final_model_sha256"]
         assert digest == ref_digest, f"{mode}: another final model digest in summary.json"
+        if mode == "mpi-simulation":  # a simulated partition, the server's: drawn once, by the server
+            drawn = sorted(p.relative_to(run.out_dir) for p in run.out_dir.rglob("partition.png"))
+            assert drawn == [Path("partition.png")], drawn
         states = conformance.party_states(run.out_dir)  # each party's state, wherever its worker kept it
         assert states.keys() == ref_states.keys(), mode
         assert all(conformance.same_tree(ref_states[k], states[k]) for k in states), (

@@ -106,6 +106,8 @@ def _assert_same_run(ref: Path, out: Path, sites: Path) -> None:
     acc, loss = evaluate(base.model, base.dataset.test_data_global, torch.device("cpu"))
     assert last["test_acc"] == acc and last["test_loss"] == pytest.approx(loss, rel=1e-6)
     assert set(last["party_test"]) == {"0", "1", "2"} and not (out / "partition.png").exists()
+    silos = sorted(p.name for p in out.glob("rank-*") if p.is_dir())
+    assert silos and silos == sorted(p.parent.name for p in out.glob("rank-*/partition.png"))  # its own party
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
 
 

@@ -221,8 +221,8 @@ def build_base(
     np.random.seed(seed)  # with the two lines below, what fedml.init did here (the plugin no longer calls it)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = True
-    if fed.ids:
-        show_partition(fed, cfg.data_args, out_dir)
+    if fed.ids:  # a silo of a simulated partition holds the server's: drawn once, by the server
+        show_partition(fed, cfg.data_args, out_dir if role != "silo" or own_data(cfg) else None)
     dataset = build_fedml_dataset(
         fed.data,
         fed.train_parts,

@@ -44,6 +44,7 @@ setup(
         "mpi": ["mpi4py"],
         "hf": ["datasets"],  # data_args.dataset: hf (Hugging Face datasets saved to disk, or their parquet)
         "timm": ["timm"],  # model_args.model: timm:<name>
+        "tensorboard": ["tensorboard"],  # tracking_args.tensorboard: true
         "test": [
             "pytest",
             "pytest-xdist",
@@ -55,6 +56,7 @@ setup(
             "mkdocstrings[python]",
             "datasets",
             "timm",
+            "tensorboard",
         ],
     },
     entry_points={"console_scripts": ["fedml-moon=fedml_moon.cli:entry"]},

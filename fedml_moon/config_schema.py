@@ -573,6 +573,9 @@ class TrackingArgs:
     """auto: online when logged in, else offline; WANDB_MODE in the environment wins"""
     run_name: str | None = None
     """the W&B run's name; null: the output directory's name"""
+    tensorboard: bool = False
+    """also write the round metrics as TensorBoard event files in the run folder's tensorboard/ (the
+    server's, in every mode; a resumed run continues its curves); needs the tensorboard package"""
 
     def check(self) -> None:
         require(

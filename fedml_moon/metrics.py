@@ -1,5 +1,5 @@
 """Run records: metrics.jsonl per round (test fields where evaluated), summary.json, status.json (what
-the run is doing: `fedml_moon.status`), a plot, W&B."""
+the run is doing: `fedml_moon.status`), a plot, W&B, TensorBoard."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from fedml_moon import status as run_status
 from fedml_moon.records import replace_earlier
-from fedml_moon.tracking import WandbRun
+from fedml_moon.tracking import TensorBoardRun, WandbRun
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +25,19 @@ class RunRecorder:
     building a recorder changes no file (but for an earlier run's records that `--overwrite` said to
     replace), so a run refused before it starts leaves the records of the run before it as they were."""
 
-    def __init__(self, out_dir: Path, config: dict[str, Any], wandb_run: WandbRun | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        config: dict[str, Any],
+        wandb_run: WandbRun | None = None,
+        tensorboard: TensorBoardRun | None = None,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         replace_earlier(self.out_dir)  # --overwrite: the earlier run's records go as this run starts
         self.config = config
         self.wandb = wandb_run
+        self.tensorboard = tensorboard
         self.records: list[dict[str, Any]] = []
         self.started = time.perf_counter()
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -63,6 +70,8 @@ class RunRecorder:
                 fh.write(json_line(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "round"}, record["round"])
+        if self.tensorboard is not None:
+            self.tensorboard.log(record, record["round"])
         self.publish(round=record["round"] + 1, phase=self.live.get("phase", "training"))
         test = (
             f"test_acc {record['test_acc']:.4f} test_loss {record['test_loss']:.4f} "
@@ -83,6 +92,8 @@ class RunRecorder:
         the checkpoint, before a crash, are dropped; they are computed again)."""
         self.records = [dict(r) for r in records]
         self._rewrite()
+        if self.tensorboard is not None:
+            self.tensorboard.resume_after(self.records[-1]["round"] if self.records else -1)
 
     def summary(self, status: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         evaluated = [r for r in self.records if "test_acc" in r]
@@ -118,6 +129,8 @@ class RunRecorder:
             self.plot(self.out_dir / "accuracy.png")
         except Exception:  # a plot must never cost the run its summary
             log.exception("could not draw the accuracy plot")
+        if self.tensorboard is not None:
+            self.tensorboard.finish()
         if self.wandb is not None:
             self.wandb.finish({k: v for k, v in summary.items() if k != "config"})
         return summary

@@ -26,6 +26,7 @@ RECORDS = (
     "party_models",
     "accuracy.png",
     "status.json",
+    "tensorboard",
     "wandb",
 )
 """What a run's server or simulation writes of its own (a silo's files are under `rank-<r>/`)."""

@@ -70,3 +70,52 @@ class WandbRun:
         self.run.finish()
         if self.mode == "offline":
             log.info("W&B ran offline; upload later with: wandb sync %s", Path(self.run.dir).parent)
+
+
+TENSORBOARD = "tensorboard"
+"""The folder of a run's TensorBoard event files (`tracking_args.tensorboard`), beside metrics.jsonl."""
+
+
+def scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """A round's record as TensorBoard scalars: its numbers (not `round`, the step), those of a nested
+    record as `field/key` (e.g. `party_test/3`); strings, lists and booleans left out."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        tag = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(scalars(value, f"{tag}/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and tag != "round":
+            out[tag] = float(value)
+    return out
+
+
+class TensorBoardRun:
+    """The round records as TensorBoard event files under `out_dir/tensorboard`, one step a round.
+
+    A resumed run writes its new rounds from the checkpoint's next one (`resume_after`): the events
+    an interrupted run wrote past its checkpoint are purged (TensorBoard's `purge_step`), so the
+    curves read as one run, as metrics.jsonl does."""
+
+    def __init__(self, out_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self._writer_class = SummaryWriter
+        self.folder = Path(out_dir) / TENSORBOARD
+        self._writer: Any = None
+        self._purge_step: int | None = None
+
+    def resume_after(self, last_round: int) -> None:
+        """The run goes on after round `last_round` (its checkpoint's last record; -1: none)."""
+        self._purge_step = last_round + 1
+
+    def log(self, metrics: dict[str, Any], round_idx: int) -> None:
+        if self._writer is None:
+            self._writer = self._writer_class(str(self.folder), purge_step=self._purge_step)
+            log.info("TensorBoard event files under %s (tensorboard --logdir %s)", self.folder, self.folder)
+        for tag, value in scalars(metrics).items():
+            self._writer.add_scalar(tag, value, round_idx)
+        self._writer.flush()  # each round readable as soon as it is recorded
+
+    def finish(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -24,6 +24,7 @@ from fedml_moon.core import checkpoint
 from fedml_moon.core.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.resume import check_config, flat_config
+from tests.test_tensorboard import assert_curves_are_the_records
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDSSC = ROOT / "config" / "fashion_mnist" / "fedssc.yaml"
@@ -98,8 +99,9 @@ def test_standalone_killed_at_a_random_moment_and_resumed_is_the_same_run(tmp_pa
 @needs_fmnist
 @pytest.mark.slow
 def test_mpi_simulation_killed_and_resumed_is_the_same_run(tmp_path):
-    """With the memory store: the workers' party states live only in their checkpoints."""
-    memory = [*RUN, "train_args.state_store=memory"]
+    """With the memory store: the workers' party states live only in their checkpoints. TensorBoard's
+    curves, written by the server in both modes, are metrics.jsonl's, the resumed one's included."""
+    memory = [*RUN, "train_args.state_store=memory", "tracking_args.tensorboard=true"]
     ref = conformance.run_mode("standalone", FEDSSC, memory, tmp_path / "ref")
     assert ref.ok, ref.tail()
     out, env = tmp_path / "killed", conformance.process_env(tmp_path)
@@ -114,6 +116,8 @@ def test_mpi_simulation_killed_and_resumed_is_the_same_run(tmp_path):
     assert conformance.wait_all([again], 300) == [0], (tmp_path / "resume.log").read_text()[-3000:]
     _assert_same_run(ref.out_dir, out)
     _assert_one_layout(ref.out_dir, out, 5)
+    for run in (ref.out_dir, out):
+        assert_curves_are_the_records(run)
 
 
 def _leaves(tree, prefix=""):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
 from fedml_moon.metrics import RunRecorder
 from fedml_moon.registry import get_algorithm
-from fedml_moon.tracking import WandbRun
+from fedml_moon.tracking import TensorBoardRun, WandbRun
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,17 @@ def _wandb(cfg: Config, out_dir: Path, config: dict) -> WandbRun | None:
         return None
     name = t.run_name or out_dir.name
     return WandbRun(t.wandb_project, t.wandb_entity, name, t.wandb_mode, out_dir, config)
+
+
+def _tensorboard(cfg: Config, out_dir: Path) -> TensorBoardRun | None:
+    if not cfg.tracking_args.tensorboard:
+        return None
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "tracking_args.tensorboard: true needs the tensorboard package, which is not installed; "
+            "install it (pip install 'fedml-moon[tensorboard]'; bash run/setup.sh does) or set it false"
+        )
+    return TensorBoardRun(out_dir)
 
 
 @dataclass
@@ -262,7 +274,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
         claims = partition_claims(base)
     make_privacy = privacy_factory(base, aggregator, out_dir) if cfg.privacy_args.on else None
     config = config_to_dict(cfg)
-    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config))
+    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config), _tensorboard(cfg, out_dir))
     rounds = ServerRounds(
         aggregator,
         recorder,

@@ -38,6 +38,7 @@ setup(
         "pandas",
         "pyarrow",
         "submitit",  # fedml-moon sweep --on slurm|local
+        "prometheus_client",  # the status port's /metrics (tracking_args.status_port)
         *FEDML_PARTS,
     ],
     extras_require={

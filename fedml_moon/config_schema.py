@@ -574,10 +574,22 @@ class TrackingArgs:
     run_name: str | None = None
     """the W&B run's name; null: the output directory's name"""
     tensorboard: bool = False
-    """also write the round metrics as TensorBoard event files in the run folder's tensorboard/ (the
-    server's, in every mode; a resumed run continues its curves); needs the tensorboard package"""
+    """also write the round metrics as TensorBoard event files in the run folder's tensorboard/"""
+    status_port: int | None = None
+    """the server's status port (a page, /status.json, Prometheus /metrics); null: off; 0: any free port"""
+    status_host: str = "127.0.0.1"
+    """the status port's address; other than loopback it needs comm_args.tls_cert and tls_key"""
+    status_tokens: str | None = None
+    """server-tokens.json: who may read the status port; null: comm_args.token_path"""
+    status_sites_visible: bool = False
+    """let each site see every site's entry on the status port; false: its own only (the operator sees all)"""
 
     def check(self) -> None:
+        require(
+            self.status_port is None or 0 <= self.status_port <= 65535,
+            "tracking_args.status_port",
+            f"{self.status_port} is not a TCP port: give 1..65535, 0 for a free one, or null (off)",
+        )
         require(
             self.wandb_mode in WANDB_MODES,
             "tracking_args.wandb_mode",

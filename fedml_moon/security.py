@@ -3,7 +3,8 @@ token per silo (`fedml-moon certs DIR --silos N --host ...`), and the checks the
 
 A silo's identity is its rank: in its certificate's common name (`silo-<rank>`) or in the token table
 the server holds (`server-tokens.json`: rank -> SHA-256 of the silo's token; the token itself stays
-with the silo). Keys and tokens are written readable by their owner only.
+with the silo). The operator's token (`operator.token`, its digest under `operator` in the same table)
+reads the server's status port. Keys and tokens are written readable by their owner only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import secrets
 from pathlib import Path
 
 SILO_CN = "silo-"
+OPERATOR = "operator"  # server-tokens.json's entry, and the status port's user, of the operator's token
 SERVER_CN = "fedml-moon server"
 CAP_OID = "1.3.6.1.4.1.59881.1.1"  # a silo certificate's cap on the samples its party may claim
 
@@ -89,7 +91,8 @@ def make_certs(
     folder: Path, silos: int, hosts: list[str], days: int = 825, caps: dict[int, int] | None = None
 ) -> list[Path]:
     """Write ca.pem / ca.key, server.pem / server.key (valid for `hosts`), silo-<r>.pem / .key /
-    .token for r = 1..silos, server-tokens.json, mosquitto.acl, and a .gitignore that keeps git from
+    .token for r = 1..silos, operator.token (reads the status port), server-tokens.json (the tokens'
+    digests), mosquitto.acl, and a .gitignore that keeps git from
     adding any of them. `caps`: rank -> the most samples its party may
     claim, signed into its certificate and kept beside its token's digest. Returns the files written."""
     from cryptography.hazmat.primitives import serialization
@@ -136,6 +139,9 @@ def make_certs(
         table[str(rank)] = {"sha256": digest, "max_samples": caps[rank]} if rank in caps else digest
         files.update({f"silo-{rank}.pem": cert.public_bytes(pem), f"silo-{rank}.key": _pem_key(key)})
         files[f"silo-{rank}.token"] = token.encode()
+    operator = secrets.token_urlsafe(32)  # reads the server's status port (tracking_args.status_port)
+    table[OPERATOR] = token_digest(operator)
+    files[f"{OPERATOR}.token"] = operator.encode()
     files["server-tokens.json"] = json.dumps(table, indent=2).encode()
     files["mosquitto.acl"] = mosquitto_acl(silos).encode()
     files[".gitignore"] = GITIGNORE.encode()
@@ -168,14 +174,16 @@ def load_token_table(path: str | Path) -> dict[int, str]:
     """rank -> SHA-256 hex digest, from server-tokens.json (a rank's entry: its digest, or
     {"sha256": digest, "max_samples": cap})."""
     raw = json.loads(Path(path).read_text())
-    return {int(r): str(v["sha256"] if isinstance(v, dict) else v) for r, v in raw.items()}
+    return {int(r): str(v["sha256"] if isinstance(v, dict) else v) for r, v in raw.items() if r.isdigit()}
 
 
 def load_token_caps(path: str | Path) -> dict[int, int]:
     """rank -> the cap on its party's claimed samples, for the ranks server-tokens.json gives one."""
     raw = json.loads(Path(path).read_text())
     return {
-        int(r): int(v["max_samples"]) for r, v in raw.items() if isinstance(v, dict) and "max_samples" in v
+        int(r): int(v["max_samples"])
+        for r, v in raw.items()
+        if r.isdigit() and isinstance(v, dict) and "max_samples" in v
     }
 
 

@@ -60,7 +60,7 @@ def _json(path: Path) -> Any:
         return None
 
 
-def _records(run_dir: Path) -> list[dict[str, Any]]:
+def records(run_dir: Path) -> list[dict[str, Any]]:
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
@@ -78,8 +78,8 @@ def read(run_dir: Path) -> dict[str, Any]:
     """The run's status: `status.json` joined with its records (module docstring). Raises
     FileNotFoundError naming the folder when it holds no run."""
     run_dir = Path(run_dir)
-    live, summary, records = _json(run_dir / STATUS), _json(run_dir / "summary.json"), _records(run_dir)
-    if live is None and summary is None and not records:
+    live, summary, rows = _json(run_dir / STATUS), _json(run_dir / "summary.json"), records(run_dir)
+    if live is None and summary is None and not rows:
         raise FileNotFoundError(
             f"{run_dir} holds no run (no status.json, metrics.jsonl or summary.json): give the "
             "folder a run writes to (its --output-dir)"
@@ -96,20 +96,20 @@ def read(run_dir: Path) -> dict[str, Any]:
         site["last_heard_s"] = max(0.0, now - heard) if isinstance(heard, (int, float)) else None
     updated = status.get("updated")
     status["written_s_ago"] = max(0.0, now - updated) if isinstance(updated, (int, float)) else None
-    done = len({r["round"] for r in records}) if records else status.get("site", {}).get("rounds", 0)
+    done = len({r["round"] for r in rows}) if rows else status.get("site", {}).get("rounds", 0)
     status["rounds_completed"] = done
     if summary is not None and summary.get("status") is not None:
         status["phase"] = "finished" if summary["status"] == "completed" else summary["status"]
-    status.setdefault("phase", "training" if records else "waiting for sites")
+    status.setdefault("phase", "training" if rows else "waiting for sites")
     status.setdefault("round", done)
-    evaluated = [r for r in records if r.get("test_acc") is not None]
+    evaluated = [r for r in rows if r.get("test_acc") is not None]
     status["latest"] = (
         {k: evaluated[-1].get(k) for k in ("round", "test_acc", "test_loss")} if evaluated else None
     )
     status["curve"] = [[r["round"], r["test_acc"]] for r in evaluated]
     running = status["phase"] not in ("finished", "failed", "stopped", "interrupted")
-    if records:  # a silo's folder holds none: its own pace and estimate are in status.json
-        times = [r["round_time_s"] for r in records[-10:] if isinstance(r.get("round_time_s"), (int, float))]
+    if rows:  # a silo's folder holds none: its own pace and estimate are in status.json
+        times = [r["round_time_s"] for r in rows[-10:] if isinstance(r.get("round_time_s"), (int, float))]
         status["round_time_s"] = sum(times) / len(times) if times else None
         left = (status["rounds"] or 0) - done
         status["eta_s"] = left * status["round_time_s"] if times and left > 0 else None
@@ -134,7 +134,7 @@ def sparkline(values: list[float], width: int = CURVE_WIDTH) -> str:
     return "".join(BARS[1 + round((v - low) / span * (len(BARS) - 2))] for v in values)
 
 
-def _ago(seconds: float | None) -> str:
+def ago(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds:.0f} s ago"
 
 
@@ -143,11 +143,11 @@ def render(status: dict[str, Any]) -> str:
     rounds, index = status.get("rounds"), status["round"]  # index: as metrics.jsonl numbers rounds
     shown = min(index + 1, rounds) if rounds else index + 1
     of = f" of {rounds}" if rounds else ""
-    ago = status.get("written_s_ago")
+    written = status.get("written_s_ago")
     notes = (
         [] if "site" in status else [f"{status['rounds_completed']} rounds recorded"]
     )  # a silo records none
-    notes += [f"status written {ago:.0f} s ago"] if ago is not None else []
+    notes += [f"status written {written:.0f} s ago"] if written is not None else []
     lines = [
         f"run {status['run']}: {status.get('algorithm') or '?'}, round {shown}{of}, "
         f"{status['phase']} ({'; '.join(notes)})"
@@ -166,12 +166,12 @@ def render(status: dict[str, Any]) -> str:
         state = "connected" if server.get("connected") else "not connected"
         lines.append(
             f"site rank {site['rank']}: trained {site.get('rounds', 0)} rounds; the server: {state}, "
-            f"last heard {_ago(server.get('last_heard_s'))}"
+            f"last heard {ago(server.get('last_heard_s'))}"
         )
     for site in status.get("sites", []):
         state = "connected" if site.get("connected") else "gone"
         lines.append(
-            f"site rank {site['rank']}: {state}, last heard {_ago(site.get('last_heard_s'))}, "
+            f"site rank {site['rank']}: {state}, last heard {ago(site.get('last_heard_s'))}, "
             f"{site.get('rounds', 0)} rounds taken part in, {site.get('refused', 0)} messages refused"
         )
     return "\n".join(lines) + "\n"

@@ -77,6 +77,7 @@ def test_certs_command_writes_private_keys_and_token_digests(creds):
     assert names == sorted(
         ["ca.pem", "ca.key", "server.pem", "server.key", "server-tokens.json", "mosquitto.acl", ".gitignore"]
         + [f"silo-{r}.{e}" for r in (1, 2) for e in ("pem", "key", "token")]
+        + ["operator.token"]  # reads the status port (tests/test_status_port.py)
     )
     assert all(
         oct((folder / n).stat().st_mode & 0o777) == "0o600" for n in names if n.endswith((".key", ".token"))
@@ -85,6 +86,7 @@ def test_certs_command_writes_private_keys_and_token_digests(creds):
     assert (
         set(table) == {1, 2}
         and (folder / "silo-1.token").read_text() not in (folder / "server-tokens.json").read_text()
+        and (folder / "operator.token").read_text() not in (folder / "server-tokens.json").read_text()
     )
 
 

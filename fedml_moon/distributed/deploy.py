@@ -210,6 +210,7 @@ class DistributedProcess:
     rounds: Any = None  # the server's ServerRounds
     status: str = "failed"
     on_exit: Any = None  # a hierarchical silo's leader: tells its group the run is over
+    port: Any = None  # the server's status port (tracking_args.status_port)
 
     def run(self) -> None:
         status = "failed"
@@ -223,6 +224,8 @@ class DistributedProcess:
             if self.rounds is not None and not self.rounds.summary:
                 self.rounds.finish(status)
             self.status = status
+            if self.port is not None:
+                self.port.stop()
             if self.on_exit is not None:
                 self.on_exit(status)
 
@@ -271,7 +274,9 @@ def build_process(
         ckpt,
         start,
     )
-    return DistributedProcess(manager, rank, rounds)
+    from fedml_moon.status_http import open_port
+
+    return DistributedProcess(manager, rank, rounds, port=open_port(cfg, folder))
 
 
 def _worker_build(

@@ -1,0 +1,87 @@
+"""A run's status as Prometheus metrics (what the status port serves at `/metrics`, to the operator),
+through `prometheus_client`'s exposition format. Each scrape reads the run's status and records as
+`fedml-moon status` does; nothing is kept between scrapes. The operations how-to says what each
+metric means (docs/how-to/operate.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+PREFIX = "fedml_moon_"
+
+
+GAUGES = (  # name, what it is, where it is read: ("status" | "latest" | "last", field)
+    ("round", "the round in progress (numbered from 0, as in metrics.jsonl)", "status", "round"),
+    ("rounds_planned", "the rounds the run is to train (train_args.comm_round)", "status", "rounds"),
+    ("round_seconds", "mean wall time of the last 10 rounds", "status", "round_time_s"),
+    ("last_round_seconds", "wall time of the last recorded round", "last", "round_time_s"),
+    ("eta_seconds", "estimated seconds to the run's end", "status", "eta_s"),
+    ("test_accuracy", "the latest test accuracy", "latest", "test_acc"),
+    ("test_loss", "the latest test loss", "latest", "test_loss"),
+    ("parties_last_round", "parties whose updates the last round aggregated", "last", "parties"),
+    ("dp_epsilon", "the DP epsilon spent so far (privacy_args)", "last", "dp_epsilon"),
+)
+TOTALS = (
+    ("wire_bytes_sent", "bytes the server sent over the recorded rounds"),
+    ("wire_bytes_received", "bytes the server received over the recorded rounds"),
+)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _families(status: dict[str, Any], records: list[dict[str, Any]]) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    where = {"status": status, "latest": status.get("latest") or {}, "last": records[-1] if records else {}}
+    for name, doc, source, field in GAUGES:
+        value = where[source].get(field)
+        if _number(value):
+            yield GaugeMetricFamily(PREFIX + name, doc, value=float(value))
+    done = CounterMetricFamily(PREFIX + "rounds_completed", "rounds recorded in metrics.jsonl")
+    done.add_metric([], float(status.get("rounds_completed") or 0))
+    yield done
+    for field, doc in TOTALS:
+        total = CounterMetricFamily(PREFIX + field, doc)
+        total.add_metric([], float(sum(r[field] for r in records if _number(r.get(field)))))
+        yield total
+    phase = GaugeMetricFamily(PREFIX + "phase", "1 for the phase the run is in", labels=["phase"])
+    phase.add_metric([str(status.get("phase"))], 1.0)
+    yield phase
+    yield from _site_families(status.get("sites") or [])
+
+
+def _site_families(sites: list[dict[str, Any]]) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    site = ["site"]
+    connected = GaugeMetricFamily(PREFIX + "site_connected", "1 while the site is connected", labels=site)
+    heard = GaugeMetricFamily(PREFIX + "site_last_heard_seconds", "seconds since it was heard", labels=site)
+    rounds = CounterMetricFamily(PREFIX + "site_rounds", "rounds it took part in", labels=site)
+    refused = CounterMetricFamily(PREFIX + "site_refused", "its messages the server refused", labels=site)
+    for entry in sites:
+        label = [str(entry.get("rank"))]
+        connected.add_metric(label, 1.0 if entry.get("connected") else 0.0)
+        if _number(entry.get("last_heard_s")):
+            heard.add_metric(label, float(entry["last_heard_s"]))
+        rounds.add_metric(label, float(entry.get("rounds") or 0))
+        refused.add_metric(label, float(entry.get("refused") or 0))
+    total = GaugeMetricFamily(PREFIX + "sites_connected", "sites connected now")
+    total.add_metric([], float(sum(1 for s in sites if s.get("connected"))))
+    yield from (total, connected, heard, rounds, refused)
+
+
+def exposition(status: dict[str, Any], records: list[dict[str, Any]]) -> bytes:
+    """The metrics of `status` and `records` in Prometheus's text format."""
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    class _Now:
+        def collect(self) -> Iterator[Any]:
+            return _families(status, records)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Now())
+    return generate_latest(registry)

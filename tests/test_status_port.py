@@ -1,0 +1,245 @@
+"""The status port (`fedml_moon.status_http`) from a client's side, on a run folder the way a server
+writes it: a real HTTP server on 127.0.0.1 (threads of this process), real requests. Who sees what
+(no credentials: 401 and nothing else; a site: its own entry and the run's shared figures; the
+operator: all, and the metrics), its bounds (rate, open requests, methods, bodies, a stalled
+client), TLS with the run's certificates, and that readers never make the server's files be read
+more than twice a second. A live run's port, with a killed site shown as gone on the page, in the
+JSON and in the metrics: tests/test_dead_silo.py."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fedml_moon import status as run_status
+from fedml_moon import status_http
+from fedml_moon.metrics import RunRecorder
+from fedml_moon.security import make_certs
+from fedml_moon.status_http import StatusApp, StatusPort, load_viewers
+
+SITES = [
+    {"rank": 1, "connected": True, "heard_at": time.time(), "rounds": 3, "refused": 0},
+    {"rank": 2, "connected": False, "heard_at": time.time() - 40, "rounds": 1, "refused": 7},
+]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("certs")
+    make_certs(folder, 2, ["127.0.0.1"])
+    return folder
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    """A run folder in round 3 of 10, as a distributed run's server writes it."""
+    recorder = RunRecorder(tmp_path / "run", {"train_args": {"algorithm": "moon", "comm_round": 10}})
+    for r in range(3):
+        recorder.log_round(
+            {"round": r, "parties": 2, "test_acc": 0.5 + r / 10, "test_loss": 1.0 - r / 10,
+             "round_time_s": 2.0, "party_test": {"0": 0.9, "1": 0.1}, "wire_bytes_sent": 100,
+             "wire_bytes_received": 50}
+        )  # fmt: skip
+    recorder.publish(round=3, phase="training", sites=SITES)
+    return tmp_path / "run"
+
+
+def _token(certs: Path, who: str) -> str:
+    return (certs / f"{who}.token").read_text()
+
+
+class Client:
+    def __init__(self, port: StatusPort, context: ssl.SSLContext | None = None) -> None:
+        self.port, self.context = port, context
+
+    def get(self, path: str, who: str | None = None, token: str | None = None, method="GET", body=None):
+        if self.context is not None:
+            conn = http.client.HTTPSConnection("127.0.0.1", self.port.port, timeout=10, context=self.context)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port.port, timeout=10)
+        headers = {}
+        if who is not None:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{who}:{token}".encode()).decode()
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            reply = conn.getresponse()
+            return reply.status, dict(reply.getheaders()), reply.read()
+        finally:
+            conn.close()
+
+
+def _served(run: Path, certs: Path, rate: int):
+    port = StatusPort(StatusApp(run, load_viewers(certs / "server-tokens.json"), rate=rate), "127.0.0.1", 0)
+    return Client(port.start())
+
+
+@pytest.fixture
+def served(run, certs):
+    """The port, its rate bound out of the way (its own test has it)."""
+    client = _served(run, certs, 1000)
+    yield client
+    client.port.stop()
+
+
+def test_without_credentials_a_client_gets_a_refusal_and_nothing_else(served, certs):
+    wrong = [
+        (None, None),
+        ("operator", "not-the-token"),
+        ("operator", _token(certs, "silo-1")),  # a site's token is not the operator's
+        ("silo-2", _token(certs, "silo-1")),  # nor another site's
+        ("silo-9", _token(certs, "silo-1")),  # a site the run does not have
+        ("silo-1:x", _token(certs, "silo-1")),
+    ]
+    for path in ("/", "/status.json", "/metrics", "/nothing"):
+        for who, token in wrong:
+            code, headers, body = served.get(path, who, token)
+            assert (code, body) == (401, b""), (path, who)
+            assert headers["WWW-Authenticate"].startswith("Basic")
+    code, _, body = served.get("/status.json", "operator", _token(certs, "operator"))
+    assert code == 200 and json.loads(body)["round"] == 3
+
+
+def test_the_operator_sees_every_site_and_the_metrics(served, certs):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    token = _token(certs, "operator")
+    status = json.loads(served.get("/status.json", "operator", token)[2])
+    assert [s["rank"] for s in status["sites"]] == [1, 2]
+    assert status["latest"]["test_acc"] == pytest.approx(0.7)
+    code, headers, body = served.get("/metrics", "operator", token)
+    assert code == 200 and headers["Content-Type"].startswith("text/plain")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(body.decode()) for s in f.samples}  # fmt: skip
+    assert samples[("fedml_moon_round", ())] == 3 and samples[("fedml_moon_rounds_planned", ())] == 10
+    assert samples[("fedml_moon_rounds_completed_total", ())] == 3
+    assert samples[("fedml_moon_test_accuracy", ())] == pytest.approx(0.7)
+    assert samples[("fedml_moon_sites_connected", ())] == 1
+    assert samples[("fedml_moon_site_connected", (("site", "2"),))] == 0
+    assert samples[("fedml_moon_site_refused_total", (("site", "2"),))] == 7
+    assert samples[("fedml_moon_site_last_heard_seconds", (("site", "2"),))] >= 40
+    assert samples[("fedml_moon_wire_bytes_sent_total", ())] == 300
+    assert samples[("fedml_moon_phase", (("phase", "training"),))] == 1
+    page = served.get("/", "operator", token)[2].decode()
+    assert "round 3 of 10, training" in page and 'class="site gone" id="site-2"' in page
+
+
+def test_a_site_sees_the_runs_shared_figures_and_its_own_entry_only(served, certs):
+    token = _token(certs, "silo-1")
+    status = json.loads(served.get("/status.json", "silo-1", token)[2])
+    assert status["sites"] == [{**SITES[0], "last_heard_s": pytest.approx(0, abs=30)}]
+    assert status["round"] == 3 and status["latest"]["test_acc"] == pytest.approx(0.7)
+    page = served.get("/", "silo-1", token)[2].decode()
+    assert 'id="site-1"' in page and 'id="site-2"' not in page and "party_test" not in page
+    assert served.get("/metrics", "silo-1", token)[0] == 403
+    everything = b"".join(served.get(p, "silo-1", token)[2] for p in ("/", "/status.json", "/metrics"))
+    assert b"party_test" not in everything and b'"rank": 2' not in everything
+
+
+def test_the_operators_config_may_show_a_site_every_site(run, certs):
+    app = StatusApp(run, load_viewers(certs / "server-tokens.json"), sites_visible=True)
+    status, _ = app.view("silo-1")
+    assert [s["rank"] for s in status["sites"]] == [1, 2]
+
+
+def test_only_get_and_head_without_a_body_and_the_three_paths(served, certs):
+    token = _token(certs, "operator")
+    for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+        assert served.get("/status.json", "operator", token, method=method)[0] == 405
+    assert served.get("/status.json", "operator", token, body=b"x" * 10)[0] == 413
+    assert served.get("/status.json", "operator", token, method="HEAD")[2] == b""
+    assert served.get("/../summary.json", "operator", token)[0] == 404
+    assert served.get("/checkpoint/LATEST", "operator", token)[0] == 404
+
+
+def test_a_client_past_its_rate_is_told_to_wait_and_others_are_not(run, certs):
+    served, token, n = _served(run, certs, status_http.RATE), _token(certs, "operator"), status_http.RATE
+    try:
+        codes = [served.get("/status.json", "operator", token)[0] for _ in range(n - 1)]
+        codes += [served.get("/", None, None)[0]]  # a request without credentials counts too
+        codes += [served.get("/status.json", "operator", token)[0] for _ in range(3)]
+        assert codes == [200] * (n - 1) + [401] + [429] * 3
+        assert served.port.server.app.allowed("127.0.0.2")  # another address is not held back
+    finally:
+        served.port.stop()
+
+
+def test_stalled_clients_neither_block_others_nor_pile_up(served, certs):
+    token = _token(certs, "operator")
+    idle = [socket.create_connection(("127.0.0.1", served.port.port)) for _ in range(2)]
+    try:
+        assert served.get("/status.json", "operator", token)[0] == 200  # served beside them
+    finally:
+        for s in idle:
+            s.close()
+    crowd = [socket.create_connection(("127.0.0.1", served.port.port)) for _ in range(status_http.MAX_OPEN)]
+    try:
+        deadline = time.monotonic() + 30
+        while served.port.server.open._value > 0:  # the crowd's requests are all being served
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+            served.get("/status.json", "operator", token)  # one more: closed unanswered
+    finally:
+        for s in crowd:
+            s.close()
+    deadline = time.monotonic() + 30
+    while served.port.server.open._value < status_http.MAX_OPEN:  # the closed clients' threads end
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert served.get("/status.json", "operator", token)[0] == 200
+
+
+def test_readers_read_the_run_at_most_twice_a_second(served, certs, monkeypatch):
+    reads = []
+    real = run_status.read
+    monkeypatch.setattr(run_status, "read", lambda folder: reads.append(time.monotonic()) or real(folder))
+    token = _token(certs, "operator")
+    started = time.monotonic()
+    threads = [threading.Thread(target=served.get, args=("/", "operator", token)) for _ in range(15)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 1 <= len(reads) <= (time.monotonic() - started) / status_http.FRESH_S + 1
+
+
+def test_over_tls_with_the_runs_certificates(run, certs):
+    app = StatusApp(run, load_viewers(certs / "server-tokens.json"))
+    port = StatusPort(app, "127.0.0.1", 0, (str(certs / "server.pem"), str(certs / "server.key"))).start()
+    try:
+        assert port.url.startswith("https://")
+        trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        code, _, body = Client(port, trusted).get("/status.json", "operator", _token(certs, "operator"))
+        assert code == 200 and json.loads(body)["run"] == "run"
+        with pytest.raises(ssl.SSLError):
+            Client(port, ssl.create_default_context()).get("/status.json")  # not the run's CA
+        plain = Client(port).get  # plain HTTP to the TLS port gets no status
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            plain("/status.json", "operator", _token(certs, "operator"))
+    finally:
+        port.stop()
+
+
+def test_a_port_without_credentials_or_off_loopback_without_tls_is_refused(run, certs):
+    from fedml_moon.config import ConfigError, load_config
+
+    base = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "moon.yaml"
+    assert status_http.open_port(load_config(base), run) is None  # off by default
+    for sets, said in (
+        (["tracking_args.status_port=0"], "tracking_args.status_tokens"),
+        ([f"tracking_args.status_tokens={certs / 'none.json'}", "tracking_args.status_port=0"], "not a file"),
+        ([f"tracking_args.status_tokens={certs / 'server-tokens.json'}", "tracking_args.status_port=0",
+          "tracking_args.status_host=0.0.0.0"], "tracking_args.status_host"),
+        (["tracking_args.status_port=70000"], "tracking_args.status_port"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError, match=said):
+            status_http.open_port(load_config(base, sets), run)
+    assert run_status.read(run)["round"] == 3  # nothing of the run touched

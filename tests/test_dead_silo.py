@@ -4,12 +4,16 @@ a silo that stalls and comes back has its late upload dropped and takes part aga
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import signal
 import time
+import urllib.request
 
 from fedml_moon import conformance
 from fedml_moon.cli import main
+from fedml_moon.security import make_certs
 from fedml_moon.status import read
 from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
 
@@ -26,11 +30,18 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     """Default heartbeats (5 s) and quorum (half of the sampled parties): the round goes on as soon as
     the silo is known dead, not at round_timeout_s; the silo started again takes part again. The
     server's status.json says the silo is gone, then back, and at the end how many rounds each site
-    took part in (`fedml-moon status`)."""
-    cmd, out = _grpc(tmp_path, 3, "train_args.comm_round=40", "comm_args.round_timeout_s=600")
+    took part in (`fedml-moon status`); its status port shows the same on its page, in its JSON and
+    in its metrics."""
+    make_certs(tmp_path / "certs", 3, ["127.0.0.1"])
+    port_sets = [
+        "tracking_args.status_port=0",
+        f"tracking_args.status_tokens={tmp_path / 'certs'}/server-tokens.json",
+    ]
+    cmd, out = _grpc(tmp_path, 3, "train_args.comm_round=40", "comm_args.round_timeout_s=600", *port_sets)
     server, log = _start(cmd, 0, tmp_path)
     silos = [_start(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
     _wait_for(log, "round 1:", 150)
+    port = Port(log, (tmp_path / "certs" / "operator.token").read_text())
     conformance.stop(silos[1], first=signal.SIGKILL)  # rank 2 holds party 1
     killed_at = time.monotonic()
     _wait_for(log, "goes on without parties [1] (rank(s) [2]): rank(s) [2] stopped sending heartbeats", 60)
@@ -39,11 +50,13 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     gone = _status_until(out, lambda s: not _site(s, 2)["connected"])  # status.json: within a second
     assert _site(gone, 1)["connected"] and _site(gone, 3)["connected"], gone
     assert gone["phase"] in ("training", "evaluating", "checkpointing") and gone["rounds"] == 40
+    port.until(2, connected=False)
     env = conformance.process_env(tmp_path)
     again = conformance.spawn([*cmd, "--rank", "2"], tmp_path / "rank-2-again.log", env, tmp_path)
     try:
         _wait_for(log, "rank 2 is back", 90)
         _status_until(out, lambda s: _site(s, 2)["connected"])
+        port.until(2, connected=True)
         codes = conformance.wait_all([server, silos[0], again, silos[2]], 240)
     finally:
         for proc in [server, *silos, again]:
@@ -67,6 +80,36 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     own = json.loads((out / "rank-1" / "status.json").read_text())  # nothing of another site
     fields = {"run", "algorithm", "rounds", "round", "phase", "site", "server", "round_time_s", "eta_s"}
     assert set(own) == {*fields, "updated"} and set(own["site"]) == {"rank", "rounds"}, own
+
+
+class Port:
+    """The server's status port as its operator reads it (the address its log names)."""
+
+    def __init__(self, log, token: str) -> None:
+        _wait_for(log, "status port: http://127.0.0.1:", 30)
+        self.url = re.search(r"status port: (http://127\.0\.0\.1:\d+/)", log.read_text()).group(1)
+        self.auth = "Basic " + base64.b64encode(f"operator:{token}".encode()).decode()
+
+    def get(self, path: str) -> str:
+        request = urllib.request.Request(self.url + path.lstrip("/"), headers={"Authorization": self.auth})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.read().decode()
+
+    def until(self, rank: int, connected: bool, within_s: float = 30.0) -> None:
+        """Once the page, the JSON and the metrics all say site `rank` is (not) connected."""
+        state, value = ("connected", "1.0") if connected else ("gone", "0.0")
+        deadline = time.monotonic() + within_s
+        while True:
+            sites = json.loads(self.get("/status.json"))["sites"]
+            said = [
+                _site({"sites": sites}, rank)["connected"] is connected,
+                f'class="site {state}" id="site-{rank}"' in self.get("/"),
+                f'fedml_moon_site_connected{{site="{rank}"}} {value}' in self.get("/metrics"),
+            ]
+            if all(said):
+                return
+            assert time.monotonic() < deadline, (said, sites)
+            time.sleep(0.5)
 
 
 def _site(status: dict, rank: int) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import re
 import socket
 import ssl
 import threading
@@ -25,6 +26,7 @@ from fedml_moon.metrics import RunRecorder
 from fedml_moon.security import make_certs
 from fedml_moon.status_http import StatusApp, StatusPort, load_viewers
 
+ROOT = Path(__file__).resolve().parent.parent
 SITES = [
     {"rank": 1, "connected": True, "heard_at": time.time(), "rounds": 3, "refused": 0},
     {"rank": 2, "connected": False, "heard_at": time.time() - 40, "rounds": 1, "refused": 7},
@@ -46,7 +48,7 @@ def run(tmp_path) -> Path:
         recorder.log_round(
             {"round": r, "parties": 2, "test_acc": 0.5 + r / 10, "test_loss": 1.0 - r / 10,
              "round_time_s": 2.0, "party_test": {"0": 0.9, "1": 0.1}, "wire_bytes_sent": 100,
-             "wire_bytes_received": 50}
+             "wire_bytes_received": 50, "dp_epsilon": 0.25 * (r + 1)}
         )  # fmt: skip
     recorder.publish(round=3, phase="training", sites=SITES)
     return tmp_path / "run"
@@ -129,6 +131,21 @@ def test_the_operator_sees_every_site_and_the_metrics(served, certs):
     assert samples[("fedml_moon_phase", (("phase", "training"),))] == 1
     page = served.get("/", "operator", token)[2].decode()
     assert "round 3 of 10, training" in page and 'class="site gone" id="site-2"' in page
+
+
+def test_the_example_dashboard_asks_only_for_metrics_the_port_serves(served, certs):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    body = served.get("/metrics", "operator", _token(certs, "operator"))[2].decode()
+    served_names = {s.name for f in text_string_to_metric_families(body) for s in f.samples}
+    dashboard = json.loads((ROOT / "examples" / "monitoring" / "grafana-dashboard.json").read_text())
+    asked = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"fedml_moon_\w+", target["expr"])
+    }
+    assert len(asked) >= 12 and asked <= served_names, sorted(asked - served_names)
 
 
 def test_a_site_sees_the_runs_shared_figures_and_its_own_entry_only(served, certs):
@@ -231,7 +248,7 @@ def test_over_tls_with_the_runs_certificates(run, certs):
 def test_a_port_without_credentials_or_off_loopback_without_tls_is_refused(run, certs):
     from fedml_moon.config import ConfigError, load_config
 
-    base = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "moon.yaml"
+    base = ROOT / "config" / "fashion_mnist" / "moon.yaml"
     assert status_http.open_port(load_config(base), run) is None  # off by default
     for sets, said in (
         (["tracking_args.status_port=0"], "tracking_args.status_tokens"),

@@ -260,3 +260,24 @@ def test_a_port_without_credentials_or_off_loopback_without_tls_is_refused(run, 
         with pytest.raises(ConfigError, match=said):
             status_http.open_port(load_config(base, sets), run)
     assert run_status.read(run)["round"] == 3  # nothing of the run touched
+
+
+def test_fedml_moon_status_reads_a_live_port_as_the_operator_or_a_site(run, certs, capsys, tmp_path):
+    from fedml_moon.cli import main
+
+    app = StatusApp(run, load_viewers(certs / "server-tokens.json"))
+    port = StatusPort(app, "127.0.0.1", 0, (str(certs / "server.pem"), str(certs / "server.key"))).start()
+    try:
+        ca = ["--ca", str(certs / "ca.pem")]
+        assert main(["status", port.url, "--token", str(certs / "operator.token"), *ca]) == 0
+        said = capsys.readouterr().out
+        assert "round 4 of 10, training" in said and "site rank 2: gone" in said, said
+        assert main(["status", port.url, "--token", str(certs / "silo-1.token"), *ca, "--json"]) == 0
+        assert [s["rank"] for s in json.loads(capsys.readouterr().out)["sites"]] == [1]
+        (tmp_path / "silo-2.token").write_text("not-its-token")
+        assert main(["status", port.url, "--token", str(tmp_path / "silo-2.token"), *ca]) == 2
+        assert "refused silo-2's credentials" in capsys.readouterr().err
+        assert main(["status", port.url, "--token", str(certs / "operator.token")]) == 2  # not the run's CA
+        assert "no status from there" in capsys.readouterr().err
+    finally:
+        port.stop()

@@ -260,6 +260,9 @@ def build_process(
     # that listens while it builds sends no heartbeat, and its silos' comm_args.timeout_s runs
     rounds = build_server(base, folder)
     start = _resume_server(rounds, folder) if resume else 0
+    from fedml_moon.status_http import open_port
+
+    port = open_port(cfg, folder)  # refused (taken, no credentials) before the transport listens
     transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
     ranks = list(range(1, workers + 1))
     ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
@@ -274,9 +277,7 @@ def build_process(
         ckpt,
         start,
     )
-    from fedml_moon.status_http import open_port
-
-    return DistributedProcess(manager, rank, rounds, port=open_port(cfg, folder))
+    return DistributedProcess(manager, rank, rounds, port=port)
 
 
 def _worker_build(

@@ -1,4 +1,7 @@
-"""Two-round runs of every algorithm through the real command line, on real Fashion-MNIST data."""
+"""Two-round runs of every algorithm through the real command line, on real Fashion-MNIST data. A run
+is a process of its own, forked from the preloaded server as `fedml-moon check` forks its runs
+(`conformance.spawn`; what a run's start-up does is tested where it is the subject); the command
+line's refusals (a config mistake, missing data) run as fresh processes, their stderr their own."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fedml_moon import conformance
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 
@@ -43,6 +47,16 @@ def cli(out: Path, config: str, *overrides: str, env: dict | None = None) -> sub
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full_env, cwd=out.parent)
 
 
+def forked(out: Path, config: str, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`cli`'s run forked from the preloaded server; its stdout and stderr together in `stderr`."""
+    cmd = [sys.executable, "-m", "fedml_moon", "simulate", "--cf", str(ROOT / config)]
+    cmd += ["--output-dir", str(out), *(a for item in overrides for a in ("--set", item))]
+    log = out.parent / f"{out.name}.log"
+    full_env = {**conformance.process_env(out.parent / "home"), **(env or {})}
+    (code,) = conformance.wait_all([conformance.spawn(cmd, log, full_env, out.parent)], 300)
+    return subprocess.CompletedProcess(cmd, code, "", log.read_text(errors="replace"))
+
+
 def read_run(out: Path) -> tuple[list[dict], dict]:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return records, json.loads((out / "summary.json").read_text())
@@ -53,7 +67,7 @@ def read_run(out: Path) -> tuple[list[dict], dict]:
 @pytest.mark.parametrize("algorithm", ["moon", "fedavg", "fedprox", "solo", "fedssc", "scaffold"])
 def test_two_rounds_through_the_cli(tmp_path, algorithm):
     out = tmp_path / "run"
-    proc = cli(out, f"config/fashion_mnist/{algorithm}.yaml", *SMALL)
+    proc = forked(out, f"config/fashion_mnist/{algorithm}.yaml", *SMALL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records, summary = read_run(out)
     assert [r["round"] for r in records] == [0, 1]
@@ -85,7 +99,7 @@ def test_two_rounds_through_the_cli(tmp_path, algorithm):
 def test_lg_two_rounds_warmup_then_local_layers(tmp_path):
     out = tmp_path / "run"
     overrides = [*SMALL, "algorithm_args.warmup_rounds=1", "data_args.max_test_samples=2000"]
-    proc = cli(out, "config/fashion_mnist/lg.yaml", *overrides)
+    proc = forked(out, "config/fashion_mnist/lg.yaml", *overrides)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records, summary = read_run(out)
     full, global_part = 633226, 256 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10  # MLP; top 3 layers
@@ -105,7 +119,8 @@ def test_sampling_momentum_disk_state_and_wandb_offline(tmp_path):
     out = tmp_path / "run"
     overrides = [*SMALL[:-1], "train_args.client_num_per_round=3", "train_args.state_store=disk"]
     overrides += ["server_args.server_momentum=0.5", "tracking_args.wandb_mode=offline"]
-    proc = cli(out, "config/fashion_mnist/moon.yaml", *overrides, env={"WANDB_API_KEY": "secret-not-logged"})
+    key = {"WANDB_API_KEY": "secret-not-logged"}
+    proc = forked(out, "config/fashion_mnist/moon.yaml", *overrides, env=key)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records, summary = read_run(out)
     assert [r["parties"] for r in records] == [3, 3]

@@ -138,18 +138,22 @@ def ago(seconds: float | None) -> str:
     return "never" if seconds is None else f"{seconds:.0f} s ago"
 
 
+def round_of(status: dict[str, Any]) -> str:
+    """`round r of R` as a person counts (from 1; metrics.jsonl's round index + 1, at most R)."""
+    rounds, index = status.get("rounds"), status.get("round") or 0
+    shown = min(index + 1, rounds) if rounds else index + 1
+    return f"round {shown}" + (f" of {rounds}" if rounds else "")
+
+
 def render(status: dict[str, Any]) -> str:
     """The status as lines of text, for a terminal."""
-    rounds, index = status.get("rounds"), status["round"]  # index: as metrics.jsonl numbers rounds
-    shown = min(index + 1, rounds) if rounds else index + 1
-    of = f" of {rounds}" if rounds else ""
     written = status.get("written_s_ago")
     notes = (
         [] if "site" in status else [f"{status['rounds_completed']} rounds recorded"]
     )  # a silo records none
     notes += [f"status written {written:.0f} s ago"] if written is not None else []
     lines = [
-        f"run {status['run']}: {status.get('algorithm') or '?'}, round {shown}{of}, "
+        f"run {status['run']}: {status.get('algorithm') or '?'}, {round_of(status)}, "
         f"{status['phase']} ({'; '.join(notes)})"
     ]
     latest = status.get("latest")

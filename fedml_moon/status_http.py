@@ -10,8 +10,9 @@ only where `tracking_args.status_sites_visible` says so; `/metrics` is the opera
 
 Off the training path: the port runs in threads of its own and reads the run's files (status.json,
 metrics.jsonl, summary.json: what `fedml-moon status` reads), at most twice a second whatever the
-number of readers; it never touches the server's objects. Each client address may make RATE requests
-in RATE_WINDOW_S (then 429), at most MAX_OPEN requests are served at once (another is closed
+number of readers; it never touches the server's objects. Each user from each client address (and
+all requests without valid credentials from an address together) may make RATE requests in
+RATE_WINDOW_S (then 429), at most MAX_OPEN requests are served at once (another is closed
 unanswered), only GET and HEAD are answered, a request with a body is refused (413), and a client that
 stalls is dropped after TIMEOUT_S: no reader can slow a round, and a killed one leaves nothing behind."""
 
@@ -34,7 +35,7 @@ from fedml_moon.security import OPERATOR, rank_of_common_name, token_digest
 
 log = logging.getLogger(__name__)
 
-RATE, RATE_WINDOW_S = 20, 10.0
+RATE, RATE_WINDOW_S = 60, 10.0
 MAX_OPEN = 8
 TIMEOUT_S = 5.0
 FRESH_S = 0.5  # the status is read from the files at most this often
@@ -172,11 +173,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         app: StatusApp = self.server.app  # type: ignore[attr-defined]
-        if not app.allowed(self.client_address[0]):
+        user = app.viewer(self.headers.get("Authorization"))
+        if not app.allowed(f"{self.client_address[0]} {user}"):  # each user its own; no user: one
             return self._send(429, extra={"Retry-After": str(int(RATE_WINDOW_S))})
         if int(self.headers.get("Content-Length") or 0) > 0:
             return self._send(413)
-        user = app.viewer(self.headers.get("Authorization"))
         if user is None:
             return self._send(401, extra={"WWW-Authenticate": 'Basic realm="fedml-moon status"'})
         self._send(*app.answer(self.path, user))

@@ -8,7 +8,7 @@ import html
 import math
 from typing import Any
 
-from fedml_moon.status import ago
+from fedml_moon.status import ago, round_of
 
 REFRESH_S = 2
 CHART = (320, 90)  # an SVG chart's width and height, in pixels
@@ -54,9 +54,7 @@ def render_html(status: dict[str, Any], records: list[dict[str, Any]]) -> str:
     """The page for `status` (`fedml_moon.status.read`, as this viewer may see it) and the round
     records it may see (`round`, `test_acc`, `test_loss`, `round_time_s`, `parties`)."""
     esc = html.escape
-    rounds = status.get("rounds") or "?"
-    algorithm, phase = status.get("algorithm") or "", status.get("phase")
-    head = f"{algorithm}, round {status.get('round', 0)} of {rounds}, {phase}"
+    head = f"{status.get('algorithm') or ''}, {round_of(status)}, {status.get('phase')}"
     rows = [(r["round"], r) for r in records if isinstance(r.get("round"), int)]
     latest = status.get("latest") or {}
     eta = status.get("eta_s")

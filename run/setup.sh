@@ -3,7 +3,8 @@
 #   - Debian packages (as root, when apt-get exists): dataset-fashion-mnist (the default job's data),
 #     openmpi-bin + libopenmpi-dev (MPI simulation, cross-silo over MPI), mosquitto (an MQTT broker
 #     for the edge mode's tests and local trials); with --tests also slurm-wlm + munge (the one-node
-#     Slurm cluster the cluster sweep's tests start).
+#     Slurm cluster the cluster sweep's tests start) and chromium + prometheus (the status port's
+#     page in a headless browser, its metrics scraped by a real Prometheus).
 #   - a virtual environment of CPython 3.11, 3.12 or 3.13 with the versions its lock names
 #     (requirements/py3.X.txt, installed --no-deps: FedML 0.9.6 without its 2022 pins, NumPy 2, a
 #     current wandb, ...): fedml_moon, mpi4py, gRPC, the test and documentation tools (moto's S3
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 SUPPORTED="3.13 3.12 3.11"  # newest first; each has its lock, requirements/py3.X.txt
 APT_PACKAGES="dataset-fashion-mnist openmpi-bin libopenmpi-dev mosquitto"
 # --tests (run/test.sh): also what only the tests need; never on a cluster's own nodes by the main job
-[ "${1:-}" = --tests ] && APT_PACKAGES="$APT_PACKAGES slurm-wlm munge"
+[ "${1:-}" = --tests ] && APT_PACKAGES="$APT_PACKAGES slurm-wlm munge chromium prometheus"
 STAMP=.venv/setup-stamp
 LOG=.venv/setup.log
 

@@ -31,7 +31,7 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     the silo is known dead, not at round_timeout_s; the silo started again takes part again. The
     server's status.json says the silo is gone, then back, and at the end how many rounds each site
     took part in (`fedml-moon status`); its status port shows the same on its page, in its JSON and
-    in its metrics."""
+    in its metrics (in a browser and in Prometheus: tests/test_status_port_live.py)."""
     make_certs(tmp_path / "certs", 3, ["127.0.0.1"])
     port_sets = [
         "tracking_args.status_port=0",
@@ -41,7 +41,7 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     server, log = _start(cmd, 0, tmp_path)
     silos = [_start(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
     _wait_for(log, "round 1:", 150)
-    port = Port(log, (tmp_path / "certs" / "operator.token").read_text())
+    port = Port(log, tmp_path / "certs" / "operator.token")
     conformance.stop(silos[1], first=signal.SIGKILL)  # rank 2 holds party 1
     killed_at = time.monotonic()
     _wait_for(log, "goes on without parties [1] (rank(s) [2]): rank(s) [2] stopped sending heartbeats", 60)
@@ -85,10 +85,10 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
 class Port:
     """The server's status port as its operator reads it (the address its log names)."""
 
-    def __init__(self, log, token: str) -> None:
+    def __init__(self, log, token_file) -> None:
         _wait_for(log, "status port: http://127.0.0.1:", 30)
         self.url = re.search(r"status port: (http://127\.0\.0\.1:\d+/)", log.read_text()).group(1)
-        self.auth = "Basic " + base64.b64encode(f"operator:{token}".encode()).decode()
+        self.auth = "Basic " + base64.b64encode(f"operator:{token_file.read_text()}".encode()).decode()
 
     def get(self, path: str) -> str:
         request = urllib.request.Request(self.url + path.lstrip("/"), headers={"Authorization": self.auth})
@@ -109,7 +109,7 @@ class Port:
             if all(said):
                 return
             assert time.monotonic() < deadline, (said, sites)
-            time.sleep(0.5)
+            time.sleep(1.0)
 
 
 def _site(status: dict, rank: int) -> dict:

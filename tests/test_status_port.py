@@ -130,7 +130,7 @@ def test_the_operator_sees_every_site_and_the_metrics(served, certs):
     assert samples[("fedml_moon_wire_bytes_sent_total", ())] == 300
     assert samples[("fedml_moon_phase", (("phase", "training"),))] == 1
     page = served.get("/", "operator", token)[2].decode()
-    assert "round 3 of 10, training" in page and 'class="site gone" id="site-2"' in page
+    assert "round 4 of 10, training" in page and 'class="site gone" id="site-2"' in page
 
 
 def test_the_example_dashboard_asks_only_for_metrics_the_port_serves(served, certs):
@@ -179,11 +179,13 @@ def test_only_get_and_head_without_a_body_and_the_three_paths(served, certs):
 def test_a_client_past_its_rate_is_told_to_wait_and_others_are_not(run, certs):
     served, token, n = _served(run, certs, status_http.RATE), _token(certs, "operator"), status_http.RATE
     try:
-        codes = [served.get("/status.json", "operator", token)[0] for _ in range(n - 1)]
-        codes += [served.get("/", None, None)[0]]  # a request without credentials counts too
+        codes = [served.get("/status.json", "operator", token)[0] for _ in range(n)]
         codes += [served.get("/status.json", "operator", token)[0] for _ in range(3)]
-        assert codes == [200] * (n - 1) + [401] + [429] * 3
-        assert served.port.server.app.allowed("127.0.0.2")  # another address is not held back
+        assert codes == [200] * n + [429] * 3
+        assert served.get("/status.json", "silo-1", _token(certs, "silo-1"))[0] == 200  # another user
+        anonymous = [served.get("/", None, None)[0] for _ in range(n + 2)]  # no credentials: one budget
+        assert anonymous == [401] * n + [429] * 2
+        assert served.port.server.app.allowed("127.0.0.2 operator")  # another address is not held back
     finally:
         served.port.stop()
 

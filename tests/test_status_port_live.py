@@ -1,0 +1,62 @@
+"""A live run's status port as its operator's tools see it (gRPC, 127.0.0.1; each round about a second,
+a plugin whose steps sleep): the page in a real browser (Debian's `chromium`, headless) renders, shows
+a newer round after a round ends and shows a killed site as gone; a real Prometheus (Debian's
+`prometheus`), configured as `examples/monitoring/prometheus.yml` says, scrapes the port and answers
+queries with the run's values, the site's fall among them. Starts the run's processes, Chromium and
+Prometheus, because what is tested is what they see of each other."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+from pathlib import Path
+
+from fedml_moon import conformance
+from fedml_moon.security import make_certs
+from tests import monitoring
+from tests.test_dead_silo import Port
+from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
+from tests.test_liveness import SLOW_STEPS
+
+ROUNDS = 30
+
+
+def _round_shown(dom: str) -> int:
+    return int(re.search(rf'<p id="state">[^<]*round (\d+) of {ROUNDS}', dom).group(1))
+
+
+def test_the_page_in_a_browser_and_prometheus_follow_a_live_run_and_a_killed_site(tmp_path: Path):
+    certs = tmp_path / "certs"
+    make_certs(certs, 2, ["127.0.0.1"])
+    number = conformance.free_port()
+    sets = [*SLOW_STEPS, f"train_args.comm_round={ROUNDS}", "data_args.max_train_samples=200"]
+    sets += ["comm_args.heartbeat_s=0.5", f"tracking_args.status_port={number}"]
+    sets += [f"tracking_args.status_tokens={certs / 'server-tokens.json'}"]
+    cmd, _ = _grpc(tmp_path, 2, *sets)
+    token = (certs / "operator.token").read_text()
+    with contextlib.ExitStack() as stack:
+        scraper = stack.enter_context(
+            monitoring.prometheus(f"http://127.0.0.1:{number}/", certs / "operator.token", tmp_path / "prom")
+        )  # before the run: it scrapes from the server's first moment
+        started = [_start(cmd, r, tmp_path) for r in (0, 1, 2)]
+        for proc, _ in started:
+            stack.callback(conformance.stop, proc)
+        log = started[0][1]
+        _wait_for(log, "round 1:", 150)
+        port = Port(log, certs / "operator.token")
+
+        def look() -> str:
+            return monitoring.browser_dom(port.url, "operator", token, tmp_path / "browser")
+
+        first = _round_shown(look())
+        _wait_for(log, f"round {first}:", 60)  # the round after the one the page showed has ended
+        assert _round_shown(look()) > first
+        conformance.stop(started[2][0], first=signal.SIGKILL)
+        port.until(2, connected=False)
+        dom = look()
+        assert 'class="site gone" id="site-2"' in dom and 'class="site connected" id="site-1"' in dom, dom
+        scraper.until('min_over_time(fedml_moon_site_connected{site="2"}[10m])', 0)
+        scraper.until('max_over_time(fedml_moon_site_connected{site="2"}[10m])', 1)  # it was there before
+        scraper.until("fedml_moon_rounds_planned", ROUNDS)
+        scraper.until("fedml_moon_sites_connected", 1)

@@ -74,6 +74,23 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def starting(run_dir: Path) -> dict[str, Any]:
+    """The status of a run whose server has written nothing yet (its first moments)."""
+    return {
+        "run": Path(run_dir).resolve().name,
+        "phase": "waiting for sites",
+        "round": 0,
+        "rounds": None,
+        "sites": [],
+        "rounds_completed": 0,
+        "latest": None,
+        "curve": [],
+        "round_time_s": None,
+        "eta_s": None,
+        "written_s_ago": None,
+    }
+
+
 def read(run_dir: Path) -> dict[str, Any]:
     """The run's status: `status.json` joined with its records (module docstring). Raises
     FileNotFoundError naming the folder when it holds no run."""

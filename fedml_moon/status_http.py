@@ -107,8 +107,8 @@ class StatusApp:
             if time.monotonic() - self._read_at >= FRESH_S:
                 try:
                     self._snapshot = (run_status.read(self.out_dir), run_status.records(self.out_dir))
-                except FileNotFoundError:
-                    self._snapshot = ({"run": self.out_dir.name, "phase": "waiting for sites"}, [])
+                except FileNotFoundError:  # the server has written nothing yet
+                    self._snapshot = (run_status.starting(self.out_dir), [])
                 self._read_at = time.monotonic()
             return self._snapshot
 

@@ -25,6 +25,7 @@ Every process started here runs on 127.0.0.1, has its wait bounded and is stoppe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -143,6 +144,15 @@ TLS_SERVER = (
 TLS_SILO = (
     "bash run/run_client.sh RANK --set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
     "--set comm_args.tls_cert=certs/silo-RANK.pem --set comm_args.tls_key=certs/silo-RANK.key"
+)
+WATCHED_SERVER = (
+    f"{TLS_SERVER} --set tracking_args.status_port=8891 "
+    "--set tracking_args.status_tokens=certs/server-tokens.json"
+)
+SCRAPE_CONFIG = "cp examples/monitoring/prometheus.yml prometheus.yml"
+SCRAPE = "prometheus --config.file=prometheus.yml"
+WATCH_STATUS = (
+    ".venv/bin/fedml-moon status https://127.0.0.1:8891/ --token certs/operator.token --ca certs/ca.pem"
 )
 OWN_CERTS = (
     ".venv/bin/fedml-moon certs certs/ --silos 3 --host 127.0.0.1 "
@@ -266,6 +276,10 @@ COMMANDS: dict[str, str] = {
     CERTS_LOCAL: "grpc-tls",
     TLS_SERVER: "grpc-tls",
     TLS_SILO: "grpc-tls",
+    WATCHED_SERVER: "grpc-tls",
+    WATCH_STATUS: "grpc-tls",
+    SCRAPE_CONFIG: "grpc-tls",
+    SCRAPE: "grpc-tls",
     OWN_CERTS: "own-data",
     OWN_SERVER: "own-data",
     **dict.fromkeys(OWN_SILOS, "own-data"),
@@ -483,6 +497,13 @@ def _run_all(cmds: list[list[str]], folder: Path, home: Path, timeout_s: float) 
     )
     assert codes == [0] * len(cmds), tails
     return logs
+
+
+def _wait_for_text(log_path: Path, text: str, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while text not in (log_path.read_text(errors="replace") if log_path.exists() else ""):
+        assert time.monotonic() < deadline, f"{text!r} not in {log_path}"
+        time.sleep(0.2)
 
 
 def _completed(out_dir: Path, rounds: int) -> dict:
@@ -877,10 +898,15 @@ def test_grpc_commands(tmp_path, home):
 
 @needs_fmnist
 @pytest.mark.slow
-def test_grpc_tls_commands(tmp_path, home):
+def test_grpc_tls_commands(tmp_path, home, capsys):
     """The cross-silo tutorial: certificates for 3 silos on 127.0.0.1, the server with TLS and its
-    certificate, silos 1 to 3 with theirs (mutual TLS), run as written from a folder holding `certs/`
-    (the run's ipconfig CSV points at a free port)."""
+    certificate and, as "Watch the run" starts it, its status port; silos 1 to 3 with theirs (mutual
+    TLS), run as written from a folder holding `certs/` (the run's ipconfig CSV and the status port on
+    free ports). Before the silos come, the operator's and a site's `fedml-moon status` of the port,
+    and a real Prometheus started with the example configuration copied beside `certs/` (listening on
+    a free loopback port), which scrapes the port over TLS as the operator."""
+    from tests import monitoring
+
     started = time.monotonic()
     work = tmp_path / "work"
     work.mkdir()
@@ -889,20 +915,53 @@ def test_grpc_tls_commands(tmp_path, home):
         assert main([str(certs) if w == "certs/" else w for w in _entry_point(CERTS_LOCAL)]) == 0
     out = tmp_path / "run"
     comm = _grpc_comm(tmp_path, out)
+    port = conformance.free_port()
 
-    def placed(command: str, rank: str) -> list[str]:
-        words = shlex.split(command.replace("RANK", rank))
-        return [w.replace("=certs/", f"={certs}/") for w in words]
+    def placed(command: str, rank: str = "0") -> list[str]:
+        words = shlex.split(command.replace("RANK", rank).replace("8891", str(port)))
+        return [re.sub(r"(^|=)certs/", rf"\g<1>{certs}/", w) for w in words]
 
     silos = [[*placed(TLS_SILO, str(r)), *comm, "--set", "device_args.torch_threads=1"] for r in (1, 2, 3)]
-    server = [*placed(TLS_SERVER, "0"), *_sets(TLS_SERVER), *comm]
-    logs = _run_all([*silos, server], tmp_path / "logs", home, 420)
+    server = [*placed(WATCHED_SERVER), *_sets(WATCHED_SERVER), *comm]
+    logs = [tmp_path / "logs" / f"process-{i}.log" for i in range(4)]
+    logs[0].parent.mkdir()
+    with contextlib.ExitStack() as stack:
+        procs = [conformance.spawn(server, logs[-1], _env(home), ROOT)]
+        stack.callback(lambda: [conformance.stop(p) for p in procs])
+        _wait_for_text(logs[-1], f"status port: https://127.0.0.1:{port}/", 120)
+        with restored_main() as main:
+            deadline = time.monotonic() + 60
+            while True:  # the port answers from its opening; the run's status once the server has one
+                assert main(placed(WATCH_STATUS)[1:]) == 0
+                said = capsys.readouterr().out
+                if "round 1 of 1, waiting for sites" in said or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert "round 1 of 1, waiting for sites" in said and "site rank 3: gone" in said, said
+            site = [w.replace("operator.token", "silo-1.token") for w in placed(WATCH_STATUS)[1:]]
+            assert main([*site, "--json"]) == 0
+            assert [s["rank"] for s in json.loads(capsys.readouterr().out)["sites"]] == [1]
+        copy, source, target = shlex.split(SCRAPE_CONFIG)  # here: into the folder holding certs/
+        assert copy == "cp" and target == "prometheus.yml"
+        config = work / target
+        config.write_text((ROOT / source).read_text().replace("8891", str(port)))
+        listen = f"127.0.0.1:{conformance.free_port()}"  # not Prometheus's own 0.0.0.0:9090
+        prometheus = [*shlex.split(SCRAPE), f"--web.listen-address={listen}"]
+        prometheus += [f"--storage.tsdb.path={tmp_path / 'tsdb'}"]
+        procs.append(conformance.spawn(prometheus, tmp_path / "logs" / "prometheus.log", _env(home), work))
+        monitoring.Prometheus(f"http://{listen}/").until("fedml_moon_rounds_planned", 1)
+        for cmd, log_path in zip(silos, logs, strict=False):
+            procs.append(conformance.spawn(cmd, log_path, _env(home), ROOT))
+        codes = conformance.wait_all([procs[0], *procs[2:]], 420)
+    tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in logs)
+    assert codes == [0, 0, 0, 0], tails
     for log_path in logs:
         _quiet(log_path)
     assert "(TLS True, auth mtls)" in logs[-1].read_text()  # the server's log: TLS on, silos by certificate
     _completed(out, 1)
-    # started again as written, the server refuses the folder of this run's records
-    again = subprocess.run(server, cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=120)
+    # started again as written in step 2, the server refuses the folder of this run's records
+    again = [*placed(TLS_SERVER), *_sets(TLS_SERVER), *comm]
+    again = subprocess.run(again, cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "holds an earlier run's records" in again.stderr, again.stderr[-2000:]
     assert "--overwrite" in again.stderr and f"--resume {out}" in again.stderr
     _completed(out, 1)

@@ -108,6 +108,7 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         self.ready_reset()
         self.status_reset()
         super().__init__(args, transport, 0, len(workers) + 1, comm.backend, comm.heartbeat_s)
+        self.publish_status(force=True)  # status.json from the start: the rounds planned, no site yet
 
     def peers(self) -> list[int]:
         return sorted(self.seen)

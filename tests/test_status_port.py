@@ -288,3 +288,27 @@ def test_fedml_moon_status_reads_a_live_port_as_the_operator_or_a_site(run, cert
         assert "no status from there" in capsys.readouterr().err
     finally:
         port.stop()
+
+
+def test_hostile_requests_get_an_error_and_leave_the_port_serving(served, certs):
+    """A header too long, too many headers, a request line that is no HTTP, a client killed half way
+    through its request: each gets an error or nothing, and the next honest request is answered."""
+    token = _token(certs, "operator")
+    sends = [
+        b"GET /status.json HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",
+        b"GET /status.json HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+        b"\x16\x03\x01 not http at all\r\n\r\n",
+        b"GET /status.json HTTP/1.1\r\nAuthorization: Basic ",  # then killed
+    ]
+    for raw in sends:
+        with socket.create_connection(("127.0.0.1", served.port.port), timeout=10) as s:
+            s.sendall(raw)
+            if raw.endswith(b"Basic "):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                continue  # closed with a reset, mid-request
+            s.shutdown(socket.SHUT_WR)
+            reply = s.recv(65536)
+            assert reply == b"" or b"400" in reply or b"431" in reply, reply
+            assert b"phase" not in reply and b"site" not in reply  # an error, nothing of the run
+        code, _, body = served.get("/status.json", "operator", token)
+        assert code == 200 and json.loads(body)["round"] == 3

@@ -583,13 +583,19 @@ class TrackingArgs:
     """server-tokens.json: who may read the status port; null: comm_args.token_path"""
     status_sites_visible: bool = False
     """let each site see every site's entry on the status port; false: its own only (the operator sees all)"""
+    site_status_port: int | None = None
+    """a silo's own status port (its folder's view: round, pace, the server); null: off; 0: any free port"""
+    site_status_token: str | None = None
+    """the token that reads a silo's own status port (its silo-<r>.token); null: comm_args.token_path"""
 
     def check(self) -> None:
-        require(
-            self.status_port is None or 0 <= self.status_port <= 65535,
-            "tracking_args.status_port",
-            f"{self.status_port} is not a TCP port: give 1..65535, 0 for a free one, or null (off)",
-        )
+        for key in ("status_port", "site_status_port"):
+            port = getattr(self, key)
+            require(
+                port is None or 0 <= port <= 65535,
+                f"tracking_args.{key}",
+                f"{port} is not a TCP port: give 1..65535, 0 for a free one, or null (off)",
+            )
         require(
             self.wandb_mode in WANDB_MODES,
             "tracking_args.wandb_mode",

@@ -61,10 +61,15 @@ class StatusApp:
     """What the port answers, for the run in `out_dir`."""
 
     def __init__(
-        self, out_dir: Path, viewers: dict[str, str], sites_visible: bool = False, rate: int = RATE
+        self,
+        out_dir: Path,
+        viewers: dict[str, str],
+        sites_visible: bool = False,
+        rate: int = RATE,
+        owner: str = OPERATOR,
     ) -> None:
         self.out_dir = Path(out_dir)
-        self.rate = rate
+        self.rate, self.owner = rate, owner  # owner: who sees all and the metrics
         self.viewers = viewers
         self.sites_visible = sites_visible
         self._lock = threading.Lock()
@@ -115,7 +120,7 @@ class StatusApp:
     def view(self, user: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The status and records as `user` may see them (module docstring)."""
         status, records = self.snapshot()
-        if user == OPERATOR or self.sites_visible:
+        if user == self.owner or self.sites_visible:
             return status, records
         rank = rank_of_common_name(user)
         mine = [s for s in status.get("sites", []) if s.get("rank") == rank]
@@ -134,8 +139,8 @@ class StatusApp:
         if route == "/status.json":
             return 200, "application/json", json.dumps(status, allow_nan=False, default=str).encode()
         if route == "/metrics":
-            if user != OPERATOR:
-                return 403, "text/plain", b"the metrics are the operator's\n"
+            if user != self.owner:
+                return 403, "text/plain", f"the metrics are {self.owner}'s\n".encode()
             from prometheus_client import CONTENT_TYPE_LATEST
 
             from fedml_moon.status_metrics import exposition
@@ -248,12 +253,51 @@ class StatusPort:
         self.server.server_close()
 
 
+def _serve(app: StatusApp, cfg: Any, key: str, port: int) -> StatusPort:
+    """The port for `app` on tracking_args.status_host: TLS with this process's certificate if it has
+    one; without, loopback only."""
+    from fedml_moon.config_schema import ConfigError
+    from fedml_moon.security import is_loopback
+
+    t, c = cfg.tracking_args, cfg.comm_args
+    tls = (c.tls_cert, c.tls_key) if c.tls_cert and c.tls_key else None
+    if tls is None and not is_loopback(t.status_host):
+        raise ConfigError(
+            f"tracking_args.status_host: {t.status_host} is not a loopback address, and this process has "
+            "no TLS certificate (comm_args.tls_cert, tls_key) to serve it with; use 127.0.0.1, or give them"
+        )
+    try:
+        return StatusPort(app, t.status_host, port, tls).start()
+    except OSError as err:
+        raise ConfigError(
+            f"tracking_args.{key}: cannot listen on {t.status_host}:{port} ({err}); choose a free port, or 0"
+        ) from None
+
+
+def open_site_port(cfg: Any, folder: Path, rank: int) -> StatusPort | None:
+    """A silo's own status port (`tracking_args.site_status_port`) on its folder, read with its token
+    (user `silo-<rank>`: it sees all of its folder's status and its metrics); None when off."""
+    from fedml_moon.config_schema import ConfigError
+
+    t = cfg.tracking_args
+    if t.site_status_port is None:
+        return None
+    token = t.site_status_token or cfg.comm_args.token_path
+    if not token or not Path(token).is_file():
+        raise ConfigError(
+            f"tracking_args.site_status_token: a silo's status port needs its token ({token} is not a "
+            "file): give its silo-<r>.token"
+        )
+    user = f"silo-{rank}"
+    app = StatusApp(folder, {user: token_digest(Path(token).read_text().strip())}, owner=user)
+    return _serve(app, cfg, "site_status_port", t.site_status_port)
+
+
 def open_port(cfg: Any, out_dir: Path) -> StatusPort | None:
     """The status port of the run's server as its config says (`tracking_args.status_*`), started;
     None when it is off. Refuses (ConfigError) a port without credentials, or on an address that is
     not loopback without the run's TLS."""
     from fedml_moon.config_schema import ConfigError
-    from fedml_moon.security import is_loopback
 
     t, c = cfg.tracking_args, cfg.comm_args
     if t.status_port is None:
@@ -264,17 +308,5 @@ def open_port(cfg: Any, out_dir: Path) -> StatusPort | None:
             f"tracking_args.status_tokens: the status port needs the tokens that may read it ({tokens} is "
             "not a file): give server-tokens.json as `fedml-moon certs` writes it"
         )
-    tls = (c.tls_cert, c.tls_key) if c.tls_cert and c.tls_key else None
-    if tls is None and not is_loopback(t.status_host):
-        raise ConfigError(
-            f"tracking_args.status_host: {t.status_host} is not a loopback address, and the run has no TLS "
-            "certificate (comm_args.tls_cert, tls_key) to serve it with; use 127.0.0.1, or give them"
-        )
     app = StatusApp(out_dir, load_viewers(Path(tokens)), t.status_sites_visible)
-    try:
-        return StatusPort(app, t.status_host, t.status_port, tls).start()
-    except OSError as err:
-        raise ConfigError(
-            f"tracking_args.status_port: cannot listen on {t.status_host}:{t.status_port} ({err}); choose a "
-            "free port, or 0 for any"
-        ) from None
+    return _serve(app, cfg, "status_port", t.status_port)

@@ -51,6 +51,26 @@ def _families(status: dict[str, Any], records: list[dict[str, Any]]) -> Iterator
     phase.add_metric([str(status.get("phase"))], 1.0)
     yield phase
     yield from _site_families(status.get("sites") or [])
+    yield from _own_view(status)
+
+
+def _own_view(status: dict[str, Any]) -> Iterator[Any]:
+    """A silo's own port: the rounds it trained and its view of the server."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    server, site = status.get("server"), status.get("site")
+    if isinstance(site, dict) and _number(site.get("rounds")):
+        trained = CounterMetricFamily(PREFIX + "rounds_trained", "rounds this silo trained")
+        trained.add_metric([], float(site["rounds"]))
+        yield trained
+    if isinstance(server, dict):
+        up = 1.0 if server.get("connected") else 0.0
+        yield GaugeMetricFamily(PREFIX + "server_connected", "1 while the server is connected", value=up)
+        if _number(server.get("last_heard_s")):
+            doc = "seconds since the server was heard"
+            yield GaugeMetricFamily(
+                PREFIX + "server_last_heard_seconds", doc, value=float(server["last_heard_s"])
+            )
 
 
 def _site_families(sites: list[dict[str, Any]]) -> Iterator[Any]:

@@ -312,3 +312,34 @@ def test_hostile_requests_get_an_error_and_leave_the_port_serving(served, certs)
             assert b"phase" not in reply and b"site" not in reply  # an error, nothing of the run
         code, _, body = served.get("/status.json", "operator", token)
         assert code == 200 and json.loads(body)["round"] == 3
+
+
+def test_a_silos_own_port_shows_its_view_to_its_own_token_only(tmp_path, certs):
+    """`tracking_args.site_status_port`: the silo's folder (what `fedml-moon status rank-<r>` reads)
+    to the holder of its token, metrics included; the operator's token and another site's are
+    refused (it is the site's, not the run's)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fedml_moon.config import load_config
+
+    folder = tmp_path / "run" / "rank-1"
+    own = {"run": "run", "algorithm": "moon", "rounds": 10, "round": 4, "phase": "training"}
+    own |= {"site": {"rank": 1, "rounds": 4}, "server": {"connected": True, "heard_at": time.time()}}
+    run_status.write(folder, {**own, "round_time_s": 3.0, "eta_s": 18.0})
+    sets = ["tracking_args.site_status_port=0", f"tracking_args.site_status_token={certs / 'silo-1.token'}"]
+    port = status_http.open_site_port(
+        load_config(ROOT / "config" / "fashion_mnist" / "moon.yaml", sets), folder, 1
+    )
+    try:
+        client = Client(port)
+        for who in ("operator", "silo-2"):
+            assert client.get("/status.json", who, _token(certs, who))[0] == 401
+        status = json.loads(client.get("/status.json", "silo-1", _token(certs, "silo-1"))[2])
+        assert status["site"] == {"rank": 1, "rounds": 4} and status["server"]["connected"] is True
+        body = client.get("/metrics", "silo-1", _token(certs, "silo-1"))[2].decode()
+        samples = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
+        assert samples["fedml_moon_rounds_trained_total"] == 4 and samples["fedml_moon_server_connected"] == 1
+        assert samples["fedml_moon_round_seconds"] == 3.0 and samples["fedml_moon_eta_seconds"] == 18.0
+        assert 0 <= samples["fedml_moon_server_last_heard_seconds"] < 60
+    finally:
+        port.stop()

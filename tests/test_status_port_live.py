@@ -2,14 +2,17 @@
 a plugin whose steps sleep): the page in a real browser (Debian's `chromium`, headless) renders, shows
 a newer round after a round ends and shows a killed site as gone; a real Prometheus (Debian's
 `prometheus`), configured as `examples/monitoring/prometheus.yml` says, scrapes the port and answers
-queries with the run's values, the site's fall among them. Starts the run's processes, Chromium and
+queries with the run's values, the site's fall among them; a silo's own port shows its view of the
+run to its token. Starts the run's processes, Chromium and
 Prometheus, because what is tested is what they see of each other."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import re
 import signal
+import urllib.request
 from pathlib import Path
 
 from fedml_moon import conformance
@@ -39,7 +42,10 @@ def test_the_page_in_a_browser_and_prometheus_follow_a_live_run_and_a_killed_sit
         scraper = stack.enter_context(
             monitoring.prometheus(f"http://127.0.0.1:{number}/", certs / "operator.token", tmp_path / "prom")
         )  # before the run: it scrapes from the server's first moment
-        started = [_start(cmd, r, tmp_path) for r in (0, 1, 2)]
+        own = conformance.free_port()  # silo 1's own port, read with its token
+        silo_1 = [*cmd, "--set", f"tracking_args.site_status_port={own}"]
+        silo_1 += ["--set", f"tracking_args.site_status_token={certs / 'silo-1.token'}"]
+        started = [_start(cmd, 0, tmp_path), _start(silo_1, 1, tmp_path), _start(cmd, 2, tmp_path)]
         for proc, _ in started:
             stack.callback(conformance.stop, proc)
         log = started[0][1]
@@ -60,3 +66,17 @@ def test_the_page_in_a_browser_and_prometheus_follow_a_live_run_and_a_killed_sit
         scraper.until('max_over_time(fedml_moon_site_connected{site="2"}[10m])', 1)  # it was there before
         scraper.until("fedml_moon_rounds_planned", ROUNDS)
         scraper.until("fedml_moon_sites_connected", 1)
+        seen = _metrics(f"http://127.0.0.1:{own}/metrics", "silo-1", (certs / "silo-1.token").read_text())
+        assert seen["fedml_moon_server_connected"] == 1 and seen["fedml_moon_rounds_trained_total"] >= first
+        assert "fedml_moon_site_connected" not in seen  # a silo's own port: its view, nothing of others
+
+
+def _metrics(url: str, user: str, token: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    auth = "Basic " + base64.b64encode(f"{user}:{token}".encode()).decode()
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers={"Authorization": auth}), timeout=10
+    ) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}

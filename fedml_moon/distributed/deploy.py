@@ -343,7 +343,9 @@ def _build_worker(
     # clock, comm_args.timeout_s for the server to answer, starts with it
     from fedml_moon.adapters import trainer  # noqa: F401
     from fedml_moon.distributed.client_manager import Local, PluginClientManager
+    from fedml_moon.status_http import open_site_port
 
+    port = open_site_port(cfg, folder, rank)  # refused before the transport dials
     transport = make_transport(cfg, rank, worker_count(cfg, size), comm)
     args = build_args(cfg, folder, rank, local_procs)
     store = make_store(cfg.train_args.state_store, folder / "party_state")
@@ -356,7 +358,7 @@ def _build_worker(
     manager = PluginClientManager(
         args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg)
     )
-    return DistributedProcess(manager, rank, on_exit=on_exit)
+    return DistributedProcess(manager, rank, on_exit=on_exit, port=port)
 
 
 def parties_of(cfg: Config, size: int | None, rank: int) -> list[int]:

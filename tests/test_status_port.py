@@ -132,6 +132,8 @@ def test_the_operator_sees_every_site_and_the_metrics(served, certs):
     assert samples[("fedml_moon_phase", (("phase", "training"),))] == 1
     page = served.get("/", "operator", token)[2].decode()
     assert "round 4 of 10, training" in page and 'class="site gone" id="site-2"' in page
+    everything = b"".join(served.get(p, "operator", token)[2] for p in ("/", "/status.json", "/metrics"))
+    assert b"party_test" not in everything  # no per-site test figure on the port, for anyone
 
 
 def test_the_example_dashboard_asks_only_for_metrics_the_port_serves(served, certs):

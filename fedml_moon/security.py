@@ -61,6 +61,12 @@ def _cert(
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # what strict verifiers require (RFC 5280; Python 3.13's default TLS context): key ids, usage
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False
+        )
+        .add_extension(_key_usage(ca), critical=True)
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -70,6 +76,22 @@ def _cert(
         value = x509.UnrecognizedExtension(x509.ObjectIdentifier(CAP_OID), str(int(cap)).encode())
         builder = builder.add_extension(value, critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
+
+
+def _key_usage(ca: bool):
+    from cryptography import x509
+
+    return x509.KeyUsage(
+        digital_signature=not ca,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def _sans(hosts: list[str]) -> list:

@@ -28,9 +28,11 @@ from fedml_moon.status_http import StatusApp, StatusPort, load_viewers
 
 ROOT = Path(__file__).resolve().parent.parent
 SITES = [
-    {"rank": 1, "connected": True, "heard_at": 0.0, "rounds": 3, "refused": 0},
-    {"rank": 2, "connected": False, "heard_at": -40.0, "rounds": 1, "refused": 7},
-]  # heard_at: seconds from the fixture's moment
+    {"rank": 1, "connected": True, "heard_at": 0.0, "rounds": 3, "refused": 0, "messages": 40,
+     "bytes_received": 9000, "bytes_sent": 8000},
+    {"rank": 2, "connected": False, "heard_at": -40.0, "rounds": 1, "refused": 7, "messages": 12,
+     "bytes_received": 3000, "bytes_sent": 2500},
+]  # heard_at: seconds from the fixture's moment  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +131,9 @@ def test_the_operator_sees_every_site_and_the_metrics(served, certs):
     assert samples[("fedml_moon_site_refused_total", (("site", "2"),))] == 7
     assert samples[("fedml_moon_site_last_heard_seconds", (("site", "2"),))] >= 40
     assert samples[("fedml_moon_wire_bytes_sent_total", ())] == 300
+    assert samples[("fedml_moon_site_messages_total", (("site", "2"),))] == 12
+    assert samples[("fedml_moon_site_bytes_received_total", (("site", "1"),))] == 9000
+    assert samples[("fedml_moon_site_bytes_sent_total", (("site", "2"),))] == 2500
     assert samples[("fedml_moon_phase", (("phase", "training"),))] == 1
     page = served.get("/", "operator", token)[2].decode()
     assert "round 4 of 10, training" in page and 'class="site gone" id="site-2"' in page
@@ -243,6 +248,7 @@ def test_over_tls_with_the_runs_certificates(run, certs):
     try:
         assert port.url.startswith("https://")
         trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        trusted.verify_flags |= ssl.VERIFY_X509_STRICT  # Python 3.13's default: RFC 5280's key ids, usage
         code, _, body = Client(port, trusted).get("/status.json", "operator", _token(certs, "operator"))
         assert code == 200 and json.loads(body)["run"] == "run"
         with pytest.raises(ssl.SSLError):

@@ -81,6 +81,15 @@ def _site_families(sites: list[dict[str, Any]]) -> Iterator[Any]:
     heard = GaugeMetricFamily(PREFIX + "site_last_heard_seconds", "seconds since it was heard", labels=site)
     rounds = CounterMetricFamily(PREFIX + "site_rounds", "rounds it took part in", labels=site)
     refused = CounterMetricFamily(PREFIX + "site_refused", "its messages the server refused", labels=site)
+    traffic = {
+        "messages": CounterMetricFamily(
+            PREFIX + "site_messages", "its messages the server took", labels=site
+        ),
+        "bytes_received": CounterMetricFamily(PREFIX + "site_bytes_received", "bytes of them", labels=site),
+        "bytes_sent": CounterMetricFamily(
+            PREFIX + "site_bytes_sent", "bytes the server sent it", labels=site
+        ),
+    }
     for entry in sites:
         label = [str(entry.get("rank"))]
         connected.add_metric(label, 1.0 if entry.get("connected") else 0.0)
@@ -88,9 +97,12 @@ def _site_families(sites: list[dict[str, Any]]) -> Iterator[Any]:
             heard.add_metric(label, float(entry["last_heard_s"]))
         rounds.add_metric(label, float(entry.get("rounds") or 0))
         refused.add_metric(label, float(entry.get("refused") or 0))
+        for field, family in traffic.items():
+            if _number(entry.get(field)):
+                family.add_metric(label, float(entry[field]))
     total = GaugeMetricFamily(PREFIX + "sites_connected", "sites connected now")
     total.add_metric([], float(sum(1 for s in sites if s.get("connected"))))
-    yield from (total, connected, heard, rounds, refused)
+    yield from (total, connected, heard, rounds, refused, *traffic.values())
 
 
 def exposition(status: dict[str, Any], records: list[dict[str, Any]]) -> bytes:

@@ -73,6 +73,8 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     took_part = {site["rank"]: site["rounds"] for site in end["sites"]}
     assert took_part == {1: 40, 2: 40 - without_2, 3: 40}, (took_part, without_2)
     assert [site["refused"] for site in end["sites"]] == [0, 0, 0]
+    for site in end["sites"]:  # what the server's transport took from each and sent it
+        assert site["messages"] > 40 and site["bytes_received"] > 0 and site["bytes_sent"] > 0, site
     assert main(["status", str(out / "rank-1")]) == 0  # what a site sees of the run: its own view
     said = capsys.readouterr().out
     assert "round 40 of 40, finished (status written" in said, said

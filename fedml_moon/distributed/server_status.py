@@ -47,4 +47,7 @@ class StatusBoard:
             "heard_at": heard_at,
             "rounds": self.took_part[rank],
             "refused": self.refusals.by_source[f"rank {rank}"],
+            "messages": self._transport.messages_from[rank],  # its messages the transport took
+            "bytes_received": self._transport.bytes_from[rank],
+            "bytes_sent": self._transport.bytes_to[rank],
         }

@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from fedml.core.distributed.communication.base_com_manager import BaseCommunicationManager
@@ -69,6 +70,11 @@ class QueueTransport(BaseCommunicationManager):
         self.bytes_sent = 0  # encoded message bytes this process sent / received (the wire payload)
         self.bytes_received = 0
         self.heard: dict[int, float] = {}  # rank -> when a message of it last arrived (receive threads)
+        # per rank (COUNTED_RANKS at most): messages of it taken and their bytes; bytes sent to it
+        self.messages_from: Counter = Counter()
+        self.bytes_from: Counter = Counter()
+        self.bytes_to: Counter = Counter()
+        self._counts = threading.Lock()  # receive threads count at once
 
     def add_observer(self, observer: Any) -> None:
         self._observers.append(observer)
@@ -78,8 +84,14 @@ class QueueTransport(BaseCommunicationManager):
 
     def send_message(self, msg: Message) -> None:
         data = message_bytes(msg)
-        self.send_bytes(int(msg.get_receiver_id()), data)
-        self.bytes_sent += len(data)
+        receiver = int(msg.get_receiver_id())
+        self.send_bytes(receiver, data)
+        self.sent(receiver, len(data))
+
+    def sent(self, receiver: int, n: int) -> None:
+        """Count `n` bytes sent to `receiver` (every transport's sending path calls it)."""
+        self.bytes_sent += n
+        self._count(self.bytes_to, receiver, n)
 
     def send_bytes(self, receiver: int, data: bytes) -> None:
         raise NotImplementedError
@@ -116,9 +128,16 @@ class QueueTransport(BaseCommunicationManager):
         verdict = self.inflight.admit(sender, kind, size)
         if verdict != REFUSED:
             self.heard_from(sender)
+            self._count(self.messages_from, sender, 1)
+            self._count(self.bytes_from, sender, size)
         if verdict == QUEUED:
             self._inbox.put(Waiting(msg, sender, kind, size))
         return verdict
+
+    def _count(self, counter: Counter, rank: Any, n: int) -> None:
+        with self._counts:
+            if rank in counter or len(counter) < COUNTED_RANKS:
+                counter[rank] += n
 
     def heard_from(self, sender: int) -> None:
         """A message of `sender` (the rank the transport authenticated) arrived now: the peer is alive,
@@ -172,3 +191,7 @@ class QueueTransport(BaseCommunicationManager):
 
     def close(self) -> None:
         """Release sockets and threads (transport-specific)."""
+
+
+COUNTED_RANKS = 100_000
+"""The ranks a transport keeps message and byte counts of; a sender past them is not counted."""

@@ -47,6 +47,23 @@ def _families(status: dict[str, Any], records: list[dict[str, Any]]) -> Iterator
         total = CounterMetricFamily(PREFIX + field, doc)
         total.add_metric([], float(sum(r[field] for r in records if _number(r.get(field)))))
         yield total
+    missing = [len(r.get("missing_parties") or []) for r in records]
+    doc = "parties left out of the last round's aggregate (gone, late, or dropped from a secure sum)"
+    yield from (
+        [GaugeMetricFamily(PREFIX + "parties_missing_last_round", doc, value=missing[-1])] if missing else []
+    )
+    left_out = CounterMetricFamily(
+        PREFIX + "parties_missing", "parties left out of aggregates, over the rounds"
+    )
+    left_out.add_metric([], float(sum(missing)))
+    yield left_out
+    refused = CounterMetricFamily(
+        PREFIX + "refused", "messages the server refused, by reason", labels=["reason"]
+    )
+    for reason, n in sorted((status.get("refused") or {}).items()):
+        if _number(n):
+            refused.add_metric([str(reason)], float(n))
+    yield refused
     phase = GaugeMetricFamily(PREFIX + "phase", "1 for the phase the run is in", labels=["phase"])
     phase.add_metric([str(status.get("phase"))], 1.0)
     yield phase
@@ -59,6 +76,9 @@ def _own_view(status: dict[str, Any]) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     server, site = status.get("server"), status.get("site")
+    if isinstance(site, dict) and _number(site.get("samples")):
+        doc = "training samples of this silo's parties"
+        yield GaugeMetricFamily(PREFIX + "samples", doc, value=float(site["samples"]))
     if isinstance(site, dict) and _number(site.get("rounds")):
         trained = CounterMetricFamily(PREFIX + "rounds_trained", "rounds this silo trained")
         trained.add_metric([], float(site["rounds"]))

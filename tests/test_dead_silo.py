@@ -81,7 +81,9 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     assert "site rank 1: trained 40 rounds; the server: connected" in said, said
     own = json.loads((out / "rank-1" / "status.json").read_text())  # nothing of another site
     fields = {"run", "algorithm", "rounds", "round", "phase", "site", "server", "round_time_s", "eta_s"}
-    assert set(own) == {*fields, "updated"} and set(own["site"]) == {"rank", "rounds"}, own
+    assert set(own) == {*fields, "updated"} and set(own["site"]) == {"rank", "rounds", "samples"}, own
+    counts = json.loads((out / "rank-1" / "partition.json").read_text())["counts"]
+    assert own["site"]["samples"] == sum(counts[0])  # rank 1 holds party 0: its training samples
 
 
 class Port:

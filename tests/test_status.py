@@ -114,6 +114,12 @@ def test_a_sites_refused_count_is_its_refused_messages_only_and_its_sources_are_
         log.refused(f"10.0.0.{i}", "no token")
     assert len(log.by_source) == refusals.COUNTED_SOURCES + 1
     assert log.by_source[refusals.OTHER_SOURCES] == 11
+    # by reason: a refusal's own short reason, else one name; BYE and ERROR are no refusals
+    assert log.by_reason == {refusals.UNNAMED_REASON: refusals.COUNTED_SOURCES + 13}
+    for i in range(refusals.COUNTED_REASONS + 5):  # reasons are bounded in number as sources are
+        log.refused("rank 3", "a malformed message", reason=f"reason {i}")
+    assert len(log.by_reason) == refusals.COUNTED_REASONS + 1
+    assert log.by_reason[refusals.OTHER_REASONS] == 6
 
 
 def test_a_status_file_alone_never_blocks_a_new_run_in_its_folder(tmp_path):

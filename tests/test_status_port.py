@@ -50,10 +50,12 @@ def run(tmp_path) -> Path:
         recorder.log_round(
             {"round": r, "parties": 2, "test_acc": 0.5 + r / 10, "test_loss": 1.0 - r / 10,
              "round_time_s": 2.0, "party_test": {"0": 0.9, "1": 0.1}, "wire_bytes_sent": 100,
-             "wire_bytes_received": 50, "dp_epsilon": 0.25 * (r + 1)}
+             "wire_bytes_received": 50, "dp_epsilon": 0.25 * (r + 1),
+             **({"missing_parties": [1]} if r == 1 else {})}
         )  # fmt: skip
     now = time.time()
-    recorder.publish(round=3, phase="training", sites=[{**s, "heard_at": now + s["heard_at"]} for s in SITES])
+    sites = [{**s, "heard_at": now + s["heard_at"]} for s in SITES]
+    recorder.publish(round=3, phase="training", sites=sites, refused={"a malformed message": 2, "too big": 5})
     return tmp_path / "run"
 
 
@@ -132,6 +134,9 @@ def test_the_operator_sees_every_site_and_the_metrics(served, certs):
     assert samples[("fedml_moon_site_last_heard_seconds", (("site", "2"),))] >= 40
     assert samples[("fedml_moon_wire_bytes_sent_total", ())] == 300
     assert samples[("fedml_moon_site_messages_total", (("site", "2"),))] == 12
+    assert samples[("fedml_moon_refused_total", (("reason", "too big"),))] == 5
+    assert samples[("fedml_moon_parties_missing_total", ())] == 1
+    assert samples[("fedml_moon_parties_missing_last_round", ())] == 0
     assert samples[("fedml_moon_site_bytes_received_total", (("site", "1"),))] == 9000
     assert samples[("fedml_moon_site_bytes_sent_total", (("site", "2"),))] == 2500
     assert samples[("fedml_moon_phase", (("phase", "training"),))] == 1
@@ -332,7 +337,8 @@ def test_a_silos_own_port_shows_its_view_to_its_own_token_only(tmp_path, certs):
 
     folder = tmp_path / "run" / "rank-1"
     own = {"run": "run", "algorithm": "moon", "rounds": 10, "round": 4, "phase": "training"}
-    own |= {"site": {"rank": 1, "rounds": 4}, "server": {"connected": True, "heard_at": time.time()}}
+    own |= {"site": {"rank": 1, "rounds": 4, "samples": 640}}
+    own |= {"server": {"connected": True, "heard_at": time.time()}}
     run_status.write(folder, {**own, "round_time_s": 3.0, "eta_s": 18.0})
     sets = ["tracking_args.site_status_port=0", f"tracking_args.site_status_token={certs / 'silo-1.token'}"]
     port = status_http.open_site_port(
@@ -343,11 +349,12 @@ def test_a_silos_own_port_shows_its_view_to_its_own_token_only(tmp_path, certs):
         for who in ("operator", "silo-2"):
             assert client.get("/status.json", who, _token(certs, who))[0] == 401
         status = json.loads(client.get("/status.json", "silo-1", _token(certs, "silo-1"))[2])
-        assert status["site"] == {"rank": 1, "rounds": 4} and status["server"]["connected"] is True
+        assert status["site"] == {"rank": 1, "rounds": 4, "samples": 640} and status["server"]["connected"]
         body = client.get("/metrics", "silo-1", _token(certs, "silo-1"))[2].decode()
         samples = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
         assert samples["fedml_moon_rounds_trained_total"] == 4 and samples["fedml_moon_server_connected"] == 1
         assert samples["fedml_moon_round_seconds"] == 3.0 and samples["fedml_moon_eta_seconds"] == 18.0
+        assert samples["fedml_moon_samples"] == 640
         assert 0 <= samples["fedml_moon_server_last_heard_seconds"] < 60
     finally:
         port.stop()

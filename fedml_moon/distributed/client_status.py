@@ -1,9 +1,10 @@
 """What a silo publishes of itself in its own folder's `status.json` (a mixin of
 `PluginClientManager`), for `fedml-moon status <output>/rank-<r>`: the round the server last gave it,
 its phase (waiting for the server, training, waiting for the next round, evaluating, then finished
-or failed), how many rounds it trained, the server (connected or not, when last heard), the run's
-pace as the silo sees it (the mean time between two of its rounds) and an estimate of the end. Only
-what the run already tells every site: nothing of another site."""
+or failed), how many rounds it trained and its parties' training samples, the server (connected or
+not, when last heard), the run's pace as the silo sees it (the mean time between two of its
+rounds) and an estimate of the end. Only what the run already tells every site: nothing of another
+site."""
 
 from __future__ import annotations
 
@@ -45,6 +46,13 @@ class SiloStatus:
         self.train_arrivals = [*self.train_arrivals, time.monotonic()][-(PACE_ROUNDS + 1) :]
         self.silo_publish("training", round_idx)
 
+    def _own_site(self) -> dict[str, Any]:
+        """Its rank, the rounds it trained and, once built, its parties' training samples."""
+        site: dict[str, Any] = {"rank": self.rank, "rounds": self.silo_trained}
+        if self.built is not None:
+            site["samples"] = sum(int(c.get("samples", 0)) for c in self.built.claims.values())
+        return site
+
     def _silo_fields(self) -> dict[str, Any]:
         train = self.built.run_config.train_args if self.built is not None else None
         gaps = [b - a for a, b in zip(self.train_arrivals, self.train_arrivals[1:], strict=False)]
@@ -58,7 +66,7 @@ class SiloStatus:
             "rounds": rounds,
             "round": self.silo_round,
             "phase": self.silo_phase,
-            "site": {"rank": self.rank, "rounds": self.silo_trained},
+            "site": self._own_site(),
             "server": {
                 "connected": bool(self.welcomed) and heard_at is not None and not self.is_dead(0),
                 "heard_at": heard_at,

@@ -23,6 +23,8 @@ WIDTH = 300
 HELD_SOURCES = 20
 HELD_REASONS = 10
 COUNTED_SOURCES = 1000
+COUNTED_REASONS = 50
+UNNAMED_REASON = "refused by the protocol"  # a refusal logged without a short reason of its own
 OTHER_SOURCES, OTHER_REASONS = "other sources", "other reasons"
 
 
@@ -56,6 +58,7 @@ class RefusalLog:
         self._held: dict[str, Counter] = {}  # source -> reason -> refusals counted, not logged
         self.count = 0  # every refusal so far, logged or counted
         self.by_source: Counter = Counter()  # every refusal so far by source (COUNTED_SOURCES at most)
+        self.by_reason: Counter = Counter()  # ... and by its reason (COUNTED_REASONS at most)
 
     def refused(
         self, source: str, what: str, reason: str = "", level: int = logging.WARNING, counted: bool = True
@@ -70,6 +73,9 @@ class RefusalLog:
             if counted:
                 known = source in self.by_source or len(self.by_source) < COUNTED_SOURCES
                 self.by_source[source if known else OTHER_SOURCES] += 1
+                why = bounded(reason, 60) if reason else UNNAMED_REASON
+                known = why in self.by_reason or len(self.by_reason) < COUNTED_REASONS
+                self.by_reason[why if known else OTHER_REASONS] += 1
             self._roll()
             if self._lines[source] < self.per_source and sum(self._lines.values()) < self.total:
                 self._lines[source] += 1

@@ -37,7 +37,11 @@ class StatusBoard:
         self.published_at = now
         sites = [self._site(rank) for rank in self.workers]
         round_idx = max(self.round_idx, self.start)
-        self.rounds.recorder.publish(round=round_idx, phase=PHASES.get(self.phase, self.phase), sites=sites)
+        wire = self._transport.refusals
+        reasons = self.refusals.by_reason + (wire.by_reason if wire is not self.refusals else Counter())
+        self.rounds.recorder.publish(
+            round=round_idx, phase=PHASES.get(self.phase, self.phase), sites=sites, refused=dict(reasons)
+        )
 
     def _site(self, rank: int) -> dict[str, Any]:
         heard_at = self.heard_at(rank)

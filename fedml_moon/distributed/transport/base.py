@@ -86,9 +86,9 @@ class QueueTransport(BaseCommunicationManager):
         data = message_bytes(msg)
         receiver = int(msg.get_receiver_id())
         self.send_bytes(receiver, data)
-        self.sent(receiver, len(data))
+        self.count_sent(receiver, len(data))
 
-    def sent(self, receiver: int, n: int) -> None:
+    def count_sent(self, receiver: int, n: int) -> None:
         """Count `n` bytes sent to `receiver` (every transport's sending path calls it)."""
         self.bytes_sent += n
         self._count(self.bytes_to, receiver, n)

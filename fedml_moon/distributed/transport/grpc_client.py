@@ -100,7 +100,7 @@ class GrpcClientTransport(QueueTransport):
             self.send_bytes(int(msg.get_receiver_id()), data, within_s)
         except TransportError:
             return False
-        self.sent(int(msg.get_receiver_id()), len(data))
+        self.count_sent(int(msg.get_receiver_id()), len(data))
         return True
 
     def _receive_loop(self) -> None:

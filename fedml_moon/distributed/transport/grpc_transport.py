@@ -336,7 +336,7 @@ class GrpcServerTransport(QueueTransport):
         data = message_bytes(msg)
         heartbeat = coalesced_kind(msg.get_type()) == "heartbeat"
         self.send_bytes(int(msg.get_receiver_id()), data, heartbeat)
-        self.sent(int(msg.get_receiver_id()), len(data))
+        self.count_sent(int(msg.get_receiver_id()), len(data))
 
     def send_bytes(self, receiver: int, data: bytes, heartbeat: bool = False) -> None:
         """Queue a frame in `receiver`'s outbox (bounded: past it the oldest go, and the log says so)."""

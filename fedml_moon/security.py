@@ -16,7 +16,9 @@ import ipaddress
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 SILO_CN = "silo-"
 OPERATOR = "operator"  # server-tokens.json's entry, and the status port's user, of the operator's token
@@ -221,8 +223,9 @@ def cert_cap(pem: bytes) -> int | None:
     return int(ext.value.value.decode())
 
 
-def check_token(table: dict[int, str], rank: int, token: str) -> bool:
-    """Whether `token` is silo `rank`'s (constant-time comparison of the digests)."""
+def check_token(table: Mapping[Any, str], rank: Any, token: str) -> bool:
+    """Whether `token` is `rank`'s in `table` (a silo's rank; the status port's user names), by a
+    constant-time comparison of the digests."""
     expected = table.get(rank)
     return expected is not None and hmac.compare_digest(expected, token_digest(token))
 

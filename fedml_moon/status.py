@@ -91,11 +91,12 @@ def starting(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def read(run_dir: Path) -> dict[str, Any]:
-    """The run's status: `status.json` joined with its records (module docstring). Raises
-    FileNotFoundError naming the folder when it holds no run."""
+def read(run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The run's status: `status.json` joined with its records (module docstring; `rows`: its records
+    already read, `records(run_dir)`). Raises FileNotFoundError naming the folder when it holds no run."""
     run_dir = Path(run_dir)
-    live, summary, rows = _json(run_dir / STATUS), _json(run_dir / "summary.json"), records(run_dir)
+    rows = records(run_dir) if rows is None else rows
+    live, summary = _json(run_dir / STATUS), _json(run_dir / "summary.json")
     if live is None and summary is None and not rows:
         raise FileNotFoundError(
             f"{run_dir} holds no run (no status.json, metrics.jsonl or summary.json): give the "

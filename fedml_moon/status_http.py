@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon import status as run_status
-from fedml_moon.security import OPERATOR, rank_of_common_name, token_digest
+from fedml_moon.security import OPERATOR, check_token, rank_of_common_name, token_digest
 
 log = logging.getLogger(__name__)
 
@@ -79,18 +79,13 @@ class StatusApp:
 
     def viewer(self, header: str | None) -> str | None:
         """The user an `Authorization: Basic ...` header proves, or None."""
-        import hmac
-
         if not header or not header.startswith("Basic "):
             return None
         try:
             user, _, token = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return None
-        expected = self.viewers.get(user)
-        if expected is None or not hmac.compare_digest(expected, token_digest(token)):
-            return None
-        return user
+        return user if check_token(self.viewers, user, token) else None
 
     def allowed(self, client: str) -> bool:
         """Whether `client` is within `rate` requests in the last RATE_WINDOW_S (this one counted)."""
@@ -111,7 +106,8 @@ class StatusApp:
         with self._lock:
             if time.monotonic() - self._read_at >= FRESH_S:
                 try:
-                    self._snapshot = (run_status.read(self.out_dir), run_status.records(self.out_dir))
+                    rows = run_status.records(self.out_dir)  # metrics.jsonl read once for both
+                    self._snapshot = (run_status.read(self.out_dir, rows), rows)
                 except FileNotFoundError:  # the server has written nothing yet
                     self._snapshot = (run_status.starting(self.out_dir), [])
                 self._read_at = time.monotonic()

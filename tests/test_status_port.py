@@ -236,7 +236,9 @@ def test_stalled_clients_neither_block_others_nor_pile_up(served, certs):
 def test_readers_read_the_run_at_most_twice_a_second(served, certs, monkeypatch):
     reads = []
     real = run_status.read
-    monkeypatch.setattr(run_status, "read", lambda folder: reads.append(time.monotonic()) or real(folder))
+    monkeypatch.setattr(
+        run_status, "read", lambda folder, *rows: reads.append(time.monotonic()) or real(folder, *rows)
+    )
     token = _token(certs, "operator")
     started = time.monotonic()
     threads = [threading.Thread(target=served.get, args=("/", "operator", token)) for _ in range(15)]

@@ -242,12 +242,18 @@ def test_a_sites_own_cap_bounds_its_claims_below_the_runs(tmp_path, sites):
 
 def test_a_secure_sum_of_counts_that_is_not_the_claimed_samples_gives_no_test_figures(tmp_path, sites):
     """Under secure aggregation the server sees only the sum of the counts; if its samples are not
-    what the summed parties claimed (one of them lied), the round gets no test figures."""
+    what the summed parties claimed, a correct count lies outside [0, samples] or the loss sum is
+    negative (one of them lied), the round gets no test figures."""
     manager, _, honest = _server(tmp_path, sites, "validation_args.evaluation=federated")
     rounds, seen = manager.rounds, sum(c["test_samples"] for c in honest.values())
     good = rounds.summed_fields({"counts": {"global": [seen // 2, seen, 2.0 * seen]}, "parties": [0, 1, 2]})
     assert (good["test_acc"], good["test_loss"], good["test_samples"]) == ((seen // 2) / seen, 2.0, seen)
     assert rounds.summed_fields({"counts": {"global": [5, seen + 7, 1.0]}, "parties": [0, 1, 2]}) == {}
+    for bad in ([seen + 1, seen, 1.0], [seen + 231, seen, 1.0], [-1, seen, 1.0], [-231, seen, 1.0],
+                [0, seen, -2.0**-16], [0, seen, float("nan")]):  # fmt: skip
+        assert rounds.summed_fields({"counts": {"global": bad}, "parties": [0, 1, 2]}) == {}, bad
+    for edge in ([0, seen, 0.0], [seen, seen, 0.0]):  # every answer wrong, every answer right
+        assert rounds.summed_fields({"counts": {"global": edge}, "parties": [0, 1, 2]})["test_acc"] in (0, 1)
     two = sum(honest[p]["test_samples"] for p in (0, 2))  # a sum without party 1: its claim is not counted
     assert (
         rounds.summed_fields({"counts": {"global": [1, two, 1.0]}, "parties": [0, 2]})["test_samples"] == two

@@ -25,6 +25,7 @@ holds a party's upload.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
@@ -69,11 +70,13 @@ class SecureServer:
     def _mine(self, rank: int) -> set[int]:
         return {t["party"] for t in self.assigned[rank][1]["tasks"]} if rank in self.assigned else set()
 
-    def _take(self, msg: Any, phase: str, parties: list[int], allowed: set[int]) -> bool:
-        """Whether a worker's message of `phase` may be taken: expected, and only for parties it holds."""
+    def _take(self, msg: Any, phase: str, parties: list[int], held: Callable[[], set[int]]) -> bool:
+        """Whether a worker's message of `phase` may be taken: expected, and only for the parties it
+        holds in this phase (`held()`, asked only of a message of the phase: another phase's
+        message finds none of the phase's state to ask)."""
         if not self._expected(msg, phase):
             return False
-        rank = msg.get_sender_id()
+        rank, allowed = msg.get_sender_id(), held()
         if not set(parties) <= allowed or len(set(parties)) != len(parties):
             problem = f"its {phase} message names parties {sorted(parties)[:10]}, not its {sorted(allowed)}"
             self.refused(rank, f"round {self.round_idx}: refused rank {rank}: {problem}")
@@ -83,7 +86,7 @@ class SecureServer:
     def on_sa_keys(self, msg: Any) -> None:
         items, rank = msg.get("keys"), msg.get_sender_id()
         phase = "eval" if self.sa_purpose == "eval" else "train"
-        if not self._take(msg, phase, [i["party"] for i in items], self.sa_ranks_parties(rank)):
+        if not self._take(msg, phase, [i["party"] for i in items], lambda: self.sa_ranks_parties(rank)):
             return
         try:
             for item in items:
@@ -167,7 +170,7 @@ class SecureServer:
     def on_sa_shares(self, msg: Any) -> None:
         items, rank = msg.get("shares"), msg.get_sender_id()
         senders = sorted({i["sender"] for i in items})
-        if not self._take(msg, "share", senders, self.sa_holds.get(rank, set())):
+        if not self._take(msg, "share", senders, lambda: self.sa_holds.get(rank, set())):
             return
         shares: dict[int, dict[int, bytes]] = {}
         for item in items:
@@ -207,7 +210,7 @@ class SecureServer:
 
     def on_sa_masked(self, msg: Any) -> None:
         items, rank = msg.get("items"), msg.get_sender_id()
-        if not self._take(msg, "mask", [i["party"] for i in items], self.sa_holds.get(rank, set())):
+        if not self._take(msg, "mask", [i["party"] for i in items], lambda: self.sa_holds.get(rank, set())):
             return
         k, totals = self.sa_session.params.encoding.k, self.rounds.totals
         length = self.sa_session.length
@@ -255,7 +258,7 @@ class SecureServer:
 
     def on_sa_unmasked(self, msg: Any) -> None:
         items, rank = msg.get("items"), msg.get_sender_id()
-        if not self._take(msg, "unmask", [i["party"] for i in items], self.sa_holds.get(rank, set())):
+        if not self._take(msg, "unmask", [i["party"] for i in items], lambda: self.sa_holds.get(rank, set())):
             return
         for item in items:
             self.sa_answers[item["party"]] = {

@@ -122,11 +122,16 @@ class RoundPhases:
 
     def on_report(self, msg: Any) -> None:
         """Take a worker's evaluation reports: one for each of its parties, as the algorithm declares
-        (in the newtest phase: their counts of the parties' models combined)."""
+        (in the newtest phase: their counts of the parties' models combined). Under secure aggregation
+        none, ever: only the secure sum of the parties' counts becomes a test figure."""
         phase = "newtest" if self.phase == "newtest" else "eval"
+        rank, reports = msg.get_sender_id(), msg.get("reports")
+        if self.secure:
+            why = "secure aggregation is on: a party's test counts go only into their secure sum"
+            self.refused(rank, f"round {self.round_idx}: refused rank {rank}'s report: {why}")
+            return
         if not self._expected(msg, phase):
             return
-        rank, reports = msg.get_sender_id(), msg.get("reports")
         mine = sorted(p for p, r in self.placement.items() if r == rank and p in self.evaluating)
         check = self.rounds.new_report_problem if phase == "newtest" else self.rounds.report_problem
         problem = reports_problem(reports, mine, check)

@@ -107,15 +107,18 @@ class Evaluations:
         return {"counts": counts, "parties": parties}
 
     def summed_fields(self, summed: dict[str, Any]) -> dict[str, Any]:
-        """The test fields of a secure sum of counts, if its samples are what its parties claimed (a
-        sum that is not, from a party that lied or a sum gone wrong, gives no test figures: logged)."""
+        """The test fields of a secure sum of counts, if honest parties could have formed it: its samples
+        what its parties claimed, each correct count in [0, samples], each loss sum >= 0 (a sum that is
+        not, from a party that lied or a sum gone wrong, gives no test figures: logged)."""
+        from fedml_moon.privacy.secure_counts import counts_problem
+
         names, counts = self.test_names(), summed["counts"]
         claimed = sum(self.test_samples.get(p, 0) for p in summed["parties"])
-        if any(counts[n][1] != claimed for n in names):
+        if (problem := counts_problem(counts, names, claimed)) is not None:
             log.error(
-                "the secure sum of the parties' test counts holds %s samples, not the %d its parties %s "
-                "claimed: no test figures this round",
-                [counts[n][1] for n in names], claimed, summed["parties"],
+                "the secure sum of parties %s's test counts %s: no test figures this round (a party "
+                "lied in its counts, which the server cannot check one by one)",
+                summed["parties"], problem,
             )  # fmt: skip
             return {}
         return federated_eval.summed(counts, names)

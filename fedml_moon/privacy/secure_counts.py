@@ -12,6 +12,7 @@ counts: epsilon covers the training data, and a test split is not part of it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import torch
@@ -40,6 +41,22 @@ def counts_of(total: torch.Tensor, names: list[str]) -> dict[str, list]:
     """The decoded sum of the parties' vectors back as {model: [correct, seen, loss sum]}."""
     rows = total.reshape(len(names), 3).tolist()
     return {name: [round(c), round(s), float(loss)] for name, (c, s, loss) in zip(names, rows, strict=True)}
+
+
+def counts_problem(counts: Mapping[str, list], names: list[str], claimed: int) -> str | None:
+    """Why a secure sum of test counts {model: [correct, seen, loss sum]} cannot be honest parties'
+    sum, or None: its samples are not the `claimed` test samples of the parties summed, a correct count
+    lies outside [0, samples], or a loss sum is negative or not finite. The server sees only the sum,
+    so these are the only checks it can make: a party's own counts inside it stay unchecked."""
+    for name in names:
+        correct, seen, loss = counts[name]
+        if seen != claimed:
+            return f"holds {seen} samples of {name!r}, not the {claimed} its parties claimed"
+        if not 0 <= correct <= seen:
+            return f"counts {correct} correct of {seen} samples of {name!r}, outside [0, {seen}]"
+        if not (math.isfinite(loss) and loss >= 0):
+            return f"has a loss sum {loss!r} for {name!r}, not a finite number >= 0"
+    return None
 
 
 def secure_counts(

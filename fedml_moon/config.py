@@ -186,9 +186,25 @@ def _claims_checks(cfg: Config) -> None:
     )
 
 
+def _headline_checks(cfg: Config) -> None:
+    """`validation_args.headline: site_mean` needs the sites' own figures (federated, in the clear)."""
+    if cfg.validation_args.headline != "site_mean":
+        return
+    why = None
+    if evaluation(cfg) != "federated":
+        why = "the server tests the global model on the test set it holds: no site has a figure of its own"
+    elif cfg.privacy_args.secure_aggregation:
+        why = "under privacy_args.secure_aggregation the server sees only the sites' test counts summed"
+    fix = "set headline: pooled (or validation_args.evaluation: federated, without secure aggregation)"
+    require(
+        why is None, "validation_args.headline", f"site_mean needs each site's own test figures: {why}; {fix}"
+    )
+
+
 def _cross_checks(cfg: Config) -> None:
     cfg.data_args.check_agreement()
     _claims_checks(cfg)
+    _headline_checks(cfg)
     side = cfg.data_args.image_size
     require(
         cfg.model_args.model not in ("simple-cnn", "lg-cnn") or side in (None, 28, 32),

@@ -56,6 +56,7 @@ CHOICES: dict[tuple[type, str], Sequence[Any]] = {
     (schema.TrainArgs, "cuda_graphs"): schema.SWITCHES,
     (schema.TrainArgs, "together"): schema.TOGETHER,
     (schema.TrainArgs, "precision"): schema.PRECISIONS,
+    (schema.ValidationArgs, "headline"): schema.HEADLINES,
     (schema.DeviceArgs, "using_gpu"): schema.SWITCHES,
     (schema.CommArgs, "backend"): schema.BACKENDS,
     (schema.CommArgs, "tls"): schema.TLS_MODES,

@@ -362,6 +362,9 @@ class TrainArgs:
         )
 
 
+HEADLINES = ("pooled", "site_mean")
+
+
 @dataclass
 class ValidationArgs:
     frequency_of_the_test: int = 1
@@ -372,9 +375,16 @@ class ValidationArgs:
     """auto (federated where the server holds no data, else central), central (on the server) or federated"""
     eval_parties: int = 100
     """parties testing their own models (local test) per evaluated round: all up to N, else N drawn; 0: all"""
+    headline: str = "pooled"
+    """test_acc (and best-so-far): pooled (the union of test splits) or site_mean (each site weighs 1)"""
 
     def check(self) -> None:
         require(self.frequency_of_the_test >= 1, "validation_args.frequency_of_the_test", "must be >= 1")
+        require(
+            self.headline in HEADLINES,
+            "validation_args.headline",
+            f"{self.headline!r} is not pooled (each test sample weighs 1) or site_mean (each site weighs 1)",
+        )
         require(
             self.eval_parties >= 0,
             "validation_args.eval_parties",

@@ -60,6 +60,27 @@ def test_config_errors_name_the_key_and_fix(override, key, hint):
     assert message.startswith(key) and hint in message
 
 
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        ([], "the server tests the global model on the test set it holds"),
+        (
+            ["validation_args.evaluation=federated", "privacy_args.secure_aggregation=true"],
+            "the server sees only the sites' test counts summed",
+        ),
+    ],
+)
+def test_a_site_mean_headline_needs_each_sites_own_figures(overrides, said):
+    with pytest.raises(ConfigError) as err:
+        load_config(FMNIST, ["validation_args.headline=site_mean", *overrides])
+    assert str(err.value).startswith("validation_args.headline: site_mean needs") and said in str(err.value)
+    assert "set headline: pooled" in str(err.value)
+    with pytest.raises(ConfigError, match="validation_args.headline: 'mean' is not pooled"):
+        load_config(FMNIST, ["validation_args.headline=mean"])
+    federated = ["validation_args.evaluation=federated", "validation_args.headline=site_mean"]
+    assert load_config(FMNIST, federated).validation_args.headline == "site_mean"
+
+
 def test_unknown_section_is_suggested():
     with pytest.raises(ConfigError, match="did you mean 'train_args'"):
         config_from_dict({"trian_args": {}})

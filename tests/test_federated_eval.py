@@ -7,6 +7,8 @@ natural partition reads it, seeded test share included."""
 from __future__ import annotations
 
 import json
+import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import torch
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.silo import load_own
 from fedml_moon.data.site import load_site
-from fedml_moon.engine.federated_eval import totals
+from fedml_moon.engine.federated_eval import headline_fields, totals
 from tests.helpers import restored_main
 from tests.site_data import MIXES, party_folders, site_args, site_sets
 from tests.test_server_waits import pytestmark  # noqa: F401 (data)
@@ -61,6 +63,32 @@ def test_totals_are_the_sums_of_the_counts():
     }
 
 
+def test_one_site_moves_the_site_mean_by_at_most_its_share():
+    """The attack of the issue: a site whose test split is 4,000 copies of samples it gets right pulls
+    the pooled figure to itself; the mean over sites, each weighing 1, moves by at most 1 / sites
+    whatever counts the site reports (0 <= correct <= seen, any seen), and `headline` says which of
+    the two is test_acc (pooled unless told)."""
+    honest = {p: {"test": {"global": [c, 100, 70.0]}} for p, c in enumerate((40, 70, 50))}
+    base = headline_fields(totals(honest, ["global"]))
+    draw = random.Random(0)
+    seen = [1, 4000, 10**6, *(draw.randint(1, 10**7) for _ in range(300))]
+    lies = [(c, s) for s in seen for c in (0, s, draw.randint(0, s))]
+    for correct, n in lies:
+        figures = totals({**honest, 2: {"test": {"global": [correct, n, float(n)]}}}, ["global"])
+        pooled = {**figures, **headline_fields(figures)}  # as the record takes them
+        site = {**figures, **headline_fields(figures, "site_mean")}
+        assert abs(pooled["site_mean_test_acc"] - base["site_mean_test_acc"]) <= 1 / 3
+        assert pooled["test_acc"] == pooled["pooled_test_acc"] == figures["test_acc"]
+        assert site["test_acc"] == site["site_mean_test_acc"] == statistics.fmean([0.4, 0.7, correct / n])
+        assert (
+            site["pooled_test_acc"] == figures["test_acc"]
+            and site["test_loss"] == site["site_mean_test_loss"]
+        )
+    copies = headline_fields(totals({**honest, 2: {"test": {"global": [4000, 4000, 0.0]}}}, ["global"]))
+    assert copies["pooled_test_acc"] - base["pooled_test_acc"] > 0.4  # the pooled figure: the liar's
+    assert copies["site_mean_test_acc"] - base["site_mean_test_acc"] == pytest.approx(0.5 / 3)
+
+
 CASES = {
     "moon": ("config/fashion_mnist/moon.yaml", [], ("test_acc",)),
     "solo": ("config/fashion_mnist/solo.yaml", [], ("test_acc", "test_acc_std", "models_evaluated")),
@@ -96,11 +124,34 @@ def test_federated_figures_equal_central_ones(tmp_path, sites, case):
         assert f["test_samples"] == sum(tests.values())
         assert {int(p): v["test_samples"] for p, v in f["party_test"].items()} == tests
         correct = sum(v["test_acc"] * v["test_samples"] for v in f["party_test"].values())
+        assert f["pooled_test_acc"] == f["test_acc"] and f["pooled_test_loss"] == f["test_loss"]
+        mean = statistics.fmean(v["test_acc"] for v in f["party_test"].values())
+        assert f["site_mean_test_acc"] == mean and "site_mean_test_acc" not in c
         if case != "solo":  # SOLO's figures are means over the parties' models
             assert correct == pytest.approx(f["test_acc"] * f["test_samples"])
         if "new_test_acc" in exact:
             assert all("new_test_acc" in v and "local_test_acc" in v for v in f["party_test"].values())
             assert f["eval_bytes_down"] > c["eval_bytes_down"]  # the combined models went to every party
+
+
+def test_a_site_mean_headline_is_test_acc_and_the_best_so_far(tmp_path, sites):
+    """`validation_args.headline: site_mean`: test_acc (and test_loss) are the mean over the sites of
+    each one's own figures, the pooled ones stay under pooled_test_acc, and summary.json's final and
+    best figures are the headline's."""
+    sets = ["validation_args.evaluation=federated", "validation_args.headline=site_mean"]
+    records = _run("config/fashion_mnist/moon.yaml", sites, tmp_path / "run", *sets)
+    for r in records:
+        sites_figures = r["party_test"].values()
+        assert (
+            r["test_acc"] == r["site_mean_test_acc"] == statistics.fmean(v["test_acc"] for v in sites_figures)
+        )
+        assert r["test_loss"] == statistics.fmean(v["test_loss"] for v in sites_figures)
+        correct = sum(v["test_acc"] * v["test_samples"] for v in sites_figures)
+        assert r["pooled_test_acc"] == pytest.approx(correct / r["test_samples"])
+    assert any(r["test_acc"] != r["pooled_test_acc"] for r in records)  # the sites' test splits differ
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["headline"] == "site_mean" and summary["final_test_acc"] == records[-1]["test_acc"]
+    assert summary["best_test_acc"] == max(r["test_acc"] for r in records)
 
 
 def test_a_silo_reads_its_own_party_as_the_natural_partition_does(sites, tmp_path):

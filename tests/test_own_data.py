@@ -11,6 +11,7 @@ updates and the test counts, in runs of their own."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -51,7 +52,16 @@ LOCAL = [
     "device_args.torch_threads=1",
     "tracking_args.enable_wandb=false",
 ]
-EVALUATED = ("eval_bytes", "party_test", "test_samples", "test_loss", "_time_s", "wire_")
+EVALUATED = (
+    "eval_bytes",
+    "party_test",
+    "test_samples",
+    "test_loss",
+    "_time_s",
+    "wire_",
+    "pooled_",
+    "site_mean",
+)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +119,33 @@ def _assert_same_run(ref: Path, out: Path, sites: Path) -> None:
     silos = sorted(p.name for p in out.glob("rank-*") if p.is_dir())
     assert silos and silos == sorted(p.parent.name for p in out.glob("rank-*/partition.png"))  # its own party
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    _sites_hold_the_final_model(out)
+
+
+def _sites_hold_the_final_model(out: Path) -> None:
+    """Each site's folder holds the server's final model, bitwise, loadable without pickle's objects."""
+    final = torch.load(out / "final_model.pt", weights_only=True)
+    for r in (1, 2, 3):
+        kept = torch.load(out / f"rank-{r}" / "final_model.pt", weights_only=True)
+        assert kept.keys() == final.keys() and all(torch.equal(kept[k], final[k]) for k in final), r
+
+
+def _sites_logged_their_results(out: Path, logs: dict[str, str]) -> None:
+    """Each site logged its own test figures on every evaluated round, and the final model's SHA-256
+    the server logged (of the final_model.pt it wrote) when it received it."""
+    digest = json.loads((out / "summary.json").read_text())["final_model_sha256"]
+    server = "".join(text for name, text in logs.items() if name.startswith("server"))
+    assert f"final model sha256 {digest} (final_model.pt)" in server
+    assert f"sending the final model (sha256 {digest}) to rank(s) [1, 2, 3]" in server
+    evaluated = [r["round"] for r in _lines(out) if "test_acc" in r]
+    for r in (1, 2, 3):
+        said = "".join(text for name, text in logs.items() if name.startswith(f"silo-{r}"))
+        assert f"rank {r}: final model sha256 {digest} ({out / f'rank-{r}' / 'final_model.pt'})" in said
+        for k in evaluated:
+            own = (
+                rf"rank {r}, round {k}, its own test \(parties \[{r - 1}\]\): test_acc [01]\.\d{{4}} test_loss "
+            )
+            assert re.search(own, said), (r, k)
 
 
 def _drill(tmp_path: Path, run: list[str], local: list[str], own: dict, kill_silo: int | None = None) -> Path:
@@ -122,6 +159,7 @@ def _drill(tmp_path: Path, run: list[str], local: list[str], own: dict, kill_sil
     if kill_silo is not None:  # the restarted site rejoined with its claims, as they were fixed
         assert "resumed its parties from the checkpoint" in drill.logs[f"silo-{kill_silo}-again.log"]
         assert "claims are refused" not in drill.logs["server-2.log"]
+    _sites_logged_their_results(drill.out_dir, drill.logs)
     return drill.out_dir
 
 
@@ -186,14 +224,21 @@ def test_mpi_each_rank_its_own_folder_killed_and_resumed(tmp_path, sites, refere
     _assert_same_run(reference, out, sites)
 
 
-def _grpc_run(tmp_path: Path, sites: dict[int, list[str]], server: list[str]) -> Path:
-    """A gRPC run on 127.0.0.1 (no TLS): each site with its own settings, the server with `server`;
-    every process must exit 0. Returns the run's folder."""
+def _grpc_run(
+    tmp_path: Path, sites: dict[int, list[str]], server: list[str], scripts: dict[int, str] | None = None
+) -> Path:
+    """A gRPC run on 127.0.0.1 (no TLS): each site with its own settings, site r run by
+    tests/`scripts[r]` where given (the plugin's own silo with one behaviour changed), the server with
+    `server`; every process must exit 0. Returns the run's folder."""
     ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
     comm = [*LOCAL, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
     out, env = tmp_path / "run", conformance.process_env(tmp_path)
-    cmds = {f"silo-{r}": [*conformance.cli_command("run", CONFIG, [*comm, *own], out), "--rank", str(r)]
-            for r, own in sites.items()}  # fmt: skip
+    cmds = {}
+    for r, own in sites.items():
+        cmd = [*conformance.cli_command("run", CONFIG, [*comm, *own], out), "--rank", str(r)]
+        if r in (scripts or {}):  # python tests/SCRIPT run ... in place of python -m fedml_moon run ...
+            cmd = [cmd[0], str(ROOT / "tests" / scripts[r]), *cmd[3:]]
+        cmds[f"silo-{r}"] = cmd
     cmds["server"] = [*conformance.cli_command("run", CONFIG, [*comm, *server], out), "--rank", "0"]
     procs = [conformance.spawn(cmd, tmp_path / f"{name}.log", env, tmp_path) for name, cmd in cmds.items()]
     codes = conformance.wait_all(procs, 300)
@@ -254,22 +299,33 @@ def test_a_parquet_site_with_the_mlp_in_a_run_of_its_own(tmp_path):
 
 
 def test_under_secure_aggregation_the_server_learns_the_counts_summed(tmp_path, sites):
-    """Secure aggregation of the updates and of the sites' test counts over gRPC: the same model and
-    test_acc as the standalone run of the same holdings under secure aggregation (central test), and
-    no site's own figures anywhere in the server's records."""
+    """Secure aggregation of the updates and of the sites' test counts over gRPC, site 1 lying about
+    its counts (tests/lying_eval_silo.py): in round 0 it sends them in a clear REPORT, at once and
+    after the others' keys, then its keys; in round 1 it adds 10^6 correct answers inside the secure
+    sum. The same model as the standalone run of the same holdings under secure aggregation; round
+    0's test figures those of its central test (only the secure sum is recorded: the REPORTs are
+    refused); round 1 without test figures, logged (its sum counts more correct than samples); no
+    site's own figures anywhere in the server's records."""
     secure = ["privacy_args.secure_aggregation=true", "train_args.client_num_per_round=3"]
     run = [*RUN, *secure, "train_args.comm_round=2", "train_args.checkpoint_every=0"]
     whole = [*run, f"data_args.data_cache_dir={sites}", *LOCAL[3:]]
     ref = conformance.run_mode("standalone", CONFIG, whole, tmp_path / "reference")
     assert ref.ok, ref.tail()
-    out = _grpc_run(tmp_path, _own(sites), [*run, _empty(tmp_path)])
+    out = _grpc_run(tmp_path, _own(sites), [*run, _empty(tmp_path)], {1: "lying_eval_silo.py"})
     _same_model(ref.out_dir, out)
-    for x, y in zip(_lines(ref.out_dir), _lines(out), strict=True):
-        assert y["test_acc"] == x["test_acc"] and y["test_loss"] == pytest.approx(x["test_loss"], rel=1e-6)
-        assert "party_test" not in y and y["test_samples"] == sum(
-            len(list((sites / name / "test").rglob("*.png"))) for name in MIXES
-        )
-    assert "party_test" not in (out / "summary.json").read_text()
+    (x, _), (y, lied) = zip(_lines(ref.out_dir), _lines(out), strict=True)
+    assert y["test_acc"] == x["test_acc"] and y["test_loss"] == pytest.approx(x["test_loss"], rel=1e-6)
+    assert y["test_samples"] == sum(len(list((sites / name / "test").rglob("*.png"))) for name in MIXES)
+    assert lied["round"] == 1 and not {"test_acc", "test_loss", "test_samples"} & set(lied), lied
+    assert "party_test" not in y and "party_test" not in lied
+    text = (out / "summary.json").read_text()
+    assert "party_test" not in text and json.loads(text)["final_round"] == 0
+    said = (tmp_path / "server.log").read_text(errors="replace")
+    assert said.count("refused rank 1's report: secure aggregation is on") == 2, said[-3000:]
+    assert "outside [0, " in said and "no test figures this round" in said, said[-3000:]
+    logs = {p.stem: p.read_text(errors="replace") for p in tmp_path.glob("*.log")}
+    _sites_logged_their_results(out, logs)  # a site's own figures are its own: it logs them
+    _sites_hold_the_final_model(out)
 
 
 def _lines(out: Path) -> list[dict]:

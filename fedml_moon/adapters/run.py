@@ -301,6 +301,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
     )
     rounds.num_classes = base.fed.data.num_classes
     rounds.secure = cfg.privacy_args.secure_aggregation
+    rounds.headline = cfg.validation_args.headline
     return rounds
 
 

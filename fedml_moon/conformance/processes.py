@@ -272,13 +272,15 @@ def compare(a: RunResult, b: RunResult) -> tuple[float, list[str]]:
 
 def metric_differences(a: RunResult, b: RunResult) -> list[str]:
     """The recorded metrics of two runs that differ beyond 1e-4 (round times aside; and the bytes of
-    evaluation where one run was evaluated centrally, the other by its parties), by round."""
+    evaluation and the pooled and site-mean figures where one run was evaluated centrally, the other by
+    its parties), by round."""
     ra, rb = _records(a.out_dir), _records(b.out_dir)
     problems = [] if len(ra) == len(rb) else [f"{len(ra)} vs {len(rb)} rounds recorded"]
     other_evaluation = any("party_test" in r for r in ra) != any("party_test" in r for r in rb)
     for x, y in zip(ra, rb, strict=False):
         for key, value in x.items():
-            if key.endswith("_time_s") or (other_evaluation and key.startswith("eval_bytes")):
+            federated_only = key.startswith(("eval_bytes", "pooled_", "site_mean_"))
+            if key.endswith("_time_s") or (other_evaluation and federated_only):
                 continue
             other = y.get(key)
             same = other == value or (

@@ -38,6 +38,7 @@ from fedml_moon.distributed.managers import (
 )
 from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
 from fedml_moon.distributed.secure_worker import SecureWorker
+from fedml_moon.distributed.site_results import keep_final_model, log_own_figures
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_config, flat_config, restore, save
@@ -333,6 +334,7 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         asked = None if wanted is None else set(wanted)
         self.silo_publish("evaluating", int(msg.get("round")))
         reports = [self.runner.evaluate(p, payload) for p in self.parties if asked is None or p in asked]
+        log_own_figures(self.rank, int(msg.get("round")), reports)  # its own: under secure aggregation too
         self.silo_publish("waiting for the next round")
         if secure:
             self.secure_eval(int(msg.get("round")), reports, list(payload["test"]))
@@ -340,6 +342,8 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         self.send(REPORT, 0, round=int(msg.get("round")), reports=reports)
 
     def on_finish(self, msg: Message) -> None:
+        """The run is over: keep the final global model the server sent (`<folder>/final_model.pt`)."""
+        keep_final_model(self.rank, self.folder, msg.get("model"))
         self.send(BYE, 0)
         self.stop("completed")
 

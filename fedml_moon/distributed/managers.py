@@ -9,7 +9,7 @@ client_manager.py), one for every distributed mode: MPI simulation, cross-silo o
     server -> worker        EVAL {round, payload}           (evaluation rounds that need the parties)
     worker -> server        REPORT {round, reports: [...]}
     server -> worker        CHECKPOINT {round} (rounds that are due) ... worker -> server CHECKPOINTED
-    server -> worker        FINISH (after the last round) / ABORT {reason}
+    server -> worker        FINISH {model} (after the last round: the final global model) / ABORT {reason}
     server -> worker        REJOIN (to a worker that is not one of its own yet, e.g. after a restart)
     worker -> server        BYE, or ERROR {reason}
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.distributed.managers import CHECKPOINT, EVAL, FINISH, TRAIN, quorum
 from fedml_moon.distributed.protocol import reports_problem, result_problem
@@ -205,8 +206,11 @@ class RoundPhases:
             return
         alive = [r for r in self.workers if not self.is_dead(r)]
         self._phase("finish", set(alive))
+        final = self.rounds.aggregator.global_state  # every site keeps it as its final_model.pt
+        if alive:
+            log.info("sending the final model (sha256 %s) to rank(s) %s", state_dict_sha256(final), alive)
         for rank in alive:
-            self.send(FINISH, rank)
+            self.send(FINISH, rank, model=final)
         if not alive:
             self.done("completed")
 

@@ -42,6 +42,7 @@ class Evaluations:
     test_samples: dict[int, int]
     secure: bool
     privacy: Any
+    headline: str = "pooled"  # validation_args.headline: which federated figure is test_acc
 
     @property
     def counts_summed(self) -> bool:
@@ -143,7 +144,8 @@ class Evaluations:
         summed: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """An evaluated round's test fields: the server's test or the parties' counts, local test,
-        new test; each party's own figures under `party_test` (federated)."""
+        new test; each party's own figures under `party_test`, and the pooled and site-mean figures
+        (`federated_eval.headline_fields`) (federated)."""
         out: dict[str, Any] = {}
         if not self.federated:
             out.update(self.aggregator.test(self.test_global, self.device, self.args))
@@ -151,6 +153,8 @@ class Evaluations:
             out.update(self.summed_fields(summed))
         elif reports:  # none when no party could report (every silo gone): no test figures
             out.update(federated_eval.totals(reports, self.test_names()))
+        if self.federated and "test_acc" in out:  # pooled and (in the clear) site mean: one is test_acc
+            out.update(federated_eval.headline_fields(out, self.headline))
         if reports:
             self.count_eval_bytes(self.eval_download(), reports)
         if reports and self.party_eval:

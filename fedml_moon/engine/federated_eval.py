@@ -4,7 +4,9 @@ server names on its own test split and reports counts; the server adds them up.
 A party's report carries, per model, [correct, seen, loss sum] (`core.evaluation.evaluate_counts`).
 The totals give the figures a server holding the union of the parties' test splits would compute:
 accuracy sum(correct) / sum(seen) and loss sum(loss sum) / sum(seen), equal to central evaluation
-on that union (the accuracy exactly; the loss up to the order of a float64 sum). Pure Python.
+on that union (the accuracy exactly; the loss up to the order of a float64 sum). Beside this pooled
+figure, where each party's own figures are known, their mean with every site weighing 1
+(`headline_fields`; `validation_args.headline` says which is `test_acc`). Pure Python.
 """
 
 from __future__ import annotations
@@ -24,6 +26,22 @@ def totals(reports: Mapping[int, Mapping[str, Any]], names: list[str]) -> dict[s
     counts = {name: [sum(reports[p]["test"][name][i] for p in parties) for i in range(3)] for name in names}
     out = summed(counts, names)
     out["party_test"] = {str(p): party_figures(reports[p], names) for p in parties}
+    return out
+
+
+def headline_fields(figures: Mapping[str, Any], headline: str = "pooled") -> dict[str, Any]:
+    """The pooled figures (`summed`: every test sample weighs 1) as `pooled_test_acc` /
+    `pooled_test_loss` and, where each party's own figures are known (`party_test`, in the clear), their
+    mean with every site weighing 1 as `site_mean_test_acc` / `site_mean_test_loss` (over the sites
+    that tested any sample); `test_acc` / `test_loss` are those of `headline` ("pooled" or
+    "site_mean"). A site is a party: cross-silo runs one party per silo."""
+    out: dict[str, Any] = {"pooled_test_acc": figures["test_acc"], "pooled_test_loss": figures["test_loss"]}
+    sites = [f for f in figures.get("party_test", {}).values() if f["test_samples"] > 0]
+    if sites:
+        out["site_mean_test_acc"] = statistics.fmean(f["test_acc"] for f in sites)
+        out["site_mean_test_loss"] = statistics.fmean(f["test_loss"] for f in sites)
+    if headline == "site_mean" and sites:
+        out.update(test_acc=out["site_mean_test_acc"], test_loss=out["site_mean_test_loss"])
     return out
 
 

@@ -270,6 +270,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         digest = state_dict_sha256(state)
         log.info("final model sha256 %s (%s)", digest, name)
         extra = {**self.totals, **self.eval_totals, "model_file": name, "final_model_sha256": digest}
+        extra["headline"] = self.headline  # the figure final_test_acc and best_test_acc are of
         if self.privacy is not None:
             extra.update(self.privacy.summary())
         self.summary = self.recorder.finish(status, extra)

@@ -53,7 +53,7 @@ def counts_problem(counts: Mapping[str, list], names: list[str], claimed: int) -
         if seen != claimed:
             return f"holds {seen} samples of {name!r}, not the {claimed} its parties claimed"
         if not 0 <= correct <= seen:
-            return f"counts {correct} correct of {seen} samples of {name!r}, outside [0, {seen}]"
+            return f"has {correct} correct of {seen} samples of {name!r}, outside [0, {seen}]"
         if not (math.isfinite(loss) and loss >= 0):
             return f"has a loss sum {loss!r} for {name!r}, not a finite number >= 0"
     return None

@@ -4,9 +4,11 @@ On an evaluation round the server sends every worker EVAL with `secure: true`; e
 tests the global model on its own split and, instead of reporting its counts, opens a secure session
 for them (`privacy.secure_counts`): keys, shares, masked counts, unmasking, the same messages and
 crowd rules as the training round's (distributed/secure.py). The server learns the sum of the
-surviving parties' counts only, checks that its samples are what those parties claimed, and records
-the totals. A sum that cannot be formed (too few parties left, a secret that does not rebuild)
-leaves the round without test figures, logged; the run goes on.
+surviving parties' counts only, checks that its samples are what those parties claimed, that its
+correct count lies in [0, samples] and its loss sum is >= 0 (`privacy.secure_counts.counts_problem`),
+and records the totals; a REPORT (counts in the clear) is refused (`RoundPhases.on_report`). A sum
+that cannot be formed (too few parties left, a secret that does not rebuild) or fails a check leaves
+the round without test figures, logged; the run goes on.
 """
 
 from __future__ import annotations

@@ -403,9 +403,9 @@ def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
     resume = bool(args.resume)
     if rank == 0 and not resume:  # the server writes the run's records
         claim_folder(out_dir, args.overwrite)
-    status = run_process(cfg, out_dir, rank, size, comm, resume, explicit, placed)
+    status = run_process(cfg, out_dir, rank, size, comm, resume, explicit, placed, bool(args.overwrite))
     log.info("rank %d finished: %s", rank, status)
-    return 0 if status == "completed" else 1
+    return {"completed": 0, "refused": 2}.get(status, 1)  # refused: a site refused its own data
 
 
 def _output_dir(args: argparse.Namespace, cfg: Config) -> Path:

@@ -104,13 +104,20 @@ def _item(manager: PluginServerManager, party: int, model: dict) -> dict:
     return {"party": party, "n": manager.rounds.samples[party], "upload": {"model": model, "party_id": party}}
 
 
-@pytest.mark.parametrize("leaving", [m.BYE, m.ERROR])
+LEAVING = {
+    m.BYE: {},
+    m.ERROR: {"reason": "its disk is full"},
+    m.REFUSE: {"kind": "changed", "key": "data_args.data_cache_dir"},  # a site restarted on other data
+}
+
+
+@pytest.mark.parametrize("leaving", sorted(LEAVING))
 def test_a_silo_leaving_mid_round_counts_as_missing_and_the_run_completes(tmp_path, leaving):
     manager, wire = _server(tmp_path)
     assert manager.phase == "train" and manager.round_idx == 0
     _results(manager, wire, 1)
     _results(manager, wire, 2)
-    _from(manager, 3, leaving, **({"reason": "its disk is full"} if leaving == m.ERROR else {}))
+    _from(manager, 3, leaving, **LEAVING[leaving])
     assert manager.phase == "train"  # nothing moves inside the handler ...
     _from(manager, 0, m.TICK)  # ... the next tick ends the wait: 2 of 3 parties meet the quorum (half)
     records = manager.rounds.recorder.records

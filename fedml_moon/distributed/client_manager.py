@@ -26,6 +26,7 @@ from fedml_moon.distributed.managers import (
     HELLO,
     HELLO_EVERY_S,
     READY,
+    REFUSE,
     REJOIN,
     REPORT,
     RESULT,
@@ -38,6 +39,7 @@ from fedml_moon.distributed.managers import (
 )
 from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
 from fedml_moon.distributed.secure_worker import SecureWorker
+from fedml_moon.distributed.site_refusal import DATA_ERRORS, check_digest, described, kind_of
 from fedml_moon.distributed.site_results import keep_final_model, log_own_figures
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
@@ -56,6 +58,7 @@ class Built:
     config: dict
     run_config: Config
     claims: dict[int, dict]  # party -> what it holds (engine.claims): said in READY
+    data_sha256: str = ""  # what it read (site_refusal.data_digest): kept in its folder, never sent
 
     def holding(self) -> Holding:
         """What it checkpoints and restores: its parties."""
@@ -71,6 +74,7 @@ class Local:
     explicit: list[str]
     parties: list[int]
     fresh: Callable[[], list[int]]
+    overwrite: bool = False  # --overwrite: a new run, whatever data this site read in an earlier one
 
 
 class PluginClientManager(SecureWorker, SiloStatus, _Manager):
@@ -103,7 +107,7 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         self.last_hello = 0.0
         self.process = secrets.token_hex(8)  # this process: a restarted worker is told its work again
         self.reason = ""
-        self.said_hello = False
+        self.said_hello = self.stopped = False
         self.silo_status_reset()
         super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
 
@@ -147,6 +151,8 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
 
     def _guarded(self, handler):
         def run(msg: Message) -> None:
+            if self.stopped:  # what was queued before it stopped: its status and reason stay
+                return
             try:
                 handler(msg)
             except TransportError as err:  # the server cannot be reached: telling it is pointless
@@ -156,8 +162,8 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             except Exception as err:
                 log.exception("rank %d failed", self.rank)
                 self.reason = f"{type(err).__name__}: {err}"
-                try:
-                    self.send(ERROR, 0, reason=self.reason)
+                try:  # the kind of failure only: its message may name the site's files (its log has it)
+                    self.send(ERROR, 0, reason=f"{type(err).__name__} (rank {self.rank}'s log says more)")
                 except Exception as send_err:
                     log.info("rank %d could not tell the server: %s", self.rank, send_err)
                 finally:
@@ -192,6 +198,7 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             self.lose_server(now)
         self.silo_publish()
         if self.welcomed:
+            self.say_waiting_to_start(now)
             return
         waited = now - self.waiting_since
         if waited >= self.timeout_s:
@@ -210,6 +217,18 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             )
         if now - self.last_hello >= HELLO_EVERY_S:
             self.hello()
+
+    def say_waiting_to_start(self, now: float) -> None:
+        """Welcomed and ready, before its first task: say what it waits for, now and then."""
+        if self.built is None or self.silo_trained or now - self.last_wait_log < self.wait_log_every_s:
+            return
+        self.last_wait_log = now
+        log.info(
+            "rank %d is ready and waits for the first round: the server starts it once every site is "
+            "ready (%.0f s so far)",
+            self.rank,
+            now - self.waiting_since,
+        )
 
     def on_rejoin(self, msg: Message) -> None:
         """A server process that has not welcomed this worker (a restarted server) asks for a HELLO."""
@@ -240,7 +259,11 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         if not isinstance(config, dict) or config_digest(config) != digest:
             raise ValueError("the server's WELCOME carries a config that does not match its SHA-256")
         if self.built is None:
-            self.build_from(config)
+            try:
+                self.build_from(config)
+            except DATA_ERRORS as err:
+                self.refuse_data(err)
+                return
         elif digest != self.digest:
             differs = config_differences(self.built.config, config)
             raise ValueError(f"the server's config changed since this worker joined: {', '.join(differs)}")
@@ -261,6 +284,24 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             self.runner.load_state({})  # every party back at its start: no state, its first streams
         self.trained_since_welcome = False
 
+    def refuse_data(self, err: Exception) -> None:
+        """Refuse its own data: the whole reason in its own log, the kind of problem to the server
+        (nothing of its paths: `site_refusal`), then stop with status `refused` (exit code 2)."""
+        kind, key = kind_of(err)
+        self.reason = f"it refuses its data: {err}"
+        log.error(
+            "rank %d refuses its data: %s (the server is told: %s; it waits for this site up to its "
+            "comm_args.timeout_s: fix the data and start the site again)",
+            self.rank,
+            err,
+            described(kind, key),
+        )
+        try:
+            self.send(REFUSE, 0, kind=kind, key=key)
+        except Exception as send_err:
+            log.info("rank %d could not tell the server: %s", self.rank, send_err)
+        self.stop("refused")
+
     def send_ready(self) -> None:
         """Tell the server what each of its parties holds (its claims), once its data are built."""
         claims = [{"party": p, "claim": c} for p, c in sorted(self.built.claims.items())]
@@ -268,6 +309,8 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
 
     def build_from(self, config: dict) -> None:
         self.built = self.build(config)
+        if self.built.data_sha256:  # the same data as in this run's earlier starts, or refused
+            check_digest(self.folder, self.built.data_sha256, self.local.overwrite)
         self.digest = config_digest(self.built.config)
         if self.digest != config_digest(config):
             differs = config_differences(config, self.built.config)
@@ -361,6 +404,6 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         return f" at {self.server_address}" if self.server_address else ""
 
     def stop(self, status: str) -> None:
-        self.status = status
+        self.status, self.stopped = status, True
         self.silo_publish("finished" if status == "completed" else status)
         self.finish()

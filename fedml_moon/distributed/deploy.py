@@ -222,12 +222,24 @@ class DistributedProcess:
             raise
         finally:
             if self.rounds is not None and not self.rounds.summary:
-                self.rounds.finish(status)
+                self._finish(status)
             self.status = status
             if self.port is not None:
                 self.port.stop()
             if self.on_exit is not None:
                 self.on_exit(status)
+
+    def _finish(self, status: str) -> None:
+        """The server's records of the run's end; a run that never began (no round of a new run ran:
+        its sites never all ready) records nothing, so that the same command starts it again."""
+        if getattr(self.manager, "round_idx", 0) < 0 and getattr(self.manager, "start", 0) == 0:
+            log.warning(
+                "the run never began (%s before its first round): nothing is recorded, so the same command "
+                "starts it again",
+                status,
+            )
+            return
+        self.rounds.finish(status)
 
 
 def build_process(
@@ -240,6 +252,7 @@ def build_process(
     resume: bool = False,
     explicit: list[str] | None = None,
     group: Group | None = None,
+    overwrite: bool = False,
 ) -> DistributedProcess:
     """Build rank `rank` of a distributed run (the server writes the run records to `out_dir`, a
     worker its own files to `out_dir/rank-<rank>`). With `resume` the server goes on from its newest
@@ -251,7 +264,9 @@ def build_process(
     workers = worker_count(cfg, size)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
     if rank != 0:
-        return _build_worker(cfg, folder, rank, size, comm, local_procs, list(explicit or []), group)
+        return _build_worker(
+            cfg, folder, rank, size, comm, local_procs, list(explicit or []), group, overwrite
+        )
     if resume and rank == 0:
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs, role="server")
@@ -294,6 +309,7 @@ def _worker_build(
 
     def build(shared: dict[str, Any]) -> Any:
         from fedml_moon.distributed.client_manager import Built
+        from fedml_moon.distributed.site_refusal import held_data_digest
 
         run_cfg = with_shared(cfg, shared)
         taken = config_differences(shared_config(cfg), shared)
@@ -311,6 +327,7 @@ def _worker_build(
             shared_config(run_cfg),
             run_cfg,
             {p: claims[p] for p in parties},
+            held_data_digest(base.fed, parties),
         )
 
     return build
@@ -336,6 +353,7 @@ def _build_worker(
     local_procs: int,
     explicit: list[str],
     group: Group | None = None,
+    overwrite: bool = False,
 ) -> DistributedProcess:
     """A worker or silo: its transport now; its data and parties when the server's WELCOME names the
     run's config (`with_shared`)."""
@@ -350,7 +368,9 @@ def _build_worker(
     args = build_args(cfg, folder, rank, local_procs)
     store = make_store(cfg.train_args.state_store, folder / "party_state")
     expected = parties_of(cfg, size, rank)
-    local = Local(shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store])
+    local = Local(
+        shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store], overwrite
+    )
     build, on_exit = _worker_build(cfg, folder, rank, size, local_procs, args, store, group), None
     if group is not None:  # a hierarchical silo's leader: its group builds and trains with it
         channel = Channel()
@@ -394,6 +414,7 @@ def run_process(
     resume: bool = False,
     explicit: list[str] | None = None,
     placed: Placement | None = None,
+    overwrite: bool = False,
 ) -> str:
     """Build and run one process through FedML's `FedMLRunner(..., algorithm_flow=...)`; its status.
     `placed`: this process's place in a hierarchical silo's group under mpirun (`comm` is then the
@@ -409,7 +430,9 @@ def run_process(
             local_procs = group.local_size
             if not group.leader:
                 return run_follower(cfg, Path(out_dir), rank, group, size)
-        proc = build_process(cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group)
+        proc = build_process(
+            cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group, overwrite
+        )
         compat.run_flow(proc, Path(out_dir) / ".fedml", proc.manager.args)
         return proc.status
     finally:

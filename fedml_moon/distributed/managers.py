@@ -4,6 +4,7 @@ client_manager.py), one for every distributed mode: MPI simulation, cross-silo o
     worker/silo -> server   HELLO {parties, config, explicit, fresh_parties, process}   (until WELCOME)
     server -> worker        WELCOME {config, config_sha256, session, resume_from}
     worker -> server        READY {claims: [{party, claim}]}  (its data built: what each party holds)
+                            or REFUSE {kind, key}  (it refuses its own data: site_refusal.py; it stops)
     server -> worker        TRAIN {round, tasks: [{party, payload}]}
     worker -> server        RESULT {round, results: [{party, n, upload}]}
     server -> worker        EVAL {round, payload}           (evaluation rounds that need the parties)
@@ -11,7 +12,7 @@ client_manager.py), one for every distributed mode: MPI simulation, cross-silo o
     server -> worker        CHECKPOINT {round} (rounds that are due) ... worker -> server CHECKPOINTED
     server -> worker        FINISH {model} (after the last round: the final global model) / ABORT {reason}
     server -> worker        REJOIN (to a worker that is not one of its own yet, e.g. after a restart)
-    worker -> server        BYE, or ERROR {reason}
+    worker -> server        BYE, or ERROR {reason}   (the reason: the exception's type; its log says more)
 
 Every message is checked against its declaration in protocol.py before its handler runs; a message
 that does not fit is refused (logged with the sender and the field), and the server counts the silo
@@ -56,6 +57,7 @@ from fedml_moon.distributed.protocol import (  # noqa: F401 (the protocol's name
     HEARTBEAT,
     HELLO,
     READY,
+    REFUSE,
     REJOIN,
     REPORT,
     RESULT,

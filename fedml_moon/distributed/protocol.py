@@ -12,6 +12,7 @@ server fixed for it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +23,22 @@ FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
 CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
 REJOIN = "rejoin"  # server -> a worker it has not welcomed (a restarted server): say HELLO now
 READY = "ready"  # worker -> server, once its data are built: what each of its parties holds (claims)
+REFUSE = "refuse"  # worker -> server, instead of READY: it refuses its own data (distributed/site_refusal.py)
+REFUSAL_KINDS = {
+    "agreement": "its data do not fit the run's agreement",
+    "unreadable": "a file of its data cannot be read",
+    "missing": "its data are missing",
+    "split": "its data cannot be split as the run says",
+    "changed": "its data differ from those it read earlier in this run",
+}
+"""The kinds of problem a site may say it refuses its data for: nothing else of them leaves the site."""
+
+
+def refusal_text(kind: str, key: str | None) -> str:
+    """What a REFUSE says: `its data do not fit the run's agreement (data_args.classes)`."""
+    return REFUSAL_KINDS[kind] + (f" ({key})" if key else "")
+
+
 ENVELOPE = ("msg_type", "sender", "receiver")  # FedML's Message fields, checked by the transports
 
 Check = Callable[[Any], "str | None"]  # None, or why the value does not fit (" is ...", "[3] is ...")
@@ -178,6 +195,23 @@ PARTY, ROUND = integer(0, MAX_ID), integer(0, MAX_ROUND)
 SAMPLES = integer(1, 2**53)  # the server's own count for the party is checked when the result is bound
 SESSION = text(64)
 
+
+def one_of(choices: Mapping[str, Any]) -> Check:
+    """One of the keys of `choices`."""
+    return lambda value: (
+        None if isinstance(value, str) and value in choices else f" is not one of {sorted(choices)}"
+    )
+
+
+def setting_name(value: Any) -> str | None:
+    """A setting's name, `section_args.name`."""
+    if not isinstance(value, str) or len(value) > 80 or not SETTING.fullmatch(value):
+        return " is not a setting's name (section_args.name)"
+    return None
+
+
+SETTING = re.compile(r"[a-z]+_args\.[a-z_]+")
+
 # secure aggregation's extra rounds (fedml_moon.distributed.secure): keys, shares, masked inputs, unmasking
 KEYS, ROSTER, SHARES, MASK, MASKED, UNMASK, UNMASKED = (
     "sa_keys",
@@ -246,6 +280,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     RESULT: {"round": ROUND, "results": list_of(record({"party": PARTY, "n": SAMPLES, "upload": payload}))},
     REPORT: {"round": ROUND, "reports": list_of(payload)},
     CHECKPOINTED: {"round": ROUND},
+    REFUSE: {"kind": one_of(REFUSAL_KINDS), "key": optional(setting_name)},
     BYE: {},
     ERROR: {"reason": text(MAX_TEXT)},
     HEARTBEAT: {},

@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from fedml_moon.distributed.managers import ABORT
+from fedml_moon.distributed.protocol import refusal_text
 from fedml_moon.distributed.refusals import bounded
 from fedml_moon.engine.claims import claim_problem, differs
 
@@ -35,6 +36,7 @@ class ReadyPhase:
     comm_args: Any
 
     def ready_reset(self) -> None:
+        self.data_refused: dict[int, str] = {}  # rank -> why it refused its own data (REFUSE), until READY
         self.ready: set[int] = set()
         self.offered: dict[int, dict] = {}  # party -> its claim, before the run fixes them
 
@@ -61,7 +63,34 @@ class ReadyPhase:
             if int(item["party"]) not in self.rounds.claims:
                 self.offered[int(item["party"])] = dict(item["claim"])
         self.ready.add(rank)
+        self.data_refused.pop(rank, None)
         self.maybe_start()
+
+    def on_refuse(self, msg: Any) -> None:
+        """A worker refuses its own data (and stops): before the run starts, wait for it as for one
+        that has not said HELLO yet (within comm_args.timeout_s); in the middle of the run its parties
+        count as missing, as an ERROR's would. The kind of problem only: the site's log names its files."""
+        rank, why = msg.get_sender_id(), refusal_text(msg.get("kind"), msg.get("key"))
+        if rank not in self.seen:
+            self.refused(rank, f"refused rank {rank}'s REFUSE: it has not said HELLO to this server")
+            return
+        if self.phase == "hello":
+            self.seen.discard(rank)
+            self.ready.discard(rank)
+            self.welcomed_at.pop(rank, None)
+            self.process_of.pop(rank, None)
+            self.data_refused[rank] = why
+            what = (
+                f"rank {rank} refused its own data: {why}; the run waits for it to start again with its "
+                f"data fixed (up to comm_args.timeout_s = {self.comm_args.timeout_s:g} s from the start)"
+            )
+        else:
+            self.gone.add(rank)
+            what = (
+                f"rank {rank} refused its own data in the {self.phase} phase of round {self.round_idx}: {why}"
+            )
+        self.refusals.refused(f"rank {rank}", what, reason="its own data", level=logging.ERROR, counted=False)
+        self.publish_status(force=True)
 
     def ready_problem(self, rank: int, items: list) -> str | None:
         """Why a READY's claims cannot be taken, or None."""

@@ -20,6 +20,7 @@ from fedml_moon.distributed.managers import (
     HELLO,
     HELLO_EVERY_S,
     READY,
+    REFUSE,
     REJOIN,
     REPORT,
     RESULT,
@@ -140,6 +141,7 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         for msg_type, handler in (
             (HELLO, self.on_hello),
             (READY, self.on_ready),
+            (REFUSE, self.on_refuse),
             (RESULT, self.on_result),
             (REPORT, self.on_report),
             (BYE, self.on_bye),
@@ -328,14 +330,16 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
             else f"in the {self.phase} phase of round {self.round_idx}"
         )
         dead = [r for r in ranks if self.is_dead(r)]
+        refused = {r: why for r, why in getattr(self, "data_refused", {}).items() if r in ranks}
         log.info(
-            "waiting for rank(s) %s %s: %.0f s so far (comm_args.%s = %g)%s",
+            "waiting for rank(s) %s %s: %.0f s so far (comm_args.%s = %g)%s%s",
             ranks,
             where,
             waited,
             "timeout_s" if self.phase == "hello" else "round_timeout_s",
             self.comm_args.timeout_s if self.phase == "hello" else self.deadline_s,
             f"; no heartbeat from {dead}" if dead else "",
+            "".join(f"; rank {r} refused its own data: {why}" for r, why in sorted(refused.items())),
         )
 
     def fail(self, reason: str) -> None:

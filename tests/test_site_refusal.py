@@ -1,0 +1,97 @@
+"""A site's refusal of its own data, in the process: what leaves the site is the kind of problem and
+a setting's name from fixed vocabularies (never a path), a REFUSE that says anything else is refused
+naming the field, and the digest of what a site read tells one image moved to another class from the
+same data (tests/test_site_startup.py runs it all in a real cross-silo run)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedml_moon.config_schema import ConfigError
+from fedml_moon.data.datasets import DataNotFoundError
+from fedml_moon.data.federated import FederatedData
+from fedml_moon.data.formats import DataFileError
+from fedml_moon.data.holdings import Holdings
+from fedml_moon.distributed.protocol import REFUSAL_KINDS, REFUSE, message_problem, refusal_text
+from fedml_moon.distributed.site_refusal import DataChanged, check_digest, held_data_digest, kind_of
+
+SECRET = "/srv/site-a/private-scans/train/coat/patient-0042.png"
+
+
+def _wrapped(err: Exception) -> ConfigError:
+    """As `data.federated.prepare_own` raises a file's problem: a ConfigError, from None."""
+    try:
+        raise err
+    except DataFileError:
+        try:
+            raise ConfigError(f"data_args.data_cache_dir: {err}") from None
+        except ConfigError as wrapped:
+            return wrapped
+
+
+@pytest.mark.parametrize(
+    ("err", "kind", "key"),
+    [
+        (_wrapped(DataFileError(SECRET, "not an image that can be decoded")), "unreadable", None),
+        (
+            DataFileError(SECRET, "has 3 channel(s); data_args.channels: 1"),
+            "unreadable",
+            "data_args.channels",
+        ),
+        (ConfigError(f"data_args.classes: {SECRET} holds a class the run does not name"), "agreement", None),
+        (DataNotFoundError(SECRET), "missing", None),
+        (DataChanged(f"data_args.data_cache_dir: {SECRET} differ"), "changed", "data_args.data_cache_dir"),
+    ],
+)
+def test_what_leaves_a_site_is_a_kind_and_a_settings_name_never_its_paths(err, kind, key):
+    found, named = kind_of(err)
+    assert found == kind and (key is None or named == key)
+    said = refusal_text(found, named)
+    assert message_problem(REFUSE, {"kind": found, "key": named}) is None
+    for part in SECRET.strip("/").split("/"):
+        assert part not in said, (part, said)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"kind": "file /srv/site-a/x.png", "key": None}, "kind"),
+        ({"kind": "agreement", "key": "/srv/site-a/x.png"}, "key"),
+        ({"kind": "agreement", "key": "data_args.classes /srv"}, "key"),
+        ({"kind": "agreement", "key": "x" * 81}, "key"),
+        ({"kind": ["agreement"], "key": None}, "kind"),
+        ({"kind": "agreement", "key": None, "reason": "/srv/site-a"}, "unexpected fields"),
+    ],
+)
+def test_a_refuse_that_says_more_than_its_vocabulary_is_refused_naming_the_field(fields, field):
+    problem = message_problem(REFUSE, fields)
+    assert problem is not None and field in problem
+
+
+def test_every_kind_reads_as_a_sentence():
+    assert all(refusal_text(k, None) == REFUSAL_KINDS[k] for k in REFUSAL_KINDS)
+    assert refusal_text("missing", "data_args.data_cache_dir").endswith("(data_args.data_cache_dir)")
+
+
+def _fed(y_train: list[int]) -> FederatedData:
+    x = torch.arange(len(y_train) * 4, dtype=torch.uint8).reshape(len(y_train), 1, 2, 2)
+    data = Holdings("site", x, torch.tensor(y_train), x[:2], torch.tensor([0, 1]), 3, (0.5,), (0.5,), "none")
+    return FederatedData(data, [np.arange(len(y_train))], [np.arange(2)], np.zeros((1, 3)), party_ids=[4])
+
+
+def test_the_digest_tells_one_image_moved_to_another_class_with_the_same_count(tmp_path):
+    read = held_data_digest(_fed([0, 1, 2, 1]), [4])
+    moved = held_data_digest(_fed([0, 1, 2, 2]), [4])  # one image from class 1 to class 2
+    assert read == held_data_digest(_fed([0, 1, 2, 1]), [4]) and moved != read
+    check_digest(tmp_path, read, overwrite=False)  # its first start in the run: recorded
+    assert json.loads((tmp_path / "data_digest.json").read_text()) == {"sha256": read}
+    check_digest(tmp_path, read, overwrite=False)  # started again on the same data: taken
+    with pytest.raises(DataChanged, match="differ from those it read earlier in this run.*--overwrite"):
+        check_digest(tmp_path, moved, overwrite=False)
+    assert kind_of(DataChanged("x"))[0] == "changed"
+    check_digest(tmp_path, moved, overwrite=True)  # a new run: recorded anew
+    check_digest(tmp_path, moved, overwrite=False)

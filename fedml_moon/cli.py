@@ -6,8 +6,9 @@ fedml-moon simulate --cf FILE [--set SECTION.KEY=VALUE ...] [--output-dir DIR]
 fedml-moon run --cf FILE [--rank R] [--role server|client] [--set ...] [--output-dir DIR]
     one process of a cross-silo run (common_args.training_type: cross_silo): the server (rank 0) or a
     silo; over MPI the rank comes from mpirun
-fedml-moon data DIR [--dataset imagefolder|table|hf] [--natural]
-    what a site's data folder holds, the config lines that agree with it, and the problems found
+fedml-moon data DIR [--dataset imagefolder|table|hf] [--natural] | data [DIR] --cf FILE [--rank R]
+    what a site's data folder holds, the config lines that agree with it, and the problems found;
+    with --cf, also read and checked by the run's own start-up code (exit 1 on what it refuses)
 fedml-moon certs | check | new | sweep | report | tsne ...
     test certificates, the conformance suite, a new algorithm's plugin package, sweeps, reports and
     t-SNE pictures (`--help` of each)
@@ -153,7 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser(
         "data", help="what a site's data folder holds: classes, counts, sizes, statistics, problems"
     )
-    data.add_argument("folder", help="the folder a run's data_args.data_cache_dir would name")
+    data.add_argument(
+        "folder", nargs="?", help="the folder a run's data_args.data_cache_dir would name (with --cf: "
+        "default, the config's)",
+    )  # fmt: skip
+    data.add_argument("--cf", help="the run's config: check the folder with the run's start-up code")
+    data.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                      help="override one value of the --cf config (repeatable)")  # fmt: skip
+    data.add_argument(
+        "--rank", type=int, help="with --cf: read as this process does (0 the server; default: every silo)"
+    )
     data.add_argument(
         "--dataset", choices=("imagefolder", "table", "hf"), help="its format (default: guessed)"
     )
@@ -283,6 +293,20 @@ def _data(args: argparse.Namespace) -> int:
     from fedml_moon.data.formats import DataFileError
     from fedml_moon.data.inspect import inspect
 
+    if args.cf:
+        from fedml_moon.data.precheck import config_for, inspect_with_config
+
+        if args.rank is not None and args.rank < 0:
+            raise ConfigError(f"--rank {args.rank}: give 0 (the server) or a silo's rank, 1 or more")
+        cfg = config_for(args.cf, args.overrides, args.folder)
+        where = cfg.data_args.data_cache_dir
+        if where and not Path(where).is_dir():
+            raise ConfigError(f"{where}: no such folder; name the folder holding the site's data")
+        text, problems = inspect_with_config(cfg, args.cf, args.rank)
+        sys.stdout.write(text)
+        return 1 if problems else 0
+    if args.folder is None:
+        raise ConfigError("fedml-moon data: name the site's folder, or the run's config with --cf CONFIG")
     folder = Path(args.folder).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"{args.folder}: no such folder; name the folder holding the site's data")

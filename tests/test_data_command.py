@@ -92,10 +92,21 @@ def test_tables_and_hugging_face_datasets_are_read_as_a_run_reads_them(tmp_path,
     assert rc == 0 and lines["dataset"] == "hf" and lines["channels"] == 1 and lines["image_size"] == 28
 
 
+def test_a_missing_folder_is_refused(tmp_path, capsys):
+    for flags in ([], ["--cf", str(ROOT / "config" / "site" / "folder.yaml")]):
+        with restored_main() as main:
+            rc = main(["data", str(tmp_path / "nowhere"), *flags])
+        assert rc == 2 and "nowhere: no such folder" in capsys.readouterr().err
+
+
 @pytest.mark.slow
-def test_the_command_line_entry_point_refuses_a_missing_folder(tmp_path):
+def test_the_command_line_entry_point_checks_a_folder_against_the_run(tmp_path):
+    x, y, _, _ = fashion(30, 1)
+    write_pngs(tmp_path / "site" / "jacket", x[:2], y[:2])  # a class folder the run does not name
+    write_pngs(tmp_path / "site", x, y)
+    command = [sys.executable, "-m", "fedml_moon", "data", str(tmp_path / "site")]
     done = subprocess.run(
-        [sys.executable, "-m", "fedml_moon", "data", str(tmp_path / "nowhere")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode == 2 and "no such folder" in done.stderr
+        [*command, "--cf", "config/site/folder.yaml"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "the run refuses it: data_args.classes: " in done.stdout and "jacket" in done.stdout

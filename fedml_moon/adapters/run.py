@@ -24,6 +24,7 @@ from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare, prepare_own, show_partition
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
 from fedml_moon.data.partition_file import partition_record
+from fedml_moon.data.precheck import server_hint
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
 from fedml_moon.metrics import RunRecorder
@@ -195,7 +196,12 @@ def load_partition(cfg: Config, rank: int, role: str) -> FederatedData:
     """This process's data (see `build_base`)."""
     seed, n = cfg.common_args.random_seed, cfg.train_args.client_num_in_total
     if role == "all" or not own_data(cfg):
-        return prepare(cfg.data_args, n, seed)
+        try:
+            return prepare(cfg.data_args, n, seed)
+        except ConfigError as err:
+            if role != "server":
+                raise
+            raise ConfigError(f"{err}{server_hint(cfg)}") from None
     if role == "server":
         fed = prepare_own(cfg.data_args, seed, None, central=evaluation(cfg) == "central")
         how = "on its own test set" if len(fed.data.y_test) else "none: each site tests on its own split"

@@ -112,7 +112,7 @@ def survey_table(root: Path, natural: bool, label: str, party: str) -> Survey:
             survey.problems.append(f"{path.name}: no label column {label!r} (columns: {list(df.columns)})")
             continue
         skip = {label, party} if natural else {label}
-        numeric = [c for c in df.columns if c not in skip and np.issubdtype(df[c].dtype, np.number)]
+        numeric = [c for c in df.columns if c not in skip and _numeric(df[c])]
         survey.problems += [f"{path.name}: column {c!r} is not numeric ({df[c].dtype})"
                             for c in df.columns if c not in skip and c not in numeric]  # fmt: skip
         survey.problems += [f"{path.name}: column {c!r} has {int(df[c].isna().sum())} empty values"
@@ -124,10 +124,19 @@ def survey_table(root: Path, natural: bool, label: str, party: str) -> Survey:
             survey.problems.append(f"{path.name}: no party column {party!r} (columns: {list(df.columns)})")
         groups = df.groupby(df[party].astype(str)) if natural and party in df.columns else [("", df)]
         for name, rows in groups:
-            survey.counts[(str(name), split)] = Counter(rows[label].astype(str))
+            survey.counts[(str(name), split)] = Counter(rows[label].dropna().astype(str))
+        if df[label].isna().any():
+            survey.problems.append(f"{path.name}: {int(df[label].isna().sum())} rows without a {label!r}")
     if not survey.counts:
         survey.problems.append(f"no train.csv / train.parquet ({', '.join(READERS)}) with a label column")
     return survey
+
+
+def _numeric(column) -> bool:
+    """A column a run takes as a feature: numbers, not booleans (pandas' text dtypes included)."""
+    import pandas as pd
+
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
 
 def detect(root: Path) -> str:
@@ -190,9 +199,12 @@ def _counts_table(survey: Survey, classes: list[str]) -> list[str]:
     return lines
 
 
-def report(root: Path, dataset: str, survey: Survey, natural: bool) -> str:
-    """The survey in words, with the config lines that agree with it."""
-    classes = sorted({c for counts in survey.counts.values() for c in counts})
+def report(root: Path, dataset: str, survey: Survey, natural: bool, agreed: list[str] | None = None,
+           checked: tuple[str, ...] = ()) -> str:  # fmt: skip
+    """The survey in words, with the config lines that agree with it (`agreed`: the run's classes, in
+    its order, else the folder's own, sorted) and the lines of a check by the run's code (`checked`)."""
+    held = sorted({c for counts in survey.counts.values() for c in counts})
+    classes = list(agreed) + [c for c in held if c not in agreed] if agreed else held
     parties = sorted({p for p, _ in survey.counts if p})
     lines = [
         f"{root}: {dataset}" + (f", {len(parties)} parties ({', '.join(parties[:8])})" if natural else "")
@@ -207,7 +219,13 @@ def report(root: Path, dataset: str, survey: Survey, natural: bool) -> str:
     stats = survey.stats()
     lines += [
         "",
-        "config lines that agree with it (classes in sorted order: every site must use one order):",
+        "config lines that agree with it "
+        + (
+            "(classes: the run's, in its order, then any others this folder holds):"
+            if agreed
+            else "(classes: this folder's, sorted; every site must use the run's one list in one order: "
+            "check the folder against it with --cf CONFIG):"
+        ),
         "data_args:",
         f"  dataset: {dataset}",
         f"  data_cache_dir: {root}",
@@ -226,7 +244,7 @@ def report(root: Path, dataset: str, survey: Survey, natural: bool) -> str:
             f"  client_num_in_total: {len(parties)}",
             f"  client_num_per_round: {len(parties)}",
         ]
-    lines.append("")
+    lines += ["", *checked] + ([""] if checked else [])
     lines += (
         [f"problems ({len(survey.problems)}):"] + [f"  {p}" for p in survey.problems[:50]]
         if survey.problems
@@ -237,14 +255,32 @@ def report(root: Path, dataset: str, survey: Survey, natural: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def inspect(root: Path, dataset: str | None = None, natural: bool = False, label: str = "label",
-            party: str = "party", image: str = "image") -> tuple[str, int]:  # fmt: skip
-    """The report on the folder, and how many problems were found."""
-    kind = dataset or detect(root)
+def survey_of(root: Path, kind: str, natural: bool, label: str = "label", party: str = "party",
+              image: str = "image") -> Survey:  # fmt: skip
+    """The folder surveyed as `kind` (imagefolder, table, hf); a folder without samples is a problem."""
     if kind == "table":
         survey = survey_table(root, natural, label, party)
     elif kind == "hf":
         survey = survey_hf(root, natural, label, party, image)
     else:
         survey = survey_images(root, natural)
+    if not any(sum(c.values()) for c in survey.counts.values()) and not survey.problems:
+        survey.problems.append(f"no samples: {_layouts(kind)}")
+    return survey
+
+
+def inspect(root: Path, dataset: str | None = None, natural: bool = False, label: str = "label",
+            party: str = "party", image: str = "image") -> tuple[str, int]:  # fmt: skip
+    """The report on the folder, and how many problems were found."""
+    kind = dataset or detect(root)
+    survey = survey_of(root, kind, natural, label, party, image)
     return report(root, kind, survey, natural), len(survey.problems)
+
+
+def _layouts(kind: str) -> str:
+    """Where a format's samples go."""
+    if kind == "table":
+        return "a table site holds train.csv|parquet (and optionally test.*): feature and label columns"
+    if kind == "hf":
+        return "a Hugging Face dataset holds a train split with image and label columns"
+    return "lay the images out as <class>/<file> or train/<class>/<file> (and test/<class>/<file>)"

@@ -192,3 +192,4 @@ def test_under_secure_aggregation_the_counts_are_summed_securely(tmp_path, sites
     for c, f in zip(central, federated, strict=True):
         assert f["test_acc"] == c["test_acc"] and f["test_loss"] == pytest.approx(c["test_loss"], rel=1e-6)
         assert "party_test" not in f and f["test_samples"] > 0
+        assert "site_mean_test_acc" not in f and f["pooled_test_acc"] == f["test_acc"]  # the sum's only

@@ -44,6 +44,8 @@ from fedml_moon.distributed.site_results import keep_final_model, log_own_figure
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_config, flat_config, restore, save
+from fedml_moon.errors import ConfigError
+from fedml_moon.file_digests import DIGEST_KEYS, digest_problem, setting_of
 
 log = logging.getLogger(__name__)
 
@@ -314,6 +316,11 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         self.digest = config_digest(self.built.config)
         if self.digest != config_digest(config):
             differs = config_differences(config, self.built.config)
+            files = [k for k in differs if k in DIGEST_KEYS]  # its own file under a setting's path
+            if files:
+                mine, theirs = self.built.config.get(files[0]), config.get(files[0])
+                path = self.built.config.get(setting_of(files[0]))
+                raise ConfigError(digest_problem(files[0], mine, theirs, path))
             raise ValueError(f"this worker could not take the server's config: {', '.join(differs)} differ")
         log.info("rank %d holds parties %s (config sha256 %s)", self.rank, self.parties, self.digest[:12])
 

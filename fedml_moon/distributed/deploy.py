@@ -38,6 +38,7 @@ from fedml_moon.distributed.silo_group import (
     prepare_batchnorm,
 )
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
+from fedml_moon.file_digests import DIGEST_KEYS, file_digests
 
 log = logging.getLogger(__name__)
 PARTY_KEYS = (
@@ -54,13 +55,14 @@ LOCAL_KEYS = {"data_args.data_cache_dir", "data_args.download", "data_args.plugi
 
 def shared_config(cfg: Config) -> dict[str, Any]:
     """The settings every process of a run must agree on, as dotted keys (a silo's data folder and
-    state store are its own business)."""
+    state store are its own business), with the digest of each file they name (`file_digests`)."""
     full = config_to_dict(cfg)
     out: dict[str, Any] = {}
     for key in PARTY_KEYS:
         section, _, name = key.partition(".")
         values = {name: full[section][name]} if name else full[section]
         out.update({f"{section}.{k}": v for k, v in values.items() if f"{section}.{k}" not in LOCAL_KEYS})
+    out.update(file_digests(out))  # the files its settings name: another file under a path differs too
     return out
 
 
@@ -69,6 +71,7 @@ def with_shared(cfg: Config, shared: dict[str, Any]) -> Config:
     place of its own; its local settings (comm_args, device, data folder, state store, W&B) stay."""
     full = config_to_dict(cfg)
     full["algorithm_args"] = {}  # the server's algorithm decides which options exist
+    shared = {k: v for k, v in shared.items() if k not in DIGEST_KEYS}  # this process's own files' say
     foreign = sorted(
         k for k in shared if k in LOCAL_KEYS or not any(k == s or k.startswith(f"{s}.") for s in PARTY_KEYS)
     )

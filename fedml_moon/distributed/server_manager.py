@@ -40,6 +40,7 @@ from fedml_moon.distributed.server_phases import RoundPhases
 from fedml_moon.distributed.server_status import StatusBoard
 from fedml_moon.distributed.transport.base import QueueTransport
 from fedml_moon.engine.rounds import ServerRounds
+from fedml_moon.file_digests import DIGEST_KEYS
 
 log = logging.getLogger(__name__)
 WELCOME_EVERY_S = 1.0
@@ -235,7 +236,11 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
                 "train_args.client_num_in_total on the server)"
             )
         theirs = msg.get("config")
-        differs = [k for k in config_differences(self.config, theirs) if k in msg.get("explicit")]
+        differs = [
+            k
+            for k in config_differences(self.config, theirs)
+            if k in msg.get("explicit") or (k in DIGEST_KEYS and theirs.get(k) is not None)  # its own file
+        ]
         if not differs:
             return None
         return (

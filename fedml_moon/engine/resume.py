@@ -26,6 +26,7 @@ from fedml_moon.config import Config, config_to_dict
 from fedml_moon.config_schema import SECTIONS, ConfigError
 from fedml_moon.core.checkpoint import latest, read_checkpoint, write_checkpoint
 from fedml_moon.core.personal import PartyFigures
+from fedml_moon.file_digests import DIGEST_KEYS, file_digests
 
 if TYPE_CHECKING:
     from fedml_moon.engine.parties import PartyRunner
@@ -59,7 +60,10 @@ def flatten(config: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def flat_config(cfg: Config) -> dict[str, Any]:
-    return flatten(config_to_dict(cfg))
+    """The config as dotted keys, with the digest of each file a setting names (`file_digests`)."""
+    flat = flatten(config_to_dict(cfg))
+    flat.update(file_digests(flat))
+    return flat
 
 
 def check_config(
@@ -73,8 +77,8 @@ def check_config(
     keys = set(saved) | set(now) if only is None else set(only)
     for key in sorted(keys):
         free = key in FREE_KEYS or (key.startswith(FREE_PREFIXES) and key not in BOUND_KEYS)
-        if key not in saved and key in now and now[key] == _default(key):
-            continue  # a setting newer than the checkpoint, at its default: what the run computed
+        if key not in saved and key in now and (now[key] == _default(key) or key in DIGEST_KEYS):
+            continue  # a setting newer than the checkpoint, at its default (or a file's digest it lacks)
         if not free and saved.get(key) != now.get(key):
             differing.append(f"{key} ({saved.get(key)!r} in the checkpoint, {now.get(key)!r} now)")
     if not differing:

@@ -18,6 +18,7 @@ from fedml_moon.config import Config
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_resumable, due, flatten, restore, save
 from fedml_moon.engine.rounds import ServerRounds
+from fedml_moon.file_digests import file_digests
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class StandaloneSimulation:
     def run(self) -> None:
         status = "failed"
         config = flatten(self.server.recorder.config)
+        config.update(file_digests(config))  # the files its settings name (checked by --resume)
         if self.start_round == 0:  # a new run: states an earlier run left in a disk store are not its own
             self.runner.load_state({})
         try:

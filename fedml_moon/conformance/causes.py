@@ -8,13 +8,14 @@ import contextlib
 import itertools
 import random
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedml_moon.conformance.kept import kept_cause
 from fedml_moon.conformance.snapshot import differences, snapshot
 
 INPLACE = (
@@ -84,9 +85,12 @@ def global_random_problems(
     return problems
 
 
-def resume_hint(problems: list[str]) -> str:
-    """What a resumed run that differs most likely lost, the party side first: a party attribute that
-    differs is what the server's differences follow from."""
+def resume_hint(problems: list[str], kept: Sequence[str] = ()) -> str:
+    """What a resumed run that differs most likely lost: module state the run changed (`kept`) first,
+    as what everything else follows from; then the party side: a party attribute that differs is what
+    the server's differences follow from."""
+    if problems and kept:
+        return kept_cause(kept)
     if any(": party." in p and ": party.train_args." not in p for p in problems):  # not its config
         return (
             " -- party state kept on self, not in PartyRound.state: one object serves every party, and "
@@ -99,9 +103,10 @@ def resume_hint(problems: list[str]) -> str:
         )
     if problems:
         return (
-            " -- neither algorithm object differs, so the run kept something elsewhere that a resumed "
-            "process starts without: a module-level global or a class attribute (keep a party's values "
-            "in PartyRound.state, the server's in state() / load_state())"
+            " -- neither algorithm object differs, nor a global or class attribute of the algorithm's "
+            "modules, so the run kept something elsewhere that a resumed process starts without: a "
+            "global of another module, or an object that module holds (keep a party's values in "
+            "PartyRound.state, the server's in state() / load_state())"
         )
     return ""
 

@@ -2,16 +2,19 @@
 
 On tiny data (`TINY`: 3 parties, 2 sampled per round, 3 rounds) it runs the algorithm the ways a
 contributor cannot try by hand, and names what differs: payloads that no transport can carry; a
-party that changes what it received; random numbers not drawn from the run's generators; a run
-that does not repeat itself; stacked and sequential parties that compute something else (one
-local round from identical inputs in float32, every round in float64); a run stopped and resumed
-that does not go on as the uninterrupted one (server state, party states, final model); a secure
-sum that loses part of an upload; and every deployment mode against the standalone run.
+party that changes what it received; module globals and class attributes the run changes (named
+as the cause of what the other checks then find); random numbers not drawn from the run's
+generators; a run that does not repeat itself; stacked and sequential parties that compute
+something else (one local round from identical inputs in float32, every round in float64); a run
+stopped and resumed that does not go on as the uninterrupted one (server state, party states,
+final model); a secure sum that loses part of an upload; and every deployment mode against the
+standalone run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import sys
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ from fedml_moon.conformance.inprocess import (
     stopped_run,
     traced_run,
 )
+from fedml_moon.conformance.kept import KEPT, KEPT_HINT, blamed, kept_cause, not_judged
 from fedml_moon.conformance.network import network_checks
 from fedml_moon.conformance.paths import Outcome, float64_rounds, secure_vs_plain
 from fedml_moon.conformance.processes import (
@@ -145,7 +149,7 @@ def resume_check(config: Path, overrides: list[str], folder: Path, traced: Trace
     problems += run_differences(
         RunResult("traced", traced.folder, [0], []), RunResult("resumed", out, [0], []), 0.0, RESUMED
     )
-    return Check(name, not problems, "; ".join(problems[:6]) + resume_hint(problems))
+    return Check(name, not problems, "; ".join(problems[:6]) + resume_hint(problems, traced.kept))
 
 
 def _modes(
@@ -215,9 +219,7 @@ def check_algorithm(
         return [*checks, Check("the standalone run (in this process)", False, traced.error)]
     changed = "; ".join(traced.changed[:3]) + (INPLACE if traced.changed else "")
     checks.append(Check("what a party received is as it was sent after its round", not changed, changed))
-    found = global_random_problems(config, overrides, folder / "random", quiet_run)
-    name = "random numbers come from the run's generators (the global random state set otherwise)"
-    checks.append(Check(name, not found, "; ".join(found)))
+    checks += _kept_and_random(config, overrides, folder, traced)
     if unstackable:  # the network trains one party at a time: nothing to compare
         float64 = Outcome(skipped=f"the network cannot be stacked ({unstackable})")
         checks.append(_from(ONE_ROUND, float64))
@@ -238,7 +240,20 @@ def check_algorithm(
     checks.append(resume_check(config, overrides, folder, traced))
     outcome = secure_vs_plain(config, overrides, folder / "secure", train.client_num_in_total)
     checks.append(_from("secure aggregation: the aggregate equals the plain one", outcome))
-    return _no_excuse(checks + _modes(config, overrides, folder, ref, modes), traced)
+    return _kept_first(_no_excuse(checks + _modes(config, overrides, folder, ref, modes), traced), traced)
+
+
+def _kept_and_random(config: Path, overrides: list[str], folder: Path, traced: Traced) -> list[Check]:
+    """Module state the traced run changed (`kept.watch`), then random numbers drawn from the global
+    state: not judged when there is module state, since each run compared would start from another
+    value of it."""
+    kept = "; ".join(traced.kept[:3]) + (KEPT_HINT if traced.kept else "")
+    if traced.kept:
+        found = [not_judged(traced.kept)]
+    else:
+        found = global_random_problems(config, overrides, folder / "random", quiet_run)
+    name = "random numbers come from the run's generators (the global random state set otherwise)"
+    return [Check(KEPT, not kept, kept), Check(name, not found, "; ".join(found))]
 
 
 def _no_excuse(checks: list[Check], traced: Traced) -> list[Check]:
@@ -250,3 +265,15 @@ def _no_excuse(checks: list[Check], traced: Traced) -> list[Check]:
     detail = "; ".join(traced.replay[:4]) + " -- another check fails: float32 rounding does not explain it"
     failed = Check(excused.name, False, detail, excused.note.split("; float32 differs")[0])
     return [failed if c is excused else c for c in checks]
+
+
+def _kept_first(checks: list[Check], traced: Traced) -> list[Check]:
+    """Module state the run changed (`kept.watch`) makes every later run-against-run check fail: each
+    failing one after it is said to possibly follow from it, where it does not say so already."""
+    cause = kept_cause(traced.kept)
+    at = next((i for i, c in enumerate(checks) if c.name == KEPT), None)
+    if not cause or at is None:
+        return checks
+    later = checks[at + 1 :]
+    said = [c if c.ok or blamed(c.detail) else dataclasses.replace(c, detail=c.detail + cause) for c in later]
+    return checks[: at + 1] + said

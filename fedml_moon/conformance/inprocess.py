@@ -6,6 +6,8 @@ takes a `snapshot` of the server's and the party side's algorithm objects at the
 round, and trains every round's parties a second time stacked (`parties_in_parallel`) from the very
 inputs the sequential path had (downloads, party states, data streams), comparing the two per
 party and per tensor; then it puts the sequential results back, so the run goes on as if alone.
+Around every local round and server step it fingerprints the algorithm's module globals and class
+attributes (`kept.watch`), naming what changed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from fedml_moon.conformance.causes import received_changed
+from fedml_moon.conformance.kept import watch
 from fedml_moon.conformance.snapshot import differences, same_tree, snapshot
 
 FLOAT32_ONE_ROUND = 1e-5  # stacked vs sequential, one local round from identical inputs (float32)
@@ -39,6 +42,7 @@ class Traced:
     replay: list[str] = field(default_factory=list)
     together: list[int] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  # what a party's round changed of what it received
+    kept: list[str] = field(default_factory=list)  # module globals / class attributes the run changed
     error: str = ""  # the run stopped: why
     exception: Exception | None = None  # what stopped it
 
@@ -226,6 +230,7 @@ def traced_run(config: str | Path, overrides: list[str], folder: Path) -> Traced
     with quiet_run(config, [*overrides, "train_args.parties_in_parallel=1"], folder) as run:
         _watch_payloads(run, traced)
         _replay(run.loop.runner, traced)
+        traced.kept = watch(run)  # around the watched steps: fingerprints before and after each
         try:
             run.loop.run()
         except Exception as err:

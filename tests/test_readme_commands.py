@@ -163,6 +163,7 @@ OWN_SERVER = (
     "--set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
     "--set comm_args.tls_cert=certs/server.pem --set comm_args.tls_key=certs/server.key"
 )
+OWN_CHECK = ".venv/bin/fedml-moon data data/site/parties/party-a --cf config/site/cross_silo.yaml"
 OWN_SILOS = [
     f"bash run/run_client.sh {r} config/site/cross_silo.yaml "
     f"--set data_args.data_cache_dir=data/site/parties/{name} "
@@ -207,7 +208,7 @@ SITE_TABLES = [
     " --set data_args.data_cache_dir=data/site/parquet",
 ]
 SITE_INSPECT = [
-    ".venv/bin/fedml-moon data data/site/folder",
+    ".venv/bin/fedml-moon data data/site/folder --cf config/site/folder.yaml",  # decodes for the run after
     ".venv/bin/fedml-moon data data/site/parties --natural",
 ]
 _NET = ".venv/bin/fedml-moon simulate --cf config/networks/resnet18.yaml"
@@ -282,6 +283,7 @@ COMMANDS: dict[str, str] = {
     SCRAPE: "grpc-tls",
     OWN_CERTS: "own-data",
     OWN_SERVER: "own-data",
+    OWN_CHECK: "own-data",
     **dict.fromkeys(OWN_SILOS, "own-data"),
     "bash run/docs.sh": "docs",  # run/test.sh runs it; tests/test_docs.py breaks it on purpose
     ".venv/bin/mkdocs serve": "docs",  # a server for editing: the site it serves is the one built
@@ -701,7 +703,8 @@ def test_site_data_commands(tmp_path, home, capsys, monkeypatch):
         for command in SITE_INSPECT:
             capsys.readouterr()
             assert main(_entry_point(command)) == 0, capsys.readouterr().out
-            assert "problems: none" in capsys.readouterr().out
+            said = capsys.readouterr().out
+            assert "problems: none" in said and ("--cf" not in command or "\n  passed\n" in said), said
         for i, command in enumerate([*SITE_RUNS, *SITE_TABLES]):
             out = tmp_path / f"run-{i}"
             sets = [a for s in tiny for a in ("--set", s)]
@@ -981,6 +984,8 @@ def test_own_data_tutorial_commands(tmp_path, home):
     certs = work / "certs"
     with restored_main() as main:
         assert main([str(certs) if w == "certs/" else w for w in _entry_point(OWN_CERTS)]) == 0
+        check = [str(sites / "party-a") if w.startswith("data/") else w for w in _entry_point(OWN_CHECK)]
+        assert main(check) == 0  # the site's folder passes the silo's start-up reading
     out = tmp_path / "run"
     comm = _grpc_comm(tmp_path, out)
     tiny = ["train_args.comm_round=1", "train_args.epochs=1", "train_args.batch_size=16"]

@@ -245,6 +245,7 @@ def test_a_good_site_passes_and_is_shown_in_the_runs_class_order(tmp_path, capsy
     assert rc == 0 and "problems: none" in said and "\n  passed\n" in said, said[-2000:]
     assert f"classes: {str(CLASSES).replace(chr(39), chr(34))}" in said  # the run's order, not sorted
     assert said.count("silo rank") == 1 and "silo rank 1 (party 0, party-c)" in said
+    assert said.count("fedml_moon.data.silo: party ") == 1  # one site's folder: read once, as rank 1
     rc, said = _data([str(folder), "--cf", str(SILOS)], capsys)  # a per-party folder: every silo's party
     assert rc == 0 and all(
         f"silo rank {r} (party {r - 1}, party-{p})" in said for r, p in zip((1, 2, 3), "abc", strict=True)

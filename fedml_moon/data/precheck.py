@@ -62,6 +62,21 @@ def server_hint(cfg: Config) -> str:
     )
 
 
+def _ranks(cfg: Config) -> list[int]:
+    """The silo ranks whose reading to check: rank 1 where the folder is one site's (every rank
+    reads it alike), else every silo's, which reads its own party of the per-party folder."""
+    from fedml_moon.data.formats import DataFileError
+
+    args = cfg.data_args
+    root = Path(args.data_cache_dir or ".")
+    try:
+        if args.dataset != "plugin" and root.is_dir() and one_site(cfg, root):
+            return [1]
+    except (ConfigError, DataFileError):
+        pass  # unreadable: the silos' reading says why
+    return list(range(1, cfg.train_args.client_num_in_total + 1))
+
+
 def check_site(cfg: Config, rank: int | None = None) -> Verdict:
     """Read the data as the run's process of `rank` does at start-up (0 the server, R silo R; None:
     every silo of a cross-silo run on the sites' own data, or the one reading every process of any
@@ -83,7 +98,7 @@ def check_site(cfg: Config, rank: int | None = None) -> Verdict:
                 else "the server: reads no data (each silo tests on its own split)"
             )
         else:
-            _silos(cfg, [rank] if rank else list(range(1, n + 1)), verdict)
+            _silos(cfg, [rank] if rank else _ranks(cfg), verdict)
     except ConfigError as err:
         verdict.refusal = str(err) + (server_hint(cfg) if rank == 0 else "")
     return verdict

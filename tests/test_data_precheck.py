@@ -16,14 +16,16 @@ from PIL import Image
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, party_folders, write_pngs, write_table
+from tests.site_data import CLASSES, fashion, party_folders, write_hf, write_pngs, write_table
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "config" / "site"
-FOLDER, TABLE, PARTIES, SILOS = (SITE / f"{n}.yaml" for n in ("folder", "table", "parties", "cross_silo"))
+FOLDER, TABLE, PARTIES, SILOS, HF = (
+    SITE / f"{n}.yaml" for n in ("folder", "table", "parties", "cross_silo", "hf")
+)
 
 
 def _grey(root: Path, test: bool = True) -> Path:
@@ -177,6 +179,33 @@ def _silo_unnamed_class(root: Path):
     return SILOS, [], "jacket"
 
 
+def _hf_without_the_image_column(root: Path):
+    write_hf(root, 20, 10)
+    return HF, ["data_args.image_column=picture"], "has no column 'picture'"
+
+
+def _plugin_of_another_shape(root: Path):
+    root.mkdir(parents=True)
+    return (
+        FOLDER,
+        ["data_args.dataset=plugin", "data_args.plugin=tests/site_plugin.py:wrong_shape"],
+        "(1, 32, 32)",
+    )
+
+
+def _plugin_label_out_of_range(root: Path):
+    root.mkdir(parents=True)
+    (root / "plug.py").write_text(
+        "import torch\n"
+        "def load(args):\n"
+        "    labels = torch.tensor([0, 1, 2, 12] * 2)\n"
+        "    ds = torch.utils.data.TensorDataset(torch.zeros(8, 1, 28, 28), labels)\n"
+        "    return ds, ds\n"
+    )
+    sets = ["data_args.dataset=plugin", f"data_args.plugin={root / 'plug.py'}:load"]
+    return FOLDER, sets, "label 12 is no index into the run's 10 classes"
+
+
 BREAKS = {
     "a truncated image": _truncated,
     "a class folder the run does not name": _unnamed_class,
@@ -200,6 +229,9 @@ BREAKS = {
     "a party without training samples": _party_without_training,
     "a silo beyond a per-party folder": _silo_beyond_the_folder,
     "a silo's class the run does not name": _silo_unnamed_class,
+    "a Hugging Face dataset without its image column": _hf_without_the_image_column,
+    "a plugin's samples of another shape": _plugin_of_another_shape,
+    "a plugin's label out of range": _plugin_label_out_of_range,
 }
 
 

@@ -293,6 +293,12 @@ def _data(args: argparse.Namespace) -> int:
     from fedml_moon.data.formats import DataFileError
     from fedml_moon.data.inspect import inspect
 
+    said = [f for f, v in (("--dataset", args.dataset), ("--natural", args.natural)) if v]
+    said += [f"--{n}-column" for n in ("label", "party", "image") if getattr(args, f"{n}_column") != n]
+    if args.cf and said:
+        raise ConfigError(f"{', '.join(said)}: the --cf config says these; use --set data_args.KEY=VALUE")
+    if not args.cf and (args.overrides or args.rank is not None):
+        raise ConfigError("--set and --rank go with --cf CONFIG, the config to check the folder against")
     if args.cf:
         from fedml_moon.data.precheck import config_for, inspect_with_config
 

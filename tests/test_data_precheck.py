@@ -313,3 +313,20 @@ def test_a_cross_silo_server_reading_a_site_folder_names_the_natural_switch(tmp_
     assert rc == 1 and "the server reads nothing" in said
     rc, said = _data(["--cf", str(SILOS), "--rank", "0"], capsys)  # natural: the server reads nothing
     assert rc == 0 and "the server: reads no data" in said
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--cf", str(FOLDER), "--natural"], "--natural: the --cf config says these"),
+        (["--cf", str(TABLE), "--dataset", "table", "--label-column", "y"], "--dataset, --label-column"),
+        (["--rank", "1"], "--set and --rank go with --cf"),
+        (["--set", "data_args.channels=3"], "--set and --rank go with --cf"),
+        (["--cf", str(SILOS), "--rank", "-1"], "--rank -1: give 0 (the server) or a silo's rank"),
+        ([], "name the site's folder, or the run's config with --cf"),
+    ],
+)
+def test_flags_the_config_decides_or_that_need_it_are_refused(flags, named, tmp_path, capsys):
+    args = [str(tmp_path)] if flags else []
+    rc, said = _data([*args, *flags], capsys)
+    assert rc == 2 and named in said, said

@@ -169,6 +169,15 @@ def _party_without_training(root: Path):
     return PARTIES, [], "party 'party-b' holds no training samples"
 
 
+def _more_parties_than_samples(root: Path):
+    _grey(root)
+    return (
+        FOLDER,
+        ["train_args.client_num_in_total=50", "train_args.client_num_per_round=5"],
+        "50 parties but only 40",
+    )
+
+
 def _silo_beyond_the_folder(root: Path):
     party_folders(root, per_party=20, n_test=10)
     return SILOS, ["train_args.client_num_in_total=4"], "holds 3 parties (party-a, party-b, party-c)"
@@ -225,6 +234,7 @@ BREAKS = {
     "two training tables": _two_tables,
     "a party in one split only": _party_in_one_split,
     "more parties than the folder holds": _party_count,
+    "a seeded partition that cannot be drawn": _more_parties_than_samples,
     "no party folders": _no_party_folders,
     "a party without training samples": _party_without_training,
     "a silo beyond a per-party folder": _silo_beyond_the_folder,

@@ -4,7 +4,6 @@ the run would refuse is refused here first, in the run's words, before any proce
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,9 +12,8 @@ from fedml_moon.config import Config, evaluation, own_data
 from fedml_moon.errors import ConfigError
 
 if TYPE_CHECKING:
+    from fedml_moon.data.federated import FederatedData
     from fedml_moon.data.inspect import Survey
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,15 +25,15 @@ class Verdict:
     parties: list[str] = field(default_factory=list)  # the party names the readings found
 
 
-def _described(fed, who: str) -> str:
+def _described(fed: FederatedData, who: str) -> str:
     data = fed.data
     shape = "x".join(str(s) for s in data.input_shape)
     return f"{who}: {len(data.y_train)} train / {len(data.y_test)} test samples of shape {shape}"
 
 
 def _silos(cfg: Config, ranks: list[int], verdict: Verdict) -> None:
-    """Each silo rank's reading, as `fedml-moon run --rank R` reads; a folder that is one site's gives
-    every rank the same party, so the ranks after the second such reading add nothing."""
+    """Each silo rank's reading, as `fedml-moon run --rank R` reads; data that are one site's (a
+    plugin's, say) give every rank the same party, so the reading stops at the first party repeated."""
     from fedml_moon.data.federated import prepare_own
 
     seed = cfg.common_args.random_seed

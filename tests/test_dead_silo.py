@@ -13,6 +13,7 @@ import urllib.request
 
 from fedml_moon import conformance
 from fedml_moon.cli import main
+from fedml_moon.data.partition_file import load_partition_file
 from fedml_moon.security import make_certs
 from fedml_moon.status import read
 from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
@@ -82,7 +83,7 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     own = json.loads((out / "rank-1" / "status.json").read_text())  # nothing of another site
     fields = {"run", "algorithm", "rounds", "round", "phase", "site", "server", "round_time_s", "eta_s"}
     assert set(own) == {*fields, "updated"} and set(own["site"]) == {"rank", "rounds", "samples"}, own
-    counts = json.loads((out / "rank-1" / "partition.json").read_text())["counts"]
+    counts = load_partition_file(out / "rank-1" / "partition.json").counts.tolist()
     assert own["site"]["samples"] == sum(counts[0])  # rank 1 holds party 0: its training samples
 
 

@@ -18,6 +18,7 @@ from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
+from fedml_moon.data.partition_file import load_partition_file
 from tests.helpers import restored_main
 
 pytestmark = pytest.mark.skipif(
@@ -35,7 +36,10 @@ def _run(tmp_path: Path, name: str, config: str, overrides: list[str]) -> Path:
 
 
 def _partition(out: Path) -> dict:
-    return json.loads((out / "partition.json").read_text())
+    """The run's partition as lists: what it wrote in partition.json and partition.npz."""
+    read = load_partition_file(out / "partition.json")
+    lists = {split: [p.tolist() for p in getattr(read, split)] for split in ("train", "test")}
+    return {**read.meta, **lists, "counts": read.counts.tolist()}
 
 
 @pytest.mark.parametrize(

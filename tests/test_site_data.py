@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from fedml_moon.data.partition_file import load_partition_file
 from tests.helpers import restored_main
 from tests.site_data import (
     CLASSES,
@@ -105,7 +106,7 @@ def test_each_format_trains_two_rounds_of_moon(name, sites, tmp_path, monkeypatc
     assert [r["round"] for r in records] == [0, 1]
     assert all(np.isfinite(r["train_loss"]) for r in records)
     assert 0.0 <= summary["final_test_acc"] <= 1.0
-    counts = json.loads((tmp_path / "run" / "partition.json").read_text())["counts"]
+    counts = load_partition_file(tmp_path / "run" / "partition.json").counts.tolist()
     assert len(counts) == 3 and len(counts[0]) == len(CLASSES)
 
 
@@ -151,8 +152,8 @@ def test_a_natural_partitions_test_set_is_the_union_of_the_parties_test_splits(s
 
     sets = site("imagefolder", sites["parties"], **{"data_args.partition_method": "natural"})
     summary = simulate(tmp_path / "run", sets)
-    partition = json.loads((tmp_path / "run" / "partition.json").read_text())
-    counts, names = np.array(partition["counts"]), partition["parties"]
+    partition = load_partition_file(tmp_path / "run" / "partition.json")
+    counts, names = partition.counts, partition.meta["parties"]
     assert names == sorted(MIXES)
     for p, (party, keep) in enumerate(sorted(MIXES.items())):
         held = [c for c in range(len(CLASSES)) if counts[p, c] > 0]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -18,13 +17,15 @@ from fedml_moon.adapters import compat
 from fedml_moon.config import Config, config_to_dict, evaluation, own_data
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.core.models import build_model
+from fedml_moon.core.parts import sizes_of
 from fedml_moon.core.pretrained import load_pretrained
 from fedml_moon.core.schedule import quorum
 from fedml_moon.core.state import make_store
 from fedml_moon.data.federated import FederatedData, prepare, prepare_own, show_partition
 from fedml_moon.data.loader import FedMLDataset, build_fedml_dataset
-from fedml_moon.data.partition_file import partition_record
+from fedml_moon.data.partition_file import write_partition
 from fedml_moon.data.precheck import server_hint
+from fedml_moon.engine.claim_table import ClaimTable, Rows
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
 from fedml_moon.metrics import RunRecorder
@@ -255,8 +256,7 @@ def build_base(
     if fed.ids:
         named = {"parties": list(fed.data.parties.names)} if fed.data.parties else {}
         ids = {"party_ids": fed.ids} if fed.party_ids is not None else {}
-        record = partition_record(fed.data, fed.train_parts, fed.test_parts, fed.counts)
-        (out_dir / "partition.json").write_text(json.dumps({**record, **named, **ids}))
+        write_partition(out_dir, fed.data, fed.train_parts, fed.test_parts, fed.counts, **named, **ids)
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
     model = initial_model(cfg, factory, fed.data.input_shape)
@@ -275,8 +275,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
     check_sum_form(cfg, server_algo, aggregator.global_state)
     claims = None
     if base.fed.ids:  # the server computed the partition: it knows what every party holds
-        rows = zip(base.fed.ids, base.fed.counts.tolist(), strict=True)
-        server_algo.class_counts = {p: [int(n) for n in row] for p, row in rows}
+        server_algo.class_counts = Rows(base.fed.ids, base.fed.counts)  # party -> its row, when asked
         claims = partition_claims(base)
     make_privacy = privacy_factory(base, aggregator, out_dir) if cfg.privacy_args.on else None
     config = config_to_dict(cfg)
@@ -333,32 +332,30 @@ def privacy_factory(base: Base, aggregator: Any, out_dir: Path) -> Any:
     return make
 
 
-def partition_claims(base: Base) -> dict[int, Any]:
+def partition_claims(base: Base) -> ClaimTable:
     """Each party's claim under the run's partition (`held_claims`), where the server computed it: the
     only counts it takes from a silo. At most `comm_args.max_party_samples` samples each."""
     cap = base.cfg.comm_args.max_party_samples
     claims = held_claims(base)
-    over = {p: c["samples"] for p, c in claims.items() if c["samples"] > cap}
-    if over:
+    over = claims.samples > cap
+    if over.any():
         raise ConfigError(
-            f"comm_args.max_party_samples: parties {sorted(over)[:10]} hold more than {cap} samples "
-            f"({max(over.values())}); raise the cap if this partition is intended"
+            f"comm_args.max_party_samples: parties {claims.parties[over][:10].tolist()} hold more than {cap} "
+            f"samples ({claims.samples.max()}); raise the cap if this partition is intended"
         )
     return claims
 
 
-def held_claims(base: Base) -> dict[int, Any]:
-    """What each party this process holds would claim (`engine.claims.claims_of`)."""
-    from fedml_moon.engine.claims import claims_of
-
-    samples = {int(p): int(n) for p, n in base.dataset.train_data_local_num_dict.items()}
+def held_claims(base: Base) -> ClaimTable:
+    """What each party this process holds would claim (`engine.claims`), from the index arrays,
+    without making a party's loader: a `ClaimTable`, columns rather than a dict per party."""
     fed = base.fed
+    samples = sizes_of(fed.train_parts)
     if fed.test_parts is None:  # every party is tested on the global test set
-        tests = dict.fromkeys(samples, int(base.dataset.test_data_num))
-    else:  # from the index arrays, without making each party's loader
-        tests = {int(p): len(part) for p, part in zip(fed.ids, fed.test_parts, strict=True)}
-    counts = dict(zip(base.fed.ids, base.fed.counts.tolist(), strict=True))
-    return claims_of(samples, tests, counts, class_threshold(base.cfg))
+        tests = np.full(len(samples), int(base.dataset.test_data_num), dtype=np.int64)
+    else:
+        tests = sizes_of(fed.test_parts)
+    return ClaimTable.of(fed.ids, samples, tests, fed.counts, class_threshold(base.cfg))
 
 
 def class_threshold(cfg: Config) -> int | None:

@@ -7,14 +7,18 @@
   training set and the matching split of the test set.
 
 All functions are deterministic given ``seed`` (an int, or a ``numpy.random.SeedSequence`` for a
-derived stream, see `fedml_moon.core.seeds`) and return int64 index arrays into ``labels``.
+derived stream, see `fedml_moon.core.seeds`) and return int64 index arrays into ``labels``
+(``iid_partition`` as one flat array, `core.parts.Parts`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
+
+from fedml_moon.core.parts import Parts
 
 Seed = int | np.random.SeedSequence
 
@@ -109,13 +113,14 @@ def dirichlet_partition(
     )
 
 
-def iid_partition(n_samples: int, n_parties: int, seed: Seed) -> list[np.ndarray]:
-    """Uniform split: a random permutation of ``arange(n_samples)`` cut into near-equal int64 parts."""
+def iid_partition(n_samples: int, n_parties: int, seed: Seed) -> Parts:
+    """Uniform split: a random permutation of ``arange(n_samples)`` cut into near-equal int64 parts
+    (as `np.array_split` cuts it), held as one flat array (`Parts`)."""
     _check_parties(n_parties)
     if n_samples < n_parties:
         raise PartitionError(f"cannot split {n_samples} samples among {n_parties} parties")
     perm = np.random.default_rng(seed).permutation(n_samples).astype(np.int64)
-    return [part.copy() for part in np.array_split(perm, n_parties)]
+    return Parts.cut(perm, n_parties)
 
 
 def _class_shards(labels: np.ndarray, cls: int, n_shards: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -194,15 +199,14 @@ def class_matched_partition(labels: np.ndarray, party_classes: np.ndarray, seed:
     return _take_shards(shards, table, rng)
 
 
-def partition_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
+def partition_counts(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
     """Samples of every class held by every party: int64 [n_parties, num_classes]."""
     y = _as_labels(labels)
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}), got range [{y.min()}, {y.max()}]")
     if not len(parts):
         return np.zeros((0, num_classes), dtype=np.int64)
-    sizes = np.fromiter((len(part) for part in parts), dtype=np.int64, count=len(parts))
-    samples = np.concatenate([np.asarray(part, dtype=np.int64) for part in parts])
-    owner = np.repeat(np.arange(len(parts), dtype=np.int64), sizes)  # one bincount for every party
-    flat = np.bincount(owner * num_classes + y[samples], minlength=len(parts) * num_classes)
+    flat_parts = Parts.of(parts)
+    owner = flat_parts.owners()  # one bincount for every party
+    flat = np.bincount(owner * num_classes + y[flat_parts.flat], minlength=len(parts) * num_classes)
     return flat.reshape(len(parts), num_classes)

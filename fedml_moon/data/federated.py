@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from fedml_moon.core.partition import (
     partition_counts,
     shard_partition,
 )
+from fedml_moon.core.parts import Parts
 from fedml_moon.core.seeds import rng, seed_sequence
 from fedml_moon.data.datasets import DataNotFoundError, load_dataset
 from fedml_moon.data.formats import DataFileError
@@ -38,8 +40,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class FederatedData:
     data: Holdings
-    train_parts: list[np.ndarray]
-    test_parts: list[np.ndarray]
+    train_parts: Sequence[np.ndarray]  # `Parts` (one flat array) where the run partitioned the data
+    test_parts: Sequence[np.ndarray]
     counts: np.ndarray  # [n_parties, num_classes] training samples per class
     party_ids: list[int] | None = None  # the parties of train_parts (default 0..n-1); a silo: its own
 
@@ -113,7 +115,7 @@ def load_data(args: DataArgs, seed: int) -> Holdings:
     return data
 
 
-def partition(args: DataArgs, data: Holdings, n_parties: int, seed: int) -> tuple[list, list]:
+def partition(args: DataArgs, data: Holdings, n_parties: int, seed: int) -> tuple[Sequence, Sequence]:
     """Training and local-test index sets per party, as the config's partition_method says.
 
     The training partition draws on the seed's root stream (as published); the local test splits on
@@ -167,7 +169,7 @@ def natural_partition(data: Holdings, n_parties: int) -> tuple[list, list]:
 def prepare(args: DataArgs, n_parties: int, seed: int) -> FederatedData:
     """Load and partition (nothing is written: `show_partition` does that)."""
     data = load_data(args, seed)
-    train_parts, test_parts = partition(args, data, n_parties, seed)
+    train_parts, test_parts = (Parts.of(parts) for parts in partition(args, data, n_parties, seed))
     counts = partition_counts(data.y_train.numpy(), train_parts, data.num_classes)
     return FederatedData(data, train_parts, test_parts, counts)
 

@@ -1,13 +1,14 @@
-"""What a party says of its data, and what the server does with it. Pure Python.
+"""What a party says of its data, and what the server does with it.
 
 A party's claim is `{"samples": n, "test_samples": m, "classes": [c, ...]}`: its training samples
 (its weight in the average, unless `server_args.party_weights: uniform`), its test samples (what its
 federated evaluation counts must add up to) and, for algorithms that share class prototypes
 (FedSSC), the classes it holds more than `algorithm_args.min_class_samples` samples of (the only
 classes it may speak for). Where the server computed the partition itself it derives every claim
-(`claims_of`) and a party must claim exactly that; where it holds no data (`config.own_data`) the
-parties' claims are all it knows: each is bounded (`claim_problem`: at most
-`comm_args.max_party_samples`, or the party's own cap) and fixed for the run when first made.
+(`engine.claim_table.ClaimTable.of`: columns, not a dict per party) and a party must claim exactly
+that; where it holds no data (`config.own_data`) the parties' claims are all it knows: each is
+bounded (`claim_problem`: at most `comm_args.max_party_samples`, or the party's own cap) and fixed
+for the run when first made.
 """
 
 from __future__ import annotations
@@ -15,23 +16,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fedml_moon.engine.claim_table import ClaimTable
+
 Claim = dict[str, Any]
 
 
-def claims_of(
-    samples: Mapping[int, int],
-    test_samples: Mapping[int, int],
-    counts: Mapping[int, list[int]],
-    threshold: int | None,
-) -> dict[int, Claim]:
-    """Each party's claim from what it holds: `samples` and `test_samples` per party, its training
-    samples per class `counts`; `threshold`: min_class_samples of an algorithm that shares class
-    prototypes (its classes are those held more than `threshold` times), else None (no classes)."""
-    out = {}
-    for party, n in samples.items():
-        held = [] if threshold is None else [c for c, k in enumerate(counts[party]) if k > threshold]
-        out[int(party)] = {"samples": int(n), "test_samples": int(test_samples[party]), "classes": held}
-    return out
+def saved_claims(claims: Mapping[int, Claim]) -> dict[str, Any]:
+    """Claims for a checkpoint: a `ClaimTable`'s columns as tensors (``{"table": ...}``), else one
+    entry per party keyed by its id as a string (the form every checkpoint had before the table)."""
+    if isinstance(claims, ClaimTable):
+        return {"table": claims.state()}
+    return {str(p): c for p, c in claims.items()}
+
+
+def loaded_claims(saved: Mapping[str, Any] | None) -> Mapping[int, Claim]:
+    """The claims `saved_claims` wrote (either form; an older checkpoint's dict, or nothing)."""
+    if not saved:
+        return {}
+    if "table" in saved:
+        return ClaimTable.from_state(saved["table"])
+    return {int(p): dict(c) for p, c in saved.items()}
 
 
 def claim_problem(claim: Any, cap: int, num_classes: int) -> str | None:
@@ -66,9 +70,9 @@ class PartyClaims:
     weights it gives them, and the privacy accounting that needs both before the first round."""
 
     aggregator: Any
-    claims: dict[int, Claim]
-    samples: dict[int, int]
-    test_samples: dict[int, int]
+    claims: Mapping[int, Claim]  # a dict, or a `ClaimTable` where the server computed the partition
+    samples: Mapping[int, int]
+    test_samples: Mapping[int, int]
     uniform: bool = False  # server_args.party_weights: uniform
     make_privacy: Any = None  # weights -> PrivateAggregation (privacy_args), built once the claims are in
     privacy: Any = None
@@ -78,10 +82,15 @@ class PartyClaims:
     def set_claims(self, claims: Mapping[int, Claim]) -> None:
         """Fix every party's claim for the run: its samples, test samples and classes; then build the
         privacy accounting on the weights they give (privacy_args)."""
-        self.claims = {int(p): dict(c) for p, c in sorted(claims.items())}
-        self.samples = {p: c["samples"] for p, c in self.claims.items()}
-        self.test_samples = {p: c["test_samples"] for p, c in self.claims.items()}
-        self.aggregator.algorithm.classes_held = {p: list(c["classes"]) for p, c in self.claims.items()}
+        if isinstance(claims, ClaimTable):  # columns (the server's own partition): no dict per party
+            self.claims = claims
+            self.samples, self.test_samples = claims.column("samples"), claims.column("test_samples")
+            self.aggregator.algorithm.classes_held = claims.column("classes")
+        else:
+            self.claims = {int(p): dict(c) for p, c in sorted(claims.items())}
+            self.samples = {p: c["samples"] for p, c in self.claims.items()}
+            self.test_samples = {p: c["test_samples"] for p, c in self.claims.items()}
+            self.aggregator.algorithm.classes_held = {p: list(c["classes"]) for p, c in self.claims.items()}
         if self.make_privacy is not None and self.privacy is None:
             self.privacy = self.make_privacy({p: self.weight(p) for p in self.claims})
             self.rounds = self.first_rounds_allowed()

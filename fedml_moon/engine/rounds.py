@@ -20,7 +20,7 @@ from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.validate import SERVER_FIELDS, BadUpload
-from fedml_moon.engine.claims import Claim, PartyClaims
+from fedml_moon.engine.claims import Claim, PartyClaims, loaded_claims, saved_claims
 from fedml_moon.engine.evaluations import Evaluations
 from fedml_moon.engine.summed import Result, SummedRounds
 from fedml_moon.engine.uploads import UploadChecks
@@ -216,7 +216,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
             "eval_totals": dict(self.eval_totals),
             "records": list(self.recorder.records),
             "schedule": self.schedule,
-            "claims": {str(p): c for p, c in self.claims.items()},
+            "claims": saved_claims(self.claims),
             "wandb_id": getattr(getattr(wandb, "run", None), "id", None),
         } | ({} if self.privacy is None else {"privacy": self.privacy.state()})
 
@@ -226,7 +226,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
             raise ValueError(
                 "the checkpoint's sampling schedule differs from this run's (another seed or party count?)"
             )
-        claims = {int(p): dict(c) for p, c in (state.get("claims") or {}).items()}
+        claims = loaded_claims(state.get("claims"))
         if claims and self.claims and claims != self.claims:
             raise ValueError("the checkpoint's party claims differ from this run's partition (other data?)")
         if claims and not self.claims:  # a server without data: the claims the parties made

@@ -57,6 +57,14 @@ def test_read_idx_round_trip(tmp_path: Path, gz: bool) -> None:
     np.testing.assert_array_equal(out, arr)
 
 
+def test_a_plain_big_endian_idx_file_reads_in_the_machines_byte_order(tmp_path: Path) -> None:
+    values = np.array([[1, -2, 70000], [0, 2**31 - 1, -(2**31)]], dtype=np.int32)
+    head = bytes([0, 0, 0x0C, 2]) + struct.pack(">2i", *values.shape)
+    (tmp_path / "ints").write_bytes(head + values.astype(">i4").tobytes())
+    out = read_idx(tmp_path / "ints")
+    assert out.dtype == np.int32 and out.dtype.isnative and np.array_equal(out, values)
+
+
 def test_read_idx_rejects_bad_files(tmp_path: Path) -> None:
     (tmp_path / "junk").write_bytes(b"\x01\x02\x03\x04\x05")
     with pytest.raises(DataFileError, match="junk: not an IDX file"):
@@ -65,6 +73,9 @@ def test_read_idx_rejects_bad_files(tmp_path: Path) -> None:
     (tmp_path / "short").write_bytes((tmp_path / "short").read_bytes()[:-1])
     with pytest.raises(DataFileError, match="short: header says"):
         read_idx(tmp_path / "short")
+    (tmp_path / "long").write_bytes((tmp_path / "short").read_bytes() + b"\x00\x00")  # one byte too many
+    with pytest.raises(DataFileError, match=r"long: header says \(2, 3\) x 1 bytes, found 7"):
+        read_idx(tmp_path / "long")
     _write_idx(tmp_path / "cut.gz", np.zeros((200, 30), np.uint8), gz=True)
     (tmp_path / "cut.gz").write_bytes((tmp_path / "cut.gz").read_bytes()[:20])
     with pytest.raises(DataFileError, match="cut.gz: the gzip stream is truncated or corrupt"):

@@ -9,10 +9,62 @@ i's array is a view of ``flat``, made when asked for.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
 
 import numpy as np
+
+
+class Positions:
+    """Party id -> its row in per-party arrays whose rows are the distinct ids `parties`: the id
+    itself where they are 0..n-1, else a binary search (no dict of a million entries)."""
+
+    def __init__(self, parties: Sequence[int] | np.ndarray) -> None:
+        self.parties = np.asarray(parties, dtype=np.int64).reshape(-1)
+        n = len(self.parties)
+        self.dense = bool(np.array_equal(self.parties, np.arange(n)))
+        self._order = None if self.dense else np.argsort(self.parties, kind="stable")
+        self._sorted = None if self._order is None else self.parties[self._order]
+        if self._sorted is not None and np.any(np.diff(self._sorted) == 0):
+            raise ValueError("parties must be distinct")
+
+    def row(self, party: object) -> int | None:
+        """The row of `party`, or None when it is not one of the parties."""
+        try:
+            p = int(party)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            return None
+        n = len(self.parties)
+        if self._order is None or self._sorted is None:
+            return p if 0 <= p < n else None
+        i = int(np.searchsorted(self._sorted, p))
+        return int(self._order[i]) if i < n and self._sorted[i] == p else None
+
+    def __len__(self) -> int:
+        return len(self.parties)
+
+
+class Sizes(Mapping[int, int]):
+    """party -> its number of samples, from the ids `parties` and the array `sizes` (FedML's
+    `train_data_local_num_dict`, without a dict entry per party)."""
+
+    def __init__(self, parties: Sequence[int] | np.ndarray, sizes: np.ndarray) -> None:
+        self._at, self.sizes = Positions(parties), np.asarray(sizes, dtype=np.int64)
+
+    def __getitem__(self, party: int) -> int:
+        row = self._at.row(party)
+        if row is None:
+            raise KeyError(party)
+        return int(self.sizes[row])
+
+    def __contains__(self, party: object) -> bool:
+        return self._at.row(party) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._at.parties.tolist())
+
+    def __len__(self) -> int:
+        return len(self._at)
 
 
 def sizes_of(parts: Sequence[np.ndarray]) -> np.ndarray:

@@ -6,7 +6,6 @@ labels as int64 [N].
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import pickle
@@ -19,16 +18,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from fedml_moon.data.file_error import DataFileError
+from fedml_moon.data.idx import IDX_DTYPES as IDX_DTYPES
+from fedml_moon.data.idx import read_idx
+from fedml_moon.data.idx import write_idx as write_idx
+
 logger = logging.getLogger(__name__)
-
-
-class DataFileError(ValueError):
-    """A data file exists but cannot be read (truncated, corrupt, another format). Names the file."""
-
-    def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path = Path(path)
-        self.problem = problem
 
 
 # What the unpickler of CIFAR batches may construct: numpy arrays and the containers around them.
@@ -61,7 +56,6 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
-IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 MNIST_FILES = (
     "train-images-idx3-ubyte",
     "train-labels-idx1-ubyte",
@@ -72,40 +66,6 @@ MNIST_SUBDIRS = ("", "raw", "FashionMNIST/raw", "MNIST/raw")
 TINY_IMAGENET_DIR = "tiny-imagenet-200"
 TINY_IMAGENET_CACHE = "tiny-imagenet-200-uint8.npz"
 TINY_SIDE = 64
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """Write uint8 `array` as an IDX file (what `read_idx` reads: Fashion-MNIST's format)."""
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">i4").tobytes()
-    Path(path).write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
-
-
-def read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (plain or gzip, told apart by the 1f 8b magic bytes) into an array.
-
-    The header is two zero bytes, a dtype code (0x08 uint8, ...), the number of dimensions and one
-    big-endian int32 per dimension; the data follow in C order. uint8 data come back as uint8.
-    """
-    raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as err:
-            raise DataFileError(path, f"the gzip stream is truncated or corrupt ({err})") from None
-    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in IDX_DTYPES:
-        raise DataFileError(path, f"not an IDX file (header {raw[:4].hex()})")
-    ndim = raw[3]
-    if len(raw) < 4 + 4 * ndim:
-        raise DataFileError(path, f"truncated IDX header ({len(raw)} bytes)")
-    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
-    dtype = np.dtype(IDX_DTYPES[raw[2]])
-    offset = 4 + 4 * ndim
-    count = int(np.prod(dims)) if dims else 1
-    if len(raw) - offset != count * dtype.itemsize:
-        found = len(raw) - offset
-        raise DataFileError(path, f"header says {dims} x {dtype.itemsize} bytes, found {found} (truncated?)")
-    data = np.frombuffer(raw, dtype=dtype, count=count, offset=offset)
-    return data.astype(dtype.newbyteorder("="), copy=True).reshape(dims)
 
 
 def _find_mnist_dir(root: Path, subdirs: Sequence[str]) -> dict[str, Path]:

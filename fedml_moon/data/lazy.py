@@ -18,6 +18,8 @@ from typing import Protocol
 
 import torch
 
+from fedml_moon.core.parts import Positions
+
 
 class PartyLoader(Protocol):
     """What the mapping makes: a loader with its own random generator (`data.loader.PartyLoader`)."""
@@ -35,7 +37,7 @@ class PartyLoaders(Mapping[int, PartyLoader]):
     def __init__(self, ids: Sequence[int], make: Callable[[int, int], PartyLoader], keep: int = KEEP) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
-        self._position = {int(p): i for i, p in enumerate(ids)}
+        self._position = Positions(ids)  # party -> its position in `ids` (no dict of every party)
         self._make, self._keep = make, keep
         self._made: OrderedDict[int, PartyLoader] = OrderedDict()
         self._streams: dict[int, torch.Tensor] = {}  # parties let go of after their stream moved
@@ -46,9 +48,10 @@ class PartyLoaders(Mapping[int, PartyLoader]):
         if party in self._made:
             self._made.move_to_end(party)
             return self._made[party]
-        if party not in self._position:
+        position = self._position.row(party)
+        if position is None:
             raise KeyError(party)
-        loader = self._make(self._position[party], party)
+        loader = self._make(position, party)
         if party in self._streams:
             loader.generator.set_state(self._streams[party])
         self._fresh[party] = loader.generator.get_state()
@@ -70,14 +73,14 @@ class PartyLoaders(Mapping[int, PartyLoader]):
         self._streams.pop(party, None)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._position)
+        return iter(self._position.parties.tolist())
 
     def __len__(self) -> int:
         return len(self._position)
 
     def __contains__(self, party: object) -> bool:
         try:
-            return int(party) in self._position  # type: ignore[call-overload]
+            return self._position.row(int(party)) is not None  # type: ignore[call-overload]
         except (TypeError, ValueError):
             return False
 

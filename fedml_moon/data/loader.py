@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from fedml_moon.core.parts import Sizes, sizes_of
 from fedml_moon.data import lazy
 from fedml_moon.data.augment import Draw, apply, draw, join
 from fedml_moon.data.holdings import Holdings
@@ -246,14 +247,20 @@ def build_fedml_dataset(
         assert test_parts is not None
         return PartyLoader(data.x_test, data.y_test, test_parts[i], eval_batch_size, party_id=pid, **norm)
 
-    num_dict = {pid: len(part) for pid, part in zip(ids, train_parts, strict=True)}
+    if len(ids) != len(train_parts):
+        raise ValueError(f"{len(ids)} party ids for {len(train_parts)} train parts")
+    sizes = sizes_of(train_parts)
+    num_dict = Sizes(ids, sizes)  # party -> its training samples (no dict entry per party)
     train_local: Mapping[int, PartyLoader] = lazy.PartyLoaders(ids, train_loader, keep)
     if test_parts is None:
         test_local: Mapping[int, PartyLoader] = dict.fromkeys(ids, test_global)
     else:
         test_local = lazy.PartyLoaders(ids, test_loader, keep)
-    sizes = list(num_dict.values())
-    shown = sizes if len(sizes) <= 100 else f"from {min(sizes)} to {max(sizes)} (partition.json has each)"
+    shown = (
+        sizes.tolist()
+        if len(sizes) <= 100
+        else f"from {sizes.min()} to {sizes.max()} (partition.json has each)"
+    )
     logger.info("%d parties, local train sizes %s", len(train_parts), shown)
     return FedMLDataset(
         n_train, n_test, train_global, test_global, num_dict, train_local, test_local, data.num_classes

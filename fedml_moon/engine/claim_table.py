@@ -16,28 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedml_moon.core.parts import Positions
+
 FIELDS = ("samples", "test_samples", "classes")
-
-
-class _Positions:
-    """Party id -> row: the row itself where the parties are 0..n-1, else a search of the sorted ids."""
-
-    def __init__(self, parties: np.ndarray) -> None:
-        self.parties = np.asarray(parties, dtype=np.int64)
-        if np.any(np.diff(self.parties) <= 0):
-            raise ValueError("parties must be distinct and ascending")
-        self.dense = bool(len(self.parties) == 0 or self.parties[-1] == len(self.parties) - 1)
-
-    def row(self, party: object) -> int | None:
-        try:
-            p = int(party)  # type: ignore[call-overload]
-        except (TypeError, ValueError):
-            return None
-        n = len(self.parties)
-        if self.dense:
-            return p if 0 <= p < n else None
-        i = int(np.searchsorted(self.parties, p))
-        return i if i < n and self.parties[i] == p else None
 
 
 class ClaimTable(Mapping[int, dict[str, Any]]):
@@ -46,7 +27,7 @@ class ClaimTable(Mapping[int, dict[str, Any]]):
     def __init__(
         self, parties: np.ndarray, samples: np.ndarray, test_samples: np.ndarray, classes: np.ndarray | None
     ) -> None:
-        self._at = _Positions(parties)
+        self._at = Positions(parties)
         self.parties = self._at.parties
         self.samples = np.asarray(samples, dtype=np.int64)
         self.test_samples = np.asarray(test_samples, dtype=np.int64)
@@ -157,14 +138,10 @@ class Column(Mapping[int, Any]):
 
 
 class Rows(Mapping[int, list[int]]):
-    """party -> its row of `table` [n, C] as a list of ints (the parties' ids `parties`, ascending)."""
+    """party -> its row of `table` [n, C] as a list of ints (row i is party ``parties[i]``'s)."""
 
     def __init__(self, parties: Any, table: np.ndarray) -> None:
-        order = np.argsort(np.asarray(parties, dtype=np.int64), kind="stable")
-        self._at, self.table = (
-            _Positions(np.asarray(parties, dtype=np.int64)[order]),
-            np.asarray(table)[order],
-        )
+        self._at, self.table = Positions(parties), np.asarray(table)
 
     def __getitem__(self, party: int) -> list[int]:
         row = self._at.row(party)

@@ -20,6 +20,7 @@ from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.deploy import _resume_server, placement, shared_config
 from fedml_moon.distributed.server_manager import PluginServerManager
 from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
+from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
 from fedml_moon.engine.resume import flat_config
 
 pytestmark = pytest.mark.skipif(
@@ -195,3 +196,31 @@ def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_cha
     _results(manager, wire, 1)
     record = manager.rounds.recorder.records[0]
     assert "missing_parties" not in record and record["parties"] == 3
+
+
+def test_each_phase_lets_the_ranks_it_waits_for_send_one_large_frame_and_the_spare(tmp_path):
+    """The server tells its transport at each phase which ranks owe it a message: each of those may
+    send one frame over SMALL_FRAME_BYTES and SPARE_FRAMES more until the next phase, a rank it
+    waits for nothing from the spare only, a rank whose work goes out again as much again
+    (transport/budget.py refuses the rest undecoded)."""
+    manager, wire = _server(tmp_path, "validation_args.local_test=true", "comm_args.min_reports=1")
+
+    def allowance(rank: int) -> int:
+        n = 0
+        while n < 100 and wire.budget.take(rank, SMALL_FRAME_BYTES + 1):
+            n += 1
+        return n
+
+    assert manager.phase == "train" and manager.round_idx == 0
+    assert [allowance(r) for r in (1, 2, 3)] == [1 + SPARE_FRAMES] * 3
+    _results(manager, wire, 1)
+    assert allowance(1) == 0  # still the same phase: nothing more
+    _from(manager, 2, m.BYE)
+    _from(manager, 3, m.ERROR, reason="gone")
+    _from(manager, 0, m.TICK)  # round 0 goes on without them; its evaluation waits for rank 1 only
+    assert manager.phase == "eval" and manager.pending == {1}
+    assert [allowance(r) for r in (1, 2, 3)] == [1 + SPARE_FRAMES, SPARE_FRAMES, SPARE_FRAMES]
+    manager.welcomed_at.clear()  # rank 1 restarted: its work goes out again, and its allowance with it
+    hello = {"config": manager.config, "explicit": [], "fresh_parties": [], "parties": [0]}
+    _from(manager, 1, m.HELLO, process="p1-again", **hello)
+    assert allowance(1) == 1 + SPARE_FRAMES and allowance(2) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
 import threading
 import time
@@ -22,6 +23,7 @@ from fedml_moon import conformance
 from fedml_moon.config import ConfigError, load_config
 from fedml_moon.distributed.refusals import RefusalLog
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes
+from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
 from fedml_moon.distributed.transport.grpc_common import BUSY_HEADER, peer_host
 from fedml_moon.distributed.transport.grpc_transport import (
     SERVICE,
@@ -516,3 +518,59 @@ def test_a_sender_with_its_16_messages_waiting_is_refused_before_its_request_is_
     with pytest.raises(grpc.RpcError) as refused:
         stream(n.blocked(), metadata=n.metadata(1), timeout=CUT_S + 5)
     assert _busy(refused.value) and "16 messages" in refused.value.details(), refused.value
+
+
+def test_large_frames_past_a_ranks_phase_allowance_are_refused_undecoded_and_counted(net):
+    """Invariant: in a phase, the server decodes at most what a rank owes and SPARE_FRAMES more of its
+    frames over SMALL_FRAME_BYTES, whatever they hold; the rest are refused busy before decoding
+    (garbage is refused as busy, not as "not a message") and counted, while its small frames, the
+    other ranks' frames and, in the next phase, its own are taken. An honest silo's transport
+    retries such a refusal and its frame is taken once a phase expects it."""
+    n = net("token")
+    server, inbox = n.server()
+    server.expect({3: 1})  # rank 3 owes one upload; ranks 1 and 2 nothing
+    big = SMALL_FRAME_BYTES + 1
+    send = n.channel(server.address, 3).unary_unary(f"/{SERVICE}/Send")
+
+    def call(frame: bytes) -> str:
+        try:
+            send(frame, metadata=n.metadata(3), timeout=10)
+            return "OK"
+        except grpc.RpcError as err:
+            return f"busy: {err.details()}" if _busy(err) else f"{err.code().name}: {err.details()}"
+
+    allowed = 1 + SPARE_FRAMES
+    answers = [call(message_bytes(_msg("result", 3, i=i, pad="x" * big))) for i in range(allowed)]
+    assert answers == ["OK"] * allowed
+    hostile = [
+        message_bytes(_msg("result", 3, pad="x" * big)),  # one more honest-looking upload
+        message_bytes(_msg("result", 1, pad="y" * (3 << 20))),  # another rank's, 3 MB
+        os.urandom(big),  # not a message at all
+        b"\x00" * (5 << 20),
+    ]
+    for frame in hostile:
+        answer = call(frame)
+        assert answer.startswith("busy: a frame of") and "current phase takes" in answer, answer
+    assert server.frames[(3, "undecoded")] == len(hostile) and server.frames[(3, "decoded")] == allowed
+    assert call(message_bytes(_msg("heartbeat", 3))) == "OK" and call(message_bytes(_msg("bye", 3))) == "OK"
+    other = n.channel(server.address, 2).unary_unary(f"/{SERVICE}/Send")
+    for i in range(SPARE_FRAMES):  # a rank that owes nothing: its spare frames
+        other(message_bytes(_msg("ready", 2, i=i, pad="z" * big)), metadata=n.metadata(2), timeout=10)
+    silo, _ = n.silo(1, server.address)
+    for i in range(SPARE_FRAMES):
+        silo.send_message(_msg("hello", 1, i=i, pad="h" * big))
+    late = threading.Thread(target=silo.send_message, args=(_msg("result", 1, pad="r" * big),), daemon=True)
+    late.start()  # past rank 1's allowance: refused busy, and sent again by the silo's transport
+    assert _wait_until(lambda: server.frames[(1, "undecoded")] >= 1) and late.is_alive()
+    server.expect({1: 1, 3: 1})  # the next phase
+    late.join(timeout=10)
+    assert not late.is_alive() and call(message_bytes(_msg("result", 3, round=1, pad="x" * big))) == "OK"
+    assert inbox.wait(allowed + 2 + 2 * SPARE_FRAMES + 2)
+    got = [(m.get_sender_id(), m.get_type(), m.get("round")) for m in inbox.got]
+    assert [g for g in got if g[0] == 3] == [(3, "result", None)] * allowed + [
+        (3, "heartbeat", None),
+        (3, "bye", None),
+        (3, "result", 1),
+    ]
+    assert [g[1] for g in got if g[0] == 1] == ["hello"] * SPARE_FRAMES + ["result"]
+    assert server.frames[(3, "unread")] == 0 and server.frames[(2, "undecoded")] == 0

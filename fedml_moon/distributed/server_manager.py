@@ -87,6 +87,7 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         self.resume_from = start_round - 1 if start_round > 0 else None
         self.seen: set[int] = set()
         self.round_idx, self.pending, self.phase = -1, set(), "hello"
+        transport.expect(dict.fromkeys(workers, 2))  # each owes its HELLO and READY (transport/budget.py)
         self.results: dict[int, Any] = {}
         self.reports: dict[int, Any] = {}
         self.new_reports: dict[int, Any] = {}  # the new test's counts (federated, personalised)
@@ -194,7 +195,10 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         self.send(msg_type, rank, **params)
 
     def _phase(self, phase: str, pending: set[int]) -> None:
+        """Wait for `pending`, each owing one message: past it (and a spare) a rank's large frames are
+        refused undecoded until the next phase (transport/budget.py)."""
         self.status_phase(phase)
+        self._transport.expect(dict.fromkeys(pending, 1))
         self.phase, self.pending = phase, set(pending)
         self.phase_started = self.last_wait_log = time.monotonic()
         self.publish_status(force=True)
@@ -276,6 +280,7 @@ class PluginServerManager(ReadyPhase, RoundPhases, SecureEvaluation, SecureServe
         if rank not in self.pending or rank not in self.assigned or key in self.resent:
             return
         self.resent.add(key)
+        self._transport.expect_more(rank)  # its answer again, and a restarted silo's HELLO and READY
         msg_type, params = self.assigned[rank]
         log.info(
             "rank %d restarted during the %s phase of round %d; sent its work again",

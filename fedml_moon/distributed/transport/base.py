@@ -1,6 +1,7 @@
 """What every transport shares: Message <-> bytes, and a receive queue the main thread blocks on.
 
-What waits in the queue is counted per sender and bounded (`inflight`); refusals are logged in
+What waits in the queue is counted per sender and bounded (`inflight`), and so are the large frames a
+sender may have decoded in each phase of the run (`budget`); refusals are logged in
 bounded size and rate-limited per source (`fedml_moon.distributed.refusals.RefusalLog`), with a
 summary of what was only counted once its window closes.
 """
@@ -19,6 +20,7 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.core.codec import CodecError, decode, encode
 from fedml_moon.distributed.refusals import RefusalLog
+from fedml_moon.distributed.transport.budget import FrameBudget
 from fedml_moon.distributed.transport.inflight import OWN, QUEUED, REFUSED, InFlight, Waiting, coalesced_kind
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,10 @@ class QueueTransport(BaseCommunicationManager):
         self._observers: list[Any] = []
         self._inbox: queue.Queue = queue.Queue()
         self.inflight = InFlight(max_frame_bytes)
+        self.budget = FrameBudget()
+        # (rank, "decoded" | "undecoded" | "unread"): its frames decoded, refused before decoding,
+        # refused before being read (COUNTED_RANKS ranks at most)
+        self.frames: Counter = Counter()
         self.refusals = refusals or RefusalLog(log)
         self._flusher: threading.Timer | None = None
         self._flusher_lock = threading.Lock()
@@ -105,6 +111,29 @@ class QueueTransport(BaseCommunicationManager):
         except TransportError:
             return False
         return True
+
+    def expect(self, owed: dict[int, int]) -> None:
+        """A new phase of the run: rank r may send `owed[r]` large frames (and a few more) until the
+        next; past them its large frames are refused before they are decoded (`budget`)."""
+        self.budget.expect(owed)
+
+    def expect_more(self, rank: int) -> None:
+        """`rank` owes one more message in this phase (its work went out again): its allowance grows."""
+        self.budget.grant(rank)
+
+    def within_budget(self, sender: int, size: int, source: str) -> bool:
+        """Whether a frame of `size` bytes from `sender` fits its phase's allowance; when it does not,
+        the refusal is logged (bounded) and counted, the frame not decoded."""
+        if self.budget.take(sender, size):
+            return True
+        self.count_frame(sender, "undecoded")
+        what = f"rank {self.rank} refused {self.budget.describe(sender, size)}, from {source}"
+        self.refuse(source, what, "frames beyond the phase")
+        return False
+
+    def count_frame(self, sender: Any, what: str) -> None:
+        """Count a frame of `sender`: "decoded", refused "undecoded" or "unread"."""
+        self._count(self.frames, (sender, what), 1)
 
     def deliver(self, data: bytes, source: str = "a peer") -> str:
         """Decode received bytes and queue the message (QUEUED, COALESCED or REFUSED); malformed

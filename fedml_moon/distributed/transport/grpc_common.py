@@ -41,11 +41,14 @@ class GrpcSecurity:
 class Refused(Exception):
     """A call the server does not accept: `code` and the reason go to the caller and (bounded) to the
     log; `kind` is the short reason refusals are counted under; `busy` marks one the caller may
-    retry (its rank's slots or in-flight bound were full)."""
+    retry (its rank's slots or in-flight bound were full); `frame` is what a refused Send's frame is
+    counted as: "unread", "undecoded", or "" (it was decoded, and counted so)."""
 
-    def __init__(self, code: grpc.StatusCode, reason: str, kind: str = "", busy: bool = False) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, reason: str, kind: str = "", busy: bool = False, frame: str = "unread"
+    ) -> None:
         super().__init__(reason)
-        self.code, self.kind, self.busy = code, kind or code.name, busy
+        self.code, self.kind, self.busy, self.frame = code, kind or code.name, busy, frame
 
 
 def busy(err: grpc.RpcError) -> bool:

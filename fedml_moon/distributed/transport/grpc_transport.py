@@ -22,7 +22,9 @@ its rank's slots is refused RESOURCE_EXHAUSTED before its request is read, and t
 every rank's slots plus a margin, so an honest silo always finds a thread. A call whose request
 message has not fully arrived `receive_timeout_s` after it started is cut by a watchdog. At most 16
 messages and 2 x the frame limit + 1 MiB of one silo wait for the main thread (`inflight`); a Send
-past that is refused RESOURCE_EXHAUSTED, which the silo retries with its back-off. With `auth: none`
+past that is refused RESOURCE_EXHAUSTED, which the silo retries with its back-off, as is a frame over
+256 KiB past what the silo's phase takes of them (`budget`), before it is decoded; the C heap keeps
+little of the frames read (`heap`). Reading and taking frames: `grpc_frames`. With `auth: none`
 (loopback development only) a caller has no identity before its request is read, so slots are kept
 per peer host with larger caps (2 x workers + 2 Sends, workers + 1 Subscribes). Refusals are logged
 bounded and rate-limited per rank or peer host (`RefusalLog`).
@@ -38,9 +40,8 @@ from typing import Any
 
 import grpc
 
-from fedml_moon.core.codec import CodecError
 from fedml_moon.distributed.refusals import RefusalLog, bounded
-from fedml_moon.distributed.transport.base import QueueTransport, message_bytes, message_from_bytes
+from fedml_moon.distributed.transport.base import QueueTransport, message_bytes
 from fedml_moon.distributed.transport.grpc_client import GrpcClientTransport
 from fedml_moon.distributed.transport.grpc_common import (
     BUSY_HEADER,
@@ -53,7 +54,9 @@ from fedml_moon.distributed.transport.grpc_common import (
     peer_host,
     token_rank,
 )
-from fedml_moon.distributed.transport.inflight import REFUSED, coalesced_kind
+from fedml_moon.distributed.transport.grpc_frames import FramesIn, _Ended
+from fedml_moon.distributed.transport.heap import HeapLimits
+from fedml_moon.distributed.transport.inflight import coalesced_kind
 from fedml_moon.distributed.transport.slots import Lease, Outbox, Slots, Watchdog, pool_size, slot_caps
 from fedml_moon.security import cert_cap, rank_of_common_name
 
@@ -69,11 +72,6 @@ __all__ = [
 ]
 log = logging.getLogger(__name__)
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class _Ended(Exception):
-    """The call was cut (by the watchdog, or a newer Subscribe of its caller) while its request was
-    read; it is already cancelled and logged."""
 
 
 class _TokenGate(grpc.ServerInterceptor):
@@ -102,7 +100,7 @@ class _TokenGate(grpc.ServerInterceptor):
         return grpc.stream_unary_rpc_method_handler(refuse)
 
 
-class GrpcServerTransport(QueueTransport):
+class GrpcServerTransport(FramesIn, QueueTransport):
     """Rank 0: serves Send (frames in) and Subscribe (one outgoing frame queue per silo rank)."""
 
     def __init__(
@@ -129,6 +127,7 @@ class GrpcServerTransport(QueueTransport):
         self.slots = Slots(*slot_caps(self.security.auth, workers))
         self.notices = RefusalLog(log, verb="noted")  # "rank r subscribed": a caller that churns is counted
         self.watchdog = Watchdog()
+        self.heap = HeapLimits(self.budget.small_bytes)  # what the C heap keeps of the frames read
         handlers = {
             "Send": grpc.stream_unary_rpc_method_handler(self._on_send),
             "Subscribe": grpc.stream_stream_rpc_method_handler(self._on_subscribe),
@@ -197,6 +196,8 @@ class GrpcServerTransport(QueueTransport):
         else:
             key, source = rank, f"rank {rank}"
         if not self.slots.allow(method, key):
+            if method == "Send" and rank is not None:
+                self.count_frame(rank, "unread")
             per_s, burst = self.slots.rates[method].per_s, self.slots.rates[method].burst
             raise Refused(
                 RESOURCE_EXHAUSTED,
@@ -213,34 +214,8 @@ class GrpcServerTransport(QueueTransport):
             context.set_trailing_metadata(((BUSY_HEADER, "1"),))
         context.abort(err.code, bounded(err, 300))
 
-    def _read(self, requests: Iterator[bytes], lease: Lease, source: str, method: str) -> bytes:
-        """The call's one request message; the call is cut if it has not arrived in time."""
-
-        def cut() -> None:
-            self.refuse(
-                source,
-                f"cut a {method} call from {source}: its request did not arrive within "
-                f"{self.receive_timeout_s:g} s (comm_args.receive_timeout_s)",
-                "request not in time",
-            )
-            lease.end("its request did not arrive in time")
-
-        handle = self.watchdog.arm(self.receive_timeout_s, cut)
-        try:
-            return next(requests)
-        except grpc.RpcError:  # the call ended while its request was read: gRPC ends it quietly
-            if lease.ended is not None:
-                raise _Ended() from None
-            raise
-        except StopIteration:
-            if lease.ended is not None:
-                raise _Ended() from None
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"a {method} call without a request") from None
-        finally:
-            self.watchdog.disarm(handle)
-
     def _on_send(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
-        source = peer_host(context.peer())
+        source, rank = peer_host(context.peer()), None
         try:
             key, source, rank = self._caller(context, "Send")
             lease = Lease(context)
@@ -253,44 +228,16 @@ class GrpcServerTransport(QueueTransport):
                 )
             try:
                 self._room(rank, 0)  # a rank with no room left is refused before its request is read
-                self._take(self._read(requests, lease, source, "Send"), rank)
+                self._read_and_take(requests, lease, source, rank)
             finally:
                 self.slots.free("Send", key, lease)
         except Refused as err:
+            if rank is not None and err.frame:
+                self.count_frame(rank, err.frame)
             self._refuse(context, err, source)
         except _Ended:
             pass
         return b""
-
-    def _room(self, rank: int | None, size: int) -> None:
-        """Refused (busy) when `rank` has no room for `size` more bytes waiting (0: for any message)."""
-        if rank is not None and not self.inflight.room(rank, size):
-            raise Refused(
-                RESOURCE_EXHAUSTED, self.inflight.describe(rank), "too many messages waiting", busy=True
-            )
-
-    def _take(self, data: bytes, rank: int | None) -> None:
-        """Queue the message in `data` from a caller authenticated as `rank`; Refused if it is not a
-        message of that rank to the server, or its rank is over its in-flight bound (by its size
-        before it is decoded, and again as it is queued)."""
-        self._room(rank, len(data))
-        try:
-            msg = message_from_bytes(data)
-        except CodecError as err:
-            raise Refused(
-                grpc.StatusCode.INVALID_ARGUMENT, f"not a message ({len(data)} bytes): {err}"
-            ) from None
-        sender = msg.get_sender_id()
-        if (rank is not None and sender != rank) or sender not in self.ranks or msg.get_receiver_id() != 0:
-            raise Refused(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"a message from rank {sender} to rank {msg.get_receiver_id()} sent by rank {rank}",
-            )
-        if self.admit(msg, len(data)) == REFUSED:
-            raise Refused(
-                RESOURCE_EXHAUSTED, self.inflight.describe(sender), "too many messages waiting", busy=True
-            )
-        self.bytes_received += len(data)
 
     def _on_subscribe(self, requests: Iterator[bytes], context: grpc.ServicerContext):
         source = peer_host(context.peer())

@@ -131,6 +131,8 @@ class MqttS3Transport(QueueTransport):
         sender, source = int(topic_sender), f"rank {topic_sender}"
         entry = Waiting(None, sender, None, len(payload))
         if not payload.startswith(S3_REF):
+            if len(payload) <= self.max_frame_bytes and not self.within_budget(sender, len(payload), source):
+                return
             entry.msg = self._message(sender, payload, source)
             if entry.msg is None:
                 return
@@ -153,6 +155,7 @@ class MqttS3Transport(QueueTransport):
             self.refuse(source, what, "frame too large")
             return None
         self.bytes_received += len(payload)
+        self.count_frame(sender, "decoded")
         try:
             msg = message_from_bytes(payload)
         except CodecError as err:
@@ -220,7 +223,10 @@ class MqttS3Transport(QueueTransport):
 
     def _room(self, entry: Waiting, size: int, where: str) -> bool:
         """Count an S3 object of `size` bytes against its sender; False (logged) when it is over the
-        frame limit or the sender's in-flight bound."""
+        frame limit, the sender's in-flight bound or the large frames its phase takes."""
+        source = f"rank {entry.sender}"
+        if size <= self.max_frame_bytes and not self.within_budget(entry.sender, size, source):
+            return False
         if size <= self.max_frame_bytes and self.inflight.grow(entry.sender, size):
             entry.size += size
             return True

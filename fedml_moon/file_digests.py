@@ -6,6 +6,7 @@ that another file under the same path is refused like any other changed setting.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,27 @@ def file_sha256(path: str | Path) -> str:
     return _CACHE[key]
 
 
+def partition_sha256(path: str | Path) -> str:
+    """A partition file's digest: its `partition.json`, and the arrays file that it names beside it
+    (`data.partition_file`), if any: another partition under the same paths differs in one of them."""
+    digest = file_sha256(path)
+    try:
+        arrays = json.loads(Path(path).expanduser().read_text()).get("arrays")
+    except (OSError, ValueError, AttributeError):
+        return digest  # not the run's to judge here: reading the partition says what is wrong
+    beside = Path(path).expanduser().parent / str(arrays) if isinstance(arrays, str) else None
+    if beside is None or not beside.is_file():
+        return digest
+    return hashlib.sha256(f"{digest}:{file_sha256(beside)}".encode()).hexdigest()
+
+
 def file_digests(flat: dict[str, Any]) -> dict[str, str]:
     """The digest of each file that the dotted settings `flat` name (and that exists), by digest key."""
     out = {}
     for setting, key in FILES.items():
         path = flat.get(setting)
         if path and Path(path).expanduser().is_file():
-            out[key] = file_sha256(path)
+            out[key] = partition_sha256(path) if setting == "data_args.partition_path" else file_sha256(path)
     return out
 
 

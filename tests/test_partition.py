@@ -13,6 +13,7 @@ from fedml_moon.core.partition import (
     partition_counts,
     shard_partition,
 )
+from fedml_moon.core.parts import Parts, Positions, Sizes, sizes_of
 from fedml_moon.data.plot import format_partition_table, save_partition_heatmap
 
 
@@ -99,6 +100,52 @@ def test_iid_partition() -> None:
     assert all(np.array_equal(p, q) for p, q in zip(parts, iid_partition(103, 10, seed=0), strict=True))
     with pytest.raises(PartitionError):
         iid_partition(3, 4, seed=0)
+
+
+def test_the_iid_split_is_the_array_split_of_earlier_versions_held_as_one_flat_array() -> None:
+    """The same parties as `np.array_split` of the seeded permutation (so runs are the runs they were),
+    held as one array and offsets: a party's indices are a view of it, its size an offset difference."""
+    for n, k in ((103, 10), (10, 10), (1_000, 7), (5, 1)):
+        parts = iid_partition(n, k, seed=3)
+        perm = np.random.default_rng(3).permutation(n)
+        expected = np.array_split(perm, k)
+        assert isinstance(parts, Parts) and len(parts) == k and parts.flat.base is None
+        assert [p.tolist() for p in parts] == [p.tolist() for p in expected]
+        assert parts.sizes.tolist() == [len(p) for p in expected] and parts[-1].base is parts.flat
+        assert [p.tolist() for p in parts[1:3]] == [p.tolist() for p in expected[1:3]]
+        y = _labels(n_per_class=n // 10 + 1)[:n]
+        assert partition_counts(y, parts, 10).tolist() == partition_counts(y, list(expected), 10).tolist()
+    with pytest.raises(IndexError):
+        iid_partition(103, 10, seed=0)[10]
+
+
+@pytest.mark.parametrize(
+    ("flat", "offsets"),
+    [([0, 1, 2], [0, 2]), ([0, 1], [1, 2]), ([0, 1, 2], [0, 2, 1, 3]), ([[0, 1]], [0, 2]), ([0], [])],
+)
+def test_parts_whose_offsets_do_not_cover_the_array_are_refused(flat, offsets) -> None:
+    with pytest.raises(ValueError, match="offsets"):
+        Parts(np.asarray(flat), np.asarray(offsets))
+
+
+def test_parts_of_arrays_and_back() -> None:
+    arrays = [np.array([5, 1]), np.array([], dtype=np.int64), np.array([7])]
+    parts = Parts.of(arrays)
+    assert parts.offsets.tolist() == [0, 2, 2, 3] and parts.owners().tolist() == [0, 0, 2]
+    assert [p.tolist() for p in parts] == [[5, 1], [], [7]] and Parts.of(parts) is parts
+    assert sizes_of(arrays).tolist() == sizes_of(parts).tolist() == [2, 0, 1]
+    assert len(Parts.of([])) == 0
+
+
+def test_positions_find_a_party_by_id_dense_or_not() -> None:
+    """The id is the row where the parties are 0..n-1; other ids (a silo's, in any order) by search."""
+    dense, sparse = Positions(range(4)), Positions([9, 3, 7])
+    assert dense.dense and [dense.row(p) for p in (0, 3, 4, -1, "x")] == [0, 3, None, None, None]
+    assert not sparse.dense and [sparse.row(p) for p in (9, 3, 7, 8, 0)] == [0, 1, 2, None, None]
+    sizes = Sizes([9, 3, 7], np.array([1, 2, 3]))
+    assert dict(sizes) == {9: 1, 3: 2, 7: 3} and 8 not in sizes and sizes.get(8) is None
+    with pytest.raises(ValueError, match="distinct"):
+        Positions([1, 1])
 
 
 def test_shard_partition_classes_and_cover() -> None:

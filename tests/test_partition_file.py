@@ -6,6 +6,7 @@ through the real command line, before anything is written."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from fedml_moon.config import load_config
 from fedml_moon.config_schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
-from fedml_moon.data.partition_file import load_partition_file
+from fedml_moon.data.partition_file import load_partition_file, write_partition
 from tests.helpers import restored_main
 
 pytestmark = pytest.mark.skipif(
@@ -53,6 +54,11 @@ def test_a_run_on_a_written_partition_ends_with_the_same_model(config, overrides
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     first = _run(tmp_path, "first", config, overrides)
     written = _partition(first)
+    head = json.loads((first / "partition.json").read_text())  # what it is of; the indices are columns
+    assert head["arrays"] == "partition.npz" and not {"train", "test", "counts"} & set(head)
+    with np.load(first / "partition.npz", allow_pickle=False) as npz:
+        assert set(npz.files) == {"train_indices", "train_offsets", "test_indices", "test_offsets", "counts"}
+        assert npz["train_offsets"].tolist() == [0, *np.cumsum([len(p) for p in written["train"]]).tolist()]
     assert written["n_train"] == 400 and written["n_test"] == 200 and len(written["train"]) == 3
     assert sorted(i for part in written["train"] for i in part) == list(range(400))  # disjoint, whole
     valid = ["data_args.shards_per_client=10"] if config == "lg" else []  # 3 parties cut 10 classes
@@ -153,3 +159,106 @@ def test_overlapping_training_samples_are_named_in_the_log(tmp_path, caplog):
     train, _ = partition(args, data, 3, 0)
     assert [len(p) for p in train] == [2, 2, 2] and np.concatenate(train).tolist() == [0, 1, 1, 2, 2, 3]
     assert "2 training samples are held by more than one party" in caplog.text
+
+
+def test_a_partition_json_of_the_earlier_form_reads_as_the_columns_it_became(tmp_path):
+    """`partition_path` takes the single-JSON form of earlier versions: the same arrays as the
+    columnar form of the same partition."""
+    cfg = load_config(CONFIGS / "fedavg.yaml", TINY)
+    data = load_data(cfg.data_args, 0)
+    train, test = partition(cfg.data_args, data, 3, 0)
+    counts = np.ones((3, 10), dtype=np.int64)
+    write_partition(tmp_path, data, train, test, counts)
+    old = {**GOOD, "train": [p.tolist() for p in train], "test": [p.tolist() for p in test]}
+    (tmp_path / "old.json").write_text(json.dumps({**old, "counts": counts.tolist()}))
+    for name in ("partition.json", "old.json"):
+        args = load_config(
+            CONFIGS / "fedavg.yaml", [*TINY, FILE, f"data_args.partition_path={tmp_path / name}"]
+        )
+        got_train, got_test = partition(args.data_args, data, 3, 0)
+        assert [p.tolist() for p in got_train] == old["train"] and [p.tolist() for p in got_test] == old[
+            "test"
+        ]
+        assert load_partition_file(tmp_path / name).counts.tolist() == counts.tolist()
+
+
+def _columns(**change: object) -> dict:
+    """Three parties' columns (train 0-1, 2-3, 4-5; test 0, 1, 2), with `change` applied."""
+    good = {
+        "train_indices": np.arange(6),
+        "train_offsets": np.array([0, 2, 4, 6]),
+        "test_indices": np.arange(3),
+        "test_offsets": np.array([0, 1, 2, 3]),
+    }
+    return {k: v for k, v in {**good, **change}.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    ("head", "columns", "named"),
+    [
+        ({}, _columns(), None),  # the good one: read
+        ({"arrays": "../partition.npz"}, _columns(), "arrays must name a file beside it"),
+        ({"arrays": "gone.npz"}, _columns(), "which does not exist; keep the two files together"),
+        ({}, b"not a zip", "is not a numpy .npz archive"),
+        ({}, _columns(test_offsets=None), "lacks test_offsets"),
+        ({}, _columns(train_offsets=np.array([0, 2, 4, 5])), "train_offsets: offsets must rise from 0"),
+        ({}, _columns(train_offsets=np.array([0, 4, 2, 6])), "train_offsets: offsets must rise from 0"),
+        ({}, _columns(train_offsets=np.array([1, 2, 4, 6])), "train_offsets: offsets must rise from 0"),
+        ({}, _columns(train_indices=np.arange(6.0)), "train_indices must be a 1-D integer array"),
+        ({}, _columns(train_indices=np.zeros((3, 2), int)), "train_indices must be a 1-D integer array"),
+        ({}, _columns(test_indices=np.array([True, False, True])), "test_indices must be a 1-D integer"),
+        ({}, _columns(train_indices=np.array([0, 1, 2, 3, 4, 400])), "party 2's train index 400 is outside"),
+        ({}, _columns(test_indices=np.array([0, -1, 2])), "party 1's test index -1 is outside"),
+        (
+            {},
+            _columns(train_indices=np.array([0, 1, 2, 2, 4, 5])),
+            "party 1's train indices name a sample twice",
+        ),
+        ({}, _columns(train_offsets=np.array([0, 2, 2, 6])), "party 1 has no training sample"),
+        ({}, _columns(test_offsets=np.array([0, 1, 3])), "holds 3 parties' train indices but 2"),
+        ({}, _columns(train_offsets=np.array([0, 3, 6]), test_offsets=np.array([0, 1, 3])), "total: 2"),
+        ({"n_test": 100}, _columns(), "n_test 100"),
+        ({"party_ids": [1]}, _columns(), "one silo's partition"),
+    ],
+)
+def test_a_columnar_partition_that_does_not_fit_is_refused_naming_it(head, columns, named, tmp_path):
+    """The columns are checked whole-array with the JSON form's messages: the party and index named."""
+    cfg = load_config(CONFIGS / "fedavg.yaml", TINY)
+    data = load_data(cfg.data_args, 0)
+    if isinstance(columns, bytes):
+        (tmp_path / "partition.npz").write_bytes(columns)
+    else:
+        np.savez(tmp_path / "partition.npz", **columns)
+    path = tmp_path / "partition.json"
+    path.write_text(json.dumps({**GOOD, "arrays": "partition.npz", **head}))
+    args = load_config(CONFIGS / "fedavg.yaml", [*TINY, FILE, f"data_args.partition_path={path}"]).data_args
+    if named is None:
+        train, test = partition(args, data, 3, 0)
+        assert [p.tolist() for p in train] == [[0, 1], [2, 3], [4, 5]] and len(test) == 3
+        return
+    with pytest.raises(ConfigError, match=re.escape(named)) as refused:
+        partition(args, data, 3, 0)
+    said = str(refused.value)
+    assert (
+        said.startswith(("data_args.partition_path", "train_args.client_num_in_total")) and "\n" not in said
+    )
+
+
+def test_an_archive_of_objects_is_refused_without_unpickling_it(tmp_path):
+    """A pickled object in the archive would run code when loaded: it is never loaded."""
+    ran = tmp_path / "ran"
+    np.savez(tmp_path / "partition.npz", **_columns(train_indices=np.array([_Boom(ran)] * 6, dtype=object)))
+    (tmp_path / "partition.json").write_text(json.dumps({**GOOD, "arrays": "partition.npz"}))
+    with pytest.raises(ConfigError, match="is not a numpy .npz archive .*allow_pickle"):
+        load_partition_file(tmp_path / "partition.json")
+    assert not ran.exists()
+
+
+class _Boom:
+    """Pickles as a call that writes `path`: what a doctored archive could run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.write_text, (self.path, "ran"))

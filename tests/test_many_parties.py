@@ -152,6 +152,16 @@ def test_a_run_of_20000_parties_completes_and_checkpoints_the_parties_that_train
     parties = checkpoint_parties(run.out_dir)
     sampled = {p for r in sample_schedule(20_000, 3, 3, 0) for p in r}
     assert parties == sampled
+    # every party that exists is a few numbers in columns, not an object: the partition's indices and
+    # the server's claims (in its checkpoint too)
+    assert (run.out_dir / "partition.json").stat().st_size < 1_000
+    with np.load(run.out_dir / "partition.npz", allow_pickle=False) as npz:
+        assert npz["train_offsets"].shape == (20_001,) and npz["counts"].shape == (20_000, 10)
+    from fedml_moon.core.checkpoint import latest, read_checkpoint
+
+    root = run.out_dir / "checkpoint"
+    claims = read_checkpoint(root, latest(root), ("server",))["server"]["claims"]
+    assert set(claims) == {"table"} and claims["table"]["samples"].tolist() == [3] * 20_000
 
 
 def checkpoint_parties(out: Path) -> set[int]:

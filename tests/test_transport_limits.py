@@ -23,7 +23,7 @@ from fedml_moon import conformance
 from fedml_moon.config import ConfigError, load_config
 from fedml_moon.distributed.refusals import RefusalLog
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes
-from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
+from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES, FrameBudget
 from fedml_moon.distributed.transport.grpc_common import BUSY_HEADER, peer_host
 from fedml_moon.distributed.transport.grpc_transport import (
     SERVICE,
@@ -398,6 +398,14 @@ def test_mqtt_a_sender_over_its_bound_is_dropped_with_a_bounded_log(tmp_path, mo
             time.sleep(0.3)
             assert [m.get("i") for m in inbox.got if m.get_sender_id() == 1] == list(range(MAX_MESSAGES))
             assert [m.get_type() for m in inbox.got if m.get_sender_id() == 2] == ["heartbeat", "result"]
+            server.budget = FrameBudget(spare=0)  # a phase in which rank 2 owes one large frame
+            server.expect({2: 1})
+            for i in range(3):  # through S3: the two past its allowance are deleted unread, undecoded
+                silos[1].send_message(_msg("result", 2, i=i, pad="p" * (SMALL_FRAME_BYTES + 1)))
+            assert _wait_until(lambda: server.frames[(2, "undecoded")] == 2)
+            assert inbox.wait(MAX_MESSAGES + 3)
+            assert [m.get("i") for m in inbox.got if m.get_sender_id() == 2] == [None, None, 0]
+            assert _wait_until(lambda: server.s3.list_objects_v2(Bucket="limits")["KeyCount"] == 0)
         finally:
             for t in (server, *silos):
                 t.stop_receive_message()

@@ -17,7 +17,7 @@ main thread, decoded, refused before decoding, refused before being read. Last l
 (`peak_growth_mb`: the flood's highest quarter, the figure the security page gives.)
 
 Run: .venv/bin/python benchmarks/server_memory.py [--connections 64] [--seconds 40] [--token wrong]
-[--phase-s 5] [--window-kb 1024] [--no-baseline]
+[--phase-s 5] [--window-kb 1024] [--no-baseline] [--reconnect]
 """
 
 from __future__ import annotations
@@ -90,10 +90,11 @@ def serve(certs: Path, port: int, window_kb: int) -> None:
 
 
 def attack(
-    certs: Path, port: int, connections: int, stop: threading.Event, token: str
+    certs: Path, port: int, connections: int, stop: threading.Event, token: str, reconnect: bool = False
 ) -> tuple[Counter, list[threading.Thread]]:
-    """`connections` threads, each on its own connection, sending 7 MB messages as rank 3 until
-    `stop`: the counts of calls and refusals (filled in as they go), and the threads."""
+    """`connections` threads, each on its own connection (with `reconnect`, a new one for each call),
+    sending 7 MB messages as rank 3 until `stop`: the counts of calls and refusals (filled in as
+    they go), and the threads."""
     from fedml.core.distributed.communication.message import Message
 
     msg = Message("result", 3, 0)
@@ -104,17 +105,20 @@ def attack(
     counts, lock = Counter(), threading.Lock()
 
     def one_connection() -> None:
-        with grpc.secure_channel(f"127.0.0.1:{port}", creds, options=options) as channel:
-            send = channel.stream_unary(f"/{SERVICE}/Send")
-            while not stop.is_set():
-                try:
-                    send(iter((frame,)), metadata=meta, timeout=5)
-                    refused = 0
-                except grpc.RpcError:
-                    refused = 1
-                with lock:
-                    counts["calls"] += 1
-                    counts["refused"] += refused
+        while not stop.is_set():
+            with grpc.secure_channel(f"127.0.0.1:{port}", creds, options=options) as channel:
+                send = channel.stream_unary(f"/{SERVICE}/Send")
+                while not stop.is_set():
+                    try:
+                        send(iter((frame,)), metadata=meta, timeout=5)
+                        refused = 0
+                    except grpc.RpcError:
+                        refused = 1
+                    with lock:
+                        counts["calls"] += 1
+                        counts["refused"] += refused
+                    if reconnect:
+                        break
 
     threads = [threading.Thread(target=one_connection) for _ in range(connections)]
     for thread in threads:
@@ -169,7 +173,7 @@ def one_run(a: argparse.Namespace, certs: Path, flood: bool) -> dict:
         before = ask("sample")
         if flood:
             token = (certs / "silo-3.token").read_text() if a.token == "valid" else "wrong"
-            counts, threads = attack(certs, port, a.connections, stop, token)
+            counts, threads = attack(certs, port, a.connections, stop, token, a.reconnect)
         quarters, phases = run_phases(a, ask, lambda: silo.send_message(upload))
     finally:
         stop.set()
@@ -191,6 +195,7 @@ def main() -> None:
     ap.add_argument("--token", choices=("valid", "wrong"), default="valid")
     ap.add_argument("--window-kb", type=int, default=1024, help="the server's comm_args.receive_window_kb")
     ap.add_argument("--no-baseline", action="store_true", help="the flood's run only")
+    ap.add_argument("--reconnect", action="store_true", help="a new connection for each call")
     ap.add_argument("--serve", nargs=2, metavar=("CERTS", "PORT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.serve:

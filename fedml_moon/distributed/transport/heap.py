@@ -40,6 +40,7 @@ class HeapLimits:
     def __init__(self, large_bytes: int, arenas: int = ARENAS) -> None:
         self.large_bytes, self.trims = int(large_bytes), 0
         self._libc = _glibc()
+        self.glibc = self._libc is not None
         self._last = 0.0
         self._lock = threading.Lock()
         if self._libc is not None:

@@ -182,6 +182,12 @@ def test_a_partition_json_of_the_earlier_form_reads_as_the_columns_it_became(tmp
         assert load_partition_file(tmp_path / name).counts.tolist() == counts.tolist()
 
 
+@pytest.fixture(scope="module")
+def tiny_data():
+    """The TINY config's data, loaded once for the module's many in-process refusals."""
+    return load_data(load_config(CONFIGS / "fedavg.yaml", TINY).data_args, 0)
+
+
 def _columns(**change: object) -> dict:
     """Three parties' columns (train 0-1, 2-3, 4-5; test 0, 1, 2), with `change` applied."""
     good = {
@@ -221,10 +227,11 @@ def _columns(**change: object) -> dict:
         ({"party_ids": [1]}, _columns(), "one silo's partition"),
     ],
 )
-def test_a_columnar_partition_that_does_not_fit_is_refused_naming_it(head, columns, named, tmp_path):
+def test_a_columnar_partition_that_does_not_fit_is_refused_naming_it(
+    head, columns, named, tiny_data, tmp_path
+):
     """The columns are checked whole-array with the JSON form's messages: the party and index named."""
-    cfg = load_config(CONFIGS / "fedavg.yaml", TINY)
-    data = load_data(cfg.data_args, 0)
+    data = tiny_data
     if isinstance(columns, bytes):
         (tmp_path / "partition.npz").write_bytes(columns)
     else:

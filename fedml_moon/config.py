@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from fedml_moon.buffering import buffered_checks
 from fedml_moon.config_fields import _suggest, build_section
 from fedml_moon.config_schema import (
     FEDML_PASSTHROUGH,
@@ -217,6 +218,7 @@ def _cross_checks(cfg: Config) -> None:
     server = get_algorithm(cfg.train_args.algorithm).server
     privacy_checks(cfg, server, getattr(server, "summed", {}))
     _stream_checks(cfg, getattr(server, "summed", {}))
+    buffered_checks(cfg, server)
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:
         require(

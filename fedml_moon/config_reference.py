@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
+from fedml_moon import buffering, registry
 from fedml_moon import config_schema as schema
-from fedml_moon import registry
 from fedml_moon.algorithms.fedssc import PROTOTYPE_MODES, FedSSCOptions
 from fedml_moon.algorithms.lg import NEW_TEST_METHODS, WARMUP_STARTS, LGOptions
 from fedml_moon.algorithms.moon import LOSS_CHOICES, POOL_UPDATES, UNSEEN_CHOICES, MoonOptions
@@ -64,6 +64,10 @@ CHOICES: dict[tuple[type, str], Sequence[Any]] = {
     (schema.TrackingArgs, "wandb_mode"): schema.WANDB_MODES,
     (schema.ServerArgs, "server_momentum_style"): schema.MOMENTUM_STYLES,
     (schema.ServerArgs, "robust_aggregation"): RULES,
+    (schema.ServerArgs, "aggregation"): buffering.AGGREGATIONS,
+    (schema.ServerArgs, "staleness"): buffering.STALENESS,
+    (schema.ServerArgs, "buffer_weights"): buffering.BUFFER_WEIGHTS,
+    (schema.TrainArgs, "party_speed"): buffering.PARTY_SPEEDS,
     (PrivacyArgs, "dp_accountant"): ACCOUNTANTS,
     (PrivacyArgs, "dp_buffers"): DP_BUFFERS,
     (MoonOptions, "unseen_party_prev"): UNSEEN_CHOICES,
@@ -86,7 +90,7 @@ INTROS = {
     "device_args": "Where training runs (the CPU or a CUDA device) and PyTorch's threads.",
     "comm_args": "The distributed modes' transport: timeouts, quorum, gRPC, MQTT + S3, TLS, authentication.",
     "tracking_args": "Logging to Weights & Biases.",
-    "server_args": "The server's step: server momentum (FedAvgM) and Byzantine-robust aggregation.",
+    "server_args": "The server's step: server momentum (FedAvgM), Byzantine-robust and buffered aggregation.",
     "privacy_args": "Secure aggregation and client-level differential privacy, both off by default.",
     ALGORITHM_ARGS: "The options of the algorithm train_args.algorithm names; each has its own keys.",
 }

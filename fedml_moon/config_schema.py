@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.buffering import buffer_value_checks, speed_value_checks
 from fedml_moon.errors import ConfigError, require  # noqa: F401  (ConfigError: imported from here too)
 from fedml_moon.privacy.options import PrivacyArgs
 
@@ -291,6 +292,12 @@ class TrainArgs:
     """arithmetic: fp32 (TF32 off), tf32 (CUDA), bf16 (autocast; not stacked), fp64 (all float64)"""
     stream_uploads: bool = False
     """sum the uploads a chunk of parties at a time instead of holding the round's (standalone only)"""
+    party_speed: str | None = None
+    """simulated seconds of a party's local round: constant, lognormal, halfnormal or file; null: no clock"""
+    party_speed_sigma: float = 1.0
+    """sigma of party_speed lognormal (exp(sigma z)) and halfnormal (sigma |z|), drawn per party; > 0"""
+    party_speed_file: str | None = None
+    """party_speed file: a CSV of party,seconds rows (a party's rounds take its times in turn)"""
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")
@@ -360,6 +367,7 @@ class TrainArgs:
             "train_args.federated_optimizer",
             "keep 'FedAvg' (FedML's own key); choose the algorithm with train_args.algorithm",
         )
+        speed_value_checks(self)
 
 
 HEADLINES = ("pooled", "site_mean")
@@ -636,6 +644,20 @@ class ServerArgs:
     """M of norm_clip, the largest norm of an update; null: the median of the round's update norms; > 0"""
     party_weights: str = "samples"
     """each party's weight in the average: samples (its sample count, as the papers) or uniform (1 each)"""
+    aggregation: str = "sync"
+    """sync (a round waits for its sampled parties) or buffered (FedBuff; the standalone simulation only)"""
+    buffer_size: int | None = None
+    """buffered: K, the updates the server applies at once (one round); null: the concurrency; >= 1"""
+    concurrency: int | None = None
+    """buffered: the parties training at once; null: client_num_per_round; at most client_num_in_total"""
+    staleness: str = "sqrt"
+    """buffered: discount s(t) of an update t rounds stale: sqrt 1/sqrt(1+t), polynomial (1+t)^-a, constant"""
+    staleness_exponent: float = 0.5
+    """buffered, staleness polynomial: a of (1+t)^-a; >= 0"""
+    max_staleness: int | None = None
+    """buffered: an update more than this many rounds stale is refused (counted, logged); null: none; >= 0"""
+    buffer_weights: str = "uniform"
+    """buffered: uniform (the paper: the buffer's mean, 1/K) or samples (each update by its party's weight)"""
 
     def check(self) -> None:
         require(
@@ -653,6 +675,7 @@ class ServerArgs:
             f"{self.party_weights!r} is not samples or uniform",
         )
         self.check_robust()
+        buffer_value_checks(self)
 
     def check_robust(self) -> None:
         """The robust aggregation keys (`fedml_moon.core.robust`; docs: how-to/robust-aggregation.md)."""

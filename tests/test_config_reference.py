@@ -19,6 +19,7 @@ from fedml_moon.algorithms.fedssc import PROTOTYPE_MODES
 from fedml_moon.algorithms.lg import NEW_TEST_METHODS, WARMUP_STARTS, LGOptions
 from fedml_moon.algorithms.moon import LOSS_CHOICES, POOL_UPDATES, UNSEEN_CHOICES
 from fedml_moon.algorithms.scaffold import C_UPDATE_CHOICES, CORRECTION_CHOICES
+from fedml_moon.buffering import AGGREGATIONS, BUFFER_WEIGHTS, PARTY_SPEEDS, STALENESS
 from fedml_moon.config_schema import (
     AUGMENTATIONS,
     AUTH_MODES,
@@ -73,6 +74,10 @@ ALLOWED = {  # key (algorithm options: algorithm name, key) -> the constant its 
     "tracking_args.wandb_mode": WANDB_MODES,
     "server_args.server_momentum_style": MOMENTUM_STYLES,
     "server_args.robust_aggregation": RULES,
+    "server_args.aggregation": AGGREGATIONS,
+    "server_args.staleness": STALENESS,
+    "server_args.buffer_weights": BUFFER_WEIGHTS,
+    "train_args.party_speed": PARTY_SPEEDS,
     "privacy_args.dp_accountant": ACCOUNTANTS,
     "privacy_args.dp_buffers": DP_BUFFERS,
     **{(a, "unseen_party_prev"): UNSEEN_CHOICES for a in ("moon", "fedssc")},

@@ -122,6 +122,12 @@ class ScaffoldServer(ServerAlgorithm):
     """Sends (w, c); averages the models and moves c by the parties' mean control-variate change."""
 
     summed: ClassVar[dict[str, str]] = {"model": UPDATE, "delta_c": SUM}
+    # server_args.aggregation: buffered (fedml_moon.buffering.buffer_refusal)
+    not_buffered: ClassVar[str] = (
+        "a party's delta_c is its control variate's change against the c it was sent, and its correction "
+        "c - c_i used that c; a stale delta_c added to a newer c is no longer SCAFFOLD's line 17 (FedBuff "
+        "derives no staleness rule for control variates)"
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

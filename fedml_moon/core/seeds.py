@@ -31,6 +31,8 @@ STREAMS: dict[str, int] = {
     "algorithm": 7,  # an algorithm's own draws: ClientAlgorithm.generator / ServerAlgorithm.generator
     "evaluation": 8,  # validation_args.eval_parties: the parties that test their own models in a round
     "network": 9,  # a network's own draws (dropout, stochastic depth) in a party's local round
+    "party_speed": 10,  # train_args.party_speed: each party's simulated seconds per local round
+    "buffered": 11,  # server_args.aggregation: buffered: the party that takes each freed slot
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from fedml_moon.config import Config
+from fedml_moon.core.fedbuff import SimClock
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_resumable, due, flatten, restore, save
 from fedml_moon.engine.rounds import ServerRounds
@@ -55,6 +56,7 @@ class StandaloneSimulation:
         self.trainer, self.aggregator = runner.trainer, server.aggregator
         self.rounds, self.checkpoint_every = server.rounds, checkpoint_every
         self.start_round = 0
+        self.clock: SimClock | None = None  # train_args.party_speed: the rounds' simulated seconds
         self.summary: dict[str, Any] = {}
         self.figures = self.aggregator.algorithm.party_figures()
         self._attach_party_figures()
@@ -86,6 +88,14 @@ class StandaloneSimulation:
         else:
             trained = runner.train_many(list(downloads.items()), round_idx)
             ordered = server.aggregate(round_idx, dict(zip(downloads, trained, strict=True)))
+        extra = None if self.clock is None else {"sim_time_s": self.clock.sync_round(list(downloads))}
+        return self.close_round(round_idx, ordered, extra)
+
+    def close_round(
+        self, round_idx: int, ordered: list, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The round after its aggregation: the parties' evaluations where due, then its record."""
+        server, runner = self.server, self.runner
         reports = new_reports = None
         if server.needs_party_eval(round_idx):
             download = server.eval_download()
@@ -95,8 +105,8 @@ class StandaloneSimulation:
             new_reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
         if reports and server.counts_summed:  # the server learns the sum only
             summed = server.sum_counts(round_idx, reports)
-            return server.finish_round(round_idx, ordered, None, summed=summed)
-        return server.finish_round(round_idx, ordered, reports, new_reports=new_reports)
+            return server.finish_round(round_idx, ordered, None, extra, summed=summed)
+        return server.finish_round(round_idx, ordered, reports, extra, new_reports=new_reports)
 
     def streamed(self, round_idx: int, tasks: list) -> list:
         """`train_args.stream_uploads`: the round's parties a chunk at a time (`parties_in_parallel`),

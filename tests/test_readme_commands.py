@@ -191,6 +191,11 @@ DP = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set privacy_args.dp_clip_norm=2.0 "
     "--set privacy_args.dp_noise_multiplier=0.1"
 )
+BUFFERED = (
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
+    "--set server_args.aggregation=buffered --set server_args.buffer_size=5 "
+    "--set train_args.party_speed=lognormal --output-dir outputs/moon-buffered"
+)
 SPLIT_RUNS = [
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --output-dir outputs/split-a",
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set data_args.partition_method=file "
@@ -267,6 +272,7 @@ COMMANDS: dict[str, str] = {
     TSNE_PAIR: "single",
     CONFIG_KEY: "single",
     **dict.fromkeys(SPLIT_RUNS, "single"),
+    BUFFERED: "single",
     SITE_WRITE: "site-data",
     NETWORK_WRITE: "network",
     **dict.fromkeys(NETWORK_RUNS, "network"),
@@ -587,6 +593,15 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
         assert summary["secure_aggregation"] == (command == SECURE)
         assert (command == DP) == (summary.get("dp_epsilon_release", 0) > 0)
     done |= {SECURE, DP}
+
+    # buffered aggregation on its simulated clock: the record of the one buffer applied says when
+    words = _entry_point(BUFFERED)
+    assert words[-2:] == ["--output-dir", "outputs/moon-buffered"]
+    assert cli([*words[:-1], str(tmp_path / "buffered"), *_sets(BUFFERED)]) == 0
+    record = json.loads((tmp_path / "buffered" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["sim_time_s"] > 0 and record["parties"] == 5 and "staleness_max" in record
+    _completed(tmp_path / "buffered", 1)
+    done.add(BUFFERED)
 
     # the example algorithm
     assert cli([*_entry_point(HEADPROX), *_sets(HEADPROX), "--output-dir", str(tmp_path / "headprox")]) == 0

@@ -5,6 +5,7 @@ the refusals, each naming its key."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import OrderedDict
@@ -93,6 +94,17 @@ def test_party_speeds_are_seeded_and_a_bad_file_is_named(tmp_path):
 
 
 # --- whole runs (in-process, a few hundred images) -------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def read_once():
+    """Fashion-MNIST's gzipped files decompressed once for this module's runs (each gets copies)."""
+    from fedml_moon.data import datasets
+
+    read = functools.cache(datasets.load_mnist_like)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(datasets, "load_mnist_like", lambda *a: tuple(x.copy() for x in read(*a)))
+        yield
+
+
 def _run(tmp_path: Path, name: str, sets: list[str], monkeypatch, spy: list | None = None):
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
     monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
@@ -260,3 +272,37 @@ def test_a_synchronous_run_is_the_default_and_buffered_cannot_resume(tmp_path):
     assert cfg.server_args.aggregation == "sync" and cfg.train_args.party_speed is None
     with pytest.raises(ConfigError, match="^--resume: a buffered run"):
         assemble(load_config(CONFIGS / "moon.yaml", BUFFERED), tmp_path, resume=True)
+
+
+@needs_data
+def test_unusable_updates_are_left_out_and_a_buffer_that_cannot_fill_stops_the_run(tmp_path, monkeypatch):
+    """Party 1's uploads hold NaN: each is left out, named in the record's rejected_parties, and the
+    buffers fill from party 0 and 2; when every upload is NaN no buffer can fill, and the run stops
+    (BadUpload) after 10 x max(K, concurrency) updates in a row left out, not in an endless loop."""
+    from fedml_moon.errors import BadUpload
+
+    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+
+    def poisoned(run, bad):
+        honest = run.loop.runner.train_many
+
+        def train_many(tasks, round_idx):
+            out = honest(tasks, round_idx)
+            for (p, _), (_, upload) in zip(tasks, out, strict=True):
+                if p in bad:
+                    upload["model"] = {k: v.float() * float("nan") for k, v in upload["model"].items()}
+            return out
+
+        monkeypatch.setattr(run.loop.runner, "train_many", train_many)
+
+    sets = [*TINY, *BUFFERED, "server_args.buffer_size=1", "model_args.model=mlp"]
+    run = assemble(load_config(CONFIGS / "fedavg.yaml", sets), tmp_path / "one")
+    poisoned(run, {1})
+    run.loop.run()
+    records = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r.get("rejected_parties", [1]) == [1] for r in records)
+    run = assemble(load_config(CONFIGS / "fedavg.yaml", sets), tmp_path / "all")
+    poisoned(run, {0, 1, 2})
+    with pytest.raises(BadUpload, match="20 updates in a row left out"):
+        run.loop.run()

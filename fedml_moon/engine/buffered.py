@@ -32,6 +32,7 @@ from fedml_moon.errors import BadUpload, ConfigError
 from fedml_moon.privacy.sums import Sums, contribution
 
 log = logging.getLogger(__name__)
+LEFT_OUT_LIMIT = 10  # x max(K, concurrency) updates left out in a row stop the run (no buffer fills)
 
 
 @dataclass
@@ -100,6 +101,7 @@ class BufferedSimulation(StandaloneSimulation):
         self.buffer = Buffer()
         self.refused_stale = 0  # this buffer's updates refused as too stale
         self.rejected: dict[int, str] = {}  # this buffer's unusable uploads
+        self.left_out = 0  # updates left out (too stale, unusable) since the last one kept
 
     # --- the parties' side ----------------------------------------------------------------------
     def dispatch(self, count: int) -> None:
@@ -128,24 +130,20 @@ class BufferedSimulation(StandaloneSimulation):
     # --- the server's side ----------------------------------------------------------------------
     def arrive(self, party: int) -> None:
         """`party`'s update arrives: refused when too stale or unusable, else into the buffer; a full
-        buffer is applied."""
+        buffer is applied. So many updates left out in a row that no buffer could fill stop the run."""
         job = self.inflight.pop(party)
         samples, upload = self.server.weighed({party: self.result(party, job)})[party]
         job.result = None
         tau = self.version - job.start
-        limit = self.options.max_staleness
-        if limit is not None and tau > limit:
-            self.refused_stale += 1
-            log.warning(
-                "round %d: party %d's update is %d rounds stale (max_staleness %d): refused",
-                self.version,
-                party,
-                tau,
-                limit,
-            )
+        if self.too_stale(party, tau) or not self.usable(party, job, upload):
+            self.left_out += 1
+            if self.left_out >= LEFT_OUT_LIMIT * max(self.size, self.concurrency):
+                raise BadUpload(
+                    f"round {self.version}: {self.left_out} updates in a row left out (too stale: "
+                    f"{self.refused_stale}, unusable: {self.rejected}), so no buffer fills"
+                )
             return
-        if not self.usable(party, job, upload):
-            return
+        self.left_out = 0
         self.server.totals["bytes_up"] += payload_nbytes(upload)
         self.server.totals["params_up"] += payload_numel(upload)
         if self.server.save_party_models:
@@ -158,6 +156,21 @@ class BufferedSimulation(StandaloneSimulation):
         self.buffer.add(addends, ratio, tau, keep, party)
         if len(self.buffer) >= self.size:
             self.flush()
+
+    def too_stale(self, party: int, tau: int) -> bool:
+        """`server_args.max_staleness`: an update staler is refused, counted and logged."""
+        limit = self.options.max_staleness
+        if limit is None or tau <= limit:
+            return False
+        self.refused_stale += 1
+        log.warning(
+            "round %d: party %d's update is %d rounds stale (max_staleness %d): refused",
+            self.version,
+            party,
+            tau,
+            limit,
+        )
+        return True
 
     def usable(self, party: int, job: Job, upload: Payload) -> bool:
         """The server's checks of an upload (`engine.uploads`) against what the party was sent."""

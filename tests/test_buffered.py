@@ -306,3 +306,34 @@ def test_unusable_updates_are_left_out_and_a_buffer_that_cannot_fill_stops_the_r
     poisoned(run, {0, 1, 2})
     with pytest.raises(BadUpload, match="20 updates in a row left out"):
         run.loop.run()
+
+
+@needs_data
+def test_a_resumed_synchronous_run_keeps_its_simulated_clock(tmp_path, monkeypatch):
+    """A synchronous run with party_speed, stopped in round 2 and resumed from its round-1
+    checkpoint, records the uninterrupted run's sim_time_s: the clock is replayed to where it stopped."""
+    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    sets = [
+        *TINY,
+        "train_args.comm_round=3",
+        "train_args.checkpoint_every=1",
+        "train_args.party_speed=lognormal",
+    ]
+    _, whole = _run(tmp_path / "whole", "fedavg", sets[len(TINY) :], monkeypatch)
+    cfg = load_config(CONFIGS / "fedavg.yaml", sets)
+    run = assemble(cfg, tmp_path / "stopped")
+    honest = run.loop.runner.train_many
+
+    def train_many(tasks, round_idx):
+        if round_idx == 2:
+            raise RuntimeError("killed")
+        return honest(tasks, round_idx)
+
+    monkeypatch.setattr(run.loop.runner, "train_many", train_many)
+    with pytest.raises(RuntimeError, match="killed"):
+        run.loop.run()
+    assemble(cfg, tmp_path / "stopped", resume=True).loop.run()
+    lines = (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["sim_time_s"] for line in lines] == [r["sim_time_s"] for r in whole]
+    assert len(whole) == 3 and whole[0]["sim_time_s"] < whole[1]["sim_time_s"] < whole[2]["sim_time_s"]

@@ -159,6 +159,7 @@ def test_a_run_is_algorithm_1_update_by_update(tmp_path, monkeypatch):
         (0.5, 1, 0),
     ]
     assert [r["parties"] for r in records] == [2, 2]
+    assert not (tmp_path / "checkpoint").exists()  # a buffered run writes none (it cannot resume)
 
 
 @needs_data
@@ -246,6 +247,13 @@ def test_each_algorithm_runs_buffered_rounds(case, tmp_path, monkeypatch):
         ),
         ("moon", ["server_args.robust_aggregation=median"], "server_args.aggregation", "robust_aggregation"),
         ("moon", ["privacy_args.secure_aggregation=true"], "server_args.aggregation", "privacy_args"),
+        ("moon", ["train_args.stream_uploads=true"], "server_args.aggregation", "stream_uploads"),
+        (
+            "moon",
+            ["privacy_args.dp_clip_norm=1", "privacy_args.dp_noise_multiplier=1"],
+            "server_args.aggregation",
+            "DP",
+        ),
         ("moon", ["server_args.staleness=linear"], "server_args.staleness", "'linear'"),
         ("moon", ["server_args.buffer_size=0"], "server_args.buffer_size", "must be >= 1"),
         ("moon", ["server_args.concurrency=11"], "server_args.concurrency", "client_num_in_total \\(10\\)"),

@@ -345,3 +345,22 @@ def test_a_resumed_synchronous_run_keeps_its_simulated_clock(tmp_path, monkeypat
     lines = (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["sim_time_s"] for line in lines] == [r["sim_time_s"] for r in whole]
     assert len(whole) == 3 and whole[0]["sim_time_s"] < whole[1]["sim_time_s"] < whole[2]["sim_time_s"]
+
+
+@needs_data
+def test_a_plugin_whose_sums_drop_a_field_is_refused_before_any_round(tmp_path):
+    """A buffer holds sums only: a plugin whose `summed` leaves out upload fields is refused at
+    set-up, naming server_args.aggregation and the fields, as under privacy_args."""
+    root = Path(__file__).resolve().parent
+    sets = [
+        f"common_args.plugins=[{root / 'kit_plugins.py'}:unsummed]",
+        "train_args.algorithm=proto_unsummed",
+        *TINY,
+        *BUFFERED,
+    ]
+    cfg = load_config(root.parent / "examples" / "fedproto" / "fedproto.yaml", sets)
+    with pytest.raises(
+        ConfigError, match=r"^server_args.aggregation: proto_unsummed's uploads hold \['proto_sum'"
+    ):
+        assemble(cfg, tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()

@@ -365,13 +365,15 @@ def class_threshold(cfg: Config) -> int | None:
 
 
 def check_sum_form(cfg: Config, algorithm: Any, global_state: Any) -> None:
-    """Under `privacy_args` or `train_args.stream_uploads` the server learns only the round's sums: a
-    config error, before the first round, when the algorithm's sum form would lose part of an upload
+    """Under `privacy_args`, `train_args.stream_uploads` or buffered aggregation the server learns only
+    sums: a config error, before the first round, when the algorithm's sum form would lose part of an upload
     (`engine.summed.sum_form_problem`)."""
     from fedml_moon.engine.summed import sum_form_problem
 
     p = cfg.privacy_args
     key = "train_args.stream_uploads" if cfg.train_args.stream_uploads else None
+    if cfg.server_args.aggregation == "buffered":
+        key = "server_args.aggregation"
     if p.on:
         key = "privacy_args.secure_aggregation" if p.secure_aggregation else "privacy_args.dp_clip_norm"
     if key is None:

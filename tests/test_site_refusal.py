@@ -17,7 +17,13 @@ from fedml_moon.data.federated import FederatedData
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.holdings import Holdings
 from fedml_moon.distributed.protocol import REFUSAL_KINDS, REFUSE, message_problem, refusal_text
-from fedml_moon.distributed.site_refusal import DataChanged, check_digest, held_data_digest, kind_of
+from fedml_moon.distributed.site_refusal import (
+    DataChanged,
+    check_digest,
+    held_data_digest,
+    kind_of,
+    record_digest,
+)
 
 SECRET = "/srv/site-a/private-scans/train/coat/patient-0042.png"
 
@@ -87,11 +93,11 @@ def test_the_digest_tells_one_image_moved_to_another_class_with_the_same_count(t
     read = held_data_digest(_fed([0, 1, 2, 1]), [4])
     moved = held_data_digest(_fed([0, 1, 2, 2]), [4])  # one image from class 1 to class 2
     assert read == held_data_digest(_fed([0, 1, 2, 1]), [4]) and moved != read
-    check_digest(tmp_path, read, overwrite=False)  # its first start in the run: recorded
+    check_digest(tmp_path, moved, overwrite=False)  # nothing recorded yet (a run that never began)
+    record_digest(tmp_path, read)  # its first task in the run
     assert json.loads((tmp_path / "data_digest.json").read_text()) == {"sha256": read}
     check_digest(tmp_path, read, overwrite=False)  # started again on the same data: taken
     with pytest.raises(DataChanged, match="differ from those it read earlier in this run.*--overwrite"):
         check_digest(tmp_path, moved, overwrite=False)
     assert kind_of(DataChanged("x"))[0] == "changed"
-    check_digest(tmp_path, moved, overwrite=True)  # a new run: recorded anew
-    check_digest(tmp_path, moved, overwrite=False)
+    check_digest(tmp_path, moved, overwrite=True)  # a new run: taken, and recorded at its first task

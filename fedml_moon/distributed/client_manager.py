@@ -39,7 +39,7 @@ from fedml_moon.distributed.managers import (
 )
 from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
 from fedml_moon.distributed.secure_worker import SecureWorker
-from fedml_moon.distributed.site_refusal import DATA_ERRORS, check_digest, described, kind_of
+from fedml_moon.distributed.site_refusal import DATA_ERRORS, check_digest, described, kind_of, record_digest
 from fedml_moon.distributed.site_results import keep_final_model, log_own_figures
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
@@ -109,7 +109,7 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         self.last_hello = 0.0
         self.process = secrets.token_hex(8)  # this process: a restarted worker is told its work again
         self.reason = ""
-        self.said_hello = self.stopped = False
+        self.said_hello = self.stopped = self.recorded = False
         self.silo_status_reset()
         super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
 
@@ -226,8 +226,8 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             return
         self.last_wait_log = now
         log.info(
-            "rank %d is ready and waits for the first round: the server starts it once every site is "
-            "ready (%.0f s so far)",
+            "rank %d is ready and waits for its first task: the run's first round starts once every site "
+            "is ready (%.0f s so far)",
             self.rank,
             now - self.waiting_since,
         )
@@ -349,6 +349,9 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         if self.built is None:
             log.warning("rank %d dropped a task sent before its WELCOME", self.rank)
             return
+        if not self.recorded and self.built.data_sha256:  # its data are this run's from its first task on
+            record_digest(self.folder, self.built.data_sha256)
+            self.recorded = True
         self.welcomed, self.trained_since_welcome = True, True
         round_idx, tasks = int(msg.get("round")), msg.get("tasks")
         self.silo_trains(round_idx)

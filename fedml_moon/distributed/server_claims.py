@@ -84,8 +84,9 @@ class ReadyPhase:
                 f"rank {rank} refused its own data: {why}; the run waits for it to start again with its "
                 f"data fixed (up to comm_args.timeout_s = {self.comm_args.timeout_s:g} s from the start)"
             )
-        else:
+        else:  # it stopped: started again (its data fixed), it gets this phase's work again
             self.gone.add(rank)
+            self.resent = {key for key in self.resent if key[0] != rank}
             what = (
                 f"rank {rank} refused its own data in the {self.phase} phase of round {self.round_idx}: {why}"
             )

@@ -210,7 +210,7 @@ class RoundPhases:
         if alive:
             log.info("sending the final model (sha256 %s) to rank(s) %s", state_dict_sha256(final), alive)
         for rank in alive:
-            self.send(FINISH, rank, model=final)
+            self.assign(rank, FINISH, model=final)  # a silo restarted before its BYE gets it again
         if not alive:
             self.done("completed")
 

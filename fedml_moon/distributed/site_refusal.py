@@ -9,8 +9,9 @@ folder names leaves it), and ends with exit code 2. The server logs which rank r
 goes on waiting for it; the site, fixed and started again, joins.
 
 A site keeps a digest of what it read (`data_digest.json` in its folder: its parties' samples and
-labels, train and test, as decoded) from its first start in a run; started again in the same run,
-it refuses itself if its data differ, even with the same number of samples.
+labels, train and test, as decoded) from its first task in a run (a run that never began binds no
+data); started again in the same run, it refuses itself if its data differ, even with the same
+number of samples.
 """
 
 from __future__ import annotations
@@ -73,21 +74,27 @@ def data_digest(arrays: list[torch.Tensor | np.ndarray]) -> str:
 
 
 def check_digest(folder: Path, digest: str, overwrite: bool) -> None:
-    """Record `digest` in `folder`/data_digest.json on a site's first start in a run; started again,
-    refuse data whose digest differs (DataChanged), unless `overwrite` (a new run): then record anew."""
+    """Refuse data whose digest differs from the one `record_digest` kept in `folder` when this site
+    first trained in the run (DataChanged), unless `overwrite` (a new run: `record_digest` replaces it)."""
     path = Path(folder) / DIGEST_FILE
-    if path.is_file() and not overwrite:
-        try:
-            recorded = json.loads(path.read_text()).get("sha256")
-        except (OSError, ValueError, AttributeError):
-            recorded = None
-        if recorded == digest:
-            return
+    if overwrite or not path.is_file():
+        return
+    try:
+        recorded = json.loads(path.read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded != digest:
         raise DataChanged(
             f"data_args.data_cache_dir: the site's data differ from those it read earlier in this run "
             f"({path}: sha256 {str(recorded)[:12]}, now {digest[:12]}); put them back as they were to "
             "rejoin this run, or start a new run (the server and this site with --overwrite)"
         )
+
+
+def record_digest(folder: Path, digest: str) -> None:
+    """Keep `digest` in `folder`/data_digest.json: the data this site trains on in this run (written
+    at its first task, so that a run that never began binds no data)."""
+    path = Path(folder) / DIGEST_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"sha256": digest}) + "\n")

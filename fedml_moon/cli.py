@@ -304,6 +304,8 @@ def _data(args: argparse.Namespace) -> int:
 
         if args.rank is not None and args.rank < 0:
             raise ConfigError(f"--rank {args.rank}: give 0 (the server) or a silo's rank, 1 or more")
+        if args.folder is not None and not Path(args.folder).expanduser().is_dir():
+            raise ConfigError(f"{args.folder}: no such folder; name the folder holding the site's data")
         cfg = config_for(args.cf, args.overrides, args.folder)
         where = cfg.data_args.data_cache_dir
         if where and not Path(where).is_dir():

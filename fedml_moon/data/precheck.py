@@ -120,10 +120,11 @@ def config_for(cf: str, overrides: list[str], folder: str | None) -> Config:
     """The run's config (`--set` applied), its `data_args.data_cache_dir` the folder to check."""
     from fedml_moon.config import load_config
 
-    cfg = load_config(cf, overrides)
-    if folder is not None:
-        cfg.data_args.data_cache_dir = str(Path(folder).expanduser())
-    return cfg
+    if folder is None:
+        return load_config(cf, overrides)
+    # the folder named is the one to check, whatever the config's own data_cache_dir (which may not
+    # exist here) says: given as the last --set, so the config is checked with it
+    return load_config(cf, [*overrides, f"data_args.data_cache_dir={Path(folder).expanduser()}"])
 
 
 def _survey(cfg: Config, root: Path) -> tuple[bool, Survey] | None:

@@ -1,7 +1,8 @@
 """A site's refusal of its own data, in the process: what leaves the site is the kind of problem and
 a setting's name from fixed vocabularies (never a path), a REFUSE that says anything else is refused
-naming the field, and the digest of what a site read tells one image moved to another class from the
-same data (tests/test_site_startup.py runs it all in a real cross-silo run)."""
+naming the field, a site that refused counts as missing until it says HELLO again, and the digest of
+what a site read tells one image moved to another class from the same data
+(tests/test_site_startup.py runs it all in a real cross-silo run)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fedml_moon.data.datasets import DataNotFoundError
 from fedml_moon.data.federated import FederatedData
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.holdings import Holdings
+from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.protocol import REFUSAL_KINDS, REFUSE, message_problem, refusal_text
 from fedml_moon.distributed.site_refusal import (
     DataChanged,
@@ -24,6 +26,7 @@ from fedml_moon.distributed.site_refusal import (
     kind_of,
     record_digest,
 )
+from tests.test_server_waits import _from, _results, _server
 
 SECRET = "/srv/site-a/private-scans/train/coat/patient-0042.png"
 
@@ -69,6 +72,8 @@ def test_what_leaves_a_site_is_a_kind_and_a_settings_name_never_its_paths(err, k
         ({"kind": "agreement", "key": "/srv/site-a/x.png"}, "key"),
         ({"kind": "agreement", "key": "data_args.classes /srv"}, "key"),
         ({"kind": "agreement", "key": "x" * 81}, "key"),
+        ({"kind": "agreement", "key": "attacker_args.visit_evil_example_com"}, "key"),  # the form, no setting
+        ({"kind": "agreement", "key": "data_args.no_such_setting"}, "key"),
         ({"kind": ["agreement"], "key": None}, "kind"),
         ({"kind": "agreement", "key": None, "reason": "/srv/site-a"}, "unexpected fields"),
     ],
@@ -101,3 +106,23 @@ def test_the_digest_tells_one_image_moved_to_another_class_with_the_same_count(t
         check_digest(tmp_path, moved, overwrite=False)
     assert kind_of(DataChanged("x"))[0] == "changed"
     check_digest(tmp_path, moved, overwrite=True)  # a new run: taken, and recorded at its first task
+
+
+def test_a_site_that_refused_counts_as_missing_until_it_says_hello_again(tmp_path):
+    """Its honest-looking RESULT after a valid REFUSE is dropped: the round goes on without its party
+    (as after an ERROR), not with its training and without its evaluation."""
+    manager, wire = _server(tmp_path)
+    _results(manager, wire, 1)
+    _results(manager, wire, 2)
+    _from(manager, 3, REFUSE, kind="changed", key="data_args.data_cache_dir")
+    _results(manager, wire, 3)  # it goes on as if it had not refused
+    _from(manager, 0, m.TICK)
+    record = manager.rounds.recorder.records[0]
+    assert record["parties"] == 2 and record["missing_parties"] == [2], record
+
+
+def test_no_message_type_starts_a_line_of_the_servers_log(tmp_path, caplog):
+    manager, _ = _server(tmp_path)
+    _from(manager, 3, "refuse\n10:00 INFO ok", kind="agreement", key=None)
+    said = [r.getMessage() for r in caplog.records if "10:00 INFO ok" in r.getMessage()]
+    assert said and all("\n" not in line for line in said), said

@@ -152,7 +152,8 @@ class _Manager(FedMLCommManager):
         if problem is None and handler is None and msg_type != HEARTBEAT:
             problem = f"rank {self.rank} takes no {msg_type} message"
         if problem is not None:
-            kind = str(msg_type)[:40] if isinstance(msg_type, str) else type(msg_type).__name__
+            # escaped: a type of the sender's choosing must not start a line of this log of its own
+            kind = ascii(str(msg_type)[:40])[1:-1] if isinstance(msg_type, str) else type(msg_type).__name__
             self.refusals.refused(
                 f"rank {sender}",
                 f"rank {self.rank} refused a {kind} message from rank {sender}: {problem}",

@@ -11,8 +11,9 @@ server fixed for it.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -204,13 +205,18 @@ def one_of(choices: Mapping[str, Any]) -> Check:
 
 
 def setting_name(value: Any) -> str | None:
-    """A setting's name, `section_args.name`."""
-    if not isinstance(value, str) or len(value) > 80 or not SETTING.fullmatch(value):
-        return " is not a setting's name (section_args.name)"
+    """The name of one of the run's settings (`section_args.name`, a field of the config's schema)."""
+    if not isinstance(value, str) or value not in _settings():
+        return " is not the name of one of the run's settings (section_args.name)"
     return None
 
 
-SETTING = re.compile(r"[a-z]+_args\.[a-z_]+")
+@functools.cache
+def _settings() -> frozenset[str]:
+    from fedml_moon.config_schema import SECTIONS
+
+    return frozenset(f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls))
+
 
 # secure aggregation's extra rounds (fedml_moon.distributed.secure): keys, shares, masked inputs, unmasking
 KEYS, ROSTER, SHARES, MASK, MASKED, UNMASK, UNMASKED = (

@@ -291,6 +291,12 @@ class RoundPhases:
         """Whether a worker's message belongs to the phase and round the server is in, from a rank it
         still waits for; any other (late, repeated, out of round) is dropped, as if it never came."""
         rank, round_idx = msg.get_sender_id(), msg.get("round")
+        if rank in self.gone:  # it said BYE, ERROR or REFUSE: missing until it says HELLO again
+            why = f"rank {rank} said it stopped (BYE, ERROR or REFUSE); it counts again once it says HELLO"
+            self.refusals.refused(
+                f"rank {rank}", f"dropped a {msg.get_type()} message: {why}", reason=why[7:]
+            )
+            return False
         if self.phase != phase or round_idx != self.round_idx or rank not in self.pending:
             self.refusals.refused(
                 f"rank {rank}",

@@ -338,6 +338,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/server_memory.py --window-kb 0": "benchmark",
     ".venv/bin/python benchmarks/modes.py": "benchmark",
     ".venv/bin/python benchmarks/buffered.py": "benchmark",
+    ".venv/bin/python benchmarks/buffered.py --lr 0.05 --epochs 2": "benchmark",
     ".venv/bin/python benchmarks/startup.py --repeats 5": "benchmark",
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py

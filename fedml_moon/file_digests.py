@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.core.pretrained import sha256
+
 FILES = {
     "model_args.pretrained": "model_args.pretrained_sha256",
     "data_args.partition_path": "data_args.partition_sha256",
@@ -25,11 +27,7 @@ def file_sha256(path: str | Path) -> str:
     st = p.stat()
     key = (str(p), st.st_size, st.st_mtime_ns)
     if key not in _CACHE:
-        h = hashlib.sha256()
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        _CACHE[key] = h.hexdigest()
+        _CACHE[key] = sha256(p)
     return _CACHE[key]
 
 

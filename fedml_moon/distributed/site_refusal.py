@@ -16,7 +16,6 @@ number of samples.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 
 from fedml_moon.config_schema import ConfigError
+from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.partition import PartitionError
 from fedml_moon.core.split import SplitError
 from fedml_moon.data.datasets import DataNotFoundError
@@ -63,14 +63,9 @@ def kind_of(err: Exception) -> tuple[str, str | None]:
 
 
 def data_digest(arrays: list[torch.Tensor | np.ndarray]) -> str:
-    """SHA-256 over `arrays` (each one's dtype, shape and bytes, in order): what a site read."""
-    h = hashlib.sha256()
-    for a in arrays:
-        t = a.detach().cpu() if isinstance(a, torch.Tensor) else torch.from_numpy(np.asarray(a))
-        t = t.contiguous()
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
+    """SHA-256 over `arrays` (each one's dtype, shape and values, in order): what a site read; the
+    model digest's (`core.digest.state_dict_sha256`), the arrays named by their place."""
+    return state_dict_sha256({f"{i:09d}": torch.as_tensor(a) for i, a in enumerate(arrays)})
 
 
 def check_digest(folder: Path, digest: str, overwrite: bool) -> None:

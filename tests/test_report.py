@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.results.report import find_runs, group, targets, write_report
+from fedml_moon.results.report_plots import time_series
 from fedml_moon.results.report_text import summary_lines
 from fedml_moon.results.tables import mean_std, rounds_to_target
 
@@ -199,3 +200,88 @@ def test_runs_without_dp_have_no_epsilon(runs: Path, tmp_path: Path):
     out = write_report([runs], tmp_path / "report", None)
     assert "epsilon" not in (out / "report.md").read_text()
     assert "epsilon" not in (out / "table1.csv").read_text()
+
+
+def _clocked(folder: Path, times: list[float] | None, aggregation: str = "sync", buffer_size=None) -> None:
+    """Gives a run server_args as a run writes them, and each record the simulated second it ended at
+    (`times`, one a round; None: a run without train_args.party_speed, no sim_time_s)."""
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["config"]["server_args"] = {"aggregation": aggregation, "buffer_size": buffer_size}
+    summary["config"]["train_args"]["party_speed"] = None if times is None else "lognormal"
+    (folder / "summary.json").write_text(json.dumps(summary))
+    if times is not None:
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        for r, t in zip(records, times, strict=True):
+            r["sim_time_s"] = t
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def clocked(tmp_path: Path) -> Path:
+    """FedAvg synchronous and buffered (K = 5), two seeds each, on the simulated clock; MOON synchronous
+    without it. FedAvg's sync final accuracy, 0.72 (mean of 0.70 and 0.74), is the target."""
+    root = tmp_path / "clocked"
+    runs = (
+        ("fedavg", 0, [0.50, 0.60, 0.70], [4.0, 8.0, 12.0], "sync", None),  # never reaches 0.72
+        ("fedavg", 1, [0.50, 0.60, 0.74], [5.0, 10.0, 15.0], "sync", None),  # round 3, 15 s
+        ("fedavg", 0, [0.60, 0.73, 0.75], [1.0, 2.0, 3.0], "buffered", 5),  # round 2, 2 s
+        ("fedavg", 1, [0.70, 0.72, 0.80], [1.5, 3.0, 5.0], "buffered", 5),  # round 2, 3 s
+        ("moon", 0, [0.60, 0.72, 0.75], None, "sync", None),  # round 2, no clock
+    )
+    for algorithm, seed, accs, times, aggregation, k in runs:
+        folder = root / aggregation
+        _run(folder, algorithm, seed, 0.5, accs)
+        _clocked(folder / f"{algorithm}-{seed}-0.5-{{}}", times, aggregation, k)
+    return root
+
+
+BUFFERED_ROW = "fedavg (aggregation=buffered, buffer_size=5)"
+
+
+def test_a_buffered_and_a_synchronous_run_of_a_setting_are_rows_side_by_side(clocked: Path):
+    table = group(find_runs([clocked]))
+    assert list(table) == ["all runs"]  # how the server aggregates is no setting (column)
+    assert sorted(table["all runs"]) == ["fedavg", BUFFERED_ROW, "moon"]  # synchronous FedAvg keeps its name
+    assert len(table["all runs"][BUFFERED_ROW].runs) == 2
+    assert targets(table, None)["all runs"] == pytest.approx(0.72)
+
+
+def test_simulated_seconds_to_the_target_by_hand(clocked: Path, tmp_path: Path):
+    rows = group(find_runs([clocked]))["all runs"]
+    assert rounds_to_target(rows["fedavg"], 0.72).times == [None, 15.0]
+    assert rounds_to_target(rows[BUFFERED_ROW], 0.72).times == [2.0, 3.0]
+    assert rounds_to_target(rows["moon"], 0.72).times == [None]  # reached in round 2, no clock
+    out = write_report([clocked], tmp_path / "report", None)
+    text = (out / "report.md").read_text()
+    # FedAvg 15 s, buffered (2 + 3) / 2 = 2.5 s: 6x sooner; rounds 3 against 2: 1.5x
+    assert "| fedavg | 3.0 | 1 of 2 | 1.00x | 600 | 15.0 | 1.00x |" in text
+    assert f"| {BUFFERED_ROW} | 2.0 | 2 of 2 | 1.50x | 400 | 2.5 | 6.00x |" in text
+    assert "| moon | 2.0 | 1 of 1 | 1.50x | 400 | n/a | n/a |" in text
+    reach = {r["method"]: r for r in csv.DictReader((out / "table2.csv").open())}
+    assert (reach[BUFFERED_ROW]["sim_time_mean"], reach[BUFFERED_ROW]["time_speedup"]) == ("2.50", "6.00")
+    assert reach["moon"]["sim_time_mean"] == "nan"
+
+
+def test_the_time_curve_holds_each_seeds_last_accuracy(tmp_path: Path):
+    root = tmp_path / "steps"
+    for seed, accs, times in ((0, [0.5, 0.7, 0.72], [1.0, 3.0, 3.5]), (1, [0.6, 0.8, 0.9], [2.0, 4.0, 5.0])):
+        _run(root, "fedavg", seed, 0.5, accs)
+        _clocked(root / f"fedavg-{seed}-0.5-{{}}", times)
+    (cell,) = group(find_runs([root]))["all runs"].values()
+    xs, means, stds = time_series(cell)
+    # from 2 s (both evaluated) to 3.5 s (seed 0 ends): 50 and 60, 70 and 60, 72 and 60 (not the
+    # mean of matching rounds: round 1 is 50 and 60 at 1 s and 2 s)
+    assert xs == [2.0, 3.0, 3.5]
+    assert means == [pytest.approx(55.0), pytest.approx(65.0), pytest.approx(66.0)]
+    assert stds == [pytest.approx(math.sqrt(50)), pytest.approx(math.sqrt(50)), pytest.approx(math.sqrt(72))]
+
+
+def test_runs_on_the_clock_get_a_time_figure_and_runs_without_none(clocked: Path, runs: Path, tmp_path: Path):
+    out = write_report([clocked], tmp_path / "timed", None)
+    assert (out / "time_all_runs.png").stat().st_size > 0
+    text = (out / "report.md").read_text()
+    assert "![all runs](time_all_runs.png)" in text and "time_*.png: test accuracy against simulated" in text
+    out = write_report([runs], tmp_path / "untimed", None)
+    assert not list(out.glob("time_*.png"))
+    assert "simulated" not in (out / "report.md").read_text()
+    assert "sim_time_mean" not in (out / "table2.csv").read_text()

@@ -8,7 +8,12 @@ faces), mean over seeds (none for runs without DP).
 Runs are grouped by what varies among them. A *setting* (a column) is a config value that differs
 between runs of the same algorithm, seeds aside (e.g. `partition_alpha`, `epochs`); a *row* is an
 algorithm, with the `algorithm_args` that differ between its runs (e.g. `moon (mu=5)`). Values that
-differ only from one algorithm to another (each algorithm's own config) belong to the algorithm.
+differ only from one algorithm to another (each algorithm's own config) belong to the algorithm. How
+the server aggregates (server_args.aggregation and the buffered keys) is a row's too: a buffered run
+and a synchronous run of the same setting are rows side by side (`fedavg` and `fedavg
+(aggregation=buffered, buffer_size=5)`), the synchronous one named as before, so it stays the target's
+reference. Where runs record simulated seconds (`sim_time_s`), the rounds-to-target table adds the
+simulated time to the target and the curves accuracy against it.
 The std is the sample standard deviation over seeds (n - 1 in the denominator; 0 for one seed).
 """
 
@@ -28,9 +33,12 @@ from fedml_moon.results.tables import (
     PERSONAL,
     Cell,
     RunData,
+    baseline,
     has_dp,
+    has_sim_time,
     is_personalised,
     rounds_to_target,
+    speedup,
 )
 
 log = logging.getLogger(__name__)
@@ -52,6 +60,17 @@ NOT_SETTINGS_KEYS = {
     "data_args.data_cache_dir",
     "data_args.download",
 }
+AGGREGATION = "server_args.aggregation"
+BUFFERED_KEYS = (
+    AGGREGATION,
+    "server_args.buffer_size",
+    "server_args.concurrency",
+    "server_args.staleness",
+    "server_args.staleness_exponent",
+    "server_args.max_staleness",
+    "server_args.buffer_weights",
+)
+"""How the server aggregates: part of a row's name, not a setting; a synchronous run ignores them."""
 
 
 def flatten(config: dict[str, Any]) -> dict[str, Any]:
@@ -95,18 +114,24 @@ def _label(run: RunData, keys: list[str]) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={run.config.get(k)}" for k in keys)
 
 
+def _buffered(run: RunData) -> bool:
+    """Whether the run aggregated buffered (a run from before server_args.aggregation did not)."""
+    return run.config.get(AGGREGATION, "sync") == "buffered"
+
+
 def group(runs: list[RunData]) -> dict[str, dict[str, Cell]]:
     """{setting label: {row label: Cell}}, settings and rows in the order the runs first show them."""
     common = set.intersection(*(set(r.config) for r in runs))  # a key a newer release added is no setting
     keys = sorted(k for k in common if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTINGS_KEYS)
     varying = _varying_within_algorithm(runs, keys)
-    setting_keys = [k for k in varying if not k.startswith("algorithm_args.")]
+    setting_keys = [k for k in varying if not k.startswith("algorithm_args.") and k not in BUFFERED_KEYS]
     options = sorted({k for r in runs for k in r.config if k.startswith("algorithm_args.")})
     row_keys = _varying_within_algorithm(runs, options)  # each algorithm's own options
+    row_keys += _varying_within_algorithm(runs, list(BUFFERED_KEYS))
     table: dict[str, dict[str, Cell]] = {}
     for run in runs:
         setting = _label(run, setting_keys) or "all runs"
-        own = [k for k in row_keys if k in run.config]
+        own = [k for k in row_keys if k in run.config and (k not in BUFFERED_KEYS or _buffered(run))]
         row = run.algorithm + (f" ({_label(run, own)})" if own else "")
         table.setdefault(setting, {}).setdefault(row, Cell([])).runs.append(run)
     return table
@@ -141,18 +166,21 @@ def write_csv(table: dict[str, dict[str, Cell]], goals: dict[str, float | None],
                 w.writerow([setting, row, len(cell.runs), *(f"{v:.4f}" for v in stats), *extra])
     with (out / "table2.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
+        timed = any(has_sim_time(rows) for rows in table.values())  # simulated time: its two columns
         w.writerow(
             ["setting", "method", "target", "seeds", "reached", "rounds_mean", "speedup", "params_mean"]
+            + (["sim_time_mean", "time_speedup"] if timed else [])
         )
         for setting, rows in table.items():
             goal = goals[setting]
             if goal is None:
                 continue
-            base = rounds_to_target(rows["fedavg"], goal).mean_rounds() if "fedavg" in rows else math.nan
+            base_rounds, base_time = baseline(rows, goal)
             for row, cell in rows.items():
                 reach = rounds_to_target(cell, goal)
                 got = [p for p in reach.params if p is not None]
-                speed = base / reach.mean_rounds() if reach.mean_rounds() == reach.mean_rounds() else math.nan
+                speed = speedup(base_rounds, reach.mean_rounds())
+                times = [f"{reach.mean_time():.2f}", f"{speedup(base_time, reach.mean_time()):.2f}"]
                 w.writerow(
                     [
                         setting,
@@ -164,6 +192,7 @@ def write_csv(table: dict[str, dict[str, Cell]], goals: dict[str, float | None],
                         f"{speed:.2f}",
                         f"{sum(got) / len(got):.0f}" if got else "nan",
                     ]
+                    + (times if timed else [])
                 )
 
 

@@ -10,10 +10,14 @@ from fedml_moon.results.tables import (
     EPSILON,
     PERSONAL,
     Cell,
+    Reach,
+    baseline,
     dp_deltas,
     has_dp,
+    has_sim_time,
     is_personalised,
     rounds_to_target,
+    speedup,
 )
 
 
@@ -71,21 +75,37 @@ def _personal(table: dict[str, dict[str, Cell]]) -> list[str]:
     )
 
 
+def _times(reach: Reach, base: float) -> list[str]:
+    """The simulated seconds to the target (mean over the seeds that reach it) and FedAvg's over them."""
+    mean = reach.mean_time()
+    if math.isnan(mean):
+        return ["never" if all(r is None for r in reach.rounds) else "n/a", "n/a"]
+    speed = speedup(base, mean)
+    return [f"{mean:.1f}", "n/a" if math.isnan(speed) else f"{speed:.2f}x"]
+
+
 def _table2(rows: dict[str, Cell], goal: float) -> list[str]:
-    base = rounds_to_target(rows["fedavg"], goal).mean_rounds() if "fedavg" in rows else math.nan
+    """Rounds to the target; where runs record simulated time, the simulated seconds to it too."""
+    base_rounds, base_time = baseline(rows, goal)
+    timed = has_sim_time(rows)
+    times = " simulated s to target | time speed-up vs FedAvg |" if timed else ""
     lines = [
         "| method | rounds to target (mean over seeds that reach it) | reached | speed-up vs FedAvg | "
-        "parameters communicated by then |",
-        "|---|---|---|---|---|",
+        "parameters communicated by then |" + times,
+        "|---" * (7 if timed else 5) + "|",
     ]
     for row, cell in rows.items():
         reach = rounds_to_target(cell, goal)
         got = [p for p in reach.params if p is not None]
         mean = reach.mean_rounds()
         rounds = "never" if math.isnan(mean) else f"{mean:.1f}"
-        speed = "n/a" if math.isnan(mean) or math.isnan(base) else f"{base / mean:.2f}x"
+        speed = speedup(base_rounds, mean)
+        speed_text = "n/a" if math.isnan(speed) else f"{speed:.2f}x"
         params = f"{sum(got) / len(got):,.0f}" if got else "n/a"
-        lines.append(f"| {row} | {rounds} | {len(got)} of {len(cell.runs)} | {speed} | {params} |")
+        extra = "".join(f" {t} |" for t in _times(reach, base_time)) if timed else ""
+        lines.append(
+            f"| {row} | {rounds} | {len(got)} of {len(cell.runs)} | {speed_text} | {params} |{extra}"
+        )
     return lines
 
 
@@ -159,6 +179,13 @@ def markdown(
         ]
         text += [*_personal(table), ""]
     text += ["## Rounds to target", ""]
+    if any(has_sim_time(rows) for rows in table.values()):
+        text += [
+            "simulated s: the simulated second (the records' sim_time_s, train_args.party_speed's clock) of "
+            "the round that first reaches the target, mean over the seeds that reach it; n/a: runs without "
+            "simulated time.",
+            "",
+        ]
     for setting, rows in table.items():
         goal = goals[setting]
         if goal is None:
@@ -167,6 +194,14 @@ def markdown(
         text += [f"### {setting} (target {100 * goal:.2f}%)", "", *_table2(rows, goal), ""]
     text += ["## Summary", "", *(f"- {line}" for line in summary_lines(table)), ""]
     text += ["## Curves", ""]
+    if any(name.startswith("time_") for files in pictures.values() for name in files):
+        text += [
+            "time_*.png: test accuracy against simulated seconds. Seeds' rounds end at different seconds, "
+            "so each seed's curve holds its last evaluated accuracy until its next; the line is the mean "
+            "and the band the std over seeds of these, from when every seed has been evaluated to when "
+            "the first ends.",
+            "",
+        ]
     for setting, files in pictures.items():
         text += [f"![{setting}]({name})" for name in files] + [""]
     if latex:

@@ -80,24 +80,58 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+SIM_TIME = "sim_time_s"  # a record's simulated second (train_args.party_speed; every buffered run)
+
+
+def has_sim_time(rows: dict[str, Cell]) -> bool:
+    """Whether any run of a setting's rows records simulated time."""
+    return any(SIM_TIME in r for cell in rows.values() for run in cell.runs for r in run.records)
+
+
+def _mean(values: list[float | int | None]) -> float:
+    reached = [v for v in values if v is not None]
+    return sum(reached) / len(reached) if reached else math.nan
+
+
 @dataclass
 class Reach:
-    """Rounds a row needs to reach the target: per seed, None where it never does."""
+    """Rounds a row needs to reach the target: per seed, None where it never does; `times`: the
+    simulated second it first does, None also where the run records no simulated time."""
 
     rounds: list[int | None]
     params: list[int | None]
+    times: list[float | None]
 
     def mean_rounds(self) -> float:
-        reached = [r for r in self.rounds if r is not None]
-        return sum(reached) / len(reached) if reached else math.nan
+        return _mean(self.rounds)
+
+    def mean_time(self) -> float:
+        """Mean simulated seconds to the target over the seeds that reach it (NaN: none does)."""
+        return _mean(self.times)
 
 
 def rounds_to_target(cell: Cell, target: float) -> Reach:
-    """Per run: the number of rounds (1-based) after which test accuracy first is >= target, and the
-    parameters communicated (uploaded + downloaded, every party) up to then."""
-    rounds, params = [], []
+    """Per run: the number of rounds (1-based) after which test accuracy first is >= target, the
+    parameters communicated (uploaded + downloaded, every party) up to then, and that round's
+    simulated second where the run records one."""
+    rounds, params, times = [], [], []
     for run in cell.runs:
         hit = next((r for r in run.records if "test_acc" in r and r["test_acc"] >= target), None)
         rounds.append(None if hit is None else int(hit["round"]) + 1)
         params.append(None if hit is None else int(hit.get("params_up", 0)) + int(hit.get("params_down", 0)))
-    return Reach(rounds, params)
+        times.append(None if hit is None or hit.get(SIM_TIME) is None else float(hit[SIM_TIME]))
+    return Reach(rounds, params, times)
+
+
+def baseline(rows: dict[str, Cell], target: float) -> tuple[float, float]:
+    """FedAvg's mean rounds and mean simulated seconds to `target` in a setting (NaN: no FedAvg row,
+    none of its seeds reaches it, or no simulated time)."""
+    if "fedavg" not in rows:
+        return math.nan, math.nan
+    reach = rounds_to_target(rows["fedavg"], target)
+    return reach.mean_rounds(), reach.mean_time()
+
+
+def speedup(base: float, mean: float) -> float:
+    """FedAvg's mean over a row's mean (rounds or seconds to the target); NaN where either is NaN."""
+    return math.nan if math.isnan(base) or math.isnan(mean) else base / mean

@@ -26,6 +26,14 @@ def buffer_refusal(server: type, name: str) -> str | None:
     return None
 
 
+def buffer_shape(cfg: Any) -> tuple[int, int]:
+    """(concurrency, K) of a buffered run, their nulls resolved: concurrency defaults to
+    `train_args.client_num_per_round`, K (`buffer_size`) to the concurrency."""
+    s = cfg.server_args
+    concurrency = s.concurrency or cfg.train_args.client_num_per_round
+    return concurrency, s.buffer_size or concurrency
+
+
 def speed_value_checks(train: Any) -> None:
     """`train_args.party_speed` and its sigma (`TrainArgs.check`)."""
     speed = train.party_speed
@@ -95,7 +103,6 @@ def buffered_checks(cfg: Any, server: type) -> None:
         "train_args.algorithm": buffer_refusal(server, train.algorithm),
         "server_args.robust_aggregation": s.robust_aggregation != "none"
         and "a robust rule compares a round's uploads one by one, a buffer holds their sum",
-        "privacy_args": cfg.privacy_args.on and "secure aggregation and DP are not yet buffered",
         "train_args.stream_uploads": train.stream_uploads
         and "a buffer already sums each update as it arrives",
     }
@@ -105,3 +112,9 @@ def buffered_checks(cfg: Any, server: type) -> None:
             "server_args.aggregation",
             f"buffered cannot run with this {key}: {why}; set aggregation: sync",
         )
+    require(
+        not cfg.privacy_args.on or buffer_shape(cfg)[1] <= n,
+        "server_args.buffer_size",
+        f"under privacy_args a buffer holds at most one update per party, so it cannot hold more than "
+        f"client_num_in_total ({n}); got {buffer_shape(cfg)[1]}",
+    )

@@ -32,6 +32,7 @@ SMALL = [
 ]
 TINY = [*conformance.TINY, *SMALL, "train_args.comm_round=2"]
 BUFFERED = ["server_args.aggregation=buffered"]
+SECURE = ["privacy_args.secure_aggregation=true", "validation_args.local_test=false"]
 needs_data = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
@@ -246,13 +247,32 @@ def test_each_algorithm_runs_buffered_rounds(case, tmp_path, monkeypatch):
             "standalone",
         ),
         ("moon", ["server_args.robust_aggregation=median"], "server_args.aggregation", "robust_aggregation"),
-        ("moon", ["privacy_args.secure_aggregation=true"], "server_args.aggregation", "privacy_args"),
         ("moon", ["train_args.stream_uploads=true"], "server_args.aggregation", "stream_uploads"),
         (
             "moon",
-            ["privacy_args.dp_clip_norm=1", "privacy_args.dp_noise_multiplier=1"],
-            "server_args.aggregation",
-            "DP",
+            [
+                "privacy_args.secure_aggregation=true",
+                "validation_args.local_test=false",
+                "server_args.buffer_size=2",
+            ],
+            "server_args.buffer_size",
+            "at least 3 parties a round",
+        ),
+        (
+            "moon",
+            [*SECURE, "server_args.buffer_size=4", "privacy_args.secagg_min_group=5"],
+            "privacy_args.secagg_min_group",
+            "exceeds server_args.buffer_size=4",
+        ),
+        (
+            "moon",
+            [
+                "privacy_args.dp_clip_norm=1",
+                "privacy_args.dp_noise_multiplier=1",
+                "server_args.buffer_size=11",
+            ],
+            "server_args.buffer_size",
+            "at most one update per party",
         ),
         ("moon", ["server_args.staleness=linear"], "server_args.staleness", "'linear'"),
         ("moon", ["server_args.buffer_size=0"], "server_args.buffer_size", "must be >= 1"),

@@ -111,6 +111,7 @@ def test_a_resnet50_dp_update_is_clipped_by_its_trainable_parameters_alone():
         (dict(noise_std=0.1), "noise share 0.1 is not sigma C / sqrt(5)"),
         (dict(min_sum=0), "min_sum 0 is not in [1, 9]"),
         (dict(min_sum=10), "min_sum 10 is not in [1, 9]"),
+        (dict(discount=0.5), "discount 0.5 is not 1"),  # a synchronous run discounts nothing
     ],
 )
 def test_a_party_refuses_a_plan_that_is_not_what_its_run_asks(change, named):

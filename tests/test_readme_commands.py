@@ -196,6 +196,14 @@ BUFFERED = (
     "--set server_args.aggregation=buffered --set server_args.buffer_size=5 "
     "--set train_args.party_speed=lognormal --output-dir outputs/moon-buffered"
 )
+BUFFERED_PRIVATE = (
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
+    "--set server_args.aggregation=buffered --set server_args.buffer_size=3 --set server_args.concurrency=5 "
+    "--set train_args.party_speed=lognormal "
+    "--set privacy_args.secure_aggregation=true --set privacy_args.dp_clip_norm=1.0 "
+    "--set privacy_args.dp_noise_multiplier=0.3 --set validation_args.local_test=false "
+    "--set train_args.comm_round=5 --output-dir outputs/moon-buffered-private"
+)
 SPLIT_RUNS = [
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --output-dir outputs/split-a",
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set data_args.partition_method=file "
@@ -273,6 +281,7 @@ COMMANDS: dict[str, str] = {
     CONFIG_KEY: "single",
     **dict.fromkeys(SPLIT_RUNS, "single"),
     BUFFERED: "single",
+    BUFFERED_PRIVATE: "single",
     SITE_WRITE: "site-data",
     NETWORK_WRITE: "network",
     **dict.fromkeys(NETWORK_RUNS, "network"),
@@ -605,6 +614,15 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     assert record["sim_time_s"] > 0 and record["parties"] == 5 and "staleness_max" in record
     _completed(tmp_path / "buffered", 1)
     done.add(BUFFERED)
+    # with secure aggregation and DP: every buffer a secure sum of 3 of the 5 parties, each charged
+    words, out = _entry_point(BUFFERED_PRIVATE), tmp_path / "buffered-private"
+    five = ["--set", "train_args.client_num_in_total=5", "--set", "train_args.client_num_per_round=5"]
+    assert cli([*words[:-1], str(out), *_sets(BUFFERED_PRIVATE), *five]) == 0
+    ledger = [json.loads(line) for line in (out / "privacy_ledger.jsonl").read_text().splitlines()]
+    assert len(ledger) == 5 and all(len(set(r["parties"])) == 3 for r in ledger)
+    summary = _completed(out, 5)
+    assert summary["secure_aggregation"] and summary["dp_epsilon_release"] == summary["dp_epsilon_server"] > 0
+    done.add(BUFFERED_PRIVATE)
 
     # the example algorithm
     assert cli([*_entry_point(HEADPROX), *_sets(HEADPROX), "--output-dir", str(tmp_path / "headprox")]) == 0

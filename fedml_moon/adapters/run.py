@@ -313,17 +313,23 @@ def build_server(base: Base, out_dir: Path) -> Any:
 def privacy_factory(base: Base, aggregator: Any, out_dir: Path) -> Any:
     """privacy_args' accounting on the server, from the parties' weights (built when they are known:
     before any file is written where the server computed the partition)."""
+    from fedml_moon.buffering import buffer_shape
     from fedml_moon.privacy.mod import PrivateAggregation
 
     cfg, train, server_algo = base.cfg, base.cfg.train_args, aggregator.algorithm
 
+    buffered = cfg.server_args.aggregation == "buffered"
+    per_round = buffer_shape(cfg)[1] if buffered else train.client_num_per_round  # a buffer is full
+
     def make(weights: dict[int, float]) -> PrivateAggregation:
         summed_weights = {p: server_algo.sum_weight(w) for p, w in weights.items()}
-        fewest = quorum(cfg.comm_args.min_reports, train.client_num_per_round)
+        if buffered and cfg.server_args.buffer_weights == "uniform":
+            summed_weights = dict.fromkeys(weights, 1.0)
+        fewest = per_round if buffered else quorum(cfg.comm_args.min_reports, per_round)
         metrics = ("loss", *base.spec.client.terms)
         privacy = PrivateAggregation(
-            cfg.privacy_args, server_algo.summed, summed_weights, train.client_num_per_round, weights,
-            fewest, metrics,
+            cfg.privacy_args, server_algo.summed, summed_weights, per_round, weights, fewest, metrics,
+            buffered,
         )  # fmt: skip
         privacy.set_model(server_algo.trainable, aggregator.global_state)
         privacy.set_ledger(out_dir / "privacy_ledger.jsonl")

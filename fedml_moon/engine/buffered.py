@@ -20,6 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from fedml_moon.algorithms.base import Payload
+from fedml_moon.buffering import buffer_shape
 from fedml_moon.config import Config
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount, party_durations
@@ -29,6 +30,7 @@ from fedml_moon.engine.rounds import ServerRounds
 from fedml_moon.engine.simulation import StandaloneSimulation
 from fedml_moon.engine.summed import Result
 from fedml_moon.errors import BadUpload, ConfigError
+from fedml_moon.privacy.party import PartyVector, party_vector
 from fedml_moon.privacy.sums import Sums, contribution
 
 log = logging.getLogger(__name__)
@@ -91,22 +93,27 @@ class BufferedSimulation(StandaloneSimulation):
 
     def __init__(self, server: ServerRounds, runner: PartyRunner, cfg: Config, clock: SimClock) -> None:
         super().__init__(server, runner, checkpoint_every=0)
-        s = cfg.server_args
-        self.clock, self.options = clock, s
-        self.concurrency = s.concurrency or cfg.train_args.client_num_per_round
-        self.size = s.buffer_size or self.concurrency
+        self.clock, self.options = clock, cfg.server_args
+        self.concurrency, self.size = buffer_shape(cfg)
         self.gen = rng(cfg.common_args.random_seed, "buffered")
         self.version = 0
         self.inflight: dict[int, Job] = {}
         self.buffer = Buffer()
+        self.vectors: dict[int, PartyVector] = {}  # privacy_args: the buffer's parties' vectors
         self.refused_stale = 0  # this buffer's updates refused as too stale
         self.rejected: dict[int, str] = {}  # this buffer's unusable uploads
         self.left_out = 0  # updates left out (too stale, unusable) since the last one kept
 
     # --- the parties' side ----------------------------------------------------------------------
-    def dispatch(self, count: int) -> None:
-        """Give `count` parties not training (drawn on the "buffered" stream) the newest model."""
-        idle = [p for p in range(self.server.n_parties) if p not in self.inflight]
+    def dispatch(self) -> None:
+        """Fill the free slots with parties not training (drawn on the "buffered" stream), each given
+        the newest model; under privacy_args not those whose update waits in the buffer either (a
+        buffer holds one update per party: one input of its secure sum, one clipped change)."""
+        count = self.concurrency - len(self.inflight)
+        waiting = self.vectors if self.server.privacy is not None else {}
+        idle = [p for p in range(self.server.n_parties) if p not in self.inflight and p not in waiting]
+        if count <= 0 or not idle:
+            return
         chosen = sorted(int(p) for p in self.gen.choice(idle, min(count, len(idle)), replace=False))
         self.server.args.round_idx = self.version
         for party in chosen:
@@ -144,16 +151,20 @@ class BufferedSimulation(StandaloneSimulation):
                 )
             return
         self.left_out = 0
-        self.server.totals["bytes_up"] += payload_nbytes(upload)
-        self.server.totals["params_up"] += payload_numel(upload)
-        if self.server.save_party_models:
-            self.server.save_uploads({party: upload})
-        algorithm = self.aggregator.algorithm
-        ratio = float(algorithm.sum_weight(samples)) if self.options.buffer_weights == "samples" else 1.0
         s = discount(self.options.staleness, tau, self.options.staleness_exponent)
-        addends = contribution(upload, job.payload, algorithm.summed, ratio * s)
         keep = (samples, {"metrics": dict(upload.get("metrics") or {})})
-        self.buffer.add(addends, ratio, tau, keep, party)
+        if self.server.privacy is not None:  # the party's side: its clipped, discounted vector
+            self.vectors[party] = party_vector(upload, job.payload, self.server.privacy.plan(party, s))
+            self.buffer.add({}, 1.0, tau, keep, party)
+        else:
+            self.server.totals["bytes_up"] += payload_nbytes(upload)
+            self.server.totals["params_up"] += payload_numel(upload)
+            if self.server.save_party_models:
+                self.server.save_uploads({party: upload})
+            algorithm = self.aggregator.algorithm
+            ratio = float(algorithm.sum_weight(samples)) if self.options.buffer_weights == "samples" else 1.0
+            addends = contribution(upload, job.payload, algorithm.summed, ratio * s)
+            self.buffer.add(addends, ratio, tau, keep, party)
         if len(self.buffer) >= self.size:
             self.flush()
 
@@ -184,12 +195,27 @@ class BufferedSimulation(StandaloneSimulation):
             raise BadUpload(f"round {self.version}: {self.rejected} (train_args.on_bad_upload: stop)")
         return False
 
-    def flush(self) -> dict[str, Any]:
-        """Apply the buffer (one round): the new global state, the round's evaluations and record."""
-        buffer, round_idx = self.buffer, self.version
+    def flush(self) -> dict[str, Any] | None:
+        """Apply the buffer (one round): the new global state, the round's evaluations and record.
+        Under privacy_args its parties' vectors are summed (securely, with DP's noise and accounting),
+        unless the release would pass `dp_target_epsilon`: then the run stops, the buffer unreleased."""
+        buffer, round_idx, privacy = self.buffer, self.version, self.server.privacy
         self.server.rejected = dict(self.rejected)
-        sums = Sums(buffer.weight, len(buffer), buffer.fields)
-        ordered = self.server.apply_sums(sums, [keep for _, keep in buffer.kept])
+        if privacy is not None and not privacy.allows(sorted(self.vectors)):
+            log.warning(
+                "privacy_args.dp_target_epsilon: the run stops after %d rounds: the next buffer's sum "
+                "would pass epsilon %s; it is not released",
+                round_idx,
+                privacy.options.dp_target_epsilon,
+            )
+            self.rounds = round_idx
+            return None
+        if privacy is not None:
+            sums, self.vectors = self.server.private_sum(round_idx, self.vectors), {}
+            ordered = self.server.apply_sums(sums)
+        else:
+            sums = Sums(buffer.weight, len(buffer), buffer.fields)
+            ordered = self.server.apply_sums(sums, [keep for _, keep in buffer.kept])
         extra = {"sim_time_s": self.clock.now, **buffer.stats(), "refused_stale": self.refused_stale}
         self.server.args.round_idx = round_idx
         record = self.close_round(round_idx, ordered, extra)
@@ -216,7 +242,7 @@ class BufferedSimulation(StandaloneSimulation):
         )
         try:
             self.server.started = time.perf_counter()
-            self.dispatch(self.concurrency)
+            self.dispatch()
             with tqdm(total=self.rounds, desc="rounds", unit="round", disable=None) as bar:
                 while self.version < self.rounds:
                     before = self.version
@@ -226,7 +252,7 @@ class BufferedSimulation(StandaloneSimulation):
                             self.arrive(party)
                     bar.update(self.version - before)
                     if self.version < self.rounds:
-                        self.dispatch(len(parties))
+                        self.dispatch()
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"

@@ -17,7 +17,7 @@ from fedml_moon.algorithms.base import Payload, ServerAlgorithm
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.privacy.mod import secure_sum
-from fedml_moon.privacy.party import party_vector
+from fedml_moon.privacy.party import PartyVector, party_vector
 from fedml_moon.privacy.sums import Sums, contribution
 
 Result = tuple[float, Payload]  # (number of samples, upload)
@@ -65,10 +65,16 @@ class SummedRounds:
 
     def aggregate_private(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
         """privacy_args in this process (the standalone simulation): each party's vector
-        (`privacy.party`), their secure sum (SecAgg run among them here) or plain sum, then
-        `apply_sums`. Counted in bytes_up: each party's masked vector."""
+        (`privacy.party`), their sum (`private_sum`), then `apply_sums`."""
         privacy = self.privacy
         vectors = {p: party_vector(u, self.sent[p], privacy.plan(p)) for p, (_, u) in results.items()}
+        return self.apply_sums(self.private_sum(round_idx, vectors))
+
+    def private_sum(self, round_idx: int, vectors: dict[int, PartyVector]) -> Sums:
+        """The parties' vectors summed securely (SecAgg run among them here) or plainly, read back as
+        the round's `Sums` (`PrivateAggregation.finish`: DP's noise and accounting). Counted in
+        bytes_up: each party's masked vector."""
+        privacy = self.privacy
         if privacy.options.secure_aggregation:
             total, parties = secure_sum(round_idx, vectors, privacy.params(len(vectors)))
         else:
@@ -77,7 +83,7 @@ class SummedRounds:
         first = vectors[parties[0]]
         self.totals["params_up"] += first.vector.numel() * len(vectors)
         self.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
-        return self.apply_sums(privacy.finish(total, first.entries, first.metric_names, parties, round_idx))
+        return privacy.finish(total, first.entries, first.metric_names, parties, round_idx)
 
     def apply_sums(self, sums: Sums, stand_ins: list[Result] | None = None) -> list[Result]:
         """The new global state from the round's sums (the aggregator's `aggregate_sums`, then FedML's

@@ -53,12 +53,16 @@ class PrivateAggregation:
         samples: Mapping[int, int] | None = None,
         quorum: int | None = None,
         metrics: tuple[str, ...] = ("loss",),
+        buffered: bool = False,
     ):
-        """`weights`: each party's `sum_weight` (every party of the run); `per_round`: parties sampled;
-        `samples`: each party's sample count, its metrics' weight (default: `weights`); `quorum`: the
-        fewest parties a round may complete with (default: every sampled party); `metrics`: the
-        training metrics every party's vector ends with (`loss` and the algorithm's terms)."""
+        """`weights`: each party's `sum_weight` (every party of the run); `per_round`: parties sampled
+        (buffered: the buffer's K); `samples`: each party's sample count, its metrics' weight (default:
+        `weights`); `quorum`: the fewest parties a round may complete with (default: every sampled
+        party); `metrics`: the training metrics every party's vector ends with (`loss` and the
+        algorithm's terms); `buffered`: the rounds are buffers (FedBuff), whose parties are the first to
+        finish, not a uniform sample: the accountant claims no amplification by sampling for them."""
         self.options, self.summed, self.per_round = options, dict(summed), per_round
+        self.buffered = buffered
         self.metrics = tuple(sorted(set(metrics)))
         self.quorum = min(per_round, quorum or per_round)
         top = max(weights.values())
@@ -74,8 +78,9 @@ class PrivateAggregation:
         if options.dp:
             from fedml_moon.privacy.accountant import PrivacyAccountant  # dp-accounting: only with DP
 
+            sampled = len(weights) if buffered else per_round  # every party: no amplification
             self.accountant = PrivacyAccountant(
-                options.dp_noise_multiplier, len(weights), per_round, options.dp_delta, options.dp_accountant
+                options.dp_noise_multiplier, len(weights), sampled, options.dp_delta, options.dp_accountant
             )
 
     @property
@@ -100,10 +105,11 @@ class PrivateAggregation:
             )
         self.clear = buffers
 
-    def plan(self, party: int) -> Plan:
+    def plan(self, party: int, discount: float = 1.0) -> Plan:
         """What `party` adds this round. With DP under secure aggregation every sampled party adds
         N(0, sigma^2 C^2 / q), q the round's quorum, so that a sum of q or more carries at least
-        N(0, sigma^2 C^2); it reveals no share for a sum of fewer (`min_sum`)."""
+        N(0, sigma^2 C^2); it reveals no share for a sum of fewer (`min_sum`). `discount`: buffered
+        aggregation's s(tau) of the party's update, applied after clipping (its norm stays <= C)."""
         o = self.options
         share = noise_std(o.dp_clip_norm, o.dp_noise_multiplier, self.quorum) if self.noise_shared else 0.0
         ratios = self.ratios[int(party)], self.metric_ratios[int(party)]
@@ -119,6 +125,7 @@ class PrivateAggregation:
             self.clear,
             fewest,
             self.metrics,
+            discount,
         )
 
     def params(self, participants: int) -> SecAggParams:
@@ -133,10 +140,18 @@ class PrivateAggregation:
         """How many of `rounds` (sampled as `schedule` says) the run may train before the epsilon that
         `dp_target_epsilon` bounds would pass it: against the server under secure aggregation (the
         strongest observer DP holds against), of the release otherwise."""
-        if self.accountant is None or self.options.dp_target_epsilon is None:
-            return rounds
+        if self.accountant is None or self.options.dp_target_epsilon is None or self.buffered:
+            return rounds  # buffered: each buffer is checked as it fills (`allows`)
         target, server = self.options.dp_target_epsilon, self.options.secure_aggregation
         return self.accountant.rounds_within(target, schedule[:rounds], server)
+
+    def allows(self, parties: list[int]) -> bool:
+        """Whether one more sum of `parties` at the run's sigma keeps the epsilon that
+        `dp_target_epsilon` bounds within it (buffered aggregation asks before each buffer)."""
+        if self.accountant is None or self.options.dp_target_epsilon is None:
+            return True
+        target, server = self.options.dp_target_epsilon, self.options.secure_aggregation
+        return self.accountant.rounds_within(target, [parties], server) == 1
 
     def finish(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fedml_moon.buffering import buffer_shape
 from fedml_moon.errors import require
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -131,16 +132,22 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
         f"{cfg.server_args.robust_aggregation!r} needs each party's upload, which privacy_args hides from "
         "the server (it sees only their sum); set none",
     )
-    train = cfg.train_args
+    train, buffered = cfg.train_args, cfg.server_args.aggregation == "buffered"
     require(
-        not p.dp or p.dp_accountant != "pld" or train.client_num_per_round == train.client_num_in_total,
+        not p.dp
+        or p.dp_accountant != "pld"
+        or buffered
+        or train.client_num_per_round == train.client_num_in_total,
         "privacy_args.dp_accountant",
         "pld composes rounds where every party takes part (client_num_per_round = client_num_in_total); "
         "with sampled parties use rdp",
     )
     if not p.secure_aggregation:
         return
-    _crowd_checks(p, train.client_num_per_round)
+    if buffered:  # each buffer is a secure sum of its K parties
+        _crowd_checks(p, buffer_shape(cfg)[1], "server_args.buffer_size")
+    else:
+        _crowd_checks(p, train.client_num_per_round, "train_args.client_num_per_round")
     require(
         not cfg.validation_args.local_test,
         "validation_args.local_test",
@@ -163,12 +170,13 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
     )
 
 
-def _crowd_checks(p: PrivacyArgs, per_round: int) -> None:
-    """Secure aggregation's crowd rules against the round's size (docs/explanation/privacy.md): at least 3
-    parties a round, a threshold above half of each neighbourhood, a reachable secagg_min_group."""
+def _crowd_checks(p: PrivacyArgs, per_round: int, key: str) -> None:
+    """Secure aggregation's crowd rules against the round's size (docs/explanation/privacy.md), the
+    setting `key` (client_num_per_round, or a buffered run's buffer_size): at least 3 parties a round,
+    a threshold above half of each neighbourhood, a reachable secagg_min_group."""
     require(
         per_round >= 3,
-        "train_args.client_num_per_round",
+        key,
         f"secure aggregation needs at least 3 parties a round (with 1 the server reads its input, with 2 "
         f"each learns the other's from the sum); got {per_round}: sample 3 or more, or turn "
         "privacy_args.secure_aggregation off",
@@ -180,7 +188,7 @@ def _crowd_checks(p: PrivacyArgs, per_round: int) -> None:
         t == "auto" or 2 * t > size,
         "privacy_args.secagg_threshold",
         f"{t} is not more than half of a neighbourhood of {size} (itself included, from "
-        f"client_num_per_round={per_round} and secagg_neighbours={p.secagg_neighbours}): a server telling "
+        f"{key.split('.')[-1]}={per_round} and secagg_neighbours={p.secagg_neighbours}): a server telling "
         f"some neighbours a party survived and others that it dropped would rebuild both of its secrets; "
         f"set it above {size // 2}, or auto",
     )
@@ -194,6 +202,6 @@ def _crowd_checks(p: PrivacyArgs, per_round: int) -> None:
     require(
         p.secagg_min_group <= per_round,
         "privacy_args.secagg_min_group",
-        f"{p.secagg_min_group} exceeds train_args.client_num_per_round={per_round}: no round could be "
+        f"{p.secagg_min_group} exceeds {key}={per_round}: no round could be "
         "unmasked; lower it or sample more parties",
     )

@@ -19,7 +19,7 @@ import torch
 
 from fedml_moon.privacy.dp import clip_to_norm, gaussian_noise, noise_std
 from fedml_moon.privacy.options import PrivacyArgs
-from fedml_moon.privacy.sums import KINDS, Entry, contribution, flatten, layout
+from fedml_moon.privacy.sums import KINDS, UPDATE, Entry, contribution, flatten, layout
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class Plan:
     clear: tuple[str, ...] = ()
     min_sum: int = 0
     metrics: tuple[str, ...] = ()  # the training metrics the vector ends with, in order (the server's)
+    discount: float = 1.0  # buffered aggregation: s(tau) of its "update" fields, after clipping
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,11 +75,14 @@ class Plan:
             tuple(raw["clear"]),
             raw["min_sum"],
             tuple(raw["metrics"]),
+            float(raw["discount"]),
         )
         if not plan.summed or any(kind not in KINDS for kind in plan.summed.values()):
             raise PrivacyError(f"a plan's summed fields {plan.summed} are not field -> one of {KINDS}")
         if not (0 < plan.ratio <= 1 and 0 < plan.metric_ratio <= 1) or not 0 <= plan.noise_std < math.inf:
             raise PrivacyError(f"a plan's ratio {plan.ratio} or noise_std {plan.noise_std} is out of range")
+        if not 0 < plan.discount <= 1:
+            raise PrivacyError(f"a plan's discount {plan.discount} is not in (0, 1]")
         if plan.clip is not None and not (isinstance(plan.clip, (int, float)) and plan.clip > 0):
             raise PrivacyError(f"a plan's clip {plan.clip!r} is not a norm > 0")
         return plan
@@ -100,6 +104,8 @@ def plan_problem(plan: Plan, options: PrivacyArgs, per_round: int) -> str | None
     or a min_sum outside [1, client_num_per_round]; None when it is."""
     if plan.secure != options.secure_aggregation or plan.clip != options.dp_clip_norm:
         return f"the plan's clip {plan.clip} or secure {plan.secure} is not the run's privacy_args"
+    if plan.discount != 1.0:
+        return f"the plan's discount {plan.discount} is not 1 (the run aggregates synchronously)"
     if not (options.dp and options.secure_aggregation):
         return None if plan.noise_std == 0 else f"the plan asks for noise {plan.noise_std} the server adds"
     if not 1 <= plan.min_sum <= per_round:
@@ -134,8 +140,8 @@ def plan_layout(fields: Mapping[str, Any], plan: Plan) -> list[Entry]:
 
 
 def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
-    """The party's addends, clipped and noised as `plan` says (the clear part as it is), then its
-    metrics times its sample ratio."""
+    """The party's addends, clipped, discounted and noised as `plan` says (the clear part as it is,
+    discounted), then its metrics times its sample ratio."""
     fields = contribution(upload, received, plan.summed, plan.ratio, plan.left_out)
     private, clear = split(fields, plan)
     vector, rest = flatten(private, {}, plan.ratio), flatten(clear, {}, plan.ratio)
@@ -144,6 +150,9 @@ def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
     norm = float(vector.norm())
     if plan.clip is not None:
         vector, norm = clip_to_norm(vector, float(plan.clip))
+    if plan.discount != 1.0:
+        vector = discounted(vector, layout(private), plan.summed, plan.discount)
+        rest = discounted(rest, layout(clear), {CLEAR: UPDATE}, plan.discount)
     if plan.noise_std > 0:
         vector = vector + gaussian_noise(vector, plan.noise_std)
     tail = torch.tensor(
@@ -152,6 +161,20 @@ def party_vector(upload: Mapping, received: Mapping, plan: Plan) -> PartyVector:
     return PartyVector(
         torch.cat([vector, rest, tail]), layout(private) + layout(clear), list(plan.metrics), norm
     )
+
+
+def discounted(
+    vector: torch.Tensor, entries: list[Entry], summed: Mapping[str, str], s: float
+) -> torch.Tensor:
+    """`vector` (laid out as `entries`) with the entries of "update" fields times the staleness
+    discount `s` (FedBuff); "sum" fields (FedSSC's prototypes) as they are."""
+    scale, offset = torch.ones_like(vector), 0
+    for name, _, shape in entries:
+        size = int(torch.Size(shape).numel())
+        if summed.get(name) == UPDATE:
+            scale[offset : offset + size] = s
+        offset += size
+    return vector * scale
 
 
 def metric_values(upload: Mapping, names: tuple[str, ...]) -> list[float]:

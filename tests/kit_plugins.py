@@ -1,6 +1,7 @@
 """Plugins for the contributor kit's tests, loaded as `common_args.plugins` (`tests.kit_plugins:NAME`)
 by every process a check starts: the tutorial's FedProto broken the ways contributors break
-algorithms, and a correct algorithm whose loss is full of ReLU kinks."""
+algorithms (one refusing buffered aggregation with a reason of its own), and a correct algorithm
+whose loss is full of ReLU kinks."""
 
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ class SumsIgnoredServer(FedprotoServer):
 
     def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
         return ServerAlgorithm.aggregate_sums(self, global_state, sums)
+
+
+class RoundSizedServer(FedprotoServer):
+    """Expects a round's sums to hold every party a round samples: true of a synchronous round that
+    loses no party, not of a buffer smaller than a round."""
+
+    def aggregate_sums(self, global_state: OrderedDict, sums: Sums) -> OrderedDict:
+        per_round = self.train_args.client_num_per_round
+        if sums.count != per_round:
+            raise ValueError(f"sums of {sums.count} parties; a round samples {per_round}")
+        return super().aggregate_sums(global_state, sums)
+
+
+class NotBufferedServer(FedprotoServer):
+    """Says why it does not buffer."""
+
+    not_buffered = "its prototypes are a round's class means, which a buffer of stale ones would blur"
 
 
 class BranchyClient(FedprotoClient):
@@ -83,6 +101,14 @@ def sums_ignored() -> AlgorithmSpec:
     return _proto("proto_sums_ignored", server=SumsIgnoredServer)
 
 
+def round_sized() -> AlgorithmSpec:
+    return _proto("proto_round_sized", server=RoundSizedServer)
+
+
+def not_buffered() -> AlgorithmSpec:
+    return _proto("proto_not_buffered", server=NotBufferedServer)
+
+
 def branchy() -> AlgorithmSpec:
     return _proto("proto_branchy", client=BranchyClient)
 
@@ -91,4 +117,4 @@ def hinge() -> AlgorithmSpec:
     return AlgorithmSpec("hinge_kinks", HingeClient, ServerAlgorithm, NoOptions, "hinge loss")
 
 
-__all__ = ["branchy", "forgetful", "hinge", "sums_ignored", "unsummed"]
+__all__ = ["branchy", "forgetful", "hinge", "not_buffered", "round_sized", "sums_ignored", "unsummed"]

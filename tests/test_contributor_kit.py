@@ -106,7 +106,7 @@ def test_the_example_passes_the_conformance_suite(tmp_path, monkeypatch, capsys)
         signal.signal(signal.SIGTERM, sigterm)
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    assert "fedprox_head: 13 of 13 checks passed" in out
+    assert "fedprox_head: 14 of 14 checks passed" in out
     stacked = (
         "PASS  stacked parties: one local round from identical inputs equals sequential (float32, 1e-05)"
     )

@@ -228,3 +228,36 @@ def test_a_mode_that_ends_elsewhere_is_named_by_tensor_entry_and_both_values(tmp
     assert found.startswith("final model.classifier.bias[1]: standalone 0.5, cross-silo-grpc 0.50013697")
     assert "differ by 0.000137; allowed 1e-05" in found
     assert run_differences(*runs, 1e-3, ("standalone", "cross-silo-grpc")) == []
+
+
+@needs_fmnist
+def test_check_tries_the_example_buffered_and_refuses_without_failing_what_cannot_buffer(tmp_path):
+    """FedProto buffered with every party at once is its synchronous round (model and prototypes);
+    with a buffer of one, 3 updates of staleness 0, 1 and 2 end finite. A plugin that says why it
+    does not buffer is not tried: not applicable, with its reason, and no run is made."""
+    fine = conformance.buffered_vs_sync(FEDPROTO, list(conformance.TINY), tmp_path / "fine", 3)
+    assert fine.ok and not fine.skipped, fine
+    assert fine.note == "within 1e-05; then 3 updates of staleness 0 to 2, one a round"
+    assert sorted(p.name for p in (tmp_path / "fine").iterdir()) == ["buffered", "stale", "sync"]
+    refused = conformance.buffered_vs_sync(FEDPROTO, plugin("not_buffered"), tmp_path / "refused", 3)
+    assert refused.skipped == (
+        "proto_not_buffered cannot buffer: its prototypes are a round's class means, which a buffer of "
+        "stale ones would blur"
+    )
+    assert not (tmp_path / "refused").exists()
+
+
+@needs_fmnist
+def test_check_names_a_buffered_step_that_ignores_a_sum_or_needs_a_whole_round(tmp_path):
+    """sums_ignored's aggregate_sums drops the prototypes: the buffered server keeps none where the
+    synchronous one keeps [10, 256]. round_sized equals the synchronous round, every party in the
+    buffer, and stops at the first buffer of one update, which the check names."""
+    ignored = conformance.buffered_vs_sync(FEDPROTO, plugin("sums_ignored"), tmp_path / "ignored", 3)
+    assert not ignored.ok and not ignored.error
+    assert any(
+        p.startswith("server algorithm.protos: synchronous a tensor [10, 256]") and "buffered None" in p
+        for p in ignored.problems
+    ), ignored.problems
+    assert not (tmp_path / "ignored" / "stale").exists()  # the first comparison failed: no stale run
+    sized = conformance.buffered_vs_sync(FEDPROTO, plugin("round_sized"), tmp_path / "sized", 3)
+    assert sized.error == "the stale buffered run failed: ValueError: sums of 1 parties; a round samples 3"

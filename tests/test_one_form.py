@@ -189,7 +189,7 @@ def test_an_algorithm_written_here_passes_the_conformance_suite_batched_included
         code = main(["check", "smooth_demo", "--cf", config, "--modes", "standalone"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
-    assert "smooth_demo: 13 of 13 checks passed" in out
+    assert "smooth_demo: 14 of 14 checks passed" in out
     stacked = (
         "PASS  stacked parties: one local round from identical inputs equals sequential (float32, 1e-05)"
     )

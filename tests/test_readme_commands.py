@@ -1098,7 +1098,7 @@ def test_the_package_fedml_moon_new_writes_passes_check_in_every_mode(tmp_path, 
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         outputs.append(done.stdout)
     assert (tmp_path / "fedproto" / "fedml_moon_fedproto" / "__init__.py").is_file()
-    assert "fedproto: 21 of 21 checks passed" in outputs[1], outputs[1]
+    assert "fedproto: 22 of 22 checks passed" in outputs[1], outputs[1]
 
 
 @needs_fmnist
@@ -1108,7 +1108,7 @@ def test_the_tutorials_fedproto_runs_and_passes_check(tmp_path, cli, capsys):
     check, run = [c for c, kind in COMMANDS.items() if kind == "tutorial"]
     assert cli(_entry_point(check)) == 0
     out = capsys.readouterr().out
-    assert "fedproto: 13 of 13 checks passed" in out, out
+    assert "fedproto: 14 of 14 checks passed" in out, out
     assert cli([*_entry_point(run), *_sets(run), "--output-dir", str(tmp_path / "fedproto")]) == 0
     summary = _completed(tmp_path / "fedproto", 2)
     assert summary["config"]["train_args"]["algorithm"] == "fedproto"

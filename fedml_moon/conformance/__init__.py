@@ -1,6 +1,7 @@
 """Run one config in every mode on this machine and check that the modes agree, that a stopped run
-resumes where it stopped, that secure sums carry what the plain aggregate reads, and that stacked
-parties compute what sequential ones do.
+resumes where it stopped, that secure sums carry what the plain aggregate reads, that buffered
+aggregation reduces to the synchronous round and takes stale updates, and that stacked parties
+compute what sequential ones do.
 
 Modes: standalone, the MPI simulation (N parties on W < N workers, with sampling), cross-silo over
 MPI, cross-silo over gRPC (silos started before the server) and MQTT + S3 (a mosquitto broker and a
@@ -9,6 +10,7 @@ started here is stopped again, and every wait is bounded. Used by `fedml-moon ch
 the test suite.
 """
 
+from fedml_moon.conformance.buffered import buffered_vs_sync
 from fedml_moon.conformance.checks import (
     Check,
     check_algorithm,
@@ -40,6 +42,7 @@ from fedml_moon.conformance.snapshot import differences, same_tree, snapshot
 
 __all__ = [
     "Outcome",
+    "buffered_vs_sync",
     "Traced",
     "differences",
     "float64_rounds",

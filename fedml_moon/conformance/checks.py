@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedml_moon.conformance.buffered import BUFFERED, buffered_vs_sync
 from fedml_moon.conformance.causes import INPLACE, global_random_problems, resume_hint
 from fedml_moon.conformance.inprocess import (
     FLOAT32_ONE_ROUND,
@@ -240,6 +241,8 @@ def check_algorithm(
     checks.append(resume_check(config, overrides, folder, traced))
     outcome = secure_vs_plain(config, overrides, folder / "secure", train.client_num_in_total)
     checks.append(_from("secure aggregation: the aggregate equals the plain one", outcome))
+    outcome = buffered_vs_sync(config, overrides, folder / "buffered", train.client_num_in_total)
+    checks.append(_from(BUFFERED, outcome))
     return _kept_first(_no_excuse(checks + _modes(config, overrides, folder, ref, modes), traced), traced)
 
 

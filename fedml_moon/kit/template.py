@@ -86,9 +86,12 @@ class NewAlgoClient(ClientAlgorithm):
 
 class NewAlgoServer(ServerAlgorithm):
     """The server side. What it keeps across rounds goes into `state` and comes back in
-    `load_state` (a stopped run resumes from them); under `privacy_args` (secure aggregation, DP)
-    and `train_args.stream_uploads` it learns only the round's sums of what `summed` names, and
-    `aggregate_sums` must make the same new state from them as `aggregate` from the uploads."""
+    `load_state` (a stopped run resumes from them); under `privacy_args` (secure aggregation, DP),
+    `train_args.stream_uploads` and `server_args.aggregation: buffered` it learns only the sums of
+    what `summed` names, and `aggregate_sums` must make the same new state from them as `aggregate`
+    from the uploads, whatever number of parties they hold (a buffer may hold one stale update).
+    A server step that does not fit a buffered, staleness-discounted sum sets `not_buffered` to the
+    reason instead; `fedml-moon check` tries the rest buffered."""
 
     # each upload field but the party's id: "update" (the weighted mean change from what was sent)
     # or "sum" (summed as it is); a field not named here is a config error under privacy_args

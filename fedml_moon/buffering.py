@@ -105,6 +105,8 @@ def buffered_checks(cfg: Any, server: type) -> None:
         and "a robust rule compares a round's uploads one by one, a buffer holds their sum",
         "train_args.stream_uploads": train.stream_uploads
         and "a buffer already sums each update as it arrives",
+        "algorithm_args.prototype_mode": getattr(cfg.algorithm_args, "prototype_mode", "mean") == "random-k"
+        and "random-k picks some parties' prototypes per class, a buffer holds only their sum (use mean)",
     }
     for key, why in clashes.items():
         require(

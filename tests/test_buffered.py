@@ -248,6 +248,7 @@ def test_each_algorithm_runs_buffered_rounds(case, tmp_path, monkeypatch):
         ),
         ("moon", ["server_args.robust_aggregation=median"], "server_args.aggregation", "robust_aggregation"),
         ("moon", ["train_args.stream_uploads=true"], "server_args.aggregation", "stream_uploads"),
+        ("fedssc", [], "server_args.aggregation", "prototype_mode: random-k picks some parties"),
         (
             "moon",
             [

@@ -1,0 +1,199 @@
+"""The server's side of buffered aggregation (FedBuff), whatever drives it: the standalone loop on its
+simulated clock (`engine.buffered`), or the distributed server at the parties' real pace, or on the
+clock in the MPI simulation (`distributed.server_buffered`).
+
+`dispatch` gives the free slots to parties not training (drawn on the run seed's "buffered" stream)
+with the newest global model; `take` is one party's update arriving: refused when too stale or
+unusable, else added, discounted by its staleness, to the buffer in the server algorithm's sum form
+(`privacy.sums.contribution`: r * (model - model it was sent) per "update" field, "sum" fields as
+they are; under `privacy_args` the party's clipped, discounted vector); `apply` applies a full buffer
+with the algorithm's `aggregate_sums` (server_lr and momentum in its `step`): one round. Each round's
+record names its updates (`updates`: [party, the version it started from], in arrival order) and the
+updates left out since the round before (`left_out`: [party, version, why]), so that the run can be
+replayed (`engine.replay`). Pure PyTorch; no algorithm knows it is buffered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fedml_moon.algorithms.base import Payload
+from fedml_moon.buffering import buffer_shape
+from fedml_moon.config import Config
+from fedml_moon.core.aggregation import payload_nbytes, payload_numel
+from fedml_moon.core.fedbuff import Buffer, SimClock, discount
+from fedml_moon.core.seeds import rng
+from fedml_moon.engine.rounds import ServerRounds
+from fedml_moon.engine.summed import Result
+from fedml_moon.errors import BadUpload
+from fedml_moon.privacy.party import PartyVector, party_vector
+from fedml_moon.privacy.sums import Sums, contribution
+
+log = logging.getLogger(__name__)
+LEFT_OUT_LIMIT = 10  # x max(K, concurrency) updates left out in a row stop the run (no buffer fills)
+
+
+@dataclass
+class Job:
+    """A party's local round in flight: the model version it started from, what it was sent, and
+    (once trained, in the standalone loop) its result."""
+
+    start: int
+    payload: Payload
+    result: Result | None = None
+
+
+class BufferedRounds:
+    """One run's buffer, jobs in flight and model version (module docstring)."""
+
+    def __init__(self, server: ServerRounds, cfg: Config, clock: SimClock | None) -> None:
+        self.server, self.options, self.clock = server, cfg.server_args, clock
+        self.concurrency, self.size = buffer_shape(cfg)
+        self.gen = rng(cfg.common_args.random_seed, "buffered")
+        self.version = 0
+        self.inflight: dict[int, Job] = {}
+        self.buffer = Buffer()
+        self.vectors: dict[int, PartyVector] = {}  # privacy_args: the buffer's parties' vectors
+        self.updates: list[list[int]] = []  # this buffer's [party, start version], in arrival order
+        self.left: list[list[Any]] = []  # updates left out since the last record: [party, start, why]
+        self.refused_stale = 0  # this buffer's updates refused as too stale
+        self.rejected: dict[int, str] = {}  # this buffer's unusable uploads
+        self.left_out = 0  # updates left out (too stale, unusable) since the last one kept
+
+    @property
+    def aggregator(self) -> Any:
+        return self.server.aggregator
+
+    def now(self) -> float | None:
+        """The simulated second (None at real pace)."""
+        return None if self.clock is None else self.clock.now
+
+    # --- the parties' side ----------------------------------------------------------------------
+    def dispatch(self, busy: frozenset[int] = frozenset()) -> dict[int, Payload]:
+        """Fill the free slots with parties not training and not in `busy` (parties that cannot take
+        work now, e.g. of a silo that is gone), drawn on the "buffered" stream, each given the newest
+        model; under privacy_args not those whose update waits in the buffer either (a buffer holds
+        one update per party: one input of its secure sum, one clipped change)."""
+        count = self.concurrency - len(self.inflight)
+        waiting = self.vectors if self.server.privacy is not None else {}
+        idle = [
+            p
+            for p in range(self.server.n_parties)
+            if p not in self.inflight and p not in waiting and p not in busy
+        ]
+        if count <= 0 or not idle:
+            return {}
+        chosen = sorted(int(p) for p in self.gen.choice(idle, min(count, len(idle)), replace=False))
+        self.server.args.round_idx = self.version
+        out = {}
+        for party in chosen:
+            payload = self.aggregator.get_model_params_for(party)
+            self.server.totals["bytes_down"] += payload_nbytes(payload)
+            self.server.totals["params_down"] += payload_numel(payload)
+            self.inflight[party] = Job(self.version, payload)
+            if self.clock is not None:
+                self.clock.start(party)
+            out[party] = payload
+        return out
+
+    # --- the server's side ----------------------------------------------------------------------
+    def take(self, party: int, upload: Payload) -> bool:
+        """`party`'s update arrives: refused when too stale or unusable, else into the buffer; returns
+        whether the buffer is full. So many updates left out in a row that no buffer could fill stop
+        the run (BadUpload)."""
+        job = self.inflight.pop(party)
+        samples = self.server.weight(party)
+        tau = self.version - job.start
+        why = self.too_stale(party, tau) or self.unusable(party, job, upload)
+        if why:
+            self.left.append([party, job.start, why])
+            self.left_out += 1
+            if self.left_out >= LEFT_OUT_LIMIT * max(self.size, self.concurrency):
+                raise BadUpload(
+                    f"round {self.version}: {self.left_out} updates in a row left out (too stale: "
+                    f"{self.refused_stale}, unusable: {self.rejected}), so no buffer fills"
+                )
+            return False
+        self.left_out = 0
+        self.updates.append([party, job.start])
+        self.add(party, job, samples, upload, tau)
+        return len(self.buffer) >= self.size
+
+    def add(self, party: int, job: Job, samples: float, upload: Payload, tau: int) -> None:
+        """Into the buffer: the party's vector under privacy_args, else its discounted addends."""
+        s = discount(self.options.staleness, tau, self.options.staleness_exponent)
+        keep = (samples, {"metrics": dict(upload.get("metrics") or {})})
+        if self.server.privacy is not None:  # the party's side: its clipped, discounted vector
+            self.vectors[party] = party_vector(upload, job.payload, self.server.privacy.plan(party, s))
+            self.buffer.add({}, 1.0, tau, keep, party)
+            return
+        self.server.totals["bytes_up"] += payload_nbytes(upload)
+        self.server.totals["params_up"] += payload_numel(upload)
+        if self.server.save_party_models:
+            self.server.save_uploads({party: upload})
+        algorithm = self.aggregator.algorithm
+        ratio = float(algorithm.sum_weight(samples)) if self.options.buffer_weights == "samples" else 1.0
+        addends = contribution(upload, job.payload, algorithm.summed, ratio * s)
+        self.buffer.add(addends, ratio, tau, keep, party)
+
+    def too_stale(self, party: int, tau: int) -> str | None:
+        """`server_args.max_staleness`: an update staler is refused, counted and logged."""
+        limit = self.options.max_staleness
+        if limit is None or tau <= limit:
+            return None
+        self.refused_stale += 1
+        log.warning(
+            "round %d: party %d's update is %d rounds stale (max_staleness %d): refused",
+            self.version,
+            party,
+            tau,
+            limit,
+        )
+        return f"{tau} rounds stale"
+
+    def unusable(self, party: int, job: Job, upload: Payload) -> str | None:
+        """The server's checks of an upload (`engine.uploads`) against what the party was sent."""
+        self.server.sent = {party: job.payload}
+        why = self.server.upload_problem(party, upload)
+        if why is None:
+            return None
+        log.error("round %d: party %d's upload is left out: %s", self.version, party, why)
+        self.rejected[party] = why
+        if self.server.on_bad_upload == "stop":
+            raise BadUpload(f"round {self.version}: {self.rejected} (train_args.on_bad_upload: stop)")
+        return "unusable"
+
+    def apply(self) -> tuple[int, list[Result], dict[str, Any]] | None:
+        """Apply the full buffer (one round): (its round, what its record keeps of the parties, the
+        record's buffered fields); the caller evaluates and records it. Under privacy_args its
+        parties' vectors are summed (securely, with DP's noise and accounting), unless the release
+        would pass `dp_target_epsilon`: then None, the buffer unreleased (the run stops)."""
+        buffer, round_idx, privacy = self.buffer, self.version, self.server.privacy
+        self.server.rejected = dict(self.rejected)
+        if privacy is not None and not privacy.allows(sorted(self.vectors)):
+            log.warning(
+                "privacy_args.dp_target_epsilon: the run stops after %d rounds: the next buffer's sum "
+                "would pass epsilon %s; it is not released",
+                round_idx,
+                privacy.options.dp_target_epsilon,
+            )
+            return None
+        if privacy is not None:
+            sums, self.vectors = self.server.private_sum(round_idx, self.vectors), {}
+            ordered = self.server.apply_sums(sums)
+        else:
+            sums = Sums(buffer.weight, len(buffer), buffer.fields)
+            ordered = self.server.apply_sums(sums, [keep for _, keep in buffer.kept])
+        extra: dict[str, Any] = {**buffer.stats(), "refused_stale": self.refused_stale}
+        if self.clock is not None:
+            extra["sim_time_s"] = self.clock.now
+        extra.update(updates=self.updates, left_out=self.left)
+        self.server.args.round_idx = round_idx
+        self.version += 1
+        self.buffer, self.refused_stale, self.rejected = Buffer(), 0, {}
+        self.updates, self.left = [], []
+        self.server.started = time.perf_counter()
+        return round_idx, ordered, extra

@@ -9,8 +9,8 @@ unusable, else added, discounted by its staleness, to the buffer in the server a
 they are; under `privacy_args` the party's clipped, discounted vector); `apply` applies a full buffer
 with the algorithm's `aggregate_sums` (server_lr and momentum in its `step`): one round. Each round's
 record names its updates (`updates`: [party, the version it started from], in arrival order) and the
-updates left out since the round before (`left_out`: [party, version, why]), so that the run can be
-replayed (`engine.replay`). Pure PyTorch; no algorithm knows it is buffered.
+updates left out since the round before (`left_out`: [party, version, why, how many of `updates`
+had arrived before it]), so that the run can be replayed. Pure PyTorch; no algorithm knows it is buffered.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class BufferedRounds:
         self.buffer = Buffer()
         self.vectors: dict[int, PartyVector] = {}  # privacy_args: the buffer's parties' vectors
         self.updates: list[list[int]] = []  # this buffer's [party, start version], in arrival order
-        self.left: list[list[Any]] = []  # updates left out since the last record: [party, start, why]
+        self.left: list[list[Any]] = []  # left out since the last record: [party, start, why, position]
         self.refused_stale = 0  # this buffer's updates refused as too stale
         self.rejected: dict[int, str] = {}  # this buffer's unusable uploads
         self.left_out = 0  # updates left out (too stale, unusable) since the last one kept
@@ -109,7 +109,7 @@ class BufferedRounds:
         tau = self.version - job.start
         why = self.too_stale(party, tau) or self.unusable(party, job, upload)
         if why:
-            self.left.append([party, job.start, why])
+            self.left.append([party, job.start, why, len(self.updates)])
             self.left_out += 1
             if self.left_out >= LEFT_OUT_LIMIT * max(self.size, self.concurrency):
                 raise BadUpload(

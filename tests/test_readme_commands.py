@@ -204,6 +204,17 @@ BUFFERED_PRIVATE = (
     "--set privacy_args.dp_noise_multiplier=0.3 --set validation_args.local_test=false "
     "--set train_args.comm_round=5 --output-dir outputs/moon-buffered-private"
 )
+_COMPARE = (
+    ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/fedavg.yaml "
+    "{}--set train_args.party_speed=lognormal --set train_args.comm_round=20 --set train_args.epochs=1 "
+    "--set train_args.learning_rate=0.05 --set data_args.max_train_samples=10000 "
+    "--output-dir outputs/stragglers/{}"
+)
+COMPARE_RUNS = [
+    _COMPARE.format("", "sync"),
+    _COMPARE.format("--set server_args.aggregation=buffered --set server_args.buffer_size=5 ", "buffered"),
+]
+COMPARE_REPORT = ".venv/bin/fedml-moon report outputs/stragglers --target 0.3"
 SPLIT_RUNS = [
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --output-dir outputs/split-a",
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml --set data_args.partition_method=file "
@@ -281,6 +292,7 @@ COMMANDS: dict[str, str] = {
     CONFIG_KEY: "single",
     **dict.fromkeys(SPLIT_RUNS, "single"),
     BUFFERED: "single",
+    **dict.fromkeys([*COMPARE_RUNS, COMPARE_REPORT], "single"),
     BUFFERED_PRIVATE: "single",
     SITE_WRITE: "site-data",
     NETWORK_WRITE: "network",
@@ -614,6 +626,26 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     assert record["sim_time_s"] > 0 and record["parties"] == 5 and "staleness_max" in record
     _completed(tmp_path / "buffered", 1)
     done.add(BUFFERED)
+
+    # the stragglers' comparison, two rounds each on tiny data: one report, the two as rows of one
+    # setting, with the simulated seconds to the target and accuracy against them
+    compare = tmp_path / "stragglers"
+    shrink = ["--set", "data_args.max_train_samples=100", "--set", "train_args.comm_round=2"]
+    for command in COMPARE_RUNS:
+        words = _entry_point(command)
+        assert words[-2] == "--output-dir" and words[-1].startswith("outputs/stragglers/")
+        folder = compare / Path(words[-1]).name
+        assert cli([*words[:-1], str(folder), *_sets(command), *shrink]) == 0
+        _completed(folder, 2)
+    words = _entry_point(COMPARE_REPORT)
+    assert words[1] == "outputs/stragglers"  # the runs' parent folder
+    assert cli([words[0], str(compare), *words[2:]]) == 0
+    report = (compare / "report" / "report.md").read_text()
+    assert "| fedavg | " in report and "| fedavg (aggregation=buffered, buffer_size=5) | " in report
+    assert "simulated s to target" in report and "### all runs (target 30.00%)" in report
+    assert (compare / "report" / "time_all_runs.png").stat().st_size > 0
+    done |= {*COMPARE_RUNS, COMPARE_REPORT}
+
     # with secure aggregation and DP: every buffer a secure sum of 3 of the 5 parties, each charged
     words, out = _entry_point(BUFFERED_PRIVATE), tmp_path / "buffered-private"
     five = ["--set", "train_args.client_num_in_total=5", "--set", "train_args.client_num_per_round=5"]

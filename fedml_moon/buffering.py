@@ -69,8 +69,10 @@ def buffer_value_checks(s: Any) -> None:
     )
 
 
-def buffered_checks(cfg: Any, server: type) -> None:
-    """buffered against the mode, the algorithm and the other keys; party_speed's file."""
+def buffered_checks(cfg: Any, server: type, personalized: bool = False, federated: bool = False) -> None:
+    """buffered against the mode, the algorithm and the other keys; party_speed's file.
+    `personalized`: the algorithm's parties test their own models; `federated`: the parties test
+    (validation_args.evaluation resolved)."""
     s, train = cfg.server_args, cfg.train_args
     if train.party_speed == "file":
         path = train.party_speed_file
@@ -85,20 +87,24 @@ def buffered_checks(cfg: Any, server: type) -> None:
         "server_args.concurrency",
         f"the parties training at once must be between 1 and client_num_in_total ({n}); got {s.concurrency}",
     )
-    standalone = cfg.common_args.training_type == "simulation" and cfg.comm_args.backend == "sp"
+    simulated = cfg.common_args.training_type == "simulation"
+    standalone = simulated and cfg.comm_args.backend == "sp"
     require(
-        standalone or train.party_speed is None,
+        simulated or train.party_speed is None,
         "train_args.party_speed",
-        "the simulated clock runs in the standalone simulation only (comm_args.backend sp); set it to null",
+        "the simulated clock runs in the simulations only (standalone, MPI); cross-silo and MQTT + S3 "
+        "runs go at the parties' real pace: set it to null",
+    )
+    require(
+        standalone or s.aggregation == "buffered" or train.party_speed is None,
+        "train_args.party_speed",
+        "a synchronous run keeps the simulated clock in the standalone simulation only (comm_args.backend "
+        "sp); set it to null",
     )
     if s.aggregation != "buffered":
         return
-    require(
-        standalone,
-        "server_args.aggregation",
-        "buffered runs in the standalone simulation only (training_type simulation, comm_args.backend sp); "
-        "the MPI simulation and the distributed modes aggregate sync",
-    )
+    if not standalone:
+        _distributed_checks(cfg, personalized, federated)
     clashes = {
         "train_args.algorithm": buffer_refusal(server, train.algorithm),
         "server_args.robust_aggregation": s.robust_aggregation != "none"
@@ -120,3 +126,23 @@ def buffered_checks(cfg: Any, server: type) -> None:
         f"under privacy_args a buffer holds at most one update per party, so it cannot hold more than "
         f"client_num_in_total ({n}); got {buffer_shape(cfg)[1]}",
     )
+
+
+def _distributed_checks(cfg: Any, personalized: bool, federated: bool) -> None:
+    """What the distributed server's buffered phase does not do yet (`distributed.server_buffered`):
+    no party evaluates (the server tests the global model), no privacy, no checkpoint to resume."""
+    name, later = cfg.train_args.algorithm, "in this release; set aggregation: sync, or run it standalone"
+    clashes = {
+        "privacy_args": cfg.privacy_args.on
+        and "secure aggregation and DP buffer in the standalone simulation only",
+        "validation_args.local_test": cfg.validation_args.local_test
+        and "the parties' own tests need an evaluation phase, which a distributed buffered run has not",
+        "train_args.algorithm": personalized
+        and f"{name}'s parties report their own models' tests, which a distributed buffered run does not "
+        "gather",
+        "validation_args.evaluation": federated
+        and "the parties' test counts need an evaluation phase, which a distributed buffered run has not: "
+        "the server must hold the test set (evaluation: central)",
+    }
+    for key, why in clashes.items():
+        require(not why, "server_args.aggregation", f"buffered cannot run with this {key}: {why} {later}")

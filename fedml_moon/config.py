@@ -215,10 +215,12 @@ def _cross_checks(cfg: Config) -> None:
     )
     _mode_checks(cfg)
     _robust_checks(cfg)
-    server = get_algorithm(cfg.train_args.algorithm).server
+    spec = get_algorithm(cfg.train_args.algorithm)
+    server = spec.server
     privacy_checks(cfg, server, getattr(server, "summed", {}))
     _stream_checks(cfg, getattr(server, "summed", {}))
-    buffered_checks(cfg, server)
+    personalized = bool(getattr(spec.client, "personalized", False))
+    buffered_checks(cfg, server, personalized, evaluation(cfg) == "federated")
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:
         require(

@@ -645,7 +645,7 @@ class ServerArgs:
     party_weights: str = "samples"
     """each party's weight in the average: samples (its sample count, as the papers) or uniform (1 each)"""
     aggregation: str = "sync"
-    """sync (a round waits for its sampled parties) or buffered (FedBuff; the standalone simulation only)"""
+    """sync (a round waits for its sampled parties) or buffered (FedBuff: parties train at their own pace)"""
     buffer_size: int | None = None
     """buffered: K, the updates the server applies at once (one round); null: the concurrency; >= 1"""
     concurrency: int | None = None

@@ -33,6 +33,7 @@ SMALL = [
 TINY = [*conformance.TINY, *SMALL, "train_args.comm_round=2"]
 BUFFERED = ["server_args.aggregation=buffered"]
 SECURE = ["privacy_args.secure_aggregation=true", "validation_args.local_test=false"]
+MPI = ["comm_args.backend=MPI", "validation_args.local_test=false"]  # the MPI simulation
 needs_data = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
@@ -239,12 +240,24 @@ def test_each_algorithm_runs_buffered_rounds(case, tmp_path, monkeypatch):
     [
         ("scaffold", [], "server_args.aggregation", "scaffold cannot buffer: a party's delta_c"),
         ("solo", [], "server_args.aggregation", "solo sums nothing"),
-        ("moon", ["comm_args.backend=MPI"], "server_args.aggregation", "standalone simulation only"),
+        ("moon", [*MPI, "validation_args.local_test=true"], "server_args.aggregation", "local_test"),
+        ("lg", MPI, "server_args.aggregation", "lg's parties report their own models' tests"),
         (
             "moon",
-            ["common_args.training_type=cross_silo", "comm_args.backend=MPI"],
+            [*MPI, "validation_args.evaluation=federated"],
             "server_args.aggregation",
-            "standalone",
+            "evaluation: central",
+        ),
+        ("moon", [*MPI, *SECURE], "server_args.aggregation", "privacy_args: secure aggregation and DP"),
+        (
+            "moon",
+            [
+                "common_args.training_type=cross_silo",
+                "comm_args.backend=MPI",
+                "train_args.party_speed=constant",
+            ],
+            "train_args.party_speed",
+            "real pace",
         ),
         ("moon", ["server_args.robust_aggregation=median"], "server_args.aggregation", "robust_aggregation"),
         ("moon", ["train_args.stream_uploads=true"], "server_args.aggregation", "stream_uploads"),

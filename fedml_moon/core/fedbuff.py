@@ -110,6 +110,18 @@ class SimClock:
         heapq.heappush(self.events, (end, party))
         return end
 
+    def peek(self) -> tuple[float, list[int]] | None:
+        """(time, parties) of the earliest events without taking them; None when none is scheduled."""
+        if not self.events:
+            return None
+        when = self.events[0][0]
+        return when, sorted(p for t, p in self.events if t == when)
+
+    def cancel(self, parties: set[int]) -> None:
+        """Drop the scheduled ends of `parties` (their silo is gone: their updates never come)."""
+        self.events = [e for e in self.events if e[1] not in parties]
+        heapq.heapify(self.events)
+
     def next_instant(self) -> tuple[float, list[int]]:
         """(time, parties) of the earliest events, parties sorted by id; the clock moves to it."""
         if not self.events:

@@ -262,7 +262,7 @@ def build_process(
     checkpoint and tells the workers which of theirs to load. `explicit`: the shared settings this
     process was given with --set (a worker's must agree with the server's). `group`: a hierarchical
     silo's leader (`silo_group`)."""
-    from fedml_moon.distributed.server_manager import PluginServerManager
+    from fedml_moon.engine.buffered import refuse_resume
 
     workers = worker_count(cfg, size)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
@@ -271,6 +271,7 @@ def build_process(
             cfg, folder, rank, size, comm, local_procs, list(explicit or []), group, overwrite
         )
     if resume and rank == 0:
+        refuse_resume(cfg)  # a buffered run keeps no checkpoint
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs, role="server")
     base.args.rank = rank
@@ -284,7 +285,7 @@ def build_process(
     transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
     ranks = list(range(1, workers + 1))
     ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
-    manager = PluginServerManager(
+    manager = server_manager_class(cfg)(
         base.args,
         transport,
         rounds,
@@ -295,7 +296,24 @@ def build_process(
         ckpt,
         start,
     )
+    if cfg.server_args.aggregation == "buffered":
+        from fedml_moon.engine.buffer_rounds import BufferedRounds
+        from fedml_moon.engine.buffered import make_clock
+
+        clock = make_clock(cfg, True) if cfg.common_args.training_type == "simulation" else None
+        manager.set_buffering(BufferedRounds(rounds, cfg, clock))
     return DistributedProcess(manager, rank, rounds, port=port)
+
+
+def server_manager_class(cfg: Config) -> type:
+    """The server's manager: with `server_args.aggregation: buffered`, its buffered phase first."""
+    from fedml_moon.distributed.server_manager import PluginServerManager
+
+    if cfg.server_args.aggregation != "buffered":
+        return PluginServerManager
+    from fedml_moon.distributed.server_buffered import BufferedPhases
+
+    return type("BufferedServerManager", (BufferedPhases, PluginServerManager), {})
 
 
 def _worker_build(

@@ -1,0 +1,201 @@
+"""Buffered aggregation (FedBuff) on the distributed server: the rounds of `server_args.aggregation:
+buffered` for `PluginServerManager`, in place of `RoundPhases`' train phase.
+
+The run is one phase, "buffered", from the first task to the last buffer applied. `BufferedRounds`
+(engine/buffer_rounds.py, the standalone loop's) draws which parties take the free slots; each gets a
+TRAIN of its own start version (the workers are those of a synchronous run: they train what they are
+sent and answer RESULT {round: that version}). A RESULT is taken when each of its parties has a task
+of that version outstanding at the sender, with the party's sample count and an upload the server's
+checks accept; anything else is refused whole, as if it never came.
+
+- At the parties' real pace (cross-silo, MQTT + S3) each update is taken as it arrives; the slots it
+  frees are filled at once.
+- In the MPI simulation the simulated clock (`train_args.party_speed`) orders the updates: an update
+  waits until every update of an earlier simulated instant has arrived, so the run takes them in the
+  standalone loop's order and ends with its model, whatever the real order of arrival.
+
+A silo that is gone (BYE, ERROR, REFUSE, silent past `comm_args.round_timeout_s`) has its tasks
+dropped, never waited for: its parties take no work until it says HELLO again, and other parties take
+their slots. A restarted silo gets its outstanding tasks again, once per start version. After the
+last buffer, updates still arriving are dropped (logged once each).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fedml_moon.distributed.managers import TRAIN
+from fedml_moon.distributed.protocol import result_problem
+from fedml_moon.engine.buffer_rounds import BufferedRounds
+
+log = logging.getLogger(__name__)
+BUFFERED = "buffered"
+
+
+class BufferedPhases:
+    """The buffered phase (module docstring), before `RoundPhases` in a manager's bases."""
+
+    core: BufferedRounds
+    rounds: Any
+    placement: dict[int, int]
+
+    def set_buffering(self, core: BufferedRounds) -> None:
+        self.core = core
+        self.tasks: dict[int, dict[int, int]] = {}  # rank -> {party: start version} outstanding
+        self.arrived: dict[int, Any] = {}  # party -> its upload, waiting for its simulated instant
+        self.resent_versions: set[tuple[int, int]] = set()  # (rank, version) sent again once
+
+    # --- work out ------------------------------------------------------------------------------------
+    def next_round(self, round_idx: int) -> None:
+        """The first round starts the buffered phase; after the last, FINISH as in a synchronous run."""
+        if round_idx >= self.rounds.rounds:
+            super().next_round(round_idx)
+            return
+        self._phase(BUFFERED, set())
+        self.round_idx = round_idx
+        self.rounds.started = time.perf_counter()
+        self.refill()
+
+    def refill(self) -> None:
+        """Give the free slots to parties whose silo is here (`BufferedRounds.dispatch`)."""
+        away = {r for r in self.workers if r in self.gone or self.is_dead(r)}
+        busy = frozenset(p for p, r in self.placement.items() if r in away)
+        jobs = self.core.dispatch(busy)
+        by_rank: dict[int, list[dict]] = {}
+        for party, payload in jobs.items():
+            by_rank.setdefault(self.placement[party], []).append({"party": party, "payload": payload})
+        for rank, items in sorted(by_rank.items()):
+            self.tasks.setdefault(rank, {}).update({t["party"]: self.core.version for t in items})
+            self.pending.add(rank)
+            self._transport.expect_more(rank)
+            self.send(TRAIN, rank, round=self.core.version, tasks=items)
+        self.phase_started = time.monotonic()
+
+    def _send_work_again(self, rank: int) -> None:
+        """A restarted silo lost its tasks: each start version's again, once."""
+        outstanding = self.tasks.get(rank, {}) if self.phase == BUFFERED else {}
+        for version in sorted(set(outstanding.values())):
+            if (rank, version) in self.resent_versions:
+                continue
+            self.resent_versions.add((rank, version))
+            items = [
+                {"party": p, "payload": self.core.inflight[p].payload}
+                for p, v in sorted(outstanding.items())
+                if v == version
+            ]
+            self._transport.expect_more(rank)
+            log.info("rank %d restarted: sent its tasks of version %d again", rank, version)
+            self.send(TRAIN, rank, round=version, tasks=items)
+
+    # --- updates in ---------------------------------------------------------------------------------
+    def on_result(self, msg: Any) -> None:
+        """Take a RESULT for tasks outstanding at the sender (module docstring), or refuse it whole."""
+        rank, version, items = msg.get_sender_id(), msg.get("round"), msg.get("results")
+        outstanding = self.tasks.get(rank, {})
+        mine = {p for p, v in outstanding.items() if v == version}
+        if self.phase != BUFFERED or rank in self.gone or not mine:
+            self.refusals.refused(
+                f"rank {rank}",
+                f"dropped a RESULT from rank {rank} for version {version}: no task of that version is "
+                f"outstanding at it (the server is in the {self.phase} phase at version {self.core.version})",
+                reason="late or repeated result",
+                level=logging.INFO if self.phase == "finish" else logging.ERROR,
+            )
+            return
+        parties = {item["party"] for item in items}
+        problem = result_problem(items, parties, self.rounds.samples, self._upload_problem)
+        if problem is None and not parties <= mine:
+            problem = f"results are for parties {sorted(parties)[:10]}, not its tasks {sorted(mine)}"
+        if problem is not None:
+            self.refused(rank, f"version {self.core.version}: refused rank {rank}'s result: {problem}")
+            return
+        for item in items:
+            del outstanding[item["party"]]
+            self.arrived[item["party"]] = item["upload"]
+        if not outstanding:
+            self.pending.discard(rank)
+        self.phase_started = time.monotonic()
+        self._advance(self.take_arrived)
+
+    def take_arrived(self) -> None:
+        """Take what has arrived: all of it at real pace, then fill the freed slots; on the clock,
+        instant by instant while every update of the earliest one is in, the freed slots filled after
+        each instant (the standalone loop's order). After the last buffer: FINISH."""
+        clock = self.core.clock
+        while self.arrived and not self.finished():
+            if clock is None:
+                party = next(iter(self.arrived))
+                self.take(party, self.arrived.pop(party))
+                continue
+            first = clock.peek()
+            if first is None or not set(first[1]) <= set(self.arrived):
+                break
+            for party in clock.next_instant()[1]:
+                if not self.finished():
+                    self.take(party, self.arrived.pop(party))
+            if not self.finished():
+                self.refill()
+        if self.finished():
+            self.arrived.clear()
+            self.next_round(self.rounds.rounds)
+        elif clock is None:
+            self.refill()
+
+    def take(self, party: int, upload: Any) -> None:
+        """One update into the buffer; a full buffer is applied and recorded (no party evaluates)."""
+        self.doing = f"taking party {party}'s update at version {self.core.version}"
+        if not self.core.take(party, upload):
+            return
+        applied = self.core.apply()
+        if applied is None:  # dp_target_epsilon: the run ends before this buffer
+            self.rounds.rounds = self.core.version
+            return
+        round_idx, ordered, extra = applied
+        extra.update(
+            wire_bytes_sent=self._transport.bytes_sent, wire_bytes_received=self._transport.bytes_received
+        )
+        self.round_idx = self.recorded = self.aggregated = round_idx
+        self.rounds.finish_round(round_idx, ordered, None, extra)
+        self.round_idx = self.core.version
+        # a new allowance of large frames: a RESULT for each TRAIN outstanding (transport/budget.py)
+        self._transport.expect({r: len(set(t.values())) for r, t in self.tasks.items()})
+
+    def finished(self) -> bool:
+        return self.core.version >= self.rounds.rounds
+
+    # --- silos that are gone -----------------------------------------------------------------------
+    def on_tick(self, msg: Any) -> None:
+        """A silo that is gone or dead has its tasks dropped at once, not only at the deadline."""
+        if self.phase == BUFFERED:
+            away = sorted(r for r in self.pending if r in self.gone or self.is_dead(r))
+            if away and set(away) != self.pending:
+                self.give_up_on(away, away, time.monotonic() - self.phase_started)
+        super().on_tick(msg)
+
+    def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
+        """In the buffered phase: drop the tasks of the ranks given up on (their parties' updates are
+        never waited for) and give their slots to others; stop only when no silo is left to train."""
+        if self.phase != BUFFERED:
+            super().give_up_on(ranks, dead, waited)
+            return
+        dropped = {p for r in ranks for p in self.tasks.pop(r, {})}
+        for party in dropped:
+            self.core.inflight.pop(party, None)
+            self.arrived.pop(party, None)
+        if self.core.clock is not None:
+            self.core.clock.cancel(dropped)
+        self.pending -= set(ranks)
+        log.warning(
+            "version %d: dropped the tasks of parties %s (%s); their slots go to others",
+            self.core.version,
+            sorted(dropped),
+            self._why(ranks, dead, waited),
+        )
+        self._advance(self.take_arrived)
+        if not self.core.inflight and not self.finished() and self.phase == BUFFERED:
+            self.fail(
+                f"no silo is left to train at version {self.core.version} (rank(s) {ranks} gone or silent "
+                f"for {waited:.0f} s); buffered runs cannot resume yet: start the run again"
+            )

@@ -1,0 +1,72 @@
+"""Buffered aggregation in the distributed modes, over real processes (the MPI simulation's server and
+workers under mpirun, a gRPC server and its silos on 127.0.0.1: what is tested is their messages):
+the MPI simulation takes the updates in the simulated clock's order and ends with the standalone
+run's model and records; a gRPC run aggregates at the parties' real pace, and a silo that dies
+holding a task stalls no buffer: its task is dropped and other parties take the slot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fedml_moon import conformance
+from fedml_moon.conformance.checks import run_differences
+from tests.test_deploy_failures import _grpc, _start, pytestmark  # noqa: F401 (slow, data)
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config" / "fashion_mnist" / "moon.yaml"
+BUFFERED = [
+    "server_args.aggregation=buffered",
+    "server_args.buffer_size=2",
+    "validation_args.local_test=false",
+]
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_mpi_simulation_takes_updates_in_the_clocks_order(tmp_path):
+    """4 parties at lognormal speeds, 3 training at once, K = 2 (a fast party may be in a buffer
+    twice): the MPI simulation's workers answer in whatever real order, its server takes each update
+    at its simulated instant; every record's updates and simulated second, and the final model
+    (<= 1e-5: parties trained together or one by one), are the standalone run's."""
+    sets = [
+        *conformance.TINY,
+        *BUFFERED,
+        "train_args.client_num_in_total=4",
+        "train_args.client_num_per_round=3",
+    ]
+    sets += ["train_args.party_speed=lognormal", "train_args.comm_round=4"]
+    ref = conformance.run_mode("standalone", CONFIG, sets, tmp_path)
+    mpi = conformance.run_mode("mpi-simulation", CONFIG, sets, tmp_path, timeout_s=180)
+    assert ref.ok and mpi.ok, ref.tail() + mpi.tail()
+    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
+    want, got = _records(ref.out_dir), _records(mpi.out_dir)
+    assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
+    assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
+
+
+def test_a_silo_dead_with_a_task_stalls_no_buffer(tmp_path):
+    """gRPC, 2 silos of one party each, one party training at a time, K = 1: silo 2 (party 1) dies
+    when its first task arrives. The run can go on only once that task is dropped: its heartbeats
+    stop, the server drops the task and gives the slot to party 0; the run completes, every buffer
+    party 0's update."""
+    extra = [*BUFFERED, "server_args.buffer_size=1", "train_args.comm_round=3", "comm_args.heartbeat_s=1"]
+    seed = "common_args.random_seed=1"  # its first draw gives the one slot to party 1
+    cmd, out = _grpc(tmp_path, 2, *extra, "train_args.client_num_per_round=1", seed)
+    server, log = _start(cmd, 0, tmp_path)
+    own = [sys.executable, str(ROOT / "tests" / "dying_trainer_silo.py"), *cmd[3:]]
+    procs = [server] + [_start(own if r == 2 else cmd, r, tmp_path)[0] for r in (1, 2)]
+    try:
+        codes = conformance.wait_all(procs, 240)
+    finally:
+        for proc in procs:
+            conformance.stop(proc)
+    text = log.read_text(errors="replace")
+    assert codes == [0, 0, 9], f"{codes}\n{text[-3000:]}"
+    assert "dropped the tasks of parties [1]" in text, text[-3000:]
+    records = _records(out)
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    assert [r["updates"] for r in records] == [[[0, 0]], [[0, 1]], [[0, 2]]]

@@ -9,9 +9,9 @@ fedml-moon run --cf FILE [--rank R] [--role server|client] [--set ...] [--output
 fedml-moon data DIR [--dataset imagefolder|table|hf] [--natural] | data [DIR] --cf FILE [--rank R]
     what a site's data folder holds, the config lines that agree with it, and the problems found;
     with --cf, also read and checked by the run's own start-up code (exit 1 on what it refuses)
-fedml-moon certs | check | new | sweep | report | tsne ...
-    test certificates, the conformance suite, a new algorithm's plugin package, sweeps, reports and
-    t-SNE pictures (`--help` of each)
+fedml-moon certs | check | new | sweep | report | replay | tsne ...
+    test certificates, the conformance suite, a new algorithm's plugin package, sweeps, reports, a
+    buffered run replayed from its records, and t-SNE pictures (`--help` of each)
 fedml-moon config [SECTION[.KEY]]
     the config keys: type, default, allowed values, description
 
@@ -209,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--latex", action="store_true", help="also write the tables as LaTeX")
     _verbose(report)
+    replay = sub.add_parser(
+        "replay", help="replay a buffered run from its records in simulation; compare the final models"
+    )
+    from fedml_moon import replay_cli
+
+    replay_cli.add_arguments(replay)
+    _verbose(replay)
     tsne = sub.add_parser(
         "tsne", help="t-SNE of test-set representations: global and a party's model, one row per run"
     )
@@ -491,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
 
             sys.stdout.write(text(args.selector))
             return 0
+        if args.command == "replay":
+            from fedml_moon import replay_cli
+
+            return replay_cli.run(args)
         if args.command == "tsne":
             from fedml_moon.results.tsne import tsne
 

@@ -39,6 +39,7 @@ def test_every_subcommand_takes_verbose():
         "sweep",
         "status",
         "report",
+        "replay",
         "tsne",
     }
     for name, command in sub.choices.items():

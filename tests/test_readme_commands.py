@@ -204,6 +204,7 @@ BUFFERED_PRIVATE = (
     "--set privacy_args.dp_noise_multiplier=0.3 --set validation_args.local_test=false "
     "--set train_args.comm_round=5 --output-dir outputs/moon-buffered-private"
 )
+REPLAY = ".venv/bin/fedml-moon replay outputs/moon-buffered"
 _COMPARE = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/fedavg.yaml "
     "{}--set train_args.party_speed=lognormal --set train_args.comm_round=20 --set train_args.epochs=1 "
@@ -292,6 +293,7 @@ COMMANDS: dict[str, str] = {
     CONFIG_KEY: "single",
     **dict.fromkeys(SPLIT_RUNS, "single"),
     BUFFERED: "single",
+    REPLAY: "single",
     **dict.fromkeys([*COMPARE_RUNS, COMPARE_REPORT], "single"),
     BUFFERED_PRIVATE: "single",
     SITE_WRITE: "site-data",
@@ -626,6 +628,13 @@ def test_single_process_commands(tmp_path, home, cli, capsys, monkeypatch):
     assert record["sim_time_s"] > 0 and record["parties"] == 5 and "staleness_max" in record
     _completed(tmp_path / "buffered", 1)
     done.add(BUFFERED)
+    words = _entry_point(REPLAY)  # that run replayed from its records: the same model
+    assert words[-1] == "outputs/moon-buffered"
+    capsys.readouterr()
+    assert cli([*words[:-1], str(tmp_path / "buffered")]) == 0
+    assert "the same model" in capsys.readouterr().out
+    _completed(tmp_path / "buffered" / "replay", 1)
+    done.add(REPLAY)
 
     # the stragglers' comparison, two rounds each on tiny data: one report, the two as rows of one
     # setting, with the simulated seconds to the target and accuracy against them

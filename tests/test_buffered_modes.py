@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fedml_moon import conformance
 from fedml_moon.conformance.checks import run_differences
+from tests.helpers import restored_main
 from tests.test_deploy_failures import _grpc, _start, pytestmark  # noqa: F401 (slow, data)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,20 @@ def test_the_mpi_simulation_takes_updates_in_the_clocks_order(tmp_path):
     want, got = _records(ref.out_dir), _records(mpi.out_dir)
     assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
     assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
+
+
+def test_a_grpc_run_at_the_parties_pace_replays_to_its_model(tmp_path):
+    """gRPC, 3 silos of one party each, all training at once, K = 2: the server takes updates as they
+    arrive (some stale), and `fedml-moon replay` of its records, in one process, ends with its model
+    (<= 1e-5) and the same updates in each buffer."""
+    sets = [*conformance.TINY, *BUFFERED, "train_args.client_num_per_round=3", "train_args.comm_round=4"]
+    run = conformance.run_mode("cross-silo-grpc", CONFIG, sets, tmp_path, timeout_s=180)
+    assert run.ok, run.tail()
+    records = _records(run.out_dir)
+    assert len(records) == 4 and any(r["staleness_max"] > 0 for r in records)
+    with restored_main() as main:
+        assert main(["replay", str(run.out_dir)]) == 0
+    assert [r["updates"] for r in _records(run.out_dir / "replay")] == [r["updates"] for r in records]
 
 
 def test_a_silo_dead_with_a_task_stalls_no_buffer(tmp_path):

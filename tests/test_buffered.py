@@ -161,7 +161,6 @@ def test_a_run_is_algorithm_1_update_by_update(tmp_path, monkeypatch):
         (0.5, 1, 0),
     ]
     assert [r["parties"] for r in records] == [2, 2]
-    assert not (tmp_path / "checkpoint").exists()  # a buffered run writes none (it cannot resume)
 
 
 @needs_data
@@ -309,11 +308,15 @@ def test_config_errors_name_the_key(config, sets, key, why):
         load_config(CONFIGS / f"{config}.yaml", [*BUFFERED, *sets])
 
 
-def test_a_synchronous_run_is_the_default_and_buffered_cannot_resume(tmp_path):
+def test_a_synchronous_run_is_the_default_and_a_distributed_buffered_run_cannot_resume(tmp_path):
+    from fedml_moon.distributed.deploy import build_process
+
     cfg = load_config(CONFIGS / "moon.yaml", [])
     assert cfg.server_args.aggregation == "sync" and cfg.train_args.party_speed is None
-    with pytest.raises(ConfigError, match="^--resume: a buffered run"):
-        assemble(load_config(CONFIGS / "moon.yaml", BUFFERED), tmp_path, resume=True)
+    silos = [*BUFFERED, *MPI, "common_args.training_type=cross_silo"]
+    with pytest.raises(ConfigError, match="^--resume: a distributed buffered run .* writes no checkpoint"):
+        build_process(load_config(CONFIGS / "moon.yaml", silos), tmp_path, 0, resume=True)
+    assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
 @needs_data
@@ -398,3 +401,50 @@ def test_a_plugin_whose_sums_drop_a_field_is_refused_before_any_round(tmp_path):
     ):
         assemble(cfg, tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+class Stop(Exception):
+    """The abrupt end of a process (in-process)."""
+
+
+@needs_data
+@pytest.mark.parametrize(("speed", "stop_in"), [("lognormal", 3), ("constant", 1)])
+def test_a_buffered_run_stopped_and_resumed_is_the_same_run(speed, stop_in, tmp_path, monkeypatch):
+    """MOON (each party's previous model in the store), 3 of 4 parties training at once, K = 2, a
+    checkpoint after every round: stopped abruptly once round `stop_in` is recorded, resumed with
+    `assemble(..., resume=True)`: bit for bit the model and the records of the run never stopped. The
+    checkpoints hold jobs in flight, some trained; at constant speed the three updates of an instant
+    fill a buffer and begin the next, so they hold a part-filled buffer too."""
+    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    sets = [*TINY, *BUFFERED, "train_args.client_num_in_total=4", "train_args.client_num_per_round=3"]
+    sets += ["server_args.buffer_size=2", f"train_args.party_speed={speed}", "train_args.comm_round=5"]
+    cfg = load_config(CONFIGS / "moon.yaml", [*sets, "train_args.checkpoint_every=1"])
+    ref, out = tmp_path / "ref", tmp_path / "stopped"
+    assemble(cfg, ref).loop.run()
+    first = assemble(cfg, out)
+    recorder = first.loop.server.recorder
+    log_round = recorder.log_round
+
+    def log_then_stop(record: dict) -> None:
+        log_round(record)
+        if record["round"] == stop_in:
+            raise Stop(f"stopped in round {stop_in}")
+
+    monkeypatch.setattr(recorder, "log_round", log_then_stop)
+    with pytest.raises(Stop):
+        first.loop.run()
+    again = assemble(cfg, out, resume=True)
+    assert again.loop.start_round == stop_in  # the checkpoint of round stop_in - 1
+    again.loop.run()
+    a, b = (torch.load(d / "final_model.pt", weights_only=True) for d in (ref, out))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    timing = ("round_time_s",)
+    records = [
+        [
+            {k: v for k, v in json.loads(x).items() if k not in timing}
+            for x in (d / "metrics.jsonl").read_text().splitlines()
+        ]
+        for d in (ref, out)
+    ]
+    assert records[0] == records[1] and len(records[0]) == 5

@@ -414,11 +414,10 @@ def pace(base: Base, model: torch.nn.Module) -> Pace:
 def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:
     """A standalone run: both sides in this process, driven by StandaloneSimulation; with `resume`,
     from the newest checkpoint in `out_dir`."""
-    from fedml_moon.engine.buffered import make_loop, refuse_resume
+    from fedml_moon.engine.buffered import make_loop
     from fedml_moon.engine.resume import check_resumable
 
     if resume:  # no checkpoint, or another config: say so before anything is built or overwritten
-        refuse_resume(cfg)
         check_resumable(out_dir, cfg)
     base = build_base(cfg, out_dir)
     server, runner = build_server(base, out_dir), build_runner(base, out_dir)

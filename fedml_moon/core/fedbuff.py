@@ -110,6 +110,15 @@ class SimClock:
         heapq.heappush(self.events, (end, party))
         return end
 
+    def state(self) -> dict[str, Any]:
+        """The clock as JSON values: the time, each party's rounds begun, the events to come."""
+        return {"now": self.now, "jobs": list(self.jobs), "events": [list(e) for e in sorted(self.events)]}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.now, self.jobs = float(state["now"]), [int(j) for j in state["jobs"]]
+        self.events = [(float(t), int(p)) for t, p in state["events"]]
+        heapq.heapify(self.events)
+
     def peek(self) -> tuple[float, list[int]] | None:
         """(time, parties) of the earliest events without taking them; None when none is scheduled."""
         if not self.events:
@@ -163,6 +172,14 @@ class Buffer:
 
     def __len__(self) -> int:
         return len(self.staleness)
+
+    def state(self) -> dict[str, Any]:
+        return {"fields": self.fields, "weight": self.weight, "staleness": self.staleness, "kept": self.kept}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Buffer:
+        kept = [(int(p), keep) for p, keep in state["kept"]]
+        return cls(state["fields"], float(state["weight"]), [int(s) for s in state["staleness"]], kept)
 
     def stats(self) -> dict[str, float]:
         """The buffer's staleness: mean and max over its updates."""

@@ -264,6 +264,8 @@ def build_process(
     silo's leader (`silo_group`)."""
     from fedml_moon.engine.buffered import refuse_resume
 
+    if resume:
+        refuse_resume(cfg)  # a distributed buffered run keeps no checkpoint
     workers = worker_count(cfg, size)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
     if rank != 0:
@@ -271,7 +273,6 @@ def build_process(
             cfg, folder, rank, size, comm, local_procs, list(explicit or []), group, overwrite
         )
     if resume and rank == 0:
-        refuse_resume(cfg)  # a buffered run keeps no checkpoint
         check_resumable(folder, cfg)  # no checkpoint, another config: say so before anything is overwritten
     base = build_base(cfg, folder, rank, local_procs, role="server")
     base.args.rank = rank

@@ -62,6 +62,42 @@ class BufferedRounds:
         self.refused_stale = 0  # this buffer's updates refused as too stale
         self.rejected: dict[int, str] = {}  # this buffer's unusable uploads
         self.left_out = 0  # updates left out (too stale, unusable) since the last one kept
+        server.buffered = self  # its state goes into the server's checkpoint
+
+    def state(self) -> dict[str, Any]:
+        """Everything of the buffered rounds a checkpoint keeps (tensors and JSON values): the jobs in
+        flight with what they were sent (and, trained, their results), the buffer, the draws' and the
+        clock's state."""
+        vectors = {p: [v.vector, v.entries, v.metric_names, v.norm] for p, v in self.vectors.items()}
+        jobs = {p: [j.start, j.payload, j.result] for p, j in self.inflight.items()}
+        return {
+            "version": self.version,
+            "inflight": jobs,
+            "buffer": self.buffer.state(),
+            "vectors": vectors,
+            "updates": self.updates,
+            "left": self.left,
+            "counts": [self.refused_stale, self.left_out],
+            "rejected": self.rejected,
+            "draws": self.gen.bit_generator.state,
+            "clock": None if self.clock is None else self.clock.state(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore `state()`."""
+        self.version = int(state["version"])
+        self.inflight = {int(p): Job(int(s), pay, res) for p, (s, pay, res) in state["inflight"].items()}
+        self.buffer = Buffer.from_state(state["buffer"])
+        self.vectors = {
+            int(p): PartyVector(v, [tuple(e) for e in entries], list(names), float(norm))
+            for p, (v, entries, names, norm) in state["vectors"].items()
+        }
+        self.updates, self.left = [list(u) for u in state["updates"]], [list(x) for x in state["left"]]
+        self.refused_stale, self.left_out = (int(c) for c in state["counts"])
+        self.rejected = {int(p): str(w) for p, w in state["rejected"].items()}
+        self.gen.bit_generator.state = state["draws"]
+        if self.clock is not None:
+            self.clock.load_state(state["clock"])
 
     @property
     def aggregator(self) -> Any:

@@ -21,10 +21,12 @@ from fedml_moon.config import Config
 from fedml_moon.core.fedbuff import SimClock, party_durations
 from fedml_moon.engine.buffer_rounds import BufferedRounds, Job
 from fedml_moon.engine.parties import PartyRunner
+from fedml_moon.engine.resume import due, flatten
 from fedml_moon.engine.rounds import ServerRounds
 from fedml_moon.engine.simulation import StandaloneSimulation
 from fedml_moon.engine.summed import Result
 from fedml_moon.errors import ConfigError
+from fedml_moon.file_digests import file_digests
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +46,12 @@ def make_clock(cfg: Config, buffered: bool) -> SimClock | None:
 
 
 def refuse_resume(cfg: Config) -> None:
-    """A buffered run cannot resume: its event queue and buffer are not in the checkpoint."""
-    if cfg.server_args.aggregation == "buffered":
+    """A distributed buffered run cannot resume yet: its server writes no checkpoint."""
+    distributed = cfg.common_args.training_type != "simulation" or cfg.comm_args.backend != "sp"
+    if cfg.server_args.aggregation == "buffered" and distributed:
         raise ConfigError(
-            "--resume: a buffered run (server_args.aggregation: buffered) cannot resume yet: its event "
-            "queue and buffer are not in the checkpoint; start it again without --resume"
+            "--resume: a distributed buffered run (server_args.aggregation: buffered) cannot resume yet: "
+            "its server writes no checkpoint; start it again without --resume"
         )
 
 
@@ -58,9 +61,10 @@ def make_loop(cfg: Config, server: ServerRounds, runner: PartyRunner, resume: bo
     train, buffered = cfg.train_args, cfg.server_args.aggregation == "buffered"
     clock = make_clock(cfg, buffered)
     if buffered:
+        loop = BufferedSimulation(server, runner, cfg, clock)
         if resume:
-            refuse_resume(cfg)
-        return BufferedSimulation(server, runner, cfg, clock)
+            loop.resume(cfg)
+        return loop
     loop = StandaloneSimulation(server, runner, train.checkpoint_every, train.stream_uploads)
     loop.clock = clock
     if resume:
@@ -71,10 +75,13 @@ def make_loop(cfg: Config, server: ServerRounds, runner: PartyRunner, resume: bo
 
 
 class BufferedSimulation(StandaloneSimulation):
-    """FedBuff rounds in one process (module docstring); writes no checkpoint."""
+    """FedBuff rounds in one process (module docstring). A checkpoint is written after the simulated
+    instant in which a round that is due (`train_args.checkpoint_every`) was applied, once its freed
+    slots are filled: the jobs in flight (trained or not), the buffer, the clock and the draws with it
+    (`BufferedRounds.state`), so a resumed run goes on as if never stopped."""
 
     def __init__(self, server: ServerRounds, runner: PartyRunner, cfg: Config, clock: SimClock) -> None:
-        super().__init__(server, runner, checkpoint_every=0)
+        super().__init__(server, runner, cfg.train_args.checkpoint_every)
         self.core = BufferedRounds(server, cfg, clock)
         self.clock = clock
 
@@ -104,35 +111,42 @@ class BufferedSimulation(StandaloneSimulation):
             return
         self.close_round(*applied)
 
-    # --- the run --------------------------------------------------------------------------------
-    def resume(self, cfg: Config) -> int:
-        """Refused (`refuse_resume`)."""
-        refuse_resume(cfg)
-        return 0
+    def instant(self) -> None:
+        """The updates of the next simulated instant, in party-id order, then the freed slots filled."""
+        core = self.core
+        _, parties = self.clock.next_instant()
+        for party in parties:
+            if core.version < self.rounds:
+                self.arrive(party)
+        if core.version < self.rounds:
+            core.dispatch()
 
+    # --- the run --------------------------------------------------------------------------------
     def run(self) -> None:
         status, core = "failed", self.core
-        self.runner.load_state({})  # a new run: states an earlier run left in a disk store are not its own
+        config = flatten(self.server.recorder.config)
+        config.update(file_digests(config))  # the files its settings name (checked by --resume)
         log.info(
-            "buffered aggregation: %d parties training at once, %d updates a round, staleness %s; "
-            "no checkpoints are written",
+            "buffered aggregation: %d parties training at once, %d updates a round, staleness %s",
             core.concurrency,
             core.size,
             core.options.staleness,
         )
         try:
             self.server.started = time.perf_counter()
-            core.dispatch()
+            if self.start_round == 0:  # a new run: states an earlier run left in a disk store are not its own
+                self.runner.load_state({})
+                core.dispatch()
             with tqdm(total=self.rounds, desc="rounds", unit="round", disable=None) as bar:
+                bar.update(core.version)
                 while core.version < self.rounds:
                     before = core.version
-                    _, parties = self.clock.next_instant()
-                    for party in parties:
-                        if core.version < self.rounds:
-                            self.arrive(party)
+                    self.instant()
                     bar.update(core.version - before)
-                    if core.version < self.rounds:
-                        core.dispatch()
+                    every = self.checkpoint_every
+                    due_now = [r for r in range(before, core.version) if due(every, r, self.rounds)]
+                    if due_now:
+                        self.checkpoint(due_now[-1], config)
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"

@@ -95,6 +95,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         self.started = 0.0
         self.summary: dict[str, Any] = {}
         self.privacy: PrivateAggregation | None = None  # privacy_args: the server learns sums only
+        self.buffered: Any = None  # server_args.aggregation: buffered: its BufferedRounds
         self.make_privacy = make_privacy
         self.secure = False  # privacy_args.secure_aggregation (build_server sets it)
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
@@ -208,17 +209,21 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
     def state(self, round_idx: int) -> dict[str, Any]:
         """Everything the server needs to go on after `round_idx` (tensors and JSON values)."""
         wandb = self.recorder.wandb
-        return {
-            "round": round_idx,
-            "global": self.aggregator.global_state,
-            "algorithm": self.aggregator.algorithm.state(),
-            "totals": dict(self.totals),
-            "eval_totals": dict(self.eval_totals),
-            "records": list(self.recorder.records),
-            "schedule": self.schedule,
-            "claims": saved_claims(self.claims),
-            "wandb_id": getattr(getattr(wandb, "run", None), "id", None),
-        } | ({} if self.privacy is None else {"privacy": self.privacy.state()})
+        return (
+            {
+                "round": round_idx,
+                "global": self.aggregator.global_state,
+                "algorithm": self.aggregator.algorithm.state(),
+                "totals": dict(self.totals),
+                "eval_totals": dict(self.eval_totals),
+                "records": list(self.recorder.records),
+                "schedule": self.schedule,
+                "claims": saved_claims(self.claims),
+                "wandb_id": getattr(getattr(wandb, "run", None), "id", None),
+            }
+            | ({} if self.privacy is None else {"privacy": self.privacy.state()})
+            | ({} if self.buffered is None else {"buffered": self.buffered.state()})
+        )
 
     def load_state(self, state: dict[str, Any]) -> int:
         """Restore `state()`; returns the first round still to run."""
@@ -238,6 +243,8 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         self.eval_totals.update({k: int(v) for k, v in state["eval_totals"].items()})
         self.recorder.restore(state["records"])
         start = int(state["round"]) + 1
+        if self.buffered is not None:  # server_args.aggregation: buffered (engine.buffer_rounds)
+            self.buffered.load_state(state["buffered"])
         if self.privacy is not None:
             self.privacy.load_state(state.get("privacy") or {})
             self.rounds = self._rounds_allowed(start)

@@ -12,6 +12,7 @@ outstanding tasks in a fixed order."""
 from __future__ import annotations
 
 import random
+import time
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -82,3 +83,36 @@ def test_hostile_messages_leave_a_buffered_run_as_it_is_without_them(tmp_path_fa
     assert len(records) == 4 and all(len(r["updates"]) == 2 for r in records)
     got = _run(tmp_path_factory.mktemp("attacked"), random.Random(seed), per_task)
     assert _same(got[0], model) and got[1] == records and _same(got[2], state)
+
+
+def _trains(wire, rank: int) -> list:
+    return [t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == rank]
+
+
+def test_a_restarted_silo_gets_its_tasks_again_once_and_a_silo_gone_then_back_takes_work(tmp_path):
+    """Rank 1 restarts (a HELLO from a new process) while its task of version 0 is outstanding: the
+    task goes out again, once whatever more HELLOs say. Rank 2 says BYE with its task outstanding:
+    at the next tick its task is dropped and no task goes to it; once it says HELLO again, its party
+    takes work again, and the run completes."""
+    manager, wire = _buffered_server(tmp_path)
+    hello = {"config": manager.config, "explicit": [], "fresh_parties": []}
+    assert len(_trains(wire, 1)) == 1 and manager.tasks[1] == {0: 0}
+    for i in range(2):
+        time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
+        _from(manager, 1, m.HELLO, parties=[0], process=f"restarted-{i}", **hello)
+    assert [t.get("round") for t in _trains(wire, 1)] == [0, 0]
+    _from(manager, 2, m.BYE)
+    _from(manager, 0, m.TICK)
+    assert 2 not in manager.tasks and 1 not in manager.core.inflight
+    sent_to_2 = len(_trains(wire, 2))
+    time.sleep(1.1)
+    _from(manager, 2, m.HELLO, parties=[1], process="back", **hello)
+    while manager.phase == "buffered":
+        rank = min(manager.pending)
+        version = min(manager.tasks[rank].values())
+        task = _task(wire, rank, version).get("tasks")[0]
+        item = {"party": task["party"], "n": manager.rounds.samples[task["party"]]}
+        item["upload"] = {"model": task["payload"]["model"], "party_id": task["party"]}
+        _from(manager, rank, m.RESULT, round=version, results=[item])
+    assert len(_trains(wire, 2)) > sent_to_2  # back: its party took work again
+    assert manager.phase == "finish"

@@ -102,6 +102,7 @@ class BufferedPhases:
                 f"outstanding at it (the server is in the {self.phase} phase at version {self.core.version})",
                 reason="late or repeated result",
                 level=logging.INFO if self.phase == "finish" else logging.ERROR,
+                counted=self.phase != "finish",  # an update the last buffer did not need: no refusal
             )
             return
         parties = {item["party"] for item in items}

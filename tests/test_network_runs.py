@@ -150,6 +150,6 @@ def test_a_model_plugin_passes_fedml_moon_check_as_the_how_to_shows_it(tmp_path)
     env = {**os.environ, **conformance.process_env(tmp_path)}
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "moon: 15 of 15 checks passed" in done.stdout
+    assert "moon: 16 of 16 checks passed" in done.stdout
     built = "examples/networks/groupnorm_cnn.py:encoder: (1, 28, 28) -> [batch, 128]"
     assert f"PASS  the network is built for the data's inputs ({built})" in done.stdout

@@ -444,6 +444,10 @@ def _distributed(args: argparse.Namespace, cfg: Config, out_dir: Path) -> int:
         claim_folder(out_dir, args.overwrite)
     status = run_process(cfg, out_dir, rank, size, comm, resume, explicit, placed, bool(args.overwrite))
     log.info("rank %d finished: %s", rank, status)
+    if rank != 0:  # a silo's files are written: its exit skips the teardown that can abort it
+        from fedml_moon.distributed.silo_group import end_at_exit
+
+        end_at_exit()
     return {"completed": 0, "refused": 2}.get(status, 1)  # refused: a site refused its own data
 
 
@@ -551,8 +555,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `fedml-moon` command and `python -m fedml_moon`: `main()`, then the process's exit. A
-    process that was part of a silo's group ends at once (`silo_group.exit_if_left`): gloo's threads
-    can abort an interpreter's ordinary exit after its run completed."""
+    silo's process, and one that was part of a silo's group, ends at once (`silo_group.exit_if_left`):
+    native threads (gloo's; another library's under Python 3.12 in an MQTT + S3 silo) can abort an
+    interpreter's ordinary exit after its run completed."""
     code = main()
     group = sys.modules.get("fedml_moon.distributed.silo_group")  # loaded only where a silo ran as a group
     if group is not None:

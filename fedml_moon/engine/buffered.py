@@ -21,12 +21,11 @@ from fedml_moon.config import Config
 from fedml_moon.core.fedbuff import SimClock, party_durations
 from fedml_moon.engine.buffer_rounds import BufferedRounds, Job
 from fedml_moon.engine.parties import PartyRunner
-from fedml_moon.engine.resume import due, flatten
+from fedml_moon.engine.resume import due
 from fedml_moon.engine.rounds import ServerRounds
 from fedml_moon.engine.simulation import StandaloneSimulation
 from fedml_moon.engine.summed import Result
 from fedml_moon.errors import ConfigError
-from fedml_moon.file_digests import file_digests
 
 log = logging.getLogger(__name__)
 
@@ -123,16 +122,14 @@ class BufferedSimulation(StandaloneSimulation):
 
     # --- the run --------------------------------------------------------------------------------
     def run(self) -> None:
-        status, core = "failed", self.core
-        config = flatten(self.server.recorder.config)
-        config.update(file_digests(config))  # the files its settings name (checked by --resume)
+        core, config = self.core, self.checkpoint_config()
         log.info(
             "buffered aggregation: %d parties training at once, %d updates a round, staleness %s",
             core.concurrency,
             core.size,
             core.options.staleness,
         )
-        try:
+        with self.finishing():
             self.server.started = time.perf_counter()
             if self.start_round == 0:  # a new run: states an earlier run left in a disk store are not its own
                 self.runner.load_state({})
@@ -147,9 +144,3 @@ class BufferedSimulation(StandaloneSimulation):
                     due_now = [r for r in range(before, core.version) if due(every, r, self.rounds)]
                     if due_now:
                         self.checkpoint(due_now[-1], config)
-            status = "completed"
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
-        finally:
-            self.summary = self.server.finish(status)

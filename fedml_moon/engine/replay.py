@@ -200,19 +200,12 @@ class ReplaySimulation(StandaloneSimulation):
         raise ConfigError("--resume: a replay starts from its run's records; run it again instead")
 
     def run(self) -> None:
-        status = "failed"
         self.runner.load_state({})  # a new run: states an earlier run left in a disk store are not its own
         log.info("replaying %d rounds, %d updates arrived", len(self.records), len(self.events))
         by_round: dict[int, list[int]] = defaultdict(list)
         for i, a in enumerate(self.events):
             by_round[a.record].append(i)
-        try:
+        with self.finishing():
             self.server.started = time.perf_counter()
             for r in range(len(self.records)):
                 self.replay_round(r, by_round[r])
-            status = "completed"
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
-        finally:
-            self.summary = self.server.finish(status)

@@ -8,8 +8,9 @@ FedML's ClientTrainer calls). It is handed to FedML as
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -132,22 +133,35 @@ class StandaloneSimulation:
         log.info("resuming after the checkpoint of round %d", round_idx)
         return self.start_round
 
-    def run(self) -> None:
-        status = "failed"
+    def checkpoint_config(self) -> dict[str, Any]:
+        """The flat config a checkpoint holds, with the digest of each file its settings name
+        (checked by --resume)."""
         config = flatten(self.server.recorder.config)
-        config.update(file_digests(config))  # the files its settings name (checked by --resume)
-        if self.start_round == 0:  # a new run: states an earlier run left in a disk store are not its own
-            self.runner.load_state({})
+        config.update(file_digests(config))
+        return config
+
+    @contextlib.contextmanager
+    def finishing(self) -> Iterator[None]:
+        """A run's body: the model and summary.json written whatever ends it (`ServerRounds.finish`:
+        completed, interrupted by Ctrl-C, or failed)."""
+        status = "failed"
         try:
-            rounds = range(self.start_round, self.rounds)
-            with tqdm(rounds, desc="rounds", unit="round", disable=None, initial=self.start_round) as bar:
-                for round_idx in bar:
-                    self.one_round(round_idx, bar)
-                    if due(self.checkpoint_every, round_idx, self.rounds):
-                        self.checkpoint(round_idx, config)
+            yield
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
         finally:
             self.summary = self.server.finish(status)
+
+    def run(self) -> None:
+        config = self.checkpoint_config()
+        if self.start_round == 0:  # a new run: states an earlier run left in a disk store are not its own
+            self.runner.load_state({})
+        with self.finishing():
+            rounds = range(self.start_round, self.rounds)
+            with tqdm(rounds, desc="rounds", unit="round", disable=None, initial=self.start_round) as bar:
+                for round_idx in bar:
+                    self.one_round(round_idx, bar)
+                    if due(self.checkpoint_every, round_idx, self.rounds):
+                        self.checkpoint(round_idx, config)

@@ -4,6 +4,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -75,3 +76,21 @@ def cuda_only(test: Callable) -> Callable:
     for mark in CUDA_ONLY:
         test = mark(test)
     return test
+
+
+class Stop(Exception):
+    """The abrupt end of a process (in-process)."""
+
+
+def stop_after(monkeypatch: Any, loop: Any, round_idx: int) -> None:
+    """Make `loop` (a standalone loop) stop abruptly, raising `Stop`, once round `round_idx`'s record
+    is written (metrics.jsonl then holds progress its last checkpoint may not)."""
+    recorder = loop.server.recorder
+    log_round = recorder.log_round
+
+    def log_then_stop(record: dict) -> None:
+        log_round(record)
+        if record["round"] == round_idx:
+            raise Stop(f"stopped in round {round_idx}")
+
+    monkeypatch.setattr(recorder, "log_round", log_then_stop)

@@ -22,7 +22,7 @@ from fedml_moon.config_schema import ConfigError, ServerArgs
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount, party_durations, read_times
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.privacy.sums import Sums, contribution
-from tests.helpers import train_args
+from tests.helpers import Stop, stop_after, train_args
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 SMALL = [
@@ -403,10 +403,6 @@ def test_a_plugin_whose_sums_drop_a_field_is_refused_before_any_round(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-class Stop(Exception):
-    """The abrupt end of a process (in-process)."""
-
-
 @needs_data
 @pytest.mark.parametrize(("speed", "stop_in"), [("lognormal", 3), ("constant", 1)])
 def test_a_buffered_run_stopped_and_resumed_is_the_same_run(speed, stop_in, tmp_path, monkeypatch):
@@ -423,15 +419,7 @@ def test_a_buffered_run_stopped_and_resumed_is_the_same_run(speed, stop_in, tmp_
     ref, out = tmp_path / "ref", tmp_path / "stopped"
     assemble(cfg, ref).loop.run()
     first = assemble(cfg, out)
-    recorder = first.loop.server.recorder
-    log_round = recorder.log_round
-
-    def log_then_stop(record: dict) -> None:
-        log_round(record)
-        if record["round"] == stop_in:
-            raise Stop(f"stopped in round {stop_in}")
-
-    monkeypatch.setattr(recorder, "log_round", log_then_stop)
+    stop_after(monkeypatch, first.loop, stop_in)
     with pytest.raises(Stop):
         first.loop.run()
     again = assemble(cfg, out, resume=True)

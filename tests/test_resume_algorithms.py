@@ -22,7 +22,7 @@ from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
 from fedml_moon.config import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import TINY_RUN
+from tests.helpers import TINY_RUN, Stop, stop_after
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -55,10 +55,6 @@ CASES = {
 }
 
 
-class Stop(Exception):
-    """The abrupt end of a process (in-process)."""
-
-
 def _records(out: Path) -> list[dict]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(x).items() if not k.endswith("_time_s")} for x in lines]
@@ -79,15 +75,7 @@ def test_stopped_and_resumed_in_process_is_the_same_run(case, tmp_path, monkeypa
     assemble(cfg, ref).loop.run()
 
     first = assemble(cfg, out)
-    recorder = first.loop.server.recorder
-    log_round = recorder.log_round
-
-    def log_then_stop(record: dict) -> None:
-        log_round(record)
-        if record["round"] == stop_in:
-            raise Stop(f"stopped in round {stop_in}")
-
-    monkeypatch.setattr(recorder, "log_round", log_then_stop)
+    stop_after(monkeypatch, first.loop, stop_in)
     with pytest.raises(Stop):
         first.loop.run()
     assert [r["round"] for r in _records(out)] == list(range(stop_in + 1))

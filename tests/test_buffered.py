@@ -308,14 +308,16 @@ def test_config_errors_name_the_key(config, sets, key, why):
         load_config(CONFIGS / f"{config}.yaml", [*BUFFERED, *sets])
 
 
-def test_a_synchronous_run_is_the_default_and_a_distributed_buffered_run_cannot_resume(tmp_path):
+def test_a_synchronous_run_is_the_default_and_a_distributed_buffered_resume_needs_a_checkpoint(tmp_path):
+    """--resume of a distributed buffered server (tests/test_buffered_resume.py) in a folder without a
+    checkpoint is refused as a synchronous one is, before anything is written."""
     from fedml_moon.distributed.deploy import build_process
 
     cfg = load_config(CONFIGS / "moon.yaml", [])
     assert cfg.server_args.aggregation == "sync" and cfg.train_args.party_speed is None
     silos = [*BUFFERED, *MPI, "common_args.training_type=cross_silo"]
-    with pytest.raises(ConfigError, match="^--resume: a distributed buffered run .* writes no checkpoint"):
-        build_process(load_config(CONFIGS / "moon.yaml", silos), tmp_path, 0, resume=True)
+    with pytest.raises(ConfigError, match="^--resume .*: no checkpoint there"):
+        build_process(load_config(CONFIGS / "moon.yaml", silos), tmp_path, 0, size=3, resume=True)
     assert not list(tmp_path.iterdir())  # refused before anything is written
 
 

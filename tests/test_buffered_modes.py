@@ -1,8 +1,10 @@
 """Buffered aggregation in the distributed modes, over real processes (the MPI simulation's server and
 workers under mpirun, a gRPC server and its silos on 127.0.0.1: what is tested is their messages):
 the MPI simulation takes the updates in the simulated clock's order and ends with the standalone
-run's model and records; a gRPC run aggregates at the parties' real pace, and a silo that dies
-holding a task stalls no buffer: its task is dropped and other parties take the slot."""
+run's model and records; a gRPC run aggregates at the parties' real pace, a silo that dies
+holding a task stalls no buffer (its task is dropped and other parties take the slot), and a server
+killed with SIGKILL and started again with --resume, its silos left running, ends with a run whose
+records replay to its model."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 from fedml_moon import conformance
+from fedml_moon.conformance import recovery
 from fedml_moon.conformance.checks import run_differences
 from fedml_moon.conformance.inprocess import quiet_run
 from tests.helpers import restored_main
@@ -88,3 +91,32 @@ def test_a_silo_dead_with_a_task_stalls_no_buffer(tmp_path):
     records = _records(out)
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
     assert [r["updates"] for r in records] == [[[0, 0]], [[0, 1]], [[0, 2]]]
+
+
+def test_a_grpc_server_killed_and_resumed_ends_with_a_run_its_records_replay(tmp_path):
+    """gRPC, 3 silos of one party each, all training at once, K = 2, a checkpoint every 2 rounds: the
+    server is killed with SIGKILL after 3 rounds and started again with --resume 4 s later, the silos
+    untouched (they restore their parties from the checkpoint). The run completes; its records name
+    each update once as kept or left out, and `fedml-moon replay` ends with its model (<= 1e-5)."""
+    run = [
+        *conformance.TINY,
+        *BUFFERED,
+        "train_args.client_num_per_round=3",
+        "train_args.comm_round=8",
+        "train_args.checkpoint_every=2",
+    ]
+    port = conformance.free_port()
+    local = ["common_args.training_type=cross_silo", "comm_args.backend=GRPC", "comm_args.heartbeat_s=1"]
+    local += ["device_args.torch_threads=1", "tracking_args.enable_wandb=false"]
+    local.append(f"comm_args.grpc_ipconfig_path={conformance.write_ipconfig(tmp_path / 'ip.csv', 1, port)}")
+    drill = recovery.server_restart(tmp_path, CONFIG, run, local, after_rounds=3)
+    assert drill.returncodes == [0, 0, 0, 0], {k: v[-2500:] for k, v in drill.logs.items()}
+    assert "resuming after the checkpoint of round" in drill.logs["server-2.log"]
+    assert all(
+        "resumed its parties from the checkpoint of round" in drill.logs[f"silo-{r}.log"] for r in (1, 2, 3)
+    )
+    records = _records(drill.out_dir)
+    assert len(records) == 8 and [r["round"] for r in records] == list(range(8))
+    with restored_main() as main:
+        assert main(["replay", str(drill.out_dir)]) == 0
+    assert [r["updates"] for r in _records(drill.out_dir / "replay")] == [r["updates"] for r in records]

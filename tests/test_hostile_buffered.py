@@ -1,9 +1,9 @@
 """The attacker's side of the buffered server (distributed/server_buffered.py), as a differential
 property: a silo with valid credentials sends, before each of its honest results, well-formed
 messages with hostile values (tests/hostile.py: another silo's party, a version it has no task of,
-repeated, extreme, of the wrong phase, HELLOs of new processes), and its honest result again after
-it. The run ends with bitwise the final model, the server algorithm's state and the records of the
-same run without those messages.
+repeated, extreme, of the wrong phase, CHECKPOINTED for any round, HELLOs of new processes), and
+its honest result again after it. The run ends with bitwise the final model, the server algorithm's
+state and the records of the same run without those messages.
 
 The server manager runs in this process on a tiny real run (FedAvgM, K = 2 of 3 silos training at
 once); the silos upload the model they were sent, moved by 0.01 x their rank, answering their
@@ -26,6 +26,7 @@ SETTINGS = [
     "server_args.aggregation=buffered",
     "server_args.buffer_size=2",
     "train_args.comm_round=4",
+    "train_args.checkpoint_every=1",  # a checkpoint waits for its silos' CHECKPOINTED after each round
     "server_args.server_momentum=0.9",
     "server_args.server_momentum_style=fedavgm",
 ]

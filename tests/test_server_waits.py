@@ -17,11 +17,16 @@ from fedml_moon.adapters.run import build_base, build_server
 from fedml_moon.config import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.distributed import managers as m
-from fedml_moon.distributed.deploy import _resume_server, placement, server_manager_class, shared_config
+from fedml_moon.distributed.deploy import (
+    _resume_server,
+    buffered_rounds,
+    placement,
+    server_manager_class,
+    shared_config,
+)
 from fedml_moon.distributed.server_manager import PluginServerManager
 from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
 from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
-from fedml_moon.engine.buffer_rounds import BufferedRounds
 from fedml_moon.engine.resume import flat_config
 
 pytestmark = pytest.mark.skipif(
@@ -61,6 +66,7 @@ def _server(
     cfg = load_config(CONFIG, overrides)
     base = build_base(cfg, tmp_path)
     rounds = build_server(base, tmp_path)
+    core = buffered_rounds(cfg, rounds)  # at the parties' real pace: no clock
     start = _resume_server(rounds, tmp_path) if resume else 0
     wire, ranks = Wire(), list(range(1, silos + 1))
     checkpoints = (cfg.train_args.checkpoint_every, flat_config(cfg))
@@ -75,8 +81,8 @@ def _server(
         checkpoints,
         start,
     )
-    if cfg.server_args.aggregation == "buffered":  # at the parties' real pace: no clock
-        manager.set_buffering(BufferedRounds(rounds, cfg, None))
+    if core is not None:
+        manager.set_buffering(core)
     manager.register_message_receive_handlers()
     for rank in ranks:
         hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}

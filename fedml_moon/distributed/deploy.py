@@ -262,10 +262,6 @@ def build_process(
     checkpoint and tells the workers which of theirs to load. `explicit`: the shared settings this
     process was given with --set (a worker's must agree with the server's). `group`: a hierarchical
     silo's leader (`silo_group`)."""
-    from fedml_moon.engine.buffered import refuse_resume
-
-    if resume:
-        refuse_resume(cfg)  # a distributed buffered run keeps no checkpoint
     workers = worker_count(cfg, size)
     folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
     if rank != 0:
@@ -279,6 +275,7 @@ def build_process(
     # built (FedML's aggregator imported, a checkpoint loaded) before the transport listens: a server
     # that listens while it builds sends no heartbeat, and its silos' comm_args.timeout_s runs
     rounds = build_server(base, folder)
+    core = buffered_rounds(cfg, rounds)  # its state is in the server's checkpoint
     start = _resume_server(rounds, folder) if resume else 0
     from fedml_moon.status_http import open_port
 
@@ -297,13 +294,21 @@ def build_process(
         ckpt,
         start,
     )
-    if cfg.server_args.aggregation == "buffered":
-        from fedml_moon.engine.buffer_rounds import BufferedRounds
-        from fedml_moon.engine.buffered import make_clock
-
-        clock = make_clock(cfg, True) if cfg.common_args.training_type == "simulation" else None
-        manager.set_buffering(BufferedRounds(rounds, cfg, clock))
+    if core is not None:
+        manager.set_buffering(core)
     return DistributedProcess(manager, rank, rounds, port=port)
+
+
+def buffered_rounds(cfg: Config, rounds: Any) -> Any:
+    """With `server_args.aggregation: buffered`, the server's `BufferedRounds` (on the simulated clock
+    in the MPI simulation, at the parties' real pace otherwise); None for a synchronous run."""
+    if cfg.server_args.aggregation != "buffered":
+        return None
+    from fedml_moon.engine.buffer_rounds import BufferedRounds
+    from fedml_moon.engine.buffered import make_clock
+
+    clock = make_clock(cfg, True) if cfg.common_args.training_type == "simulation" else None
+    return BufferedRounds(rounds, cfg, clock)
 
 
 def server_manager_class(cfg: Config) -> type:

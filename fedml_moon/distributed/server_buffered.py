@@ -17,7 +17,8 @@ checks accept; anything else is refused whole, as if it never came.
 A silo that is gone (BYE, ERROR, REFUSE, silent past `comm_args.round_timeout_s`) has its tasks
 dropped, never waited for: its parties take no work until it says HELLO again, and other parties take
 their slots. A restarted silo gets its outstanding tasks again, once per start version. After the
-last buffer, updates still arriving are dropped (logged once each).
+last buffer, updates still arriving are dropped (logged once each). Checkpoints and --resume:
+`distributed.buffered_checkpoint`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 import time
 from typing import Any
 
+from fedml_moon.distributed.buffered_checkpoint import BufferedCheckpoints
 from fedml_moon.distributed.managers import TRAIN
 from fedml_moon.distributed.protocol import result_problem
 from fedml_moon.engine.buffer_rounds import BufferedRounds
@@ -34,8 +36,9 @@ log = logging.getLogger(__name__)
 BUFFERED = "buffered"
 
 
-class BufferedPhases:
-    """The buffered phase (module docstring), before `RoundPhases` in a manager's bases."""
+class BufferedPhases(BufferedCheckpoints):
+    """The buffered phase (module docstring), before `RoundPhases` in a manager's bases; its
+    checkpoints and resume are `BufferedCheckpoints`'."""
 
     core: BufferedRounds
     rounds: Any
@@ -44,7 +47,6 @@ class BufferedPhases:
     def set_buffering(self, core: BufferedRounds) -> None:
         self.core = core
         self.tasks: dict[int, dict[int, int]] = {}  # rank -> {party: start version} outstanding
-        self.arrived: dict[int, Any] = {}  # party -> its upload, waiting for its simulated instant
         self.resent_versions: set[tuple[int, int]] = set()  # (rank, version) sent again once
 
     # --- work out ------------------------------------------------------------------------------------
@@ -56,7 +58,10 @@ class BufferedPhases:
         self._phase(BUFFERED, set())
         self.round_idx = round_idx
         self.rounds.started = time.perf_counter()
-        self.refill()
+        if round_idx == 0:
+            self.refill()
+            return
+        self.resume_buffered()  # a resumed run (buffered_checkpoint)
 
     def refill(self) -> None:
         """Give the free slots to parties whose silo is here (`BufferedRounds.dispatch`)."""
@@ -114,7 +119,8 @@ class BufferedPhases:
             return
         for item in items:
             del outstanding[item["party"]]
-            self.arrived[item["party"]] = item["upload"]
+            self.core.arrived[item["party"]] = item["upload"]
+        self.hold(rank, version, items)
         if not outstanding:
             self.pending.discard(rank)
         self.phase_started = time.monotonic()
@@ -124,25 +130,27 @@ class BufferedPhases:
         """Take what has arrived: all of it at real pace, then fill the freed slots; on the clock,
         instant by instant while every update of the earliest one is in, the freed slots filled after
         each instant (the standalone loop's order). After the last buffer: FINISH."""
-        clock = self.core.clock
-        while self.arrived and not self.finished():
+        clock, arrived = self.core.clock, self.core.arrived
+        while arrived and not self.finished():
             if clock is None:
-                party = next(iter(self.arrived))
-                self.take(party, self.arrived.pop(party))
+                party = next(iter(arrived))
+                self.take(party, arrived.pop(party))
                 continue
             first = clock.peek()
-            if first is None or not set(first[1]) <= set(self.arrived):
+            if first is None or not set(first[1]) <= set(arrived):
                 break
             for party in clock.next_instant()[1]:
                 if not self.finished():
-                    self.take(party, self.arrived.pop(party))
+                    self.take(party, arrived.pop(party))
             if not self.finished():
                 self.refill()
         if self.finished():
-            self.arrived.clear()
+            arrived.clear()
             self.next_round(self.rounds.rounds)
-        elif clock is None:
+            return
+        if clock is None:
             self.refill()
+        self.take_cut()
 
     def take(self, party: int, upload: Any) -> None:
         """One update into the buffer; a full buffer is applied and recorded (no party evaluates)."""
@@ -159,6 +167,7 @@ class BufferedPhases:
         )
         self.round_idx = self.recorded = self.aggregated = round_idx
         self.rounds.finish_round(round_idx, ordered, None, extra)
+        self.mark_due(round_idx)
         self.round_idx = self.core.version
         # a new allowance of large frames: a RESULT for each TRAIN outstanding (transport/budget.py)
         self._transport.expect({r: len(set(t.values())) for r, t in self.tasks.items()})
@@ -173,6 +182,7 @@ class BufferedPhases:
             away = sorted(r for r in self.pending if r in self.gone or self.is_dead(r))
             if away and set(away) != self.pending:
                 self.give_up_on(away, away, time.monotonic() - self.phase_started)
+        self.cut_overdue()
         super().on_tick(msg)
 
     def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
@@ -184,7 +194,7 @@ class BufferedPhases:
         dropped = {p for r in ranks for p in self.tasks.pop(r, {})}
         for party in dropped:
             self.core.inflight.pop(party, None)
-            self.arrived.pop(party, None)
+            self.core.arrived.pop(party, None)
         if self.core.clock is not None:
             self.core.clock.cancel(dropped)
         self.pending -= set(ranks)
@@ -198,5 +208,5 @@ class BufferedPhases:
         if not self.core.inflight and not self.finished() and self.phase == BUFFERED:
             self.fail(
                 f"no silo is left to train at version {self.core.version} (rank(s) {ranks} gone or silent "
-                f"for {waited:.0f} s); buffered runs cannot resume yet: start the run again"
+                f"for {waited:.0f} s); {self._resume_hint()}"
             )

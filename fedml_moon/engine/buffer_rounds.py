@@ -55,6 +55,8 @@ class BufferedRounds:
         self.gen = rng(cfg.common_args.random_seed, "buffered")
         self.version = 0
         self.inflight: dict[int, Job] = {}
+        self.arrived: dict[int, Payload] = {}  # distributed: uploads in, not yet taken (arrival order)
+        self.held: list[dict[int, Payload]] = []  # a resumed one's: those of its checkpoint, by message
         self.buffer = Buffer()
         self.vectors: dict[int, PartyVector] = {}  # privacy_args: the buffer's parties' vectors
         self.updates: list[list[int]] = []  # this buffer's [party, start version], in arrival order
@@ -66,13 +68,15 @@ class BufferedRounds:
 
     def state(self) -> dict[str, Any]:
         """Everything of the buffered rounds a checkpoint keeps (tensors and JSON values): the jobs in
-        flight with what they were sent (and, trained, their results), the buffer, the draws' and the
-        clock's state."""
+        flight with what they were sent (and, trained, their results), the uploads arrived but not yet
+        taken (the distributed server's, in batches of the messages they came in), the buffer, the
+        draws' and the clock's state."""
         vectors = {p: [v.vector, v.entries, v.metric_names, v.norm] for p, v in self.vectors.items()}
         jobs = {p: [j.start, j.payload, j.result] for p, j in self.inflight.items()}
         return {
             "version": self.version,
             "inflight": jobs,
+            "arrived": [[[p, upload] for p, upload in self.arrived.items()]] if self.arrived else [],
             "buffer": self.buffer.state(),
             "vectors": vectors,
             "updates": self.updates,
@@ -87,6 +91,8 @@ class BufferedRounds:
         """Restore `state()`."""
         self.version = int(state["version"])
         self.inflight = {int(p): Job(int(s), pay, res) for p, (s, pay, res) in state["inflight"].items()}
+        self.arrived = {}
+        self.held = [{int(p): upload for p, upload in batch} for batch in state.get("arrived", [])]
         self.buffer = Buffer.from_state(state["buffer"])
         self.vectors = {
             int(p): PartyVector(v, [tuple(e) for e in entries], list(names), float(norm))

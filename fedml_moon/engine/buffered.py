@@ -44,16 +44,6 @@ def make_clock(cfg: Config, buffered: bool) -> SimClock | None:
         raise ConfigError(f"train_args.party_speed_file: {err}") from None
 
 
-def refuse_resume(cfg: Config) -> None:
-    """A distributed buffered run cannot resume yet: its server writes no checkpoint."""
-    distributed = cfg.common_args.training_type != "simulation" or cfg.comm_args.backend != "sp"
-    if cfg.server_args.aggregation == "buffered" and distributed:
-        raise ConfigError(
-            "--resume: a distributed buffered run (server_args.aggregation: buffered) cannot resume yet: "
-            "its server writes no checkpoint; start it again without --resume"
-        )
-
-
 def make_loop(cfg: Config, server: ServerRounds, runner: PartyRunner, resume: bool) -> StandaloneSimulation:
     """The standalone loop `cfg` asks for: buffered (`server_args.aggregation`) or synchronous, with
     its simulated clock; a resumed synchronous run's clock is replayed to where it stopped."""

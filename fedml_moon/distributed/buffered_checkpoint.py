@@ -1,0 +1,173 @@
+"""Checkpoints of a distributed buffered run (`server_args.aggregation: buffered`), and its resume.
+
+A buffered run never stops its parties, so its checkpoint is a consistent cut rather than a round's
+end. After a round that is due (`train_args.checkpoint_every`; not the last) has been applied and its
+freed slots filled, the server keeps a copy of its state (`ServerRounds.state`, the buffered rounds'
+included) and sends CHECKPOINT {round} to every silo that is here. A silo handles its messages in
+order: it trains every task it was sent before the CHECKPOINT, answers them, saves its parties and
+answers CHECKPOINTED. So the updates a silo sent before its CHECKPOINTED are those its saved parties
+have trained: they join the copy as arrived, not yet taken; its tasks outstanding at the cut stay in
+flight in the copy. Once every silo answered (or is gone, or silent past `comm_args.round_timeout_s`),
+the copy is written as the checkpoint of that round. The run goes on meanwhile, taking updates as
+they come; a round due while a checkpoint waits for its silos is checkpointed at the next due round.
+
+`--resume` loads the copy: the silos load their checkpoint of that round (WELCOME {resume_from}), the
+server sends each its outstanding tasks again, takes the arrived updates and fills the free slots.
+An update that arrived before the checkpoint is kept; one that arrived after it is lost with the
+server and its task is trained again. Each task (party, start version) is taken at most once: a
+result of a task that is no longer outstanding is refused. A party's local round depends only on its
+saved state and what it was sent, so training a task again gives the update it gave before, and the
+run's records replay (`fedml-moon replay`) to its model.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedml_moon.core.checkpoint import write_checkpoint
+from fedml_moon.distributed.managers import CHECKPOINT, TRAIN
+from fedml_moon.engine.resume import checkpoint_root, due
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Cut:
+    """A checkpoint being taken: its round, the server's state at the cut, the silos that still owe
+    their CHECKPOINTED, and the updates that arrived from a silo before it answered."""
+
+    round: int
+    state: dict[str, Any]
+    awaiting: set[int]
+    started: float = field(default_factory=time.monotonic)
+    held: list[list[list[Any]]] = field(
+        default_factory=list
+    )  # per message, in arrival order: [party, upload]
+
+
+class BufferedCheckpoints:
+    """The checkpoint and resume of a buffered distributed run (module docstring); a mixin of
+    `BufferedPhases`, whose server state and silos it uses."""
+
+    cut: Cut | None = None
+    cut_due: bool = False
+
+    def mark_due(self, round_idx: int) -> None:
+        """Round `round_idx` was applied: a checkpoint follows once its slots are filled, if it is due."""
+        if round_idx < self.rounds.rounds - 1 and due(self.checkpoint_every, round_idx, self.rounds.rounds):
+            self.cut_due = True
+
+    def take_cut(self) -> None:
+        """Start the checkpoint that is due (module docstring), unless one still waits for its silos."""
+        if not self.cut_due or self.finished():
+            return
+        if self.cut is not None:
+            log.info(
+                "version %d: a checkpoint is due, but round %d's still waits",
+                self.core.version,
+                self.cut.round,
+            )
+            return
+        self.cut_due = False
+        round_idx = self.core.version - 1
+        self.doing = f"taking the checkpoint of round {round_idx}"
+        here = {r for r in self.workers if r not in self.gone and not self.is_dead(r)}
+        self.cut = Cut(round_idx, copy.deepcopy(self.rounds.state(round_idx)), here)
+        for rank in sorted(here):
+            self.send(CHECKPOINT, rank, round=round_idx)
+        self.write_cut()
+
+    def hold(self, rank: int, version: int, items: list[dict]) -> None:
+        """Updates taken from `rank` before it answered CHECKPOINTED: its saved parties trained them."""
+        cut = self.cut
+        if cut is None or rank not in cut.awaiting:
+            return
+        inflight = cut.state["buffered"]["inflight"]
+        batch = [
+            [item["party"], item["upload"]]
+            for item in items
+            if item["party"] in inflight
+            and int(inflight[item["party"]][0]) == version  # outstanding at the cut
+        ]
+        if batch:
+            cut.held.append(batch)
+
+    def on_checkpointed(self, msg: Any) -> None:
+        """A silo saved its parties for the checkpoint being taken; once all have, it is written."""
+        rank, round_idx, cut = msg.get_sender_id(), msg.get("round"), self.cut
+        if cut is None or rank not in cut.awaiting or round_idx != cut.round:
+            self.refused(
+                rank, f"dropped a CHECKPOINTED from rank {rank} for round {round_idx}: not asked for"
+            )
+            return
+        cut.awaiting.discard(rank)
+        self._advance(self.write_cut)
+
+    def cut_gone(self, ranks: set[int], why: str) -> None:
+        """Silos gone or silent do not hold the checkpoint up: it is written without theirs."""
+        cut = self.cut
+        if cut is None or not ranks & cut.awaiting:
+            return
+        log.warning(
+            "checkpoint of round %d written without rank(s) %s: %s",
+            cut.round,
+            sorted(ranks & cut.awaiting),
+            why,
+        )
+        cut.awaiting -= ranks
+        self._advance(self.write_cut)
+
+    def write_cut(self) -> None:
+        """Write the checkpoint once no silo owes its CHECKPOINTED."""
+        cut = self.cut
+        if cut is None or cut.awaiting:
+            return
+        self.doing = f"writing the checkpoint of round {cut.round}"
+        cut.state["buffered"]["arrived"] += cut.held
+        parts = {"config": self.full_config, "server": cut.state}
+        write_checkpoint(checkpoint_root(self.rounds.recorder.out_dir), cut.round, parts)
+        self.last_checkpoint, self.cut = cut.round, None
+        held = sum(len(batch) for batch in cut.state["buffered"]["arrived"])
+        log.info("checkpoint of round %d written (%d updates arrived, not yet taken)", cut.round, held)
+
+    def cut_overdue(self) -> None:
+        """At a tick: silos that owe their CHECKPOINTED past `comm_args.round_timeout_s` are left out."""
+        cut = self.cut
+        if cut is not None:
+            late = time.monotonic() - cut.started > self.deadline_s
+            away = {r for r in cut.awaiting if late or r in self.gone or self.is_dead(r)}
+            if away:
+                self.cut_gone(away, "gone or silent" if not late else f"no answer in {self.deadline_s:g} s")
+
+    # --- resume ---------------------------------------------------------------------------------------
+    def resume_buffered(self) -> None:
+        """A resumed run: each silo gets again its tasks in flight at the checkpoint; the updates that
+        had arrived are taken, message by message, as they were when they came."""
+        core = self.core
+        arrived = {p for batch in core.held for p in batch}
+        for party, job in sorted(core.inflight.items()):
+            if party not in arrived:
+                self.tasks.setdefault(self.placement[party], {})[party] = job.start
+        for rank, tasks in sorted(self.tasks.items()):
+            for version in sorted(set(tasks.values())):
+                items = [
+                    {"party": p, "payload": core.inflight[p].payload}
+                    for p, v in sorted(tasks.items())
+                    if v == version
+                ]
+                self.pending.add(rank)
+                self._transport.expect_more(rank)
+                self.send(TRAIN, rank, round=version, tasks=items)
+        log.info(
+            "resumed at version %d: %d tasks sent again, %d updates arrived before the checkpoint",
+            core.version,
+            sum(len(t) for t in self.tasks.values()),
+            len(arrived),
+        )
+        while core.held and self.phase == "buffered":
+            core.arrived.update(core.held.pop(0))
+            self._advance(self.take_arrived)

@@ -1,0 +1,188 @@
+"""A distributed buffered server killed at any moment and started again with --resume
+(distributed/buffered_checkpoint.py) ends with the run never interrupted: bitwise its final model,
+its records and the server algorithm's state. Updates that arrived before the checkpoint are kept;
+those after it are lost with the server and trained again; no task is taken twice, even when a silo
+still answers, to the new server, a task the old one sent.
+
+The server manager runs in this process on a tiny real run (FedAvgM, K = 2 of 3 silos training at
+once, a checkpoint after every round); the silos are played in order: each handles its messages
+from the server as they were sent (a TRAIN answered with the model it was sent, moved by 0.01 x its
+rank; a CHECKPOINT with CHECKPOINTED), the ranks in turn."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedml_moon.core.checkpoint import read_checkpoint
+from fedml_moon.distributed import managers as m
+from fedml_moon.engine.resume import checkpoint_root
+from tests.test_hostile_rounds import TIMING, _same
+from tests.test_server_waits import CONFIG, _from, _server, pytestmark  # noqa: F401 (data)
+
+SETTINGS = [
+    "server_args.aggregation=buffered",
+    "server_args.buffer_size=2",
+    "train_args.comm_round=6",
+    "train_args.checkpoint_every=1",
+    "server_args.server_momentum=0.9",
+    "server_args.server_momentum_style=fedavgm",
+]
+
+
+class Silos:
+    """The three silos: each answers the server's messages to it in the order they were sent."""
+
+    def __init__(self, manager, wire) -> None:
+        self.manager, self.wire, self.seen, self.last = manager, wire, 0, 0
+        self.queues: dict[int, list] = {1: [], 2: [], 3: []}
+
+    def collect(self) -> None:
+        for msg in self.wire.sent[self.seen :]:
+            if msg.get_type() in (m.TRAIN, m.CHECKPOINT):
+                self.queues[msg.get_receiver_id()].append(msg)
+        self.seen = len(self.wire.sent)
+
+    def step(self) -> bool:
+        """The next rank with a message, in turn, answers its oldest one; False when none has one."""
+        self.collect()
+        ranks = sorted(self.queues)
+        turn = ranks[self.last % len(ranks) :] + ranks[: self.last % len(ranks)]
+        rank = next((r for r in turn if self.queues[r]), None)
+        if rank is None:
+            return False
+        self.last = rank
+        self.answer(rank, self.queues[rank].pop(0))
+        return True
+
+    def answer(self, rank: int, msg, to=None) -> None:
+        to = to or self.manager
+        if msg.get_type() == m.CHECKPOINT:
+            _from(to, rank, m.CHECKPOINTED, round=msg.get("round"))
+            return
+        items = []
+        for task in msg.get("tasks"):
+            party, model = task["party"], task["payload"]["model"]
+            moved = {k: v + 0.01 * rank if v.is_floating_point() else v for k, v in model.items()}
+            items.append(
+                {"party": party, "n": to.rounds.samples[party], "upload": {"model": moved, "party_id": party}}
+            )
+        _from(to, rank, m.RESULT, round=msg.get("round"), results=items)
+
+
+def _outcome(manager) -> tuple:
+    assert manager.status == "completed", manager.status
+    records = [{k: v for k, v in r.items() if k not in TIMING} for r in manager.rounds.recorder.records]
+    return dict(manager.rounds.aggregator.global_state), records, manager.rounds.aggregator.algorithm.state()
+
+
+def _finish(manager, silos: Silos) -> tuple:
+    while manager.phase != "finish" and silos.step():
+        pass
+    for rank in sorted(manager.pending):
+        _from(manager, rank, m.BYE)
+    return _outcome(manager)
+
+
+def _in_order(tmp_path, updates: list[tuple[int, int]]) -> tuple:
+    """A run never interrupted whose silos answer the tasks in the order `updates` names them
+    ([party, start version]; a silo holds one party here), CHECKPOINTs at once."""
+    manager, wire = _server(tmp_path, *SETTINGS)
+    silos = Silos(manager, wire)
+    for party, version in updates:
+        silos.collect()
+        for rank, queue in silos.queues.items():
+            for msg in [q for q in queue if q.get_type() == m.CHECKPOINT]:
+                queue.remove(msg)
+                silos.answer(rank, msg)
+        silos.collect()
+        rank = manager.placement[party]
+        task = next(q for q in silos.queues[rank] if q.get("round") == version)
+        assert manager.tasks.get(rank, {}).get(party) == version, (party, version)
+        silos.queues[rank].remove(task)
+        silos.answer(rank, task)
+    for rank in sorted(manager.pending):
+        _from(manager, rank, m.BYE)
+    return _outcome(manager)
+
+
+def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_answered(tmp_path):
+    """After round 0: CHECKPOINT to all three silos, each after its outstanding tasks; the checkpoint
+    is written once the last answers, and holds, as arrived, the updates the silos sent before their
+    CHECKPOINTED; one not asked for (another round) changes nothing."""
+    manager, wire = _server(tmp_path, *SETTINGS)
+    silos = Silos(manager, wire)
+    while not any(t.get_type() == m.CHECKPOINT for t in wire.sent):
+        assert silos.step()
+    silos.collect()
+    assert sorted(r for r, q in silos.queues.items() if q and q[-1].get_type() == m.CHECKPOINT) == [1, 2, 3]
+    _from(manager, 1, m.CHECKPOINTED, round=5)
+    assert manager.cut is not None and manager.cut.awaiting == {1, 2, 3}
+    while manager.cut is not None:
+        assert silos.step()
+    root = checkpoint_root(tmp_path)
+    assert (root / "LATEST").read_text().strip() == "0"
+    held = read_checkpoint(root, 0, ("server",))["server"]["buffered"]["arrived"]
+    assert sum(len(batch) for batch in held) >= 1
+    assert len(_finish(manager, silos)[1]) == 6
+
+
+@pytest.mark.parametrize("after", [0, 1, 2, 3, 5, 8])
+def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, after):
+    """Killed `after` silo answers past its first checkpoint (wherever that falls: mid-buffer, while
+    a later checkpoint waits for its silos); the tasks of the old server still queued at the silos
+    are answered to the new one first (taken once, or refused as not outstanding). The resumed run
+    keeps the records and the held updates of its checkpoint and is, bit for bit, the run never
+    interrupted whose silos answer in the order its records name (so it takes no task twice)."""
+    first, wire = _server(tmp_path / "run", *SETTINGS)
+    silos = Silos(first, wire)
+    while first.last_checkpoint is None:
+        assert silos.step()
+    for _ in range(after):
+        assert silos.step()
+    assert first.phase == "buffered" and first.last_checkpoint is not None
+    kept = [dict(r) for r in first.rounds.recorder.records[: first.last_checkpoint + 1]]
+    held = read_checkpoint(checkpoint_root(tmp_path / "run"), first.last_checkpoint, ("server",))["server"]
+    silos.collect()
+    queued = [(r, msg) for r, q in silos.queues.items() for msg in q if msg.get_type() == m.TRAIN]
+    again, wire_again = _server(tmp_path / "run", *SETTINGS, resume=True)
+    assert again.start == first.last_checkpoint + 1  # its held updates may have filled a buffer since
+    for rank, msg in queued:
+        Silos(again, wire_again).answer(rank, msg)
+    got = _finish(again, Silos(again, wire_again))
+    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in kept]
+    assert got[1][: len(kept)] == strip
+    taken = [(p, v) for r in got[1] for p, v in r["updates"]]  # (a fast party may take two of a version)
+    assert len(got[1]) == 6
+    jobs = held["buffered"]["inflight"]
+    arrived = {(p, int(jobs[p][0])) for batch in held["buffered"]["arrived"] for p, _ in batch}
+    assert arrived <= set(taken[sum(len(r["updates"]) for r in kept) :])
+    want = _in_order(tmp_path / "in-order", taken)  # an update taken twice would have no task there
+    assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])
+
+
+CLOCK = [
+    *SETTINGS,
+    "common_args.training_type=simulation",
+    "comm_args.backend=MPI",
+    "train_args.party_speed=lognormal",
+]
+
+
+@pytest.mark.parametrize("after", [0, 2, 5])
+def test_on_the_clock_a_server_killed_and_resumed_is_the_run_never_interrupted(tmp_path, after):
+    """The MPI simulation's server (its simulated clock orders the updates, whatever order the silos
+    answer in): killed `after` answers past its first checkpoint and resumed, it ends bit for bit
+    with the run never interrupted: model, records (simulated seconds included) and server state."""
+    ref, ref_wire = _server(tmp_path / "reference", *CLOCK)
+    want = _finish(ref, Silos(ref, ref_wire))
+    first, wire = _server(tmp_path / "run", *CLOCK)
+    silos = Silos(first, wire)
+    while first.last_checkpoint is None:
+        assert silos.step()
+    for _ in range(after):
+        assert silos.step()
+    assert first.phase == "buffered"
+    again, wire_again = _server(tmp_path / "run", *CLOCK, resume=True)
+    got = _finish(again, Silos(again, wire_again))
+    assert any(r["staleness_max"] > 0 for r in want[1])
+    assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])

@@ -7,15 +7,16 @@ included) and sends CHECKPOINT {round} to every silo that is here. A silo handle
 order: it trains every task it was sent before the CHECKPOINT, answers them, saves its parties and
 answers CHECKPOINTED. So the updates a silo sent before its CHECKPOINTED are those its saved parties
 have trained: they join the copy as arrived, not yet taken; its tasks outstanding at the cut stay in
-flight in the copy. Once every silo answered (or is gone, or silent past `comm_args.round_timeout_s`),
-the copy is written as the checkpoint of that round. The run goes on meanwhile, taking updates as
-they come; a round due while a checkpoint waits for its silos is checkpointed at the next due round.
+flight in the copy. Once every silo answered (or is gone, or silent past `comm_args.round_timeout_s`;
+one restarted meanwhile is sent its tasks and the CHECKPOINT again), the copy is written as the
+checkpoint of that round. The run goes on meanwhile, taking updates as they come; a checkpoint due
+while another waits for its silos is taken once that one is written, at the next update taken.
 
 `--resume` loads the copy: the silos load their checkpoint of that round (WELCOME {resume_from}), the
 server sends each its outstanding tasks again, takes the arrived updates and fills the free slots.
 An update that arrived before the checkpoint is kept; one that arrived after it is lost with the
-server and its task is trained again. Each task (party, start version) is taken at most once: a
-result of a task that is no longer outstanding is refused. A party's local round depends only on its
+server and its task is trained again. Each task is taken at most once: a result for a task no longer
+outstanding at its silo is refused. A party's local round depends only on its
 saved state and what it was sent, so training a task again gives the update it gave before, and the
 run's records replay (`fedml-moon replay`) to its model.
 """
@@ -66,8 +67,8 @@ class BufferedCheckpoints:
         if not self.cut_due or self.finished():
             return
         if self.cut is not None:
-            log.info(
-                "version %d: a checkpoint is due, but round %d's still waits",
+            log.debug(
+                "version %d: a checkpoint is due, but round %d's still waits for its silos",
                 self.core.version,
                 self.cut.round,
             )
@@ -95,6 +96,11 @@ class BufferedCheckpoints:
         ]
         if batch:
             cut.held.append(batch)
+
+    def ask_again(self, rank: int) -> None:
+        """A restarted silo lost the CHECKPOINT it owes an answer to: it is sent again (once a restart)."""
+        if self.cut is not None and rank in self.cut.awaiting:
+            self.send(CHECKPOINT, rank, round=self.cut.round)
 
     def on_checkpointed(self, msg: Any) -> None:
         """A silo saved its parties for the checkpoint being taken; once all have, it is written."""

@@ -79,7 +79,8 @@ class BufferedPhases(BufferedCheckpoints):
         self.phase_started = time.monotonic()
 
     def _send_work_again(self, rank: int) -> None:
-        """A restarted silo lost its tasks: each start version's again, once."""
+        """A restarted silo lost its tasks: each start version's again, once; and a checkpoint's
+        CHECKPOINT it still owes."""
         outstanding = self.tasks.get(rank, {}) if self.phase == BUFFERED else {}
         for version in sorted(set(outstanding.values())):
             if (rank, version) in self.resent_versions:
@@ -93,6 +94,7 @@ class BufferedPhases(BufferedCheckpoints):
             self._transport.expect_more(rank)
             log.info("rank %d restarted: sent its tasks of version %d again", rank, version)
             self.send(TRAIN, rank, round=version, tasks=items)
+        self.ask_again(rank)  # a checkpoint that waits for it: asked again, after those tasks
 
     # --- updates in ---------------------------------------------------------------------------------
     def on_result(self, msg: Any) -> None:

@@ -86,7 +86,7 @@ def _same(a, b) -> bool:
     return a == b
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), per_round=st.integers(1, 12))
 def test_hostile_messages_leave_the_run_as_it_is_without_them(tmp_path_factory, seed, per_round):
     if "run" not in _REFERENCE:

@@ -3,7 +3,8 @@
 with its own class mix; the server's data_cache_dir an empty folder. Over gRPC with mutual TLS and
 over MQTT + S3 the server is killed with SIGKILL mid-run and started again with --resume (over MQTT
 + S3 a site with it, which rejoins with its claims); over MPI each rank is given its own folder, and
-the job is killed and run again with --resume. Every run ends on the model of the standalone run of
+the job is killed and run again with --resume (silos left running say once that they wait for the
+server, and take the run's settings from it). Every run ends on the model of the standalone run of
 the same holdings as per-party folders, with the same test_acc: the final model tested by hand on
 the union of the sites' test splits. Parquet sites with the MLP, and secure aggregation of the
 updates and the test counts, in runs of their own."""
@@ -153,7 +154,12 @@ def _drill(tmp_path: Path, run: list[str], local: list[str], own: dict, kill_sil
     assert "the server holds no training data; evaluation is federated" in server
     assert "resuming after the checkpoint of round" in drill.logs["server-2.log"]
     for r in (1, 2, 3):
-        assert f"party {r - 1} ({sorted(MIXES)[r - 1]})" in drill.logs[f"silo-{r}.log"]
+        first = drill.logs[f"silo-{r}.log"]
+        assert f"party {r - 1} ({sorted(MIXES)[r - 1]})" in first
+        assert "takes" in first and "train_args.comm_round" in first  # from the server, not from --set
+        if r != kill_silo:  # left running: it waited for the new server, said so once, and rejoined
+            assert first.count("for a server to welcome it") == 1
+            assert "resumed its parties from the checkpoint of round" in first
     if kill_silo is not None:  # the restarted site rejoined with its claims, as they were fixed
         assert "resumed its parties from the checkpoint" in drill.logs[f"silo-{kill_silo}-again.log"]
         assert "claims are refused" not in drill.logs["server-2.log"]

@@ -364,7 +364,7 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/buffered.py --lr 0.05 --epochs 2": "benchmark",
     ".venv/bin/python benchmarks/startup.py --repeats 5": "benchmark",
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
-    ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_operator.py
+    ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_own_data.py
     ROBUST: "benchmark",
     ".venv/bin/python benchmarks/secure_round.py": "benchmark",
     ".venv/bin/python benchmarks/secure_round.py --samples 60000": "benchmark",
@@ -880,7 +880,7 @@ def test_mpi_commands(tmp_path, home):
     hierarchical one (2 silos of 2 processes: 5 ranks, after the others), whose job ends when a
     group process is killed after the first checkpoint, started again with --resume, ends on the
     model of the run of one-process silos (ROUNDS rounds each, in float64: <= 1e-12, a bound float32's
-    rounding alone would break over those 64 steps a party)."""
+    rounding alone would break over those 32 steps a party)."""
     started = time.monotonic()
     cmds, outs = [], []
     commands = (MPI_SIMULATION, MPI_CROSS_SILO, MPI_HOSTS, MPI_HIERARCHICAL)
@@ -915,7 +915,7 @@ def test_mpi_commands(tmp_path, home):
 ROUNDS = 4
 COMPARED = [
     f"train_args.comm_round={ROUNDS}",
-    "data_args.max_train_samples=2000",
+    "data_args.max_train_samples=1000",
     "train_args.batch_size=64",
     "train_args.precision=fp64",
     "train_args.checkpoint_every=1",

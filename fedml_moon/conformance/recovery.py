@@ -3,8 +3,9 @@
 `server_restart`: three silos and a server; the server is killed with SIGKILL while round 3 trains
 (optionally one silo with it) and started again with `--resume`; the silos that were not killed are
 left alone. Only the server is given the run's settings (`run`); silos are started with their own
-local settings and take the rest from the server. Used by tests/test_operator.py and
-benchmarks/recovery.py; every process is stopped again and every wait is bounded.
+local settings and take the rest from the server. Used by tests/test_own_data.py,
+tests/test_buffered_modes.py and benchmarks/recovery.py; every process is stopped again and every
+wait is bounded.
 """
 
 from __future__ import annotations

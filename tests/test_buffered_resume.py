@@ -195,3 +195,31 @@ def test_on_the_clock_a_server_killed_and_resumed_is_the_run_never_interrupted(t
     got = _finish(again, Silos(again, wire_again))
     assert any(r["staleness_max"] > 0 for r in want[1])
     assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_checkpoint_holds_only_the_tasks_in_flight_at_the_cut(tmp_path, seed):
+    """A fast party gets a second task of the same version after the cut; its silo answers both
+    before its CHECKPOINTED (a silo restarted with its tasks sent again does; here the silos answer
+    every task of that version first). Only the task in flight at the cut is held: each party once."""
+    manager, wire = _server(tmp_path, *SETTINGS, f"common_args.random_seed={seed}")
+    silos = Silos(manager, wire)
+    while not any(t.get_type() == m.CHECKPOINT for t in wire.sent):
+        assert silos.step()
+    cut, version = manager.cut, manager.core.version
+    for _ in range(10):
+        silos.collect()
+        trains = [
+            (r, msg)
+            for r, queue in silos.queues.items()
+            if r in cut.awaiting
+            for msg in queue
+            if msg.get_type() == m.TRAIN and msg.get("round") == version
+        ]
+        if not trains or manager.cut is not cut or manager.core.version != version:
+            break
+        rank, msg = trains[0]
+        silos.queues[rank].remove(msg)
+        silos.answer(rank, msg)
+    held = [p for batch in cut.held for p, _ in batch]
+    assert len(held) == len(set(held)) and set(held) <= set(cut.jobs), held

@@ -38,16 +38,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Cut:
-    """A checkpoint being taken: its round, the server's state at the cut, the silos that still owe
-    their CHECKPOINTED, and the updates that arrived from a silo before it answered."""
+    """A checkpoint being taken: its round, the server's state at the cut and its tasks in flight (by
+    party: the very task, not its version: a fast party may get a second task of one version), the
+    silos that still owe their CHECKPOINTED, and the updates that arrived from a silo before it
+    answered (per message, in arrival order: [party, upload])."""
 
     round: int
     state: dict[str, Any]
+    jobs: dict[int, Any]
     awaiting: set[int]
     started: float = field(default_factory=time.monotonic)
-    held: list[list[list[Any]]] = field(
-        default_factory=list
-    )  # per message, in arrival order: [party, upload]
+    held: list[list[list[Any]]] = field(default_factory=list)
 
 
 class BufferedCheckpoints:
@@ -77,22 +78,26 @@ class BufferedCheckpoints:
         round_idx = self.core.version - 1
         self.doing = f"taking the checkpoint of round {round_idx}"
         here = {r for r in self.workers if r not in self.gone and not self.is_dead(r)}
-        self.cut = Cut(round_idx, copy.deepcopy(self.rounds.state(round_idx)), here)
+        state = copy.deepcopy(self.rounds.state(round_idx))
+        self.cut = Cut(round_idx, state, dict(self.core.inflight), here)
         for rank in sorted(here):
             self.send(CHECKPOINT, rank, round=round_idx)
         self.write_cut()
 
-    def hold(self, rank: int, version: int, items: list[dict]) -> None:
-        """Updates taken from `rank` before it answered CHECKPOINTED: its saved parties trained them."""
+    def hold(self, rank: int, items: list[dict]) -> None:
+        """Updates from `rank` before it answered CHECKPOINTED, each for the task its party had in
+        flight at the cut (still in flight here: the update is about to be taken): its saved parties
+        trained them. An update for a task sent after the cut (a restarted silo answers its tasks
+        sent again before the CHECKPOINT sent again) is the resumed run's to train."""
         cut = self.cut
         if cut is None or rank not in cut.awaiting:
             return
-        inflight = cut.state["buffered"]["inflight"]
+        inflight = self.core.inflight
         batch = [
             [item["party"], item["upload"]]
             for item in items
-            if item["party"] in inflight
-            and int(inflight[item["party"]][0]) == version  # outstanding at the cut
+            if cut.jobs.get(item["party"]) is not None
+            and inflight.get(item["party"]) is cut.jobs[item["party"]]
         ]
         if batch:
             cut.held.append(batch)

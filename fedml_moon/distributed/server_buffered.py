@@ -122,7 +122,7 @@ class BufferedPhases(BufferedCheckpoints):
         for item in items:
             del outstanding[item["party"]]
             self.core.arrived[item["party"]] = item["upload"]
-        self.hold(rank, version, items)
+        self.hold(rank, items)
         if not outstanding:
             self.pending.discard(rank)
         self.phase_started = time.monotonic()

@@ -107,6 +107,19 @@ def _in_order(tmp_path, updates: list[tuple[int, int]]) -> tuple:
     return _outcome(manager)
 
 
+def _past_first_checkpoint(folder, settings: list[str], after: int) -> tuple:
+    """A run whose silos answered until its first checkpoint was written, then `after` answers more:
+    its manager, wire and silos (the server is "killed" by being dropped)."""
+    manager, wire = _server(folder, *settings)
+    silos = Silos(manager, wire)
+    while manager.last_checkpoint is None:
+        assert silos.step()
+    for _ in range(after):
+        assert silos.step()
+    assert manager.phase == "buffered"
+    return manager, wire, silos
+
+
 def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_answered(tmp_path):
     """After round 0: CHECKPOINT to all three silos, each after its outstanding tasks; one not asked
     for (another round) changes nothing; a silo restarted meanwhile gets its tasks and the CHECKPOINT
@@ -142,13 +155,7 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, after)
     are answered to the new one first (taken once, or refused as not outstanding). The resumed run
     keeps the records and the held updates of its checkpoint and is, bit for bit, the run never
     interrupted whose silos answer in the order its records name (so it takes no task twice)."""
-    first, wire = _server(tmp_path / "run", *SETTINGS)
-    silos = Silos(first, wire)
-    while first.last_checkpoint is None:
-        assert silos.step()
-    for _ in range(after):
-        assert silos.step()
-    assert first.phase == "buffered" and first.last_checkpoint is not None
+    first, _, silos = _past_first_checkpoint(tmp_path / "run", SETTINGS, after)
     kept = [dict(r) for r in first.rounds.recorder.records[: first.last_checkpoint + 1]]
     held = read_checkpoint(checkpoint_root(tmp_path / "run"), first.last_checkpoint, ("server",))["server"]
     silos.collect()
@@ -184,13 +191,7 @@ def test_on_the_clock_a_server_killed_and_resumed_is_the_run_never_interrupted(t
     with the run never interrupted: model, records (simulated seconds included) and server state."""
     ref, ref_wire = _server(tmp_path / "reference", *CLOCK)
     want = _finish(ref, Silos(ref, ref_wire))
-    first, wire = _server(tmp_path / "run", *CLOCK)
-    silos = Silos(first, wire)
-    while first.last_checkpoint is None:
-        assert silos.step()
-    for _ in range(after):
-        assert silos.step()
-    assert first.phase == "buffered"
+    _past_first_checkpoint(tmp_path / "run", CLOCK, after)
     again, wire_again = _server(tmp_path / "run", *CLOCK, resume=True)
     got = _finish(again, Silos(again, wire_again))
     assert any(r["staleness_max"] > 0 for r in want[1])

@@ -69,10 +69,8 @@ def buffer_value_checks(s: Any) -> None:
     )
 
 
-def buffered_checks(cfg: Any, server: type, personalized: bool = False, federated: bool = False) -> None:
-    """buffered against the mode, the algorithm and the other keys; party_speed's file.
-    `personalized`: the algorithm's parties test their own models; `federated`: the parties test
-    (validation_args.evaluation resolved)."""
+def buffered_checks(cfg: Any, server: type) -> None:
+    """buffered against the mode, the algorithm and the other keys; party_speed's file."""
     s, train = cfg.server_args, cfg.train_args
     if train.party_speed == "file":
         path = train.party_speed_file
@@ -104,7 +102,7 @@ def buffered_checks(cfg: Any, server: type, personalized: bool = False, federate
     if s.aggregation != "buffered":
         return
     if not standalone:
-        _distributed_checks(cfg, personalized, federated)
+        _distributed_checks(cfg)
     clashes = {
         "train_args.algorithm": buffer_refusal(server, train.algorithm),
         "server_args.robust_aggregation": s.robust_aggregation != "none"
@@ -128,21 +126,12 @@ def buffered_checks(cfg: Any, server: type, personalized: bool = False, federate
     )
 
 
-def _distributed_checks(cfg: Any, personalized: bool, federated: bool) -> None:
+def _distributed_checks(cfg: Any) -> None:
     """What the distributed server's buffered phase does not do yet (`distributed.server_buffered`):
-    no party evaluates (the server tests the global model), no privacy, no checkpoint to resume."""
-    name, later = cfg.train_args.algorithm, "in this release; set aggregation: sync, or run it standalone"
-    clashes = {
-        "privacy_args": cfg.privacy_args.on
-        and "secure aggregation and DP buffer in the standalone simulation only",
-        "validation_args.local_test": cfg.validation_args.local_test
-        and "the parties' own tests need an evaluation phase, which a distributed buffered run has not",
-        "train_args.algorithm": personalized
-        and f"{name}'s parties report their own models' tests, which a distributed buffered run does not "
-        "gather",
-        "validation_args.evaluation": federated
-        and "the parties' test counts need an evaluation phase, which a distributed buffered run has not: "
-        "the server must hold the test set (evaluation: central)",
-    }
-    for key, why in clashes.items():
-        require(not why, "server_args.aggregation", f"buffered cannot run with this {key}: {why} {later}")
+    secure aggregation and DP, whose buffers would be secure sums over the network."""
+    require(
+        not cfg.privacy_args.on,
+        "server_args.aggregation",
+        "buffered cannot run with this privacy_args: secure aggregation and DP buffer in the standalone "
+        "simulation only in this release; set aggregation: sync, or run it standalone",
+    )

@@ -215,12 +215,10 @@ def _cross_checks(cfg: Config) -> None:
     )
     _mode_checks(cfg)
     _robust_checks(cfg)
-    spec = get_algorithm(cfg.train_args.algorithm)
-    server = spec.server
+    server = get_algorithm(cfg.train_args.algorithm).server
     privacy_checks(cfg, server, getattr(server, "summed", {}))
     _stream_checks(cfg, getattr(server, "summed", {}))
-    personalized = bool(getattr(spec.client, "personalized", False))
-    buffered_checks(cfg, server, personalized, evaluation(cfg) == "federated")
+    buffered_checks(cfg, server)
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:
         require(

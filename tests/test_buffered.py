@@ -239,14 +239,6 @@ def test_each_algorithm_runs_buffered_rounds(case, tmp_path, monkeypatch):
     [
         ("scaffold", [], "server_args.aggregation", "scaffold cannot buffer: a party's delta_c"),
         ("solo", [], "server_args.aggregation", "solo sums nothing"),
-        ("moon", [*MPI, "validation_args.local_test=true"], "server_args.aggregation", "local_test"),
-        ("lg", MPI, "server_args.aggregation", "lg's parties report their own models' tests"),
-        (
-            "moon",
-            [*MPI, "validation_args.evaluation=federated"],
-            "server_args.aggregation",
-            "evaluation: central",
-        ),
         ("moon", [*MPI, *SECURE], "server_args.aggregation", "privacy_args: secure aggregation and DP"),
         (
             "moon",

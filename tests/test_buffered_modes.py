@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from fedml_moon import conformance
 from fedml_moon.conformance import recovery
 from fedml_moon.conformance.checks import run_differences
@@ -21,49 +23,75 @@ from tests.test_deploy_failures import _grpc, _start, pytestmark  # noqa: F401 (
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "fashion_mnist" / "moon.yaml"
-BUFFERED = [
-    "server_args.aggregation=buffered",
-    "server_args.buffer_size=2",
-    "validation_args.local_test=false",
-]
+BUFFERED = ["server_args.aggregation=buffered", "server_args.buffer_size=2"]
 
 
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_the_mpi_simulation_takes_updates_in_the_clocks_order(tmp_path):
-    """4 parties at lognormal speeds, 3 training at once, K = 2 (a fast party may be in a buffer
-    twice): the MPI simulation's workers answer in whatever real order, its server takes each update
-    at its simulated instant; every record's updates and simulated second, and the final model
-    (<= 1e-5: parties trained together or one by one), are the standalone run's."""
+EVALUATED = {  # the parties report on evaluation rounds (distributed.buffered_eval)
+    "moon-local-test": (CONFIG, ["validation_args.local_test=true"]),
+    "lg-federated": (
+        ROOT / "config" / "fashion_mnist" / "lg.yaml",
+        [
+            "validation_args.evaluation=federated",
+            "algorithm_args.warmup_rounds=1",
+            "train_args.client_num_in_total=5",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(EVALUATED))
+def test_the_mpi_simulation_takes_updates_in_the_clocks_order(case, tmp_path):
+    """4 parties (LG-FedAvg's shards: 5) at lognormal speeds, 3 training at once, K = 2 (a fast
+    party may be in a buffer twice): the MPI simulation's workers answer in whatever real order, its
+    server takes each update at its simulated instant; every record's updates and simulated second,
+    the parties' reports on each evaluation round (MOON's local tests; LG-FedAvg's personalised
+    models counted on the parties' test splits, then their new test), the updates left out
+    (LG-FedAvg's warm-up tasks that arrive after the warm-up) and the final model (<= 1e-5: parties
+    trained together or one by one) are the standalone run's."""
+    config, evaluation = EVALUATED[case]
     sets = [
         *conformance.TINY,
         *BUFFERED,
         "train_args.client_num_in_total=4",
         "train_args.client_num_per_round=3",
+        *evaluation,
     ]
     sets += ["train_args.party_speed=lognormal", "train_args.comm_round=4"]
     ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
-    with quiet_run(CONFIG, sets, ref.out_dir) as run:  # in this process: a start-up saved
+    with quiet_run(config, sets, ref.out_dir) as run:  # in this process: a start-up saved
         run.loop.run()
-    mpi = conformance.run_mode("mpi-simulation", CONFIG, sets, tmp_path, timeout_s=180)
+    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
     assert mpi.ok, mpi.tail()
     assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
     want, got = _records(ref.out_dir), _records(mpi.out_dir)
     assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
     assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
+    assert [r["left_out"] for r in got] == [
+        r["left_out"] for r in want
+    ]  # LG: warm-up tasks arriving after it
+    assert case != "lg-federated" or any(why == "unusable" for r in got for _, _, why, _ in r["left_out"])
+    reported = [k for k in ("local_test_acc", "new_test_acc", "test_acc") if k in want[-1]]
+    assert reported[0] != "test_acc", f"no party reported: {sorted(want[-1])}"
+    for key in reported:  # every evaluated round's figure, to float rounding
+        assert [r.get(key) for r in got] == pytest.approx([r.get(key) for r in want], abs=1e-4), key
 
 
 def test_a_grpc_run_at_the_parties_pace_replays_to_its_model(tmp_path):
     """gRPC, 3 silos of one party each, all training at once, K = 2: the server takes updates as they
-    arrive (some stale), and `fedml-moon replay` of its records, in one process, ends with its model
-    (<= 1e-5) and the same updates in each buffer."""
+    arrive (some stale), the silos report their parties' local tests every other round and on the
+    last, and `fedml-moon replay` of its records, in one process, ends with its model (<= 1e-5) and
+    the same updates in each buffer."""
     sets = [*conformance.TINY, *BUFFERED, "train_args.client_num_per_round=3", "train_args.comm_round=4"]
+    sets += ["validation_args.local_test=true", "validation_args.frequency_of_the_test=2"]
     run = conformance.run_mode("cross-silo-grpc", CONFIG, sets, tmp_path, timeout_s=180)
     assert run.ok, run.tail()
     records = _records(run.out_dir)
     assert len(records) == 4 and any(r["staleness_max"] > 0 for r in records)
+    assert [r["round"] for r in records if "local_test_acc" in r] == [0, 2, 3]  # the silos' reports
     with restored_main() as main:
         assert main(["replay", str(run.out_dir)]) == 0
     assert [r["updates"] for r in _records(run.out_dir / "replay")] == [r["updates"] for r in records]

@@ -7,11 +7,15 @@ still answers, to the new server, a task the old one sent.
 The server manager runs in this process on a tiny real run (FedAvgM, K = 2 of 3 silos training at
 once, a checkpoint after every round); the silos are played in order: each handles its messages
 from the server as they were sent (a TRAIN answered with the model it was sent, moved by 0.01 x its
-rank; a CHECKPOINT with CHECKPOINTED), the ranks in turn."""
+rank; a CHECKPOINT with CHECKPOINTED; an EVAL with its party's local test, a figure of its rank and
+the round), the ranks in turn. With the parties' own tests (`EVALUATED`: every other round and the
+last), an evaluation round holds the updates that arrive until its record
+(distributed/buffered_eval.py), and the same holds."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import pytest
 
@@ -29,6 +33,7 @@ SETTINGS = [
     "server_args.server_momentum=0.9",
     "server_args.server_momentum_style=fedavgm",
 ]
+EVALUATED = [*SETTINGS, "validation_args.local_test=true", "validation_args.frequency_of_the_test=2"]
 
 
 class Silos:
@@ -40,7 +45,7 @@ class Silos:
 
     def collect(self) -> None:
         for msg in self.wire.sent[self.seen :]:
-            if msg.get_type() in (m.TRAIN, m.CHECKPOINT):
+            if msg.get_type() in (m.TRAIN, m.CHECKPOINT, m.EVAL):
                 self.queues[msg.get_receiver_id()].append(msg)
         self.seen = len(self.wire.sent)
 
@@ -60,6 +65,16 @@ class Silos:
         to = to or self.manager
         if msg.get_type() == m.CHECKPOINT:
             _from(to, rank, m.CHECKPOINTED, round=msg.get("round"))
+            return
+        if msg.get_type() == m.EVAL:
+            acc = 0.1 * rank + 0.01 * msg.get("round")
+            _from(
+                to,
+                rank,
+                m.REPORT,
+                round=msg.get("round"),
+                reports=[{"party_id": rank - 1, "local_test_acc": acc}],
+            )
             return
         items = []
         for task in msg.get("tasks"):
@@ -85,15 +100,15 @@ def _finish(manager, silos: Silos) -> tuple:
     return _outcome(manager)
 
 
-def _in_order(tmp_path, updates: list[tuple[int, int]]) -> tuple:
+def _in_order(tmp_path, updates: list[tuple[int, int]], settings: list[str]) -> tuple:
     """A run never interrupted whose silos answer the tasks in the order `updates` names them
-    ([party, start version]; a silo holds one party here), CHECKPOINTs at once."""
-    manager, wire = _server(tmp_path, *SETTINGS)
+    ([party, start version]; a silo holds one party here), CHECKPOINTs and EVALs at once."""
+    manager, wire = _server(tmp_path, *settings)
     silos = Silos(manager, wire)
     for party, version in updates:
         silos.collect()
         for rank, queue in silos.queues.items():
-            for msg in [q for q in queue if q.get_type() == m.CHECKPOINT]:
+            for msg in [q for q in queue if q.get_type() in (m.CHECKPOINT, m.EVAL)]:
                 queue.remove(msg)
                 silos.answer(rank, msg)
         silos.collect()
@@ -116,7 +131,7 @@ def _past_first_checkpoint(folder, settings: list[str], after: int) -> tuple:
         assert silos.step()
     for _ in range(after):
         assert silos.step()
-    assert manager.phase == "buffered"
+    assert manager.phase in ("buffered", "eval")
     return manager, wire, silos
 
 
@@ -148,19 +163,25 @@ def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_an
     assert len(_finish(manager, silos)[1]) == 6
 
 
-@pytest.mark.parametrize("after", [0, 1, 2, 3, 5, 8])
-def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, after):
+KILLS = [("plain", after) for after in (0, 1, 2, 3, 5, 8)] + [("evaluated", after) for after in (0, 3, 7)]
+
+
+@pytest.mark.parametrize(("runs", "after"), KILLS)
+def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, runs, after):
     """Killed `after` silo answers past its first checkpoint (wherever that falls: mid-buffer, while
     a later checkpoint waits for its silos); the tasks of the old server still queued at the silos
     are answered to the new one first (taken once, or refused as not outstanding). The resumed run
     keeps the records and the held updates of its checkpoint and is, bit for bit, the run never
-    interrupted whose silos answer in the order its records name (so it takes no task twice)."""
-    first, _, silos = _past_first_checkpoint(tmp_path / "run", SETTINGS, after)
+    interrupted whose silos answer in the order its records name (so it takes no task twice). With
+    evaluation rounds the order of the reports shapes the run as well (the updates held meanwhile):
+    there, every update taken after the checkpoint was held in it or had a task of its own."""
+    settings = EVALUATED if runs == "evaluated" else SETTINGS
+    first, _, silos = _past_first_checkpoint(tmp_path / "run", settings, after)
     kept = [dict(r) for r in first.rounds.recorder.records[: first.last_checkpoint + 1]]
     held = read_checkpoint(checkpoint_root(tmp_path / "run"), first.last_checkpoint, ("server",))["server"]
     silos.collect()
     queued = [(r, msg) for r, q in silos.queues.items() for msg in q if msg.get_type() == m.TRAIN]
-    again, wire_again = _server(tmp_path / "run", *SETTINGS, resume=True)
+    again, wire_again = _server(tmp_path / "run", *settings, resume=True)
     assert again.start == first.last_checkpoint + 1  # its held updates may have filled a buffer since
     for rank, msg in queued:
         Silos(again, wire_again).answer(rank, msg)
@@ -172,7 +193,17 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, after)
     jobs = held["buffered"]["inflight"]
     arrived = {(p, int(jobs[p][0])) for batch in held["buffered"]["arrived"] for p, _ in batch}
     assert arrived <= set(taken[sum(len(r["updates"]) for r in kept) :])
-    want = _in_order(tmp_path / "in-order", taken)  # an update taken twice would have no task there
+    if runs == "evaluated":  # when the reports came shapes the run too: each update had its own task
+        sent = Counter(
+            (t["party"], q.get("round"))
+            for q in wire_again.sent
+            if q.get_type() == m.TRAIN
+            for t in q.get("tasks")
+        )
+        assert not Counter(taken[sum(len(r["updates"]) for r in kept) :]) - sent - Counter(arrived)
+        assert all("local_test_acc" in r for r in got[1] if r["round"] % 2 == 0 or r["round"] == 5)
+        return
+    want = _in_order(tmp_path / "in-order", taken, settings)  # an update taken twice would have no task there
     assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])
 
 
@@ -184,15 +215,17 @@ CLOCK = [
 ]
 
 
-@pytest.mark.parametrize("after", [0, 2, 5])
-def test_on_the_clock_a_server_killed_and_resumed_is_the_run_never_interrupted(tmp_path, after):
+@pytest.mark.parametrize(("runs", "after"), [("plain", 0), ("plain", 2), ("plain", 5), ("evaluated", 4)])
+def test_on_the_clock_a_server_killed_and_resumed_is_the_run_never_interrupted(tmp_path, runs, after):
     """The MPI simulation's server (its simulated clock orders the updates, whatever order the silos
     answer in): killed `after` answers past its first checkpoint and resumed, it ends bit for bit
-    with the run never interrupted: model, records (simulated seconds included) and server state."""
-    ref, ref_wire = _server(tmp_path / "reference", *CLOCK)
+    with the run never interrupted: model, records (simulated seconds and the parties' tests
+    included) and server state."""
+    clock = CLOCK + EVALUATED[len(SETTINGS) :] if runs == "evaluated" else CLOCK
+    ref, ref_wire = _server(tmp_path / "reference", *clock)
     want = _finish(ref, Silos(ref, ref_wire))
-    _past_first_checkpoint(tmp_path / "run", CLOCK, after)
-    again, wire_again = _server(tmp_path / "run", *CLOCK, resume=True)
+    _past_first_checkpoint(tmp_path / "run", clock, after)
+    again, wire_again = _server(tmp_path / "run", *clock, resume=True)
     got = _finish(again, Silos(again, wire_again))
     assert any(r["staleness_max"] > 0 for r in want[1])
     assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])

@@ -7,7 +7,11 @@ state and the records of the same run without those messages.
 
 The server manager runs in this process on a tiny real run (FedAvgM, K = 2 of 3 silos training at
 once); the silos upload the model they were sent, moved by 0.01 x their rank, answering their
-outstanding tasks in a fixed order."""
+outstanding tasks in a fixed order. Every other round and the last are evaluation rounds (the
+parties' local tests, distributed/buffered_eval.py): the silos answer their tasks sent before the
+EVAL first (the server holds those updates until the round's record), the hostile messages before
+each, then their reports; a silo's own report for the round is its to send, so none is among the
+hostile messages of an evaluation round."""
 
 from __future__ import annotations
 
@@ -29,13 +33,15 @@ SETTINGS = [
     "train_args.checkpoint_every=1",  # a checkpoint waits for its silos' CHECKPOINTED after each round
     "server_args.server_momentum=0.9",
     "server_args.server_momentum_style=fedavgm",
+    "validation_args.local_test=true",
+    "validation_args.frequency_of_the_test=2",
 ]
 _REFERENCE: dict = {}
 
 
-def _buffered_server(tmp_path):
+def _buffered_server(tmp_path, *extra: str):
     """`_server`'s tiny cross-silo run (3 silos of one party), its manager buffered."""
-    return _server(tmp_path, *SETTINGS)
+    return _server(tmp_path, *SETTINGS, *extra)
 
 
 def _task(wire, rank: int, version: int) -> dict:
@@ -46,10 +52,28 @@ def _task(wire, rank: int, version: int) -> dict:
     )
 
 
+def _report(manager, rank: int) -> None:
+    """A silo's honest report on the evaluation round."""
+    acc = 0.1 * rank + 0.01 * manager.round_idx
+    _from(
+        manager,
+        rank,
+        m.REPORT,
+        round=manager.round_idx,
+        reports=[{"party_id": rank - 1, "local_test_acc": acc}],
+    )
+
+
 def _run(tmp_path, plan: random.Random | None, per_task: int = 0) -> tuple[dict, list, dict]:
     manager, wire = _buffered_server(tmp_path)
-    while manager.phase == "buffered":
-        rank = min(manager.pending)  # the lowest rank answers its oldest task
+    while manager.phase in ("buffered", "eval"):
+        busy = sorted(r for r, tasks in manager.tasks.items() if tasks)
+        if manager.phase == "eval" and not busy:
+            _report(manager, min(manager.pending))
+            continue
+        rank = (
+            min(manager.pending) if manager.phase == "buffered" else busy[0]
+        )  # the lowest rank, oldest task
         version = min(manager.tasks[rank].values())
         task = _task(wire, rank, version)
         party, model = task.get("tasks")[0]["party"], task.get("tasks")[0]["payload"]["model"]
@@ -58,6 +82,8 @@ def _run(tmp_path, plan: random.Random | None, per_task: int = 0) -> tuple[dict,
             samples = manager.rounds.samples[party]
             target = Target(version, rank, party, other, model, samples, manager.rounds.terms, manager.config)
             for kind, fields in hostile_messages(plan, target, per_task):
+                if manager.phase == "eval" and kind == m.REPORT and fields.get("round") == manager.round_idx:
+                    continue  # its own report for the round: the silo's to send
                 _from(manager, rank, kind, **fields)
         moved = {k: v + 0.01 * rank if v.is_floating_point() else v for k, v in model.items()}
         item = {
@@ -82,6 +108,7 @@ def test_hostile_messages_leave_a_buffered_run_as_it_is_without_them(tmp_path_fa
         _REFERENCE["run"] = _run(tmp_path_factory.mktemp("reference"), None)
     model, records, state = _REFERENCE["run"]
     assert len(records) == 4 and all(len(r["updates"]) == 2 for r in records)
+    assert [("local_test_acc" in r) for r in records] == [True, False, True, True]
     got = _run(tmp_path_factory.mktemp("attacked"), random.Random(seed), per_task)
     assert _same(got[0], model) and got[1] == records and _same(got[2], state)
 
@@ -94,8 +121,8 @@ def test_a_restarted_silo_gets_its_tasks_again_once_and_a_silo_gone_then_back_ta
     """Rank 1 restarts (a HELLO from a new process) while its task of version 0 is outstanding: the
     task goes out again, once whatever more HELLOs say. Rank 2 says BYE with its task outstanding:
     at the next tick its task is dropped and no task goes to it; once it says HELLO again, its party
-    takes work again, and the run completes."""
-    manager, wire = _buffered_server(tmp_path)
+    takes work again, and the run completes (no evaluation round here: the server tests)."""
+    manager, wire = _buffered_server(tmp_path, "validation_args.local_test=false")
     hello = {"config": manager.config, "explicit": [], "fresh_parties": []}
     assert len(_trains(wire, 1)) == 1 and manager.tasks[1] == {0: 0}
     for i in range(2):

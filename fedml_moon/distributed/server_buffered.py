@@ -18,7 +18,7 @@ A silo that is gone (BYE, ERROR, REFUSE, silent past `comm_args.round_timeout_s`
 dropped, never waited for: its parties take no work until it says HELLO again, and other parties take
 their slots. A restarted silo gets its outstanding tasks again, once per start version. After the
 last buffer, updates still arriving are dropped (logged once each). Checkpoints and --resume:
-`distributed.buffered_checkpoint`.
+`distributed.buffered_checkpoint`; the parties' own evaluation: `distributed.buffered_eval`.
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ import time
 from typing import Any
 
 from fedml_moon.distributed.buffered_checkpoint import BufferedCheckpoints
+from fedml_moon.distributed.buffered_eval import BUFFERED, TAKING, BufferedEvaluation
 from fedml_moon.distributed.managers import TRAIN
 from fedml_moon.distributed.protocol import result_problem
 from fedml_moon.engine.buffer_rounds import BufferedRounds
 
 log = logging.getLogger(__name__)
-BUFFERED = "buffered"
 
 
-class BufferedPhases(BufferedCheckpoints):
+class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
     """The buffered phase (module docstring), before `RoundPhases` in a manager's bases; its
-    checkpoints and resume are `BufferedCheckpoints`'."""
+    evaluation rounds are `BufferedEvaluation`'s, its checkpoints and resume `BufferedCheckpoints`'."""
 
     core: BufferedRounds
     rounds: Any
@@ -48,6 +48,7 @@ class BufferedPhases(BufferedCheckpoints):
         self.core = core
         self.tasks: dict[int, dict[int, int]] = {}  # rank -> {party: start version} outstanding
         self.resent_versions: set[tuple[int, int]] = set()  # (rank, version) sent again once
+        self.instant: list[int] | None = None  # on the clock: the parties of the instant being taken
 
     # --- work out ------------------------------------------------------------------------------------
     def next_round(self, round_idx: int) -> None:
@@ -73,15 +74,17 @@ class BufferedPhases(BufferedCheckpoints):
             by_rank.setdefault(self.placement[party], []).append({"party": party, "payload": payload})
         for rank, items in sorted(by_rank.items()):
             self.tasks.setdefault(rank, {}).update({t["party"]: self.core.version for t in items})
-            self.pending.add(rank)
+            if self.phase == BUFFERED:  # in an evaluation round's phases, its silos are waited for
+                self.pending.add(rank)
             self._transport.expect_more(rank)
             self.send(TRAIN, rank, round=self.core.version, tasks=items)
-        self.phase_started = time.monotonic()
+        if self.phase == BUFFERED:
+            self.phase_started = time.monotonic()
 
     def _send_work_again(self, rank: int) -> None:
-        """A restarted silo lost its tasks: each start version's again, once; and a checkpoint's
-        CHECKPOINT it still owes."""
-        outstanding = self.tasks.get(rank, {}) if self.phase == BUFFERED else {}
+        """A restarted silo lost its tasks: each start version's again, once; then the EVAL of an
+        evaluation round and a checkpoint's CHECKPOINT it still owes."""
+        outstanding = self.tasks.get(rank, {}) if self.phase in TAKING else {}
         for version in sorted(set(outstanding.values())):
             if (rank, version) in self.resent_versions:
                 continue
@@ -94,6 +97,8 @@ class BufferedPhases(BufferedCheckpoints):
             self._transport.expect_more(rank)
             log.info("rank %d restarted: sent its tasks of version %d again", rank, version)
             self.send(TRAIN, rank, round=version, tasks=items)
+        if self.phase != BUFFERED:
+            super()._send_work_again(rank)
         self.ask_again(rank)  # a checkpoint that waits for it: asked again, after those tasks
 
     # --- updates in ---------------------------------------------------------------------------------
@@ -102,7 +107,7 @@ class BufferedPhases(BufferedCheckpoints):
         rank, version, items = msg.get_sender_id(), msg.get("round"), msg.get("results")
         outstanding = self.tasks.get(rank, {})
         mine = {p for p, v in outstanding.items() if v == version}
-        if self.phase != BUFFERED or rank in self.gone or not mine:
+        if self.phase not in TAKING or rank in self.gone or not mine:
             self.refusals.refused(
                 f"rank {rank}",
                 f"dropped a RESULT from rank {rank} for version {version}: no task of that version is "
@@ -123,29 +128,62 @@ class BufferedPhases(BufferedCheckpoints):
             del outstanding[item["party"]]
             self.core.arrived[item["party"]] = item["upload"]
         self.hold(rank, items)
-        if not outstanding:
-            self.pending.discard(rank)
-        self.phase_started = time.monotonic()
+        if self.phase == BUFFERED:  # an evaluation round holds the updates until its record
+            if not outstanding:
+                self.pending.discard(rank)
+            self.phase_started = time.monotonic()
         self._advance(self.take_arrived)
 
+    def _upload_problem(self, party: int, upload: Any) -> str | None:
+        """Checked against what the party's task asked for when it was sent (`Job.spec`): an update
+        that task could give but this version cannot use (LG-FedAvg's whole model from a warm-up task,
+        after the warm-up) is taken, and left out by the buffer (`BufferedRounds.unusable`) as in the
+        standalone simulation, not refused (its task would stay outstanding until its silo is
+        given up on)."""
+        job = self.core.inflight.get(party)
+        if job is None:
+            return super()._upload_problem(party, upload)
+        self.rounds.sent = {party: job.payload}
+        return self.rounds.upload_problem(party, upload, finite=False, spec=job.spec)
+
     def take_arrived(self) -> None:
-        """Take what has arrived: all of it at real pace, then fill the freed slots; on the clock,
-        instant by instant while every update of the earliest one is in, the freed slots filled after
-        each instant (the standalone loop's order). After the last buffer: FINISH."""
+        """Take what has arrived (`_take_arrived`), unless an evaluation round waits for its reports."""
+        if self.phase != BUFFERED or self.taking:
+            return
+        self.taking = True
+        try:
+            self._take_arrived()
+        finally:
+            self.taking = False
+
+    def _take_arrived(self) -> None:
+        """All of it at real pace, then fill the freed slots; on the clock, instant by instant while
+        every update of the earliest one is in, the freed slots filled after each instant (the
+        standalone loop's order). A buffer applied on an evaluation round stops the taking until its
+        record (`evaluate_buffer`). After the last buffer: FINISH."""
         clock, arrived = self.core.clock, self.core.arrived
-        while arrived and not self.finished():
+        while self.phase == BUFFERED and not self.finished():
             if clock is None:
+                if not arrived:
+                    break
                 party = next(iter(arrived))
                 self.take(party, arrived.pop(party))
                 continue
-            first = clock.peek()
-            if first is None or not set(first[1]) <= set(arrived):
-                break
-            for party in clock.next_instant()[1]:
-                if not self.finished():
-                    self.take(party, arrived.pop(party))
+            if self.instant is None:
+                first = clock.peek()
+                if first is None or not set(first[1]) <= set(arrived):
+                    break
+                self.instant = list(clock.next_instant()[1])
+            while self.instant and self.phase == BUFFERED and not self.finished():
+                party = self.instant.pop(0)
+                self.take(party, arrived.pop(party))
+            if self.phase != BUFFERED:
+                return  # the rest of the instant, and its slots, once the round is recorded
+            self.instant = None
             if not self.finished():
                 self.refill()
+        if self.phase != BUFFERED:
+            return
         if self.finished():
             arrived.clear()
             self.next_round(self.rounds.rounds)
@@ -155,7 +193,8 @@ class BufferedPhases(BufferedCheckpoints):
         self.take_cut()
 
     def take(self, party: int, upload: Any) -> None:
-        """One update into the buffer; a full buffer is applied and recorded (no party evaluates)."""
+        """One update into the buffer; a full buffer is applied and recorded, on an evaluation round
+        once the parties reported (`evaluate_buffer`)."""
         self.doing = f"taking party {party}'s update at version {self.core.version}"
         if not self.core.take(party, upload):
             return
@@ -164,6 +203,9 @@ class BufferedPhases(BufferedCheckpoints):
             self.rounds.rounds = self.core.version
             return
         round_idx, ordered, extra = applied
+        if self.rounds.needs_party_eval(round_idx):
+            self.evaluate_buffer(round_idx, ordered, extra)
+            return
         extra.update(
             wire_bytes_sent=self._transport.bytes_sent, wire_bytes_received=self._transport.bytes_received
         )

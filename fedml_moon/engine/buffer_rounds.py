@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedml_moon.algorithms.base import Payload
@@ -38,12 +38,14 @@ LEFT_OUT_LIMIT = 10  # x max(K, concurrency) updates left out in a row stop the 
 
 @dataclass
 class Job:
-    """A party's local round in flight: the model version it started from, what it was sent, and
-    (once trained, in the standalone loop) its result."""
+    """A party's local round in flight: the model version it started from, what it was sent, (once
+    trained, in the standalone loop) its result, and what its upload must hold (the algorithm's
+    `upload_spec` when it was sent; not in a checkpoint: None once resumed)."""
 
     start: int
     payload: Payload
     result: Result | None = None
+    spec: dict | None = field(default=None, repr=False, compare=False)
 
 
 class BufferedRounds:
@@ -135,7 +137,7 @@ class BufferedRounds:
             payload = self.aggregator.get_model_params_for(party)
             self.server.totals["bytes_down"] += payload_nbytes(payload)
             self.server.totals["params_down"] += payload_numel(payload)
-            self.inflight[party] = Job(self.version, payload)
+            self.inflight[party] = Job(self.version, payload, spec=self.server.upload_spec(party))
             if self.clock is not None:
                 self.clock.start(party)
             out[party] = payload

@@ -50,10 +50,13 @@ class UploadChecks:
         """How far a BatchNorm counter may move in `party`'s round: COUNTER_SLACK x its local steps."""
         return COUNTER_SLACK * local_steps(self.samples.get(party, 1), *self.steps)
 
-    def upload_problem(self, party: int, upload: Any, finite: bool = True) -> str | None:
+    def upload_problem(
+        self, party: int, upload: Any, finite: bool = True, spec: dict | None = None
+    ) -> str | None:
         """Why `party`'s upload cannot be used this round, or None (module docstring); `finite`: also
-        refuse NaN / Inf tensors and metrics beyond range."""
-        problem = upload_problem(upload, self.upload_spec(party), finite, self.terms)
+        refuse NaN / Inf tensors and metrics beyond range; `spec`: what it must hold, if not this
+        round's `upload_spec` (a buffered task's, from when it was sent)."""
+        problem = upload_problem(upload, spec or self.upload_spec(party), finite, self.terms)
         if problem is not None:
             return problem
         sent = self.sent.get(party, {}).get("model")

@@ -1,0 +1,68 @@
+"""The parties' own evaluation in a distributed buffered run (distributed/buffered_eval.py), on the
+in-process server of tests/test_buffered_resume.py (3 silos of one party, K = 2, all training at
+once, the parties' local tests every other round and on the last): a buffer applied on an
+evaluation round is recorded with its parties' reports before any update goes into the next
+buffer; the updates that arrive meanwhile are held, then taken; at the parties' real pace the slots
+freed before the buffer are filled after the EVALs; a silo restarted meanwhile gets its tasks, then
+its EVAL, again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fedml_moon.distributed import managers as m
+from tests.test_buffered_resume import EVALUATED, Silos
+from tests.test_server_waits import _from, _server, pytestmark  # noqa: F401 (data)
+
+
+def _to_first_eval(tmp_path):
+    """The run, its silos answering their TRAINs in turn, until the server is in an eval phase."""
+    manager, wire = _server(tmp_path, *EVALUATED)
+    silos = Silos(manager, wire)
+    while manager.phase != "eval":
+        silos.collect()
+        rank = next(r for r, q in sorted(silos.queues.items()) if q and q[0].get_type() == m.TRAIN)
+        silos.answer(rank, silos.queues[rank].pop(0))
+    return manager, wire, silos
+
+
+def test_an_evaluation_round_holds_the_updates_until_its_record(tmp_path):
+    manager, wire, silos = _to_first_eval(tmp_path)
+    round_idx, version, records = manager.round_idx, manager.core.version, manager.rounds.recorder.records
+    assert round_idx == version - 1 == 0 and records == []
+    silos.collect()
+    order = [(q.get_receiver_id(), q.get_type()) for q in wire.sent if q.get_type() in (m.TRAIN, m.EVAL)]
+    first_eval = order.index(next(o for o in order if o[1] == m.EVAL))
+    assert any(kind == m.TRAIN for _, kind in order[first_eval:])  # freed slots filled after the EVALs
+    for rank, queue in sorted(silos.queues.items()):  # every task sent before its EVAL, answered
+        while queue and queue[0].get_type() == m.TRAIN:
+            silos.answer(rank, queue.pop(0))
+    assert manager.phase == "eval" and manager.core.version == version and records == []
+    assert manager.core.arrived and len(manager.core.buffer) == 0
+    held = set(manager.core.arrived)
+    for rank, queue in sorted(silos.queues.items()):
+        evals = [q for q in queue if q.get_type() == m.EVAL]
+        assert len(evals) == 1 and evals[0].get("round") == 0
+        queue.remove(evals[0])
+        silos.answer(rank, evals[0])
+    assert records[0]["round"] == 0 and records[0]["local_test_acc"] == pytest.approx(0.2)  # (0.1+0.2+0.3)/3
+    assert manager.phase == "buffered" and not manager.core.arrived  # the held updates taken
+    taken = [p for r in records[1:] for p, _ in r["updates"]] + [p for p, _ in manager.core.updates]
+    assert held <= set(taken)
+
+
+def test_a_silo_restarted_in_an_evaluation_round_gets_its_tasks_then_its_eval_again(tmp_path):
+    manager, wire, silos = _to_first_eval(tmp_path)
+    rank = next(r for r, tasks in sorted(manager.tasks.items()) if tasks)
+    outstanding = set(manager.tasks[rank].values())
+    seen = len(wire.sent)
+    time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
+    hello = {"config": manager.config, "explicit": [], "fresh_parties": [], "parties": [rank - 1]}
+    _from(manager, rank, m.HELLO, process="restarted", **hello)
+    again = [(q.get_type(), q.get("round")) for q in wire.sent[seen:] if q.get_receiver_id() == rank]
+    trains = [v for kind, v in again if kind == m.TRAIN]
+    assert set(trains) == outstanding and len(trains) == len(outstanding)
+    assert [kind for kind, _ in again if kind in (m.TRAIN, m.EVAL)][-1] == m.EVAL
+    assert manager.phase == "eval" and rank in manager.pending

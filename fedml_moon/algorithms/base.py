@@ -19,6 +19,7 @@ from torch import nn
 
 from fedml_moon.config_schema import ServerArgs, TrainArgs
 from fedml_moon.core.aggregation import ServerMomentum, clone_state
+from fedml_moon.core.optim import EagerSGD
 from fedml_moon.core.personal import PartyFigures, new_test
 from fedml_moon.core.robust import RobustMean, RobustOptions
 from fedml_moon.core.seeds import torch_seed
@@ -36,10 +37,11 @@ class NoOptions:
 
 
 def make_optimizer(model: nn.Module, train: TrainArgs, lr: float | None = None) -> torch.optim.Optimizer:
-    """SGD created anew at every local training call: momentum does not carry across rounds."""
+    """SGD created anew at every local training call: momentum does not carry across rounds
+    (`torch.optim.SGD`'s arithmetic, without its import of `torch._dynamo`: `core.optim`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     lr = train.learning_rate if lr is None else lr
-    return torch.optim.SGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
+    return EagerSGD(params, lr=lr, momentum=train.momentum, weight_decay=train.weight_decay)
 
 
 @dataclass(frozen=True)

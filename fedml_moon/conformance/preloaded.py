@@ -37,7 +37,6 @@ from typing import Any
 
 PRELOAD = [
     "torch",
-    "torch._dynamo",  # what a process's first optimizer imports (torch.optim's own dynamo guard): 1.1 s
     "fedml_moon.cli",
     "fedml_moon.config",
     "fedml_moon.adapters.trainer",

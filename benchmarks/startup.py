@@ -4,7 +4,9 @@ Each command is started `--repeats` times, one at a time (its wall time from sta
 peak RSS from the kernel's rusage of that child); the median is printed with its ratio to PyTorch's
 own import. The commands: `fedml-moon --help`, `fedml-moon config`, an argument error
 (`fedml-moon simulate` without `--cf`), what a server or silo process imports
-(`fedml_moon.distributed.managers`, the trainer and the aggregator: FedML's parts) and the time a
+(`fedml_moon.distributed.managers`, the trainer and the aggregator: FedML's parts), a party's first
+local step (`make_optimizer`, one SGD step with momentum and weight decay: `core.optim.EagerSGD`)
+beside the same step with `torch.optim.SGD` (which imports `torch._dynamo`), and the time a
 cross-silo server takes to log its first line (`fedml-moon run --role server`, stopped once it has).
 Last line:  help_vs_torch=<ratio> config_vs_torch=<ratio> ... server_first_line_minus_torch_s=<s>
 
@@ -27,6 +29,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FEDML_MOON = str(ROOT / ".venv" / "bin" / "fedml-moon")
 PARTS = "import fedml_moon.distributed.managers, fedml_moon.adapters.trainer, fedml_moon.adapters.aggregator"
+STEP = (
+    "import torch\n"
+    "from fedml_moon.algorithms.base import make_optimizer\n"
+    "from fedml_moon.config_schema import TrainArgs\n"
+    "model = torch.nn.Linear(784, 10)\n"
+    "opt = {}\n"
+    "opt.zero_grad(); model(torch.randn(64, 784)).sum().backward(); opt.step()\n"
+)
+OURS = "make_optimizer(model, TrainArgs(momentum=0.9, weight_decay=1e-4))"
+TORCHS = "torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)"
 log = logging.getLogger("startup")
 
 
@@ -38,6 +50,8 @@ def commands() -> dict[str, list[str]]:
         "config": [FEDML_MOON, "config"],
         "argument_error": [FEDML_MOON, "simulate"],
         "server_imports": [sys.executable, "-c", PARTS],
+        "first_step": [sys.executable, "-c", STEP.format(OURS)],
+        "first_step_torch_sgd": [sys.executable, "-c", STEP.format(TORCHS)],
     }
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 PRELOAD = [
     "torch",
+    "torch._dynamo",  # torchvision imports it (its ops): where a run reads an image folder, 1.2 s
     "fedml_moon.cli",
     "fedml_moon.config",
     "fedml_moon.adapters.trainer",

@@ -37,6 +37,8 @@ def _flood(connections: int) -> dict[str, float]:
 
 def test_more_connections_of_one_rank_add_the_read_ahead_window_not_their_frames():
     one, sixteen = _flood(1), _flood(16)
-    assert sixteen["refused_undecoded"] > 0 and sixteen["refused"] >= 100, sixteen
+    # past its allowance a frame is refused undecoded, or (a loaded server reads less ahead) unread
+    never_decoded = sixteen.get("refused_undecoded", 0) + sixteen.get("refused_unread", 0)
+    assert never_decoded > 0 and sixteen["refused"] >= 100, sixteen
     growth = sixteen["peak_growth_mb"] - one["peak_growth_mb"]
     assert growth <= 15 * PER_CONNECTION_MB, (one, sixteen)

@@ -163,3 +163,26 @@ def test_a_report_for_another_party_or_out_of_range_is_refused_and_changes_nothi
     assert manager.phase == "eval" and manager.pending == {1} and not manager.rounds.recorder.records
     _from(manager, 1, m.REPORT, round=0, reports=[{"party_id": 0, "local_test_acc": 0.75}])
     assert manager.rounds.recorder.records[0]["local_test_acc"] == pytest.approx((0.75 + 0.25 + 0.25) / 3)
+
+
+def test_under_dp_an_upload_without_a_metric_of_the_sum_is_refused_and_stops_nothing(tmp_path, caplog):
+    """DP without secure aggregation (the server clips and sums each party's vector, its training
+    metrics among the sum's entries): a RESULT whose upload lacks one is refused naming it, as if it
+    never came, rather than stopping the run when the round is summed; the silo's honest result
+    then completes the round."""
+    manager, wire = _server(tmp_path, "privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=1.0")
+    metrics = {"ce": 0.5, "loss": 0.5}
+    for rank in (1, 2, 3):
+        task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == rank)
+        items = [_item(manager, t["party"], t["payload"]["model"]) for t in task.get("tasks")]
+        if rank == 1:
+            _from(manager, rank, m.RESULT, round=0, results=items)
+            assert "refused rank 1's result" in caplog.text and "lacks ['ce', 'loss']" in caplog.text
+            assert manager.pending == {1, 2, 3} and manager.phase == "train"
+        for item in items:
+            item["upload"]["metrics"] = dict(metrics)
+        _from(manager, rank, m.RESULT, round=0, results=items)
+    assert (
+        manager.rounds.recorder.records[0]["round"] == 0
+        and "dp_epsilon_release" in manager.rounds.recorder.records[0]
+    )

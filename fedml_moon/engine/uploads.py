@@ -64,6 +64,10 @@ class UploadChecks:
             problem = buffer_problem(upload["model"], sent, self.counter_cap(party))
             if problem is not None:
                 return f"upload.{problem}"
+        privacy = getattr(self, "privacy", None)
+        missing = [] if privacy is None else sorted(set(privacy.metrics) - set(upload.get("metrics") or {}))
+        if missing:  # each is an entry of the private sum: a party without it cannot add to the sum
+            return f"upload.metrics lacks {missing}, which under privacy_args every party adds to the sum"
         return self.aggregator.algorithm.upload_problem(upload, party)
 
     def check_uploads(self, round_idx: int, results: dict) -> tuple[list[int], dict[int, str]]:

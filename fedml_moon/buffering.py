@@ -128,10 +128,13 @@ def buffered_checks(cfg: Any, server: type) -> None:
 
 def _distributed_checks(cfg: Any) -> None:
     """What the distributed server's buffered phase does not do yet (`distributed.server_buffered`):
-    secure aggregation and DP, whose buffers would be secure sums over the network."""
+    secure aggregation, whose buffers would be secure sums among their parties over the network. DP
+    without it buffers as in the standalone simulation: the server clips each update it receives and
+    noises each buffer's sum."""
     require(
-        not cfg.privacy_args.on,
+        not cfg.privacy_args.secure_aggregation,
         "server_args.aggregation",
-        "buffered cannot run with this privacy_args: secure aggregation and DP buffer in the standalone "
-        "simulation only in this release; set aggregation: sync, or run it standalone",
+        "buffered cannot run with privacy_args.secure_aggregation in the distributed modes in this "
+        "release (each buffer's secure sum among its parties over the network); set aggregation: sync, "
+        "or run it standalone",
     )

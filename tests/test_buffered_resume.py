@@ -7,10 +7,12 @@ still answers, to the new server, a task the old one sent.
 The server manager runs in this process on a tiny real run (FedAvgM, K = 2 of 3 silos training at
 once, a checkpoint after every round); the silos are played in order: each handles its messages
 from the server as they were sent (a TRAIN answered with the model it was sent, moved by 0.01 x its
-rank; a CHECKPOINT with CHECKPOINTED; an EVAL with its party's local test, a figure of its rank and
-the round), the ranks in turn. With the parties' own tests (`EVALUATED`: every other round and the
-last), an evaluation round holds the updates that arrive until its record
-(distributed/buffered_eval.py), and the same holds."""
+rank, its training loss 0.1 x its rank; a CHECKPOINT with CHECKPOINTED; an EVAL with its party's
+local test, a figure of its rank and the round), the ranks in turn. With the parties' own tests
+(`EVALUATED`: every other round and the last), an evaluation round holds the updates that arrive
+until its record (distributed/buffered_eval.py), and the same holds. Under DP without secure
+aggregation the noise is drawn afresh by each server: the resumed run takes the same updates, and
+its accountant charges every sum released."""
 
 from __future__ import annotations
 
@@ -80,9 +82,8 @@ class Silos:
         for task in msg.get("tasks"):
             party, model = task["party"], task["payload"]["model"]
             moved = {k: v + 0.01 * rank if v.is_floating_point() else v for k, v in model.items()}
-            items.append(
-                {"party": party, "n": to.rounds.samples[party], "upload": {"model": moved, "party_id": party}}
-            )
+            upload = {"model": moved, "party_id": party, "metrics": {"ce": 0.1 * rank, "loss": 0.1 * rank}}
+            items.append({"party": party, "n": to.rounds.samples[party], "upload": upload})
         _from(to, rank, m.RESULT, round=msg.get("round"), results=items)
 
 
@@ -229,6 +230,30 @@ def test_on_the_clock_a_server_killed_and_resumed_is_the_run_never_interrupted(t
     got = _finish(again, Silos(again, wire_again))
     assert any(r["staleness_max"] > 0 for r in want[1])
     assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])
+
+
+@pytest.mark.parametrize("after", [1, 4])
+def test_under_dp_a_server_killed_and_resumed_keeps_its_buffers_and_charges_every_release(tmp_path, after):
+    """DP without secure aggregation (the server clips each update and noises each buffer's sum, the
+    noise drawn afresh in every process): on the clock, killed `after` answers past its first
+    checkpoint and resumed, the run takes the uninterrupted run's updates at the same simulated
+    seconds. Its accountant keeps the checkpoint's epsilon and, from its ledger, charges the sums the
+    killed server released after the checkpoint as well as their releases computed anew: beyond the
+    checkpoint its epsilon is the uninterrupted run's if none was, and above it otherwise."""
+    dp = [*CLOCK, "privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=1.0"]
+    ref, ref_wire = _server(tmp_path / "reference", *dp)
+    want = _finish(ref, Silos(ref, ref_wire))[1]
+    first, _, _ = _past_first_checkpoint(tmp_path / "run", dp, after)
+    kept, released_after = (
+        first.last_checkpoint + 1,
+        len(first.rounds.recorder.records) - first.last_checkpoint - 1,
+    )
+    again, wire_again = _server(tmp_path / "run", *dp, resume=True)
+    got = _finish(again, Silos(again, wire_again))[1]
+    assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
+    eps = [(g["dp_epsilon_release"], w["dp_epsilon_release"]) for g, w in zip(got, want, strict=True)]
+    assert all(g == w for g, w in eps[:kept]) and len(got) == 6 and 0 < eps[0][1] < eps[-1][1]
+    assert all((g > w) if released_after else (g == w) for g, w in eps[kept:]), (released_after, eps)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -18,6 +18,7 @@ from fedml_moon.errors import BadUpload  # noqa: F401 (raised here, caught by th
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 MAX_METRICS = 32
+TENSOR = "__tensor__"  # spec_shapes' key of a tensor's shape and dtype
 MAX_METRIC = 1e15  # |a training metric| above this is taken for a diverged party, as NaN is
 # Every field the server writes into a round's record (engine.rounds.ServerRounds.finish_round, the
 # transports' byte counts, privacy's epsilons): no algorithm may report a training term of these names.
@@ -113,6 +114,27 @@ def spec_problem(value: Any, spec: Any, path: str) -> str | None:
     if type(value) is not type(spec) or value != spec:
         return f"{path} is {repr(value)[:40]}, not {spec!r}"
     return None
+
+
+def spec_shapes(spec: Any) -> Any:
+    """`spec` as JSON values, all that `spec_problem` compares: each tensor as {TENSOR: [shape,
+    dtype]}, mappings entry by entry, other values as they are (a buffered task's spec, kept in a
+    checkpoint)."""
+    if isinstance(spec, torch.Tensor):
+        return {TENSOR: [list(spec.shape), str(spec.dtype).removeprefix("torch.")]}
+    if isinstance(spec, Mapping):
+        return {str(k): spec_shapes(v) for k, v in spec.items()}
+    return spec
+
+
+def spec_from_shapes(shapes: Any) -> Any:
+    """`spec_shapes`' inverse, each tensor a meta tensor (a shape and a dtype, no data)."""
+    if isinstance(shapes, Mapping) and set(shapes) == {TENSOR}:
+        shape, dtype = shapes[TENSOR]
+        return torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
+    if isinstance(shapes, Mapping):
+        return {k: spec_from_shapes(v) for k, v in shapes.items()}
+    return shapes
 
 
 def metrics_problem(metrics: Any, terms: tuple[str, ...] | None = None) -> str | None:

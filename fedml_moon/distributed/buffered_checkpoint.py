@@ -65,8 +65,8 @@ class BufferedCheckpoints:
 
     def take_cut(self) -> None:
         """Start the checkpoint that is due (module docstring), unless one still waits for its silos."""
-        if not self.cut_due or self.finished():
-            return
+        if not self.cut_due or self.finished() or self.core.held:
+            return  # a resumed run's held updates are taken first: a cut now would lose them
         if self.cut is not None:
             log.debug(
                 "version %d: a checkpoint is due, but round %d's still waits for its silos",

@@ -33,12 +33,11 @@ class BufferedEvaluation:
 
     def evaluate_buffer(self, round_idx: int, ordered: list, extra: dict[str, Any]) -> None:
         """The buffer of `round_idx` was applied on an evaluation round: the parties report before
-        its record; at real pace the freed slots are filled after the EVALs (they do not wait)."""
+        its record; no task is sent before it (the model a task starts from may change at the record:
+        LG-FedAvg's `warmup_start: best`)."""
         self.round_idx = self.aggregated = round_idx
         self.ordered, self.buffer_extra = ordered, extra
         self.after_aggregate()  # RoundPhases: EVAL to the silos, or the record at once
-        if self.phase != BUFFERED and self.core.clock is None and not self.finished():
-            self.refill()
 
     def close_round(
         self, reports: dict | None, new_reports: dict | None = None, summed: dict | None = None
@@ -67,10 +66,21 @@ class BufferedEvaluation:
         they came before its checkpoint; then the rest."""
         core = self.core
         while core.held and self.phase == BUFFERED:
-            core.arrived.update(core.held.pop(0))
+            core.arrived = {**core.held.pop(0), **core.arrived}
             self.take_arrived()
         if self.phase == BUFFERED:
             self.take_arrived()
+
+    def on_bye(self, msg: Any) -> None:
+        """A silo leaving in an evaluation round with tasks outstanding is gone (its tasks dropped at
+        the next tick of the buffered phase), whether or not it still owed its report."""
+        rank = msg.get_sender_id()
+        if self.phase in TAKING and self.tasks.get(rank) and rank not in self.pending:
+            what = f"rank {rank} said BYE with tasks outstanding in the {self.phase} phase"
+            self.refusals.refused(f"rank {rank}", what, reason="a BYE", counted=False)
+            self.gone.add(rank)
+            return
+        super().on_bye(msg)
 
     def _phase(self, phase: str, pending: set[int]) -> None:
         """In the buffered run's phases a silo may send a RESULT for each start version of its tasks

@@ -27,6 +27,7 @@ import logging
 import time
 from typing import Any
 
+from fedml_moon.core.validate import spec_from_shapes
 from fedml_moon.distributed.buffered_checkpoint import BufferedCheckpoints
 from fedml_moon.distributed.buffered_eval import BUFFERED, TAKING, BufferedEvaluation
 from fedml_moon.distributed.managers import TRAIN
@@ -144,7 +145,8 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
         if job is None:
             return super()._upload_problem(party, upload)
         self.rounds.sent = {party: job.payload}
-        return self.rounds.upload_problem(party, upload, finite=False, spec=job.spec)
+        spec = None if job.spec is None else spec_from_shapes(job.spec)
+        return self.rounds.upload_problem(party, upload, finite=False, spec=spec)
 
     def take_arrived(self) -> None:
         """Take what has arrived (`_take_arrived`), unless an evaluation round waits for its reports."""
@@ -226,8 +228,21 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
             away = sorted(r for r in self.pending if r in self.gone or self.is_dead(r))
             if away and set(away) != self.pending:
                 self.give_up_on(away, away, time.monotonic() - self.phase_started)
+            if not self.core.inflight and not self.core.arrived and not self.finished():
+                self._advance(self.idle)
         self.cut_overdue()
         super().on_tick(msg)
+
+    def idle(self) -> None:
+        """Nothing in flight (every silo was away when slots were to be filled): fill them now that
+        silos may be back; with none back past `comm_args.round_timeout_s`, stop."""
+        self.refill()
+        waited = time.monotonic() - self.phase_started
+        if not self.core.inflight and waited > self.deadline_s:
+            self.fail(
+                f"no silo is left to train at version {self.core.version} for {waited:.0f} s; "
+                f"{self._resume_hint()}"
+            )
 
     def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
         """In the buffered phase: drop the tasks of the ranks given up on (their parties' updates are

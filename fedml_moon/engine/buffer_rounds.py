@@ -26,6 +26,7 @@ from fedml_moon.config import Config
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount
 from fedml_moon.core.seeds import rng
+from fedml_moon.core.validate import spec_shapes
 from fedml_moon.engine.rounds import ServerRounds
 from fedml_moon.engine.summed import Result
 from fedml_moon.errors import BadUpload
@@ -40,7 +41,7 @@ LEFT_OUT_LIMIT = 10  # x max(K, concurrency) updates left out in a row stop the 
 class Job:
     """A party's local round in flight: the model version it started from, what it was sent, (once
     trained, in the standalone loop) its result, and what its upload must hold (the algorithm's
-    `upload_spec` when it was sent; not in a checkpoint: None once resumed)."""
+    `upload_spec` when it was sent, as `core.validate.spec_shapes`; None from an older checkpoint)."""
 
     start: int
     payload: Payload
@@ -74,7 +75,7 @@ class BufferedRounds:
         taken (the distributed server's, in batches of the messages they came in), the buffer, the
         draws' and the clock's state."""
         vectors = {p: [v.vector, v.entries, v.metric_names, v.norm] for p, v in self.vectors.items()}
-        jobs = {p: [j.start, j.payload, j.result] for p, j in self.inflight.items()}
+        jobs = {p: [j.start, j.payload, j.result, j.spec] for p, j in self.inflight.items()}
         return {
             "version": self.version,
             "inflight": jobs,
@@ -92,7 +93,7 @@ class BufferedRounds:
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore `state()`."""
         self.version = int(state["version"])
-        self.inflight = {int(p): Job(int(s), pay, res) for p, (s, pay, res) in state["inflight"].items()}
+        self.inflight = {int(p): Job(int(j[0]), j[1], j[2], *j[3:4]) for p, j in state["inflight"].items()}
         self.arrived = {}
         self.held = [{int(p): upload for p, upload in batch} for batch in state.get("arrived", [])]
         self.buffer = Buffer.from_state(state["buffer"])
@@ -137,7 +138,8 @@ class BufferedRounds:
             payload = self.aggregator.get_model_params_for(party)
             self.server.totals["bytes_down"] += payload_nbytes(payload)
             self.server.totals["params_down"] += payload_numel(payload)
-            self.inflight[party] = Job(self.version, payload, spec=self.server.upload_spec(party))
+            spec = spec_shapes(self.server.upload_spec(party))
+            self.inflight[party] = Job(self.version, payload, spec=spec)
             if self.clock is not None:
                 self.clock.start(party)
             out[party] = payload

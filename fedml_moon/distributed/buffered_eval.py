@@ -6,13 +6,13 @@ is evaluated as a synchronous round is: the server sends EVAL with the new globa
 silo that is here and holds a party that reports, then (federated evaluation of a personalised
 algorithm) the new test; the round is recorded once the reports are in, or their silos are gone or
 silent past `comm_args.round_timeout_s` (`RoundPhases`' eval and newtest phases). Meanwhile the
-parties' training goes on: tasks in flight are trained, their updates arrive and are held, and at
-the parties' real pace the slots freed before the buffer was applied are filled; no update is taken
-into the next buffer before the round's record is written, so the record, and whatever the algorithm
-does with its test (LG-FedAvg's best warm-up model), comes before the next buffer, as in the
-standalone simulation. A silo handles its messages in order, so a party reports with the state of
-the last task it was sent before the EVAL: the standalone simulation trains its parties' tasks in
-flight before an evaluation round's reports, and the MPI simulation's records equal its.
+parties' training goes on: tasks in flight are trained, their updates arrive and are held; no update
+is taken into the next buffer, and no task is sent, before the round's record is written, so the
+record, and whatever the algorithm does with its test (LG-FedAvg's best warm-up model, which the
+next tasks start from), comes first, as in the standalone simulation. A silo handles its messages in
+order, so a party reports with the state of the last task it was sent before the EVAL: the
+standalone simulation trains its parties' tasks in flight before an evaluation round's reports, and
+the MPI simulation's records equal its.
 """
 
 from __future__ import annotations
@@ -31,22 +31,11 @@ class BufferedEvaluation:
     buffer_extra: dict[str, Any]
     taking: bool = False  # take_arrived is running: a round closed within it goes on there
 
-    def evaluate_buffer(self, round_idx: int, ordered: list, extra: dict[str, Any]) -> None:
-        """The buffer of `round_idx` was applied on an evaluation round: the parties report before
-        its record; no task is sent before it (the model a task starts from may change at the record:
-        LG-FedAvg's `warmup_start: best`)."""
-        self.round_idx = self.aggregated = round_idx
-        self.ordered, self.buffer_extra = ordered, extra
-        self.after_aggregate()  # RoundPhases: EVAL to the silos, or the record at once
-
-    def close_round(
-        self, reports: dict | None, new_reports: dict | None = None, summed: dict | None = None
+    def record_buffer(
+        self, reports: dict | None = None, new_reports: dict | None = None, summed: dict | None = None
     ) -> None:
-        """Record the evaluated round (once), then go back to the buffered phase: the updates held
-        meanwhile are taken (`take_arrived`), a checkpoint taken if due."""
-        if self.recorded >= self.round_idx:
-            log.error("round %d was recorded already; it is not recorded again", self.round_idx)
-            return
+        """Record the buffer applied as round `round_idx` (`ordered`, `buffer_extra`), with the
+        parties' reports on an evaluation round; a checkpoint follows if due; on to the next version."""
         self.doing = f"recording round {self.round_idx}"
         self.recorded = self.round_idx
         extra = {
@@ -57,6 +46,16 @@ class BufferedEvaluation:
         self.rounds.finish_round(self.round_idx, self.ordered, reports, extra, new_reports, summed)
         self.mark_due(self.round_idx)
         self.round_idx = self.core.version
+
+    def close_round(
+        self, reports: dict | None, new_reports: dict | None = None, summed: dict | None = None
+    ) -> None:
+        """Record the evaluated round (once), then go back to the buffered phase: the updates held
+        meanwhile are taken (`take_arrived`), a checkpoint taken if due."""
+        if self.recorded >= self.round_idx:
+            log.error("round %d was recorded already; it is not recorded again", self.round_idx)
+            return
+        self.record_buffer(reports, new_reports, summed)
         self._phase(BUFFERED, {r for r, tasks in self.tasks.items() if tasks})
         if not self.taking:  # the reports came in their own messages: take what arrived meanwhile
             self.take_held()

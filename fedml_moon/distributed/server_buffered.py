@@ -75,12 +75,10 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
             by_rank.setdefault(self.placement[party], []).append({"party": party, "payload": payload})
         for rank, items in sorted(by_rank.items()):
             self.tasks.setdefault(rank, {}).update({t["party"]: self.core.version for t in items})
-            if self.phase == BUFFERED:  # in an evaluation round's phases, its silos are waited for
-                self.pending.add(rank)
+            self.pending.add(rank)
             self._transport.expect_more(rank)
             self.send(TRAIN, rank, round=self.core.version, tasks=items)
-        if self.phase == BUFFERED:
-            self.phase_started = time.monotonic()
+        self.phase_started = time.monotonic()
 
     def _send_work_again(self, rank: int) -> None:
         """A restarted silo lost its tasks: each start version's again, once; then the EVAL of an
@@ -162,7 +160,7 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
         """All of it at real pace, then fill the freed slots; on the clock, instant by instant while
         every update of the earliest one is in, the freed slots filled after each instant (the
         standalone loop's order). A buffer applied on an evaluation round stops the taking until its
-        record (`evaluate_buffer`). After the last buffer: FINISH."""
+        record (`BufferedEvaluation`). After the last buffer: FINISH."""
         clock, arrived = self.core.clock, self.core.arrived
         while self.phase == BUFFERED and not self.finished():
             if clock is None:
@@ -196,7 +194,7 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
 
     def take(self, party: int, upload: Any) -> None:
         """One update into the buffer; a full buffer is applied and recorded, on an evaluation round
-        once the parties reported (`evaluate_buffer`)."""
+        once the parties reported (`RoundPhases.after_aggregate`, then `BufferedEvaluation`)."""
         self.doing = f"taking party {party}'s update at version {self.core.version}"
         if not self.core.take(party, upload):
             return
@@ -204,17 +202,12 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
         if applied is None:  # dp_target_epsilon: the run ends before this buffer
             self.rounds.rounds = self.core.version
             return
-        round_idx, ordered, extra = applied
-        if self.rounds.needs_party_eval(round_idx):
-            self.evaluate_buffer(round_idx, ordered, extra)
+        self.round_idx, self.ordered, self.buffer_extra = applied
+        self.aggregated = self.round_idx
+        if self.rounds.needs_party_eval(self.round_idx):
+            self.after_aggregate()  # EVAL to the silos; no task is sent before the record
             return
-        extra.update(
-            wire_bytes_sent=self._transport.bytes_sent, wire_bytes_received=self._transport.bytes_received
-        )
-        self.round_idx = self.recorded = self.aggregated = round_idx
-        self.rounds.finish_round(round_idx, ordered, None, extra)
-        self.mark_due(round_idx)
-        self.round_idx = self.core.version
+        self.record_buffer()
         # a new allowance of large frames: a RESULT for each TRAIN outstanding (transport/budget.py)
         self._transport.expect({r: len(set(t.values())) for r, t in self.tasks.items()})
 

@@ -101,8 +101,6 @@ def buffered_checks(cfg: Any, server: type) -> None:
     )
     if s.aggregation != "buffered":
         return
-    if not standalone:
-        _distributed_checks(cfg)
     clashes = {
         "train_args.algorithm": buffer_refusal(server, train.algorithm),
         "server_args.robust_aggregation": s.robust_aggregation != "none"
@@ -123,18 +121,4 @@ def buffered_checks(cfg: Any, server: type) -> None:
         "server_args.buffer_size",
         f"under privacy_args a buffer holds at most one update per party, so it cannot hold more than "
         f"client_num_in_total ({n}); got {buffer_shape(cfg)[1]}",
-    )
-
-
-def _distributed_checks(cfg: Any) -> None:
-    """What the distributed server's buffered phase does not do yet (`distributed.server_buffered`):
-    secure aggregation, whose buffers would be secure sums among their parties over the network. DP
-    without it buffers as in the standalone simulation: the server clips each update it receives and
-    noises each buffer's sum."""
-    require(
-        not cfg.privacy_args.secure_aggregation,
-        "server_args.aggregation",
-        "buffered cannot run with privacy_args.secure_aggregation in the distributed modes in this "
-        "release (each buffer's secure sum among its parties over the network); set aggregation: sync, "
-        "or run it standalone",
     )

@@ -239,7 +239,6 @@ def test_each_algorithm_runs_buffered_rounds(case, tmp_path, monkeypatch):
     [
         ("scaffold", [], "server_args.aggregation", "scaffold cannot buffer: a party's delta_c"),
         ("solo", [], "server_args.aggregation", "solo sums nothing"),
-        ("moon", [*MPI, *SECURE], "server_args.aggregation", "secure_aggregation in the distributed"),
         (
             "moon",
             [

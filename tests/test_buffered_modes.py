@@ -80,6 +80,38 @@ def test_the_mpi_simulation_takes_updates_in_the_clocks_order(case, tmp_path):
         assert [r.get(key) for r in got] == pytest.approx([r.get(key) for r in want], abs=1e-4), key
 
 
+def test_the_mpi_simulation_sums_each_buffer_securely_to_the_standalone_model(tmp_path):
+    """Secure aggregation (distributed.buffered_secure): 4 parties at lognormal speeds, all training
+    at once, K = 3, federated evaluation every other round (the parties' test counts in a secure sum
+    of their own). The MPI simulation's silos hold their uploads, each buffer is a secure sum among
+    its parties over MPI, and the run ends with the standalone run's model, its updates and simulated
+    seconds in every record, and its test figures (the decoded sums do not depend on the masks)."""
+    sets = [
+        *conformance.TINY,
+        "server_args.aggregation=buffered",
+        "server_args.buffer_size=3",
+        "train_args.client_num_in_total=4",
+        "train_args.client_num_per_round=4",
+        "privacy_args.secure_aggregation=true",
+        "validation_args.local_test=false",
+        "validation_args.evaluation=federated",
+        "validation_args.frequency_of_the_test=2",
+        "train_args.party_speed=lognormal",
+        "train_args.comm_round=4",
+    ]
+    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
+    with quiet_run(CONFIG, sets, ref.out_dir) as run:
+        run.loop.run()
+    mpi = conformance.run_mode("mpi-simulation", CONFIG, sets, tmp_path, timeout_s=180)
+    assert mpi.ok, mpi.tail()
+    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
+    want, got = _records(ref.out_dir), _records(mpi.out_dir)
+    assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
+    assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
+    assert [r.get("test_acc") for r in got] == pytest.approx([r.get("test_acc") for r in want], abs=1e-4)
+    assert [r["round"] for r in got if "test_acc" in r] == [0, 2, 3]
+
+
 def test_a_grpc_run_at_the_parties_pace_replays_to_its_model(tmp_path):
     """gRPC, 3 silos of one party each, all training at once, K = 2: the server takes updates as they
     arrive (some stale), the silos report their parties' local tests every other round and on the

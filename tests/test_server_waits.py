@@ -84,6 +84,7 @@ def _server(
     if core is not None:
         manager.set_buffering(core)
     manager.register_message_receive_handlers()
+    manager.run_config = cfg  # the silos' own copy of the run's config, for tests that play them
     for rank in ranks:
         hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
         _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)

@@ -21,7 +21,8 @@ MAX_METRICS = 32
 TENSOR = "__tensor__"  # spec_shapes' key of a tensor's shape and dtype
 MAX_METRIC = 1e15  # |a training metric| above this is taken for a diverged party, as NaN is
 # Every field the server writes into a round's record (engine.rounds.ServerRounds.finish_round, the
-# transports' byte counts, privacy's epsilons): no algorithm may report a training term of these names.
+# transports' byte counts, privacy's epsilons, the simulated clock's and a buffer's fields): no
+# algorithm may report a training term of these names.
 SERVER_FIELDS = frozenset(
     {
         "round",
@@ -58,6 +59,14 @@ SERVER_FIELDS = frozenset(
         "dp_epsilon_server",
         "dp_epsilon_release",
         "dp_delta",
+        "eval_parties",
+        "sim_time_s",
+        "staleness_mean",
+        "staleness_max",
+        "refused_stale",
+        "updates",
+        "left_out",
+        "not_summed",
     }
 )
 

@@ -22,7 +22,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 BUFFERED = "buffered"
-TAKING = (BUFFERED, "eval", "newtest")  # the phases in which updates are taken, or held
+# the phases in which updates are taken, or held: evaluation's and secure sums' (buffered_secure)
+TAKING = (BUFFERED, "eval", "newtest", "keys", "share", "mask", "unmask")
 
 
 class BufferedEvaluation:

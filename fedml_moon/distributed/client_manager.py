@@ -37,7 +37,7 @@ from fedml_moon.distributed.managers import (
     config_differences,
     config_digest,
 )
-from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
+from fedml_moon.distributed.protocol import MASK, OPEN, ROSTER, UNMASK
 from fedml_moon.distributed.secure_worker import SecureWorker
 from fedml_moon.distributed.site_refusal import DATA_ERRORS, check_digest, described, kind_of, record_digest
 from fedml_moon.distributed.site_results import keep_final_model, log_own_figures
@@ -145,6 +145,7 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             (CHECKPOINT, self.on_checkpoint),
             (REJOIN, self.on_rejoin),
             (TICK, self.on_tick),
+            (OPEN, self.on_sa_open),  # a buffered run's secure sum (distributed/buffered_secure.py)
             (ROSTER, self.on_sa_roster),  # secure aggregation's rounds (distributed/secure.py)
             (MASK, self.on_sa_mask),
             (UNMASK, self.on_sa_unmask),
@@ -357,7 +358,10 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         self.silo_trains(round_idx)
         trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
         self.silo_trained += 1
-        if self.built.run_config.privacy_args.secure_aggregation:
+        config = self.built.run_config
+        if config.privacy_args.secure_aggregation and config.server_args.aggregation == "buffered":
+            self.secure_hold(round_idx, tasks, trained)  # until the buffer's session (buffered_secure)
+        elif config.privacy_args.secure_aggregation:
             self.secure_train(round_idx, tasks, trained)
         else:
             results = [

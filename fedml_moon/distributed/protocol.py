@@ -231,8 +231,11 @@ KEYS, ROSTER, SHARES, MASK, MASKED, UNMASK, UNMASKED = (
 PUBLIC_KEYS = record({"party": PARTY, "c_pk": hex_text(32), "s_pk": hex_text(32), "b_commit": hex_text(32)})
 SHARE_VALUES = list_of(record({"of": PARTY, "x": integer(1, MAX_ID), "y": hex_text(16)}))
 
+HELD, OPEN = "sa_held", "sa_open"  # a buffered run's secure sums (fedml_moon.distributed.buffered_secure)
+
 SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
     # worker -> server
+    HELD: {"round": ROUND, "parties": list_of(record({"party": PARTY, "n": SAMPLES}))},
     KEYS: {"round": ROUND, "keys": list_of(PUBLIC_KEYS)},
     SHARES: {
         "round": ROUND,
@@ -247,6 +250,7 @@ SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
         "items": list_of(record({"party": PARTY, "b": SHARE_VALUES, "s": SHARE_VALUES})),
     },
     # server -> worker
+    OPEN: {"round": ROUND, "parties": list_of(record({"party": PARTY, "version": ROUND}))},
     ROSTER: {
         "round": ROUND,
         "participants": integer(1, MAX_ID),

@@ -2,7 +2,8 @@
 MQTT + S3): the server's side (`SecureServer`, mixed into the server manager) and a worker's
 (`SecureWorker`, mixed into the client manager).
 
-After TRAIN, a worker's parties train and keep their uploads; then, per round (Bonawitz et al. 2017,
+After TRAIN, a worker's parties train and keep their uploads (in a buffered run, until the server
+opens their buffer's session: distributed/buffered_secure.py); then, per round (Bonawitz et al. 2017,
 Fig. 4; `fedml_moon.privacy.secagg`):
 
     worker -> server  sa_keys      each party's public keys
@@ -85,7 +86,7 @@ class SecureServer:
 
     def on_sa_keys(self, msg: Any) -> None:
         items, rank = msg.get("keys"), msg.get_sender_id()
-        phase = "eval" if self.sa_purpose == "eval" else "train"
+        phase = {"eval": "eval", "buffer": "keys"}.get(self.sa_purpose, "train")
         if not self._take(msg, phase, [i["party"] for i in items], lambda: self.sa_ranks_parties(rank)):
             return
         try:
@@ -104,7 +105,17 @@ class SecureServer:
     def sa_ranks_parties(self, rank: int) -> set[int]:
         if self.sa_purpose == "eval":  # every party a rank holds tests
             return {p for p, r in self.placement.items() if r == rank}
+        if self.sa_purpose == "buffer":  # the buffer's parties it holds (distributed/buffered_secure.py)
+            return {p for p in self.sa_members() if self.placement[p] == rank}
         return self._mine(rank)
+
+    def sa_members(self) -> list[int]:
+        """The parties whose vectors this training sum is of: the round's sampled parties."""
+        return self.rounds.parties(self.round_idx)
+
+    def sa_plan_for(self, party: int) -> Any:
+        """What `party` adds to this training sum (`PrivateAggregation.plan`)."""
+        return self.rounds.privacy.plan(party)
 
     def _next(self, rank: int, then: Any) -> None:
         self.pending.discard(rank)
@@ -117,7 +128,7 @@ class SecureServer:
         if self.sa_purpose == "eval":
             self.sa_session = self.eval_session()
         else:
-            self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in self.sa_keys]
+            self.missing = [p for p in self.sa_members() if p not in self.sa_keys]
             params = self.rounds.privacy.params(len(self.sa_keys))
             spec = self.rounds.upload_spec(min(self.sa_keys))
             summed = self.rounds.privacy.summed
@@ -189,7 +200,6 @@ class SecureServer:
 
     def after_shares(self) -> None:
         inboxes = self.sa_session.route(self.sa_shares)
-        privacy = self.rounds.privacy
         self._send_each(
             "mask",
             MASK,
@@ -197,7 +207,7 @@ class SecureServer:
                 "tasks": [
                     {
                         "party": p,
-                        "plan": {} if self.sa_purpose == "eval" else privacy.plan(p).to_dict(),
+                        "plan": {} if self.sa_purpose == "eval" else self.sa_plan_for(p).to_dict(),
                         "inbox": [
                             {"sender": s, "ct": ct.hex()} for s, ct in sorted(inboxes.get(p, {}).items())
                         ],
@@ -229,6 +239,9 @@ class SecureServer:
             self.sa_masked[item["party"]] = checked[item["party"]]
             if item["accused"]:
                 self.sa_accused[item["party"]] = sorted(set(item["accused"]))
+            if self.sa_purpose == "eval":  # test counts: what evaluation carried
+                self.rounds.eval_totals["eval_bytes_up"] += vector.numel() * vector.element_size()
+                continue
             totals["bytes_up"] += vector.numel() * vector.element_size()
             totals["params_up"] += vector.numel()
         self._next(rank, self.after_masked)
@@ -275,9 +288,12 @@ class SecureServer:
         if self.sa_purpose == "eval":
             self.eval_summed(total, survivors)
             return
-        self.missing = [p for p in self.rounds.parties(self.round_idx) if p not in survivors]
+        self.missing = [p for p in self.sa_members() if p not in survivors]
         names = list(self.sa_plan.metrics)
         sums = self.rounds.privacy.finish(total, self.sa_entries, names, survivors, self.round_idx)
+        if self.sa_purpose == "buffer":
+            self.buffer_summed(sums)
+            return
         self.ordered = self.rounds.apply_sums(sums)
         self.after_aggregate()
 

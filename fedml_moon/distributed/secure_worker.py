@@ -10,7 +10,9 @@ import dataclasses
 import logging
 from typing import Any
 
-from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
+from fedml_moon.buffering import buffer_shape
+from fedml_moon.core.fedbuff import discount
+from fedml_moon.distributed.protocol import HELD, KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.privacy.mod import secagg_params
 from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, plan_problem, warn_out_of_range
@@ -34,6 +36,39 @@ class SecureWorker:
             party = int(task["party"])
             session = PartySession(party, round_idx, planned)
             self.sa_parties[party] = {"upload": upload, "received": task["payload"], "session": session}
+            keys.append(keys_to_wire(party, session.advertise()))
+        self.send(KEYS, 0, round=round_idx, keys=keys)
+
+    def secure_hold(self, version: int, tasks: list[dict], trained: list[tuple[float, dict]]) -> None:
+        """A buffered run: keep each party's upload and what it received until the server opens its
+        buffer's secure session (`on_sa_open`), and say HELD (samples only: nothing of the upload)."""
+        held = self.__dict__.setdefault("sa_held", {})
+        for task, (_, upload) in zip(tasks, trained, strict=True):
+            held[int(task["party"])] = {"version": version, "upload": upload, "received": task["payload"]}
+        parties = [{"party": int(t["party"]), "n": int(n)} for t, (n, _) in zip(tasks, trained, strict=True)]
+        self.send(HELD, 0, round=version, parties=parties)
+
+    def on_sa_open(self, msg: Any) -> None:
+        """The buffer of round `round` is full: a session for each named party whose upload of the
+        named start version this silo holds (a party it does not hold, e.g. after a restart, or
+        masked already, is left out: it advertises no keys), with the crowd rules of a buffer of K
+        from this worker's own config."""
+        if self.built is None:
+            log.warning("rank %d dropped a secure sum's opening sent before its WELCOME", self.rank)
+            return
+        config, round_idx = self.built.run_config, int(msg.get("round"))
+        planned = secagg_params(config.privacy_args, buffer_shape(config)[1])
+        held, keys = getattr(self, "sa_held", {}), []
+        self.sa_round, self.sa_parties = round_idx, {}
+        for item in msg.get("parties"):
+            party, mine = int(item["party"]), held.get(int(item["party"]))
+            if mine is None or mine["version"] != item["version"] or mine["version"] > round_idx:
+                log.warning(
+                    "rank %d holds no update of party %d from version %s", self.rank, party, item["version"]
+                )
+                continue
+            session = PartySession(party, round_idx, planned)
+            self.sa_parties[party] = {**mine, "session": session}
             keys.append(keys_to_wire(party, session.advertise()))
         self.send(KEYS, 0, round=round_idx, keys=keys)
 
@@ -149,7 +184,7 @@ class SecureWorker:
             session = held["session"]
             return pack(session.mask(held["counts"], inbox), session.params.encoding.k)
         plan, config = Plan.from_dict(raw), self.built.run_config
-        problem = plan_problem(plan, config.privacy_args, config.train_args.client_num_per_round)
+        problem = plan_problem(plan, config.privacy_args, *self._expected_terms(held))
         if problem is not None:
             raise PrivacyError(problem)
         session = held["session"]
@@ -157,7 +192,22 @@ class SecureWorker:
             session.params = dataclasses.replace(session.params, min_group=plan.min_sum)
         vector = party_vector(held["upload"], held["received"], plan)
         warn_out_of_range(vector.vector, session.params.encoding.clip, session.party)
-        return pack(session.mask(vector.vector, inbox), session.params.encoding.k)
+        masked = pack(session.mask(vector.vector, inbox), session.params.encoding.k)
+        if "version" in held:  # a held update is masked once: a second sum with it would reveal it
+            getattr(self, "sa_held", {}).pop(session.party, None)
+        return masked
+
+    def _expected_terms(self, held: dict) -> tuple[int, float]:
+        """(the parties a sum is sized for, the staleness discount the update takes) from this
+        worker's own config: client_num_per_round and 1 in a synchronous round; a buffered run's K,
+        and s(round - start version) of its staleness rule, an update past `max_staleness` refused."""
+        config = self.built.run_config
+        if "version" not in held:
+            return config.train_args.client_num_per_round, 1.0
+        s, tau = config.server_args, self.sa_round - held["version"]
+        if s.max_staleness is not None and tau > s.max_staleness:
+            raise PrivacyError(f"its update is {tau} rounds stale, past server_args.max_staleness")
+        return buffer_shape(config)[1], discount(s.staleness, tau, s.staleness_exponent)
 
     def _refusing(self, party: int, step: str, run: Any, *args: Any) -> Any:
         """`run(*args)`, or None where the party refuses (a diverged upload, a request that would

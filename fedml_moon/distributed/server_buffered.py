@@ -18,7 +18,8 @@ A silo that is gone (BYE, ERROR, REFUSE, silent past `comm_args.round_timeout_s`
 dropped, never waited for: its parties take no work until it says HELLO again, and other parties take
 their slots. A restarted silo gets its outstanding tasks again, once per start version. After the
 last buffer, updates still arriving are dropped (logged once each). Checkpoints and --resume:
-`distributed.buffered_checkpoint`; the parties' own evaluation: `distributed.buffered_eval`.
+`distributed.buffered_checkpoint`; the parties' own evaluation: `distributed.buffered_eval`; secure
+aggregation, where a silo says HELD instead of sending a RESULT: `distributed.buffered_secure`.
 """
 
 from __future__ import annotations
@@ -30,16 +31,18 @@ from typing import Any
 from fedml_moon.core.validate import spec_from_shapes
 from fedml_moon.distributed.buffered_checkpoint import BufferedCheckpoints
 from fedml_moon.distributed.buffered_eval import BUFFERED, TAKING, BufferedEvaluation
+from fedml_moon.distributed.buffered_secure import KEYS_PHASE, BufferedSecure
 from fedml_moon.distributed.managers import TRAIN
-from fedml_moon.distributed.protocol import result_problem
+from fedml_moon.distributed.protocol import HELD, result_problem
 from fedml_moon.engine.buffer_rounds import BufferedRounds
 
 log = logging.getLogger(__name__)
 
 
-class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
+class BufferedPhases(BufferedSecure, BufferedEvaluation, BufferedCheckpoints):
     """The buffered phase (module docstring), before `RoundPhases` in a manager's bases; its
-    evaluation rounds are `BufferedEvaluation`'s, its checkpoints and resume `BufferedCheckpoints`'."""
+    evaluation rounds are `BufferedEvaluation`'s, its checkpoints and resume `BufferedCheckpoints`',
+    its secure sums `BufferedSecure`'s."""
 
     core: BufferedRounds
     rounds: Any
@@ -47,6 +50,7 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
 
     def set_buffering(self, core: BufferedRounds) -> None:
         self.core = core
+        core.remote = bool(self.secure)  # each buffer a secure sum among its parties (buffered_secure)
         self.tasks: dict[int, dict[int, int]] = {}  # rank -> {party: start version} outstanding
         self.resent_versions: set[tuple[int, int]] = set()  # (rank, version) sent again once
         self.instant: list[int] | None = None  # on the clock: the parties of the instant being taken
@@ -100,10 +104,30 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
             super()._send_work_again(rank)
         self.ask_again(rank)  # a checkpoint that waits for it: asked again, after those tasks
 
+    def register_message_receive_handlers(self) -> None:
+        super().register_message_receive_handlers()
+        if self.secure:
+            self.register_message_receive_handler(HELD, self._guarded(self.on_held))
+
     # --- updates in ---------------------------------------------------------------------------------
     def on_result(self, msg: Any) -> None:
-        """Take a RESULT for tasks outstanding at the sender (module docstring), or refuse it whole."""
-        rank, version, items = msg.get_sender_id(), msg.get("round"), msg.get("results")
+        """Take a RESULT for tasks outstanding at the sender (module docstring), or refuse it whole;
+        under secure aggregation every RESULT is refused (a party's upload stays at its silo)."""
+        if self.secure:
+            why = "secure aggregation is on: a party's upload is never sent in the clear"
+            self.refused(msg.get_sender_id(), f"refused rank {msg.get_sender_id()}'s result: {why}")
+            return
+        self.arrive(msg, msg.get("results"))
+
+    def on_held(self, msg: Any) -> None:
+        """Secure aggregation: the sender's parties trained their tasks of version `round` and hold
+        their uploads for their buffer's secure sum (`distributed.buffered_secure`); taken as their
+        updates' arrival, as a RESULT is, or refused whole."""
+        self.arrive(msg, [{**item, "upload": {}} for item in msg.get("parties")])
+
+    def arrive(self, msg: Any, items: list[dict]) -> None:
+        """Updates (or, HELD, their notices) for tasks outstanding at the sender, or refused whole."""
+        rank, version = msg.get_sender_id(), msg.get("round")
         outstanding = self.tasks.get(rank, {})
         mine = {p for p, v in outstanding.items() if v == version}
         if self.phase not in TAKING or rank in self.gone or not mine:
@@ -117,7 +141,8 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
             )
             return
         parties = {item["party"] for item in items}
-        problem = result_problem(items, parties, self.rounds.samples, self._upload_problem)
+        check = (lambda party, upload: None) if self.core.remote else self._upload_problem
+        problem = result_problem(items, parties, self.rounds.samples, check)
         if problem is None and not parties <= mine:
             problem = f"results are for parties {sorted(parties)[:10]}, not its tasks {sorted(mine)}"
         if problem is not None:
@@ -198,14 +223,27 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
         self.doing = f"taking party {party}'s update at version {self.core.version}"
         if not self.core.take(party, upload):
             return
-        applied = self.core.apply()
-        if applied is None:  # dp_target_epsilon: the run ends before this buffer
+        remote = self.core.remote  # its parties' secure sum first (buffered_secure)
+        applied = self.core.releasable() if remote else self.core.apply()
+        if not applied:  # dp_target_epsilon: the run ends before this buffer
             self.rounds.rounds = self.core.version
+            return
+        if remote:
+            self.sum_buffer()
             return
         self.round_idx, self.ordered, self.buffer_extra = applied
         self.aggregated = self.round_idx
+        self.buffer_applied()
+
+    def buffer_applied(self) -> None:
+        """The buffer applied as round `round_idx`: on an evaluation round its parties report first
+        (`RoundPhases.after_aggregate`, then `BufferedEvaluation`); after a secure sum's phases the
+        record brings the run back to the buffered phase."""
         if self.rounds.needs_party_eval(self.round_idx):
             self.after_aggregate()  # EVAL to the silos; no task is sent before the record
+            return
+        if self.phase != BUFFERED:
+            self.close_round(None)
             return
         self.record_buffer()
         # a new allowance of large frames: a RESULT for each TRAIN outstanding (transport/budget.py)
@@ -240,6 +278,9 @@ class BufferedPhases(BufferedEvaluation, BufferedCheckpoints):
     def give_up_on(self, ranks: list[int], dead: list[int], waited: float) -> None:
         """In the buffered phase: drop the tasks of the ranks given up on (their parties' updates are
         never waited for) and give their slots to others; stop only when no silo is left to train."""
+        if self.phase == KEYS_PHASE:
+            self.keys_given_up(ranks, self._why(ranks, dead, waited))
+            return
         if self.phase != BUFFERED:
             super().give_up_on(ranks, dead, waited)
             return

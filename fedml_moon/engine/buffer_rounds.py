@@ -10,7 +10,11 @@ they are; under `privacy_args` the party's clipped, discounted vector); `apply` 
 with the algorithm's `aggregate_sums` (server_lr and momentum in its `step`): one round. Each round's
 record names its updates (`updates`: [party, the version it started from], in arrival order) and the
 updates left out since the round before (`left_out`: [party, version, why, how many of `updates`
-had arrived before it]), so that the run can be replayed. Pure PyTorch; no algorithm knows it is buffered.
+had arrived before it]), so that the run can be replayed. Under secure aggregation in the distributed
+modes (`remote`) a party's update never reaches the server: its silo holds it, the buffer keeps the
+party's start version and discount (`plans`), and the server sums the buffer with its parties over
+the network (`distributed.buffered_secure`) before `apply`. Pure PyTorch; no algorithm knows it is
+buffered.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ class BufferedRounds:
         self.held: list[dict[int, Payload]] = []  # a resumed one's: those of its checkpoint, by message
         self.buffer = Buffer()
         self.vectors: dict[int, PartyVector] = {}  # privacy_args: the buffer's parties' vectors
+        self.remote = False  # the buffer's secure sum runs among its parties (distributed modes)
+        self.plans: dict[int, list] = {}  # remote: the buffer's parties' [start version, discount]
         self.updates: list[list[int]] = []  # this buffer's [party, start version], in arrival order
         self.left: list[list[Any]] = []  # left out since the last record: [party, start, why, position]
         self.refused_stale = 0  # this buffer's updates refused as too stale
@@ -82,6 +88,7 @@ class BufferedRounds:
             "arrived": [[[p, upload] for p, upload in self.arrived.items()]] if self.arrived else [],
             "buffer": self.buffer.state(),
             "vectors": vectors,
+            "plans": self.plans,
             "updates": self.updates,
             "left": self.left,
             "counts": [self.refused_stale, self.left_out],
@@ -101,6 +108,7 @@ class BufferedRounds:
             int(p): PartyVector(v, [tuple(e) for e in entries], list(names), float(norm))
             for p, (v, entries, names, norm) in state["vectors"].items()
         }
+        self.plans = {int(p): [int(v), float(s)] for p, (v, s) in state.get("plans", {}).items()}
         self.updates, self.left = [list(u) for u in state["updates"]], [list(x) for x in state["left"]]
         self.refused_stale, self.left_out = (int(c) for c in state["counts"])
         self.rejected = {int(p): str(w) for p, w in state["rejected"].items()}
@@ -123,7 +131,7 @@ class BufferedRounds:
         model; under privacy_args not those whose update waits in the buffer either (a buffer holds
         one update per party: one input of its secure sum, one clipped change)."""
         count = self.concurrency - len(self.inflight)
-        waiting = self.vectors if self.server.privacy is not None else {}
+        waiting = {**self.vectors, **self.plans} if self.server.privacy is not None else {}
         idle = [
             p
             for p in range(self.server.n_parties)
@@ -172,6 +180,10 @@ class BufferedRounds:
         """Into the buffer: the party's vector under privacy_args, else its discounted addends."""
         s = discount(self.options.staleness, tau, self.options.staleness_exponent)
         keep = (samples, {"metrics": dict(upload.get("metrics") or {})})
+        if self.remote:  # its silo holds it: the party's plan, for the buffer's secure sum
+            self.plans[party] = [job.start, s]
+            self.buffer.add({}, 1.0, tau, keep, party)
+            return
         if self.server.privacy is not None:  # the party's side: its clipped, discounted vector
             self.vectors[party] = party_vector(upload, job.payload, self.server.privacy.plan(party, s))
             self.buffer.add({}, 1.0, tau, keep, party)
@@ -184,6 +196,18 @@ class BufferedRounds:
         ratio = float(algorithm.sum_weight(samples)) if self.options.buffer_weights == "samples" else 1.0
         addends = contribution(upload, job.payload, algorithm.summed, ratio * s)
         self.buffer.add(addends, ratio, tau, keep, party)
+
+    def unbuffer(self, parties: list[int], why: str) -> None:
+        """`remote`: take `parties`' updates out of the buffer before its secure sum (their silos
+        hold them no more): left out, `why`; the buffer fills again and the parties take work."""
+        buffer = self.buffer
+        for party in parties:
+            i = next(i for i, (q, _) in enumerate(buffer.kept) if q == party)
+            del buffer.kept[i], buffer.staleness[i]
+            buffer.weight -= 1.0
+            start, _ = self.plans.pop(party)
+            self.updates.remove([party, start])
+            self.left.append([party, start, why, len(self.updates)])
 
     def too_stale(self, party: int, tau: int) -> str | None:
         """`server_args.max_staleness`: an update staler is refused, counted and logged."""
@@ -201,9 +225,15 @@ class BufferedRounds:
         return f"{tau} rounds stale"
 
     def unusable(self, party: int, job: Job, upload: Payload) -> str | None:
-        """The server's checks of an upload (`engine.uploads`) against what the party was sent."""
+        """The server's checks of an upload (`engine.uploads`) against what the party was sent; of one
+        its silo holds (`remote`), that its task asked for what this version sums (the party checks
+        its upload itself: one it cannot add leaves the secure sum)."""
         self.server.sent = {party: job.payload}
-        why = self.server.upload_problem(party, upload)
+        if self.remote:
+            now = spec_shapes(self.server.upload_spec(party))
+            why = None if job.spec is None or job.spec == now else "its task's upload is not this version's"
+        else:
+            why = self.server.upload_problem(party, upload)
         if why is None:
             return None
         log.error("round %d: party %d's upload is left out: %s", self.version, party, why)
@@ -212,23 +242,33 @@ class BufferedRounds:
             raise BadUpload(f"round {self.version}: {self.rejected} (train_args.on_bad_upload: stop)")
         return "unusable"
 
-    def apply(self) -> tuple[int, list[Result], dict[str, Any]] | None:
+    def releasable(self) -> bool:
+        """Whether the full buffer's sum may be released: not when it would pass
+        `privacy_args.dp_target_epsilon` (logged; the run stops before it)."""
+        privacy = self.server.privacy
+        if privacy is None or privacy.allows(sorted({**self.vectors, **self.plans})):
+            return True
+        log.warning(
+            "privacy_args.dp_target_epsilon: the run stops after %d rounds: the next buffer's sum "
+            "would pass epsilon %s; it is not released",
+            self.version,
+            privacy.options.dp_target_epsilon,
+        )
+        return False
+
+    def apply(self, summed: Sums | None = None) -> tuple[int, list[Result], dict[str, Any]] | None:
         """Apply the full buffer (one round): (its round, what its record keeps of the parties, the
         record's buffered fields); the caller evaluates and records it. Under privacy_args its
-        parties' vectors are summed (securely, with DP's noise and accounting), unless the release
-        would pass `dp_target_epsilon`: then None, the buffer unreleased (the run stops)."""
+        parties' vectors are summed (securely, with DP's noise and accounting), or, `remote`, their
+        sum is `summed` (its parties' secure sum over the network), unless the release would pass
+        `dp_target_epsilon` (`releasable`): then None, the buffer unreleased (the run stops)."""
         buffer, round_idx, privacy = self.buffer, self.version, self.server.privacy
         self.server.rejected = dict(self.rejected)
-        if privacy is not None and not privacy.allows(sorted(self.vectors)):
-            log.warning(
-                "privacy_args.dp_target_epsilon: the run stops after %d rounds: the next buffer's sum "
-                "would pass epsilon %s; it is not released",
-                round_idx,
-                privacy.options.dp_target_epsilon,
-            )
+        if summed is None and not self.releasable():
             return None
         if privacy is not None:
-            sums, self.vectors = self.server.private_sum(round_idx, self.vectors), {}
+            sums = summed if summed is not None else self.server.private_sum(round_idx, self.vectors)
+            self.vectors, self.plans = {}, {}
             ordered = self.server.apply_sums(sums)
         else:
             sums = Sums(buffer.weight, len(buffer), buffer.fields)

@@ -100,11 +100,13 @@ class Evaluations:
 
     def sum_counts(self, round_idx: int, reports: dict[int, Payload]) -> dict[str, Any]:
         """The parties' counts summed securely in this process (the standalone simulation): the
-        session the distributed modes run over the network (`privacy.secure_counts`)."""
+        session the distributed modes run over the network (`privacy.secure_counts`). Counted in
+        eval_bytes_up, as there: each party's masked counts (int64 words)."""
         from fedml_moon.privacy.secure_counts import secure_counts
 
         tests = {p: r["test"] for p, r in reports.items()}
         counts, parties = secure_counts(round_idx, tests, self.test_names(), self.privacy.options)
+        self.eval_totals["eval_bytes_up"] += 8 * 3 * len(self.test_names()) * len(tests)
         return {"counts": counts, "parties": parties}
 
     def summed_fields(self, summed: dict[str, Any]) -> dict[str, Any]:

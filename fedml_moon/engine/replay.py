@@ -10,6 +10,8 @@ its own order (so its state, e.g. MOON's previous model, and its data stream adv
 left-out jobs included) and feeds each through `BufferedRounds.take` as the run's server did; a full
 buffer is applied and recorded. Wherever the replay decides otherwise than the record (an update
 kept or left out, a buffer full early or late, another training loss) it stops: ReplayDiverged.
+Under secure aggregation the parties a record names in `not_summed` (they left its secure sum) are
+taken out of the buffer's sum, as they were in the run.
 
 Parties that start from the same version are trained together (`PartyRunner.train_many`), as the
 run did; with `parties_in_parallel` above 1 the groups may differ from the run's, which moves the
@@ -175,6 +177,8 @@ class ReplaySimulation(StandaloneSimulation):
                 f"the replay diverged at round {r}: the record's {len(record['updates'])} updates leave the "
                 f"buffer short of server_args.buffer_size {core.size}"
             )
+        for party in record.get("not_summed", []):  # its secure sum went on without them
+            core.vectors.pop(party, None)
         applied = core.apply()
         if applied is None:
             raise ReplayDiverged(f"the replay diverged at round {r}: privacy_args refused to release it")

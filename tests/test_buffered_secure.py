@@ -10,10 +10,12 @@ trained as in tests/test_buffered_resume.py: the model it was sent, moved by 0.0
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
@@ -40,7 +42,8 @@ class Worker(SecureWorker):
 
     def __init__(self, rank: int, manager) -> None:
         self.rank, self.manager = rank, manager
-        self.built = SimpleNamespace(run_config=manager.run_config)
+        model = SimpleNamespace(trainer=SimpleNamespace(model=manager.rounds.aggregator.model))
+        self.built = SimpleNamespace(run_config=manager.run_config, runner=model)
         self.sent: list[tuple[str, dict]] = []
 
     def send(self, kind: str, to: int, **params) -> None:
@@ -110,7 +113,13 @@ def _run(tmp_path, *settings: str) -> tuple:
     return _finish(manager, silos), silos
 
 
-def test_each_buffer_is_the_secure_sum_of_its_parties_and_no_upload_reaches_the_server(tmp_path):
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory) -> tuple:
+    """The secure run on the clock whose silos all follow the protocol: (its outcome, its silos)."""
+    return _run(tmp_path_factory.mktemp("honest"), *ON_CLOCK)
+
+
+def test_each_buffer_is_the_secure_sum_of_its_parties_and_no_upload_reaches_the_server(tmp_path, honest):
     """On the simulated clock (so the updates are taken in one order whatever the messages' order):
     the run whose silos hold their uploads and sum each buffer securely over the network ends bit
     for bit as the one whose server ran the same secure sums itself from the uploads (the masks
@@ -118,7 +127,7 @@ def test_each_buffer_is_the_secure_sum_of_its_parties_and_no_upload_reaches_the_
     RESULT, nothing but notices and the protocol's messages, and each masked vector was of a party of
     the buffer it summed."""
     want = _in_the_server(tmp_path / "in-the-server", ON_CLOCK)
-    (final, records, state), silos = _run(tmp_path / "secure", *ON_CLOCK)
+    (final, records, state), silos = honest
     assert _same(final, want[0]) and _same(state, want[2]) and len(records) == 6
     drop = [{k: v for k, v in r.items() if k not in WIRE} for r in records]
     assert drop == [{k: v for k, v in r.items() if k not in WIRE} for r in want[1]]
@@ -134,26 +143,6 @@ def test_each_buffer_is_the_secure_sum_of_its_parties_and_no_upload_reaches_the_
     ]
     by_round = {r["round"]: {party for party, _ in r["updates"]} for r in records}
     assert all(party in by_round[round_idx] for round_idx, party in masked) and len(masked) == 18
-
-
-def test_a_result_in_the_clear_is_refused_and_changes_nothing(tmp_path):
-    """A credentialed silo that sends its party's upload in a RESULT under secure aggregation is
-    refused: the server takes no upload, and the run is the run without that message."""
-    manager, wire = _server(tmp_path / "hostile", *BUFFERED, *SECURE, silos=4)
-    silos = SecureSilos(manager, wire)
-    silos.collect()
-    task = next(q for q in silos.queues[2] if q.get_type() == m.TRAIN)
-    model = task.get("tasks")[0]["payload"]["model"]
-    item = {
-        "party": 1,
-        "n": manager.rounds.samples[1],
-        "upload": {"model": model, "party_id": 1, "metrics": {}},
-    }
-    _from(manager, 2, m.RESULT, round=task.get("round"), results=[item])
-    assert manager.core.arrived == {} and manager.tasks[2] == {1: 0}
-    got = _finish(manager, silos)
-    want, _ = _run(tmp_path / "honest", *BUFFERED, *SECURE)
-    assert _same(got[0], want[0]) and got[1] == want[1]
 
 
 def test_a_party_masks_its_update_once_and_only_with_its_own_staleness_rule(tmp_path):
@@ -179,18 +168,95 @@ def test_a_party_masks_its_update_once_and_only_with_its_own_staleness_rule(tmp_
         with pytest.raises(PrivacyError, match="discount"):
             worker._masked(held, privacy.plan(party, s).to_dict(), {})
     assert worker._expected_terms(held) == (3, 1 / math.sqrt(3))
+    right = privacy.plan(party, 1 / math.sqrt(3)).to_dict()
+    weights = next(k for k in manager.rounds.aggregator.global_state if k.endswith("weight"))
+    for change, why in [
+        ({"ratio": 0.5}, "ratio 0.5 is not 1"),  # the others' tiny ratios would isolate one party
+        ({"clear": [weights]}, "in the clear"),  # unclipped, unnoised
+        ({"summed": {"model": "sum"}}, "sums"),
+        ({"metrics": ["loss"]}, "metrics"),
+    ]:
+        with pytest.raises(PrivacyError, match=why):
+            worker._masked(held, {**right, **change}, {})
     worker.sa_round = 5  # four rounds stale
     with pytest.raises(PrivacyError, match="max_staleness"):
         worker._expected_terms(held)
 
 
-@pytest.mark.parametrize("when", [p.OPEN, p.MASK])
-def test_a_silo_gone_during_a_buffers_session_is_not_waited_for(tmp_path, when):
+def test_a_party_shares_only_in_a_session_of_its_buffers_k_parties(tmp_path):
+    """A server that opens a session of fewer parties than K (a smaller crowd to unmask) gets no
+    shares from the silo: its roster is refused."""
+    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, silos=4)
+    silos = SecureSilos(manager, wire)
+    while not any(msg.get_type() == p.ROSTER for msg in wire.sent):
+        assert silos.step()
+    roster = next(msg for msg in wire.sent if msg.get_type() == p.ROSTER)
+    rank, worker = roster.get_receiver_id(), silos.workers[roster.get_receiver_id()]
+    fewer = Message(p.ROSTER, 0, rank)
+    for key, value in roster.get_params().items():
+        if key not in ("msg_type", "sender", "receiver"):
+            fewer.add_params(key, value)
+    fewer.add_params("digests", roster.get("digests")[:2])
+    fewer.add_params("participants", 2)
+    worker.on_sa_roster(fewer)
+    assert worker.sent[-1] == (p.SHARES, {"round": 0, "shares": []})
+    worker.on_sa_roster(roster)  # the whole roster: it shares
+    assert worker.sent[-1][0] == p.SHARES and worker.sent[-1][1]["shares"]
+
+
+def test_a_silo_that_never_sends_keys_stops_the_run_rather_than_stalling_it(tmp_path):
+    """A credentialed silo that says HELD for its party's update, then answers every session's
+    opening with no keys: its party leaves the buffer each time and takes work again; once so many
+    updates have left the buffer that no buffer fills, the run stops, naming why."""
+    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, silos=4)
+    silos = SecureSilos(manager, wire)
+    for worker in silos.workers.values():
+        worker.on_sa_open = lambda msg, w=worker: w.send(p.KEYS, 0, round=msg.get("round"), keys=[])
+    for _ in range(10_000):
+        if manager.phase == "done" or not silos.step():
+            break
+    assert manager.phase == "done" and manager.status == "failed"
+    reason = next(msg.get("reason") for msg in wire.sent if msg.get_type() == m.ABORT)
+    taken = int(re.search(r"(\d+) updates taken out of the buffer before its secure sum", reason)[1])
+    assert 40 <= taken < 43 and "(no keys for its secure sum" in reason  # 10 x max(K, concurrency)
+    assert manager.rounds.recorder.records == []
+
+
+def test_a_diverged_update_sends_no_keys(tmp_path):
+    """An update holding NaN is not offered to a sum: the silo sends no keys for it."""
+    manager, _ = _server(tmp_path, *BUFFERED, *SECURE, silos=4)
+    worker = Worker(1, manager)
+    model = {k: v.clone() for k, v in manager.rounds.aggregator.global_state.items()}
+    next(v for v in model.values() if v.is_floating_point())[0] = float("nan")
+    worker.secure_hold(0, [{"party": 0, "payload": {}}], [(1, {"model": model, "metrics": {"loss": 0.1}})])
+    opening = Message(p.OPEN, 0, 1)
+    opening.add_params("round", 0)
+    opening.add_params("parties", [{"party": 0, "version": 0}])
+    worker.on_sa_open(opening)
+    assert worker.sent[-1] == (p.KEYS, {"round": 0, "keys": []})
+
+
+GONE = {  # when a silo says BYE, and what its party's update becomes
+    "open": (p.OPEN, [], "no keys for its secure sum"),
+    "roster": (p.ROSTER, [], "no shares for its secure sum"),
+    "roster-dp": (
+        p.ROSTER,
+        ["privacy_args.dp_clip_norm=1", "privacy_args.dp_noise_multiplier=0.01"],
+        "no shares",
+    ),
+    "mask": (p.MASK, [], None),
+}
+
+
+@pytest.mark.parametrize("case", list(GONE))
+def test_a_silo_gone_during_a_buffers_session_is_not_waited_for(tmp_path, case):
     """5 silos, K = 4 (at least 3 a sum): a silo that says BYE when its buffer's session opens sends
-    no keys: its party's update is taken out of the buffer (left out), which fills again; one that
-    says BYE when asked for its masked vector is not in the sum, named `not_summed` in the record.
-    Either way the run goes on without the silo to its last round."""
-    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, "server_args.buffer_size=4", silos=5)
+    no keys, and one that says BYE when the roster comes sends no shares: no party has masked yet, so
+    its party's update is taken out of the buffer (left out), which fills again (under DP too, where
+    no sum of fewer than K is unmasked). One that says BYE when asked for its masked vector is not in
+    the sum, named `not_summed` in the record. Either way the run goes on without the silo."""
+    when, extra, why = GONE[case]
+    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, "server_args.buffer_size=4", *extra, silos=5)
     silos = SecureSilos(manager, wire)
     while not any(msg.get_type() == when for msg in wire.sent):
         assert silos.step()
@@ -204,10 +270,8 @@ def test_a_silo_gone_during_a_buffers_session_is_not_waited_for(tmp_path, when):
             _from(manager, 0, m.TICK)
     final, records, _ = _finish(manager, silos)
     assert len(records) == 5 and all(v.double().isfinite().all() for v in final.values())
-    if when == p.OPEN:
-        assert [(party, why) for party, _, why, _ in records[0]["left_out"]] == [
-            (gone - 1, "no keys for its secure sum")
-        ]
+    if why is not None:
+        assert [(party, w[: len(why)]) for party, _, w, _ in records[0]["left_out"]] == [(gone - 1, why)]
         assert all("not_summed" not in r for r in records)
     else:
         assert records[0]["not_summed"] == [gone - 1] and records[0]["left_out"] == []
@@ -215,15 +279,14 @@ def test_a_silo_gone_during_a_buffers_session_is_not_waited_for(tmp_path, when):
 
 
 @pytest.mark.parametrize(("after", "masked"), [(2, False), (9, True)])
-def test_on_the_clock_a_server_killed_and_resumed_masks_no_update_twice(tmp_path, after, masked):
+def test_on_the_clock_a_server_killed_and_resumed_masks_no_update_twice(tmp_path, honest, after, masked):
     """The MPI simulation's server under secure aggregation, its silos left running (they keep the
     uploads they hold): killed `after` answers past its first checkpoint and resumed. Where no update
     of the checkpoint's buffer was masked before the kill, the run ends bit for bit as the run never
     interrupted (a secure sum without DP is exact). Where some were, their silos do not mask them
     again: the resumed run leaves them out of the buffer, which fills again, and completes; no
     party masked an update twice for any round."""
-    ref, ref_wire = _server(tmp_path / "reference", *ON_CLOCK, silos=4)
-    want = _finish(ref, SecureSilos(ref, ref_wire))
+    want = honest[0]
     first, wire = _server(tmp_path / "run", *ON_CLOCK, silos=4)
     silos = SecureSilos(first, wire)
     while first.last_checkpoint is None:
@@ -290,17 +353,19 @@ def _hostile(manager, silos: SecureSilos) -> None:
         )
 
 
-def test_hostile_notices_and_keys_change_nothing(tmp_path):
+def test_hostile_notices_and_keys_change_nothing(tmp_path, honest):
     """On the clock, before every silo's answer each silo also sends the hostile messages of
-    `_hostile`: each is refused, and the run ends bit for bit as the run without them (model, server
-    state, records)."""
-    want = _run(tmp_path / "honest", *ON_CLOCK)[0]
+    `_hostile`, a party's upload in a RESULT among them: each is refused, the server holds no upload
+    at any moment (what it took of each update is a notice), and the run ends bit for bit as the run
+    without them (model, server state, records)."""
+    want = honest[0]
     manager, wire = _server(tmp_path / "hostile", *ON_CLOCK, silos=4)
     silos = SecureSilos(manager, wire)
     for _ in range(10_000):
         if manager.phase == "finish":
             break
         _hostile(manager, silos)
+        assert all(upload == {} for upload in manager.core.arrived.values())  # notices only
         if not silos.step():
             break
     got = _finish(manager, silos)

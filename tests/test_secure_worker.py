@@ -1,11 +1,14 @@
 """A worker's side of secure aggregation's messages (`SecureWorker`), on a silo holding three parties:
 a party whose upload diverged leaves at masking while the others go on, and the worker takes the
 round's participant count and threshold from its own config and the digests it is sent, never from
-the server's word: a roster that disagrees with itself, or names fewer than 3, is refused."""
+the server's word: a roster that disagrees with itself, or names fewer than 3, is refused; what a plan
+sums in the clear is checked against the silo's own model."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,12 +27,24 @@ class _Worker(SecureWorker):
 
     def __init__(self, privacy) -> None:
         self.rank, self.sent = 1, []
-        train = type("Train", (), {"client_num_per_round": 3})()
-        config = type("Cfg", (), {"privacy_args": privacy, "train_args": train})()
-        self.built = type("Built", (), {"run_config": config})()
+        train = SimpleNamespace(client_num_per_round=3, algorithm="fedavg")
+        server = SimpleNamespace(aggregation="sync", buffer_weights="uniform")
+        config = SimpleNamespace(privacy_args=privacy, train_args=train, server_args=server)
+        model = torch.nn.Module()
+        model.w = torch.nn.Parameter(torch.zeros(3))  # the silo's model: what a plan may name
+        self.built = SimpleNamespace(
+            run_config=config, runner=SimpleNamespace(trainer=SimpleNamespace(model=model))
+        )
 
     def send(self, kind: str, receiver: int, **params) -> None:
         self.sent.append((kind, params))
+
+
+def _aggregation(privacy) -> PrivateAggregation:
+    """The server's side of a round of the 3 parties (FedAvg's sums and training metrics)."""
+    return PrivateAggregation(
+        privacy, {"model": "update"}, dict.fromkeys(range(3), 1.0), 3, metrics=("ce", "loss")
+    )
 
 
 def _msg(kind: str, **params) -> Message:
@@ -46,7 +61,7 @@ def _worker_with_keys(privacy, values=(math.nan, 0.5, -0.5)) -> tuple[_Worker, l
     received = {"model": {"w": torch.zeros(3)}}
     tasks = [{"party": q, "payload": received} for q in (0, 1, 2)]
     uploads = [
-        {"model": {"w": torch.full((3,), v)}, "party_id": q, "metrics": {"loss": 1.0}}
+        {"model": {"w": torch.full((3,), v)}, "party_id": q, "metrics": {"ce": 1.0, "loss": 1.0}}
         for q, v in enumerate(values)
     ]
     worker.secure_train(0, tasks, [(10.0, u) for u in uploads])
@@ -62,7 +77,7 @@ def test_a_diverged_party_leaves_at_masking_and_the_silos_other_parties_go_on(ca
     worker.on_sa_roster(_msg(p.ROSTER, round=0, participants=3, digests=digests, rosters=roster))
     shares = worker.sent[-1][1]["shares"]
     assert len(shares) == 6  # each of 3 parties to its 2 neighbours
-    plan = PrivateAggregation(privacy, {"model": "update"}, dict.fromkeys(range(3), 1.0), 3).plan(0).to_dict()
+    plan = _aggregation(privacy).plan(0).to_dict()
     inbox = {
         q: [{"sender": s["sender"], "ct": s["ct"]} for s in shares if s["receiver"] == q] for q in (0, 1, 2)
     }
@@ -112,7 +127,7 @@ def test_under_dp_a_party_unmasks_no_sum_of_fewer_than_its_noise_was_sized_for(c
     privacy = PrivacyArgs(
         secure_aggregation=True, secagg_min_group=2, dp_clip_norm=1.0, dp_noise_multiplier=1.0
     )
-    plan = PrivateAggregation(privacy, {"model": "update"}, dict.fromkeys(range(3), 1.0), 3).plan(0)
+    plan = _aggregation(privacy).plan(0)
     assert plan.min_sum == 3
     worker = _masked_with(privacy, plan.to_dict())
     assert [i["party"] for i in worker.sent[-1][1]["items"]] == [0, 1, 2]
@@ -125,7 +140,27 @@ def test_a_party_refuses_to_mask_under_a_plan_that_is_not_its_runs(caplog):
     """A plan whose noise share is not sigma C / sqrt(min_sum) (a server that would have the parties add
     less noise than the run's privacy_args ask) is refused: no party masks."""
     privacy = PrivacyArgs(secure_aggregation=True, dp_clip_norm=1.0, dp_noise_multiplier=1.0)
-    plan = PrivateAggregation(privacy, {"model": "update"}, dict.fromkeys(range(3), 1.0), 3).plan(0).to_dict()
+    plan = _aggregation(privacy).plan(0).to_dict()
     worker = _masked_with(privacy, {**plan, "noise_std": plan["noise_std"] / 10})
     assert worker.sent[-1][1]["items"] == []
     assert "is not sigma C / sqrt(3)" in caplog.text
+
+
+def test_a_party_checks_what_a_plan_sums_in_the_clear_against_its_own_model():
+    """DP with `dp_buffers: average`: the server's plan sums the model's BatchNorm statistics in the
+    clear, which the party accepts; a plan that also puts a trainable parameter there (unclipped,
+    unnoised) is refused, as is one that puts anything there without DP."""
+    dp = PrivacyArgs(secure_aggregation=True, dp_clip_norm=1.0, dp_noise_multiplier=1.0, dp_buffers="average")
+    worker = _Worker(dp)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    worker.built.runner.trainer.model = model
+    aggregation = _aggregation(dp)
+    aggregation.set_model([n for n, _ in model.named_parameters()], model.state_dict())
+    plan = aggregation.plan(0)
+    assert set(plan.clear) == {"1.running_mean", "1.running_var"}
+    assert worker._plan_fields_problem(plan) is None
+    leaky = dataclasses.replace(plan, clear=(*plan.clear, "0.weight"))
+    assert "in the clear" in worker._plan_fields_problem(leaky)
+    worker = _Worker(PrivacyArgs(secure_aggregation=True))
+    worker.built.runner.trainer.model = model
+    assert "in the clear" in worker._plan_fields_problem(dataclasses.replace(plan, ratio=1.0, noise_std=0.0))

@@ -11,13 +11,14 @@ to each silo that holds some of them, then the synchronous round's messages amon
 (distributed/secure.py: keys, roster, shares, each party's plan with its discount, masked vectors,
 unmasking). The survivors' sum is the buffer's (DP's noise and accounting as in the standalone
 simulation); it is applied and recorded. A party that sends no keys (its silo gone, silent, or
-restarted and so without its upload) is taken out of the buffer, left out in the record, and the
-buffer fills again; one that leaves later is not in the sum and is named in the record's
-`not_summed`. A session below the crowd rules stops the run with the reason, nothing revealed, as a
-synchronous round does.
+restarted and so without its upload) or no shares, before any party masked, is taken out of the
+buffer, left out in the record, and the buffer fills again; one that leaves after it shared is not in
+the sum and is named in the record's `not_summed`. A session below the crowd rules stops the run
+with the reason, nothing revealed, as a synchronous round does.
 
 Each silo checks what it is asked against its own config (`SecureWorker`): the discount
-s(round - start version) of its staleness rule, `max_staleness`, and the crowd rules of a buffer of K.
+s(round - start version) of its staleness rule, `max_staleness`, a session of exactly the buffer's K
+parties (under DP, noise shares sized for K).
 A party masks each held upload at most once: a second session with it would let the server subtract
 two sums.
 
@@ -72,21 +73,35 @@ class BufferedSecure:
 
     def secure_after_keys(self) -> None:
         """A buffer's parties that sent no keys (their silos hold their updates no more: restarted,
-        or masked them already for a server that was then killed) are taken out of the buffer, which
-        fills again; with every party's keys in, the session goes on."""
+        or masked them already for a server that was then killed) leave the buffer; with every
+        party's keys in, the session goes on."""
         missing = (
             [p for p in self.sa_members() if p not in self.sa_keys] if self.sa_purpose == "buffer" else []
         )
-        if not missing:
-            super().secure_after_keys()
+        if missing:
+            self.leave_buffer(missing, "no keys for its secure sum")
             return
+        super().secure_after_keys()
+
+    def after_shares(self) -> None:
+        """A buffer's parties whose shares did not come (their silo gone or silent) leave the buffer
+        too: no party has masked its update yet, so each may take part in the next session."""
+        missing = [p for p in self.sa_keys if p not in self.sa_shares] if self.sa_purpose == "buffer" else []
+        if missing:
+            self.leave_buffer(missing, "no shares for its secure sum")
+            return
+        super().after_shares()
+
+    def leave_buffer(self, parties: list[int], why: str) -> None:
+        """The session is dropped before any party masked: `parties` are taken out of the buffer
+        (`BufferedRounds.unbuffer`, left out in the record), which fills again."""
         log.warning(
-            "round %d: parties %s sent no keys for their buffer's secure sum (their silos do not hold "
-            "those updates): left out, the buffer fills again",
+            "round %d: parties %s leave the buffer before its secure sum (%s); the buffer fills again",
             self.round_idx,
-            missing,
+            parties,
+            why,
         )
-        self.core.unbuffer(missing, "no keys for its secure sum")
+        self.core.unbuffer(parties, why)
         self.sa_purpose = "train"
         self._phase(BUFFERED, {r for r, tasks in self.tasks.items() if tasks})
         if not self.taking:

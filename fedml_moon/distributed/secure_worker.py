@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
+
+import torch
 
 from fedml_moon.buffering import buffer_shape
 from fedml_moon.core.fedbuff import discount
@@ -18,8 +21,22 @@ from fedml_moon.privacy.mod import secagg_params
 from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, plan_problem, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, pack
 from fedml_moon.privacy.secure_counts import counts_params, counts_vector
+from fedml_moon.registry import get_algorithm
 
 log = logging.getLogger(__name__)
+
+
+def finite(tree: Any) -> bool:
+    """Whether every tensor and number in an upload (nested dicts and lists) is finite."""
+    if isinstance(tree, torch.Tensor):
+        return not tree.is_floating_point() or bool(torch.isfinite(tree).all())
+    if isinstance(tree, dict):
+        return all(finite(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return all(finite(v) for v in tree)
+    if isinstance(tree, float):
+        return math.isfinite(tree)
+    return True
 
 
 class SecureWorker:
@@ -58,19 +75,29 @@ class SecureWorker:
             return
         config, round_idx = self.built.run_config, int(msg.get("round"))
         planned = secagg_params(config.privacy_args, buffer_shape(config)[1])
-        held, keys = getattr(self, "sa_held", {}), []
+        keys = []
         self.sa_round, self.sa_parties = round_idx, {}
         for item in msg.get("parties"):
-            party, mine = int(item["party"]), held.get(int(item["party"]))
-            if mine is None or mine["version"] != item["version"] or mine["version"] > round_idx:
-                log.warning(
-                    "rank %d holds no update of party %d from version %s", self.rank, party, item["version"]
-                )
-                continue
-            session = PartySession(party, round_idx, planned)
-            self.sa_parties[party] = {**mine, "session": session}
-            keys.append(keys_to_wire(party, session.advertise()))
+            party, mine = int(item["party"]), self._held_update(item, round_idx)
+            if mine is not None:
+                session = PartySession(party, round_idx, planned)
+                self.sa_parties[party] = {**mine, "session": session}
+                keys.append(keys_to_wire(party, session.advertise()))
         self.send(KEYS, 0, round=round_idx, keys=keys)
+
+    def _held_update(self, item: dict, round_idx: int) -> dict | None:
+        """The update this silo holds for `item` (party, start version), if it may enter round
+        `round_idx`'s sum: held and not masked yet, of that version (not after the round), finite."""
+        party, mine = int(item["party"]), getattr(self, "sa_held", {}).get(int(item["party"]))
+        if mine is None or mine["version"] != item["version"] or mine["version"] > round_idx:
+            log.warning(
+                "rank %d holds no update of party %d from version %s", self.rank, party, item["version"]
+            )
+            return None
+        if not finite(mine["upload"]):
+            log.error("rank %d: party %d's update is not finite: it takes no part in a sum", self.rank, party)
+            return None
+        return mine
 
     def secure_eval(self, round_idx: int, reports: list[dict], names: list[str]) -> None:
         """Keep each party's test counts as its vector and advertise fresh keys for their secure sum
@@ -128,6 +155,12 @@ class SecureWorker:
             problem = f"the roster says {msg.get('participants')} participants but names {len(digests)}"
 
         def share(held: dict, item: dict) -> dict:
+            size = buffer_shape(self.built.run_config)[1] if "version" in held else len(digests)
+            if problem is None and len(digests) != size:  # a buffer's update: exactly its K parties
+                raise SecAggError(
+                    f"round {self.sa_round}: the roster names {len(digests)} participants, not the buffer's "
+                    f"{size} (server_args.buffer_size): refusing to share"
+                )
             if problem is not None:
                 raise SecAggError(f"round {self.sa_round}: {problem}: refusing to share")
             session = held["session"]
@@ -184,7 +217,14 @@ class SecureWorker:
             session = held["session"]
             return pack(session.mask(held["counts"], inbox), session.params.encoding.k)
         plan, config = Plan.from_dict(raw), self.built.run_config
-        problem = plan_problem(plan, config.privacy_args, *self._expected_terms(held))
+        per_round, discounted = self._expected_terms(held)
+        problem = plan_problem(plan, config.privacy_args, per_round, discounted) or self._plan_fields_problem(
+            plan
+        )
+        if problem is None and "version" in held and plan.noise_std > 0 and plan.min_sum != per_round:
+            problem = (
+                f"the plan's noise share is sized for {plan.min_sum} parties, not the buffer's {per_round}"
+            )
         if problem is not None:
             raise PrivacyError(problem)
         session = held["session"]
@@ -196,6 +236,31 @@ class SecureWorker:
         if "version" in held:  # a held update is masked once: a second sum with it would reveal it
             getattr(self, "sa_held", {}).pop(session.party, None)
         return masked
+
+    def _plan_fields_problem(self, plan: Plan) -> str | None:
+        """What no server may choose for a party, from this worker's own config and model: the
+        algorithm's sums and training metrics; a ratio of 1 under DP and in a buffered run with
+        `buffer_weights: uniform` (a tiny ratio for the others would leave one party's update alone
+        in the sum); nothing summed in the clear (unclipped, unnoised) but the model's float buffers
+        under DP with `dp_buffers: average`."""
+        config = self.built.run_config
+        spec = get_algorithm(config.train_args.algorithm)
+        metrics = tuple(sorted({"loss", *spec.client.terms}))
+        if dict(plan.summed) != dict(spec.server.summed) or tuple(plan.metrics) != metrics:
+            return f"the plan's sums {plan.summed} or metrics {list(plan.metrics)} are not the algorithm's"
+        options, s = config.privacy_args, config.server_args
+        uniform = s.aggregation == "buffered" and s.buffer_weights == "uniform"
+        if (options.dp or uniform) and plan.ratio != 1.0:
+            return f"the plan's ratio {plan.ratio} is not 1 (every party weighs the same in this run)"
+        model = self.built.runner.trainer.model
+        params = {name for name, param in model.named_parameters() if param.requires_grad}
+        buffers = {k for k, v in model.state_dict().items() if v.is_floating_point() and k not in params}
+        allowed = buffers if options.dp and options.dp_buffers == "average" else set()
+        if set(plan.clear) - allowed:
+            return (
+                f"the plan sums {sorted(set(plan.clear) - allowed)[:5]} in the clear, outside DP's clipping"
+            )
+        return None
 
     def _expected_terms(self, held: dict) -> tuple[int, float]:
         """(the parties a sum is sized for, the staleness discount the update takes) from this

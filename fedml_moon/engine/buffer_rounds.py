@@ -73,6 +73,7 @@ class BufferedRounds:
         self.refused_stale = 0  # this buffer's updates refused as too stale
         self.rejected: dict[int, str] = {}  # this buffer's unusable uploads
         self.left_out = 0  # updates left out (too stale, unusable) since the last one kept
+        self.unbuffered = 0  # `remote`: updates taken out of the buffer since the last applied
         server.buffered = self  # its state goes into the server's checkpoint
 
     def state(self) -> dict[str, Any]:
@@ -91,7 +92,7 @@ class BufferedRounds:
             "plans": self.plans,
             "updates": self.updates,
             "left": self.left,
-            "counts": [self.refused_stale, self.left_out],
+            "counts": [self.refused_stale, self.left_out, self.unbuffered],
             "rejected": self.rejected,
             "draws": self.gen.bit_generator.state,
             "clock": None if self.clock is None else self.clock.state(),
@@ -110,7 +111,7 @@ class BufferedRounds:
         }
         self.plans = {int(p): [int(v), float(s)] for p, (v, s) in state.get("plans", {}).items()}
         self.updates, self.left = [list(u) for u in state["updates"]], [list(x) for x in state["left"]]
-        self.refused_stale, self.left_out = (int(c) for c in state["counts"])
+        self.refused_stale, self.left_out, self.unbuffered = (int(c) for c in [*state["counts"], 0][:3])
         self.rejected = {int(p): str(w) for p, w in state["rejected"].items()}
         self.gen.bit_generator.state = state["draws"]
         if self.clock is not None:
@@ -199,8 +200,16 @@ class BufferedRounds:
 
     def unbuffer(self, parties: list[int], why: str) -> None:
         """`remote`: take `parties`' updates out of the buffer before its secure sum (their silos
-        hold them no more): left out, `why`; the buffer fills again and the parties take work."""
+        hold them no more, or left its session before anyone masked): left out, `why`; the buffer
+        fills again and the parties take work. So many taken out since the last buffer applied that
+        no buffer could fill stop the run (BadUpload)."""
         buffer = self.buffer
+        self.unbuffered += len(parties)
+        if self.unbuffered >= LEFT_OUT_LIMIT * max(self.size, self.concurrency):
+            raise BadUpload(
+                f"round {self.version}: {self.unbuffered} updates taken out of the buffer before its secure "
+                f"sum since the last one applied ({why}: parties {sorted(parties)[:10]}), so no buffer fills"
+            )
         for party in parties:
             i = next(i for i, (q, _) in enumerate(buffer.kept) if q == party)
             del buffer.kept[i], buffer.staleness[i]
@@ -279,7 +288,7 @@ class BufferedRounds:
         extra.update(updates=self.updates, left_out=self.left)
         self.server.args.round_idx = round_idx
         self.version += 1
-        self.buffer, self.refused_stale, self.rejected = Buffer(), 0, {}
+        self.buffer, self.refused_stale, self.rejected, self.unbuffered = Buffer(), 0, {}, 0
         self.updates, self.left = [], []
         self.server.started = time.perf_counter()
         return round_idx, ordered, extra

@@ -204,10 +204,11 @@ def test_a_party_shares_only_in_a_session_of_its_buffers_k_parties(tmp_path):
     assert worker.sent[-1][0] == p.SHARES and worker.sent[-1][1]["shares"]
 
 
-def test_a_silo_that_never_sends_keys_stops_the_run_rather_than_stalling_it(tmp_path):
-    """A credentialed silo that says HELD for its party's update, then answers every session's
-    opening with no keys: its party leaves the buffer each time and takes work again; once so many
-    updates have left the buffer that no buffer fills, the run stops, naming why."""
+def test_silos_that_never_send_keys_stop_the_run_rather_than_stall_it(tmp_path):
+    """Credentialed silos that say HELD for their parties' updates, then answer every session's
+    opening with no keys: the parties leave the buffer each time and take work again; once so many
+    updates have left buffers (10 x max(K, concurrency)) with none applied, the run stops, naming
+    why."""
     manager, wire = _server(tmp_path, *BUFFERED, *SECURE, silos=4)
     silos = SecureSilos(manager, wire)
     for worker in silos.workers.values():

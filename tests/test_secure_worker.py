@@ -28,7 +28,7 @@ class _Worker(SecureWorker):
     def __init__(self, privacy) -> None:
         self.rank, self.sent = 1, []
         train = SimpleNamespace(client_num_per_round=3, algorithm="fedavg")
-        server = SimpleNamespace(aggregation="sync", buffer_weights="uniform")
+        server = SimpleNamespace(aggregation="sync", buffer_weights="uniform", party_weights="samples")
         config = SimpleNamespace(privacy_args=privacy, train_args=train, server_args=server)
         model = torch.nn.Module()
         model.w = torch.nn.Parameter(torch.zeros(3))  # the silo's model: what a plan may name
@@ -164,3 +164,16 @@ def test_a_party_checks_what_a_plan_sums_in_the_clear_against_its_own_model():
     worker = _Worker(PrivacyArgs(secure_aggregation=True))
     worker.built.runner.trainer.model = model
     assert "in the clear" in worker._plan_fields_problem(dataclasses.replace(plan, ratio=1.0, noise_std=0.0))
+
+
+def test_a_party_refuses_a_ratio_below_1_where_every_party_weighs_the_same_and_integer_entries_summed():
+    """Without DP and with sample-weighted parties any ratio in (0, 1] is the server's to set; with
+    `party_weights: uniform` every party's ratio is 1, and a plan giving one party less (a server
+    leaving another party alone in the sum) is refused. A plan that leaves out of the sum anything but
+    the model's integer entries is refused too."""
+    worker = _Worker(PrivacyArgs(secure_aggregation=True))
+    plan = _aggregation(worker.built.run_config.privacy_args).plan(0)
+    assert worker._plan_fields_problem(dataclasses.replace(plan, ratio=0.5)) is None
+    worker.built.run_config.server_args.party_weights = "uniform"
+    assert "ratio 0.5 is not 1" in worker._plan_fields_problem(dataclasses.replace(plan, ratio=0.5))
+    assert "leaves ['w'] out" in worker._plan_fields_problem(dataclasses.replace(plan, left_out=("w",)))

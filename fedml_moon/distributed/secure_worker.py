@@ -239,22 +239,34 @@ class SecureWorker:
 
     def _plan_fields_problem(self, plan: Plan) -> str | None:
         """What no server may choose for a party, from this worker's own config and model: the
-        algorithm's sums and training metrics; a ratio of 1 under DP and in a buffered run with
-        `buffer_weights: uniform` (a tiny ratio for the others would leave one party's update alone
-        in the sum); nothing summed in the clear (unclipped, unnoised) but the model's float buffers
-        under DP with `dp_buffers: average`."""
+        algorithm's sums and training metrics; a ratio of 1 wherever every party weighs the same (DP,
+        `party_weights: uniform`, a buffered run's `buffer_weights: uniform`, LG-FedAvg's uniform
+        mean): a tiny ratio for the others would leave one party's update alone in the sum; only the
+        model's integer entries left out; nothing summed in the clear (unclipped, unnoised) but the
+        model's entries that are not trained (BatchNorm's statistics) under DP with
+        `dp_buffers: average`."""
         config = self.built.run_config
         spec = get_algorithm(config.train_args.algorithm)
         metrics = tuple(sorted({"loss", *spec.client.terms}))
         if dict(plan.summed) != dict(spec.server.summed) or tuple(plan.metrics) != metrics:
             return f"the plan's sums {plan.summed} or metrics {list(plan.metrics)} are not the algorithm's"
         options, s = config.privacy_args, config.server_args
-        uniform = s.aggregation == "buffered" and s.buffer_weights == "uniform"
-        if (options.dp or uniform) and plan.ratio != 1.0:
+        uniform = (
+            options.dp
+            or getattr(s, "party_weights", "samples") == "uniform"
+            or (s.aggregation == "buffered" and s.buffer_weights == "uniform")
+            or getattr(getattr(config, "algorithm_args", None), "uniform_average", False)  # LG-FedAvg
+        )
+        if uniform and plan.ratio != 1.0:
             return f"the plan's ratio {plan.ratio} is not 1 (every party weighs the same in this run)"
         model = self.built.runner.trainer.model
+        state = model.state_dict()
+        if set(plan.left_out) != {k for k, v in state.items() if not v.is_floating_point()}:
+            return (
+                f"the plan leaves {sorted(plan.left_out)[:5]} out of the sum, not the model's integer entries"
+            )
         params = {name for name, param in model.named_parameters() if param.requires_grad}
-        buffers = {k for k, v in model.state_dict().items() if v.is_floating_point() and k not in params}
+        buffers = {k for k, v in state.items() if v.is_floating_point() and k not in params}
         allowed = buffers if options.dp and options.dp_buffers == "average" else set()
         if set(plan.clear) - allowed:
             return (

@@ -30,6 +30,22 @@ def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _standalone_and_mpi(config: Path, sets: list[str], tmp_path: Path) -> tuple[list[dict], list[dict]]:
+    """A 4-round buffered run standalone (in this process: a start-up saved) and in the MPI
+    simulation: the same final model (<= 1e-5: parties trained together or one by one) and metrics,
+    every record's updates and simulated second, some update stale; (standalone's, MPI's) records."""
+    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
+    with quiet_run(config, sets, ref.out_dir) as run:
+        run.loop.run()
+    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
+    assert mpi.ok, mpi.tail()
+    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
+    want, got = _records(ref.out_dir), _records(mpi.out_dir)
+    assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
+    assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
+    return want, got
+
+
 EVALUATED = {  # the parties report on evaluation rounds (distributed.buffered_eval)
     "moon-local-test": (CONFIG, ["validation_args.local_test=true"]),
     "lg-federated": (
@@ -61,15 +77,7 @@ def test_the_mpi_simulation_takes_updates_in_the_clocks_order(case, tmp_path):
         *evaluation,
     ]
     sets += ["train_args.party_speed=lognormal", "train_args.comm_round=4"]
-    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
-    with quiet_run(config, sets, ref.out_dir) as run:  # in this process: a start-up saved
-        run.loop.run()
-    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
-    assert mpi.ok, mpi.tail()
-    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
-    want, got = _records(ref.out_dir), _records(mpi.out_dir)
-    assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
-    assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
+    want, got = _standalone_and_mpi(config, sets, tmp_path)
     assert [r["left_out"] for r in got] == [
         r["left_out"] for r in want
     ]  # LG: warm-up tasks arriving after it
@@ -99,15 +107,7 @@ def test_the_mpi_simulation_sums_each_buffer_securely_to_the_standalone_model(tm
         "train_args.party_speed=lognormal",
         "train_args.comm_round=4",
     ]
-    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
-    with quiet_run(CONFIG, sets, ref.out_dir) as run:
-        run.loop.run()
-    mpi = conformance.run_mode("mpi-simulation", CONFIG, sets, tmp_path, timeout_s=180)
-    assert mpi.ok, mpi.tail()
-    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
-    want, got = _records(ref.out_dir), _records(mpi.out_dir)
-    assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
-    assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
+    want, got = _standalone_and_mpi(CONFIG, sets, tmp_path)
     assert [r.get("test_acc") for r in got] == pytest.approx([r.get("test_acc") for r in want], abs=1e-4)
     assert [r["round"] for r in got if "test_acc" in r] == [0, 2, 3]
 

@@ -170,6 +170,12 @@ class Buffer:
         self.staleness.append(int(staleness))
         self.kept.append((party, keep))
 
+    def remove(self, party: int, ratio: float = 1.0) -> None:
+        """Take `party`'s update (added with `ratio` and no addends: a secure sum's placeholder) out."""
+        i = next(i for i, (q, _) in enumerate(self.kept) if q == party)
+        del self.kept[i], self.staleness[i]
+        self.weight -= ratio
+
     def __len__(self) -> int:
         return len(self.staleness)
 

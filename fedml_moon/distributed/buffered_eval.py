@@ -57,8 +57,13 @@ class BufferedEvaluation:
             log.error("round %d was recorded already; it is not recorded again", self.round_idx)
             return
         self.record_buffer(reports, new_reports, summed)
+        self.back_to_buffered()
+
+    def back_to_buffered(self) -> None:
+        """Back to the buffered phase (from an evaluation's or a secure sum's phases): the updates
+        held meanwhile are taken, unless `take_arrived` is running (it goes on with them)."""
         self._phase(BUFFERED, {r for r, tasks in self.tasks.items() if tasks})
-        if not self.taking:  # the reports came in their own messages: take what arrived meanwhile
+        if not self.taking:  # the phase's answers came in their own messages: take what arrived meanwhile
             self.take_held()
 
     def take_held(self) -> None:

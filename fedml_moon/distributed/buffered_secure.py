@@ -31,13 +31,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fedml_moon.distributed.buffered_eval import BUFFERED
 from fedml_moon.distributed.protocol import OPEN
 from fedml_moon.privacy.sums import Sums
 
 log = logging.getLogger(__name__)
 KEYS_PHASE = "keys"
-SECURE_PHASES = (KEYS_PHASE, "share", "mask", "unmask")  # a secure session's phases
 
 
 class BufferedSecure:
@@ -103,18 +101,15 @@ class BufferedSecure:
         )
         self.core.unbuffer(parties, why)
         self.sa_purpose = "train"
-        self._phase(BUFFERED, {r for r, tasks in self.tasks.items() if tasks})
-        if not self.taking:
-            self.take_held()
+        self.back_to_buffered()
 
     def buffer_summed(self, sums: Sums) -> None:
         """The buffer's secure sum is in: apply it, then its record (and evaluation)."""
         self.sa_purpose = "train"
-        self.round_idx, self.ordered, self.buffer_extra = self.core.apply(sums)
+        applied = self.core.apply(sums)
         if self.missing:
-            self.buffer_extra["not_summed"] = list(self.missing)
-        self.aggregated = self.round_idx
-        self.buffer_applied()
+            applied[2]["not_summed"] = list(self.missing)
+        self.buffer_applied(applied)
 
     def keys_given_up(self, ranks: list[int], why: str) -> None:
         """Ranks that owe their parties' keys and are gone or silent: the session goes on without."""

@@ -231,14 +231,15 @@ class BufferedPhases(BufferedSecure, BufferedEvaluation, BufferedCheckpoints):
         if remote:
             self.sum_buffer()
             return
+        self.buffer_applied(applied)
+
+    def buffer_applied(self, applied: tuple[int, list, dict[str, Any]]) -> None:
+        """The buffer applied (`BufferedRounds.apply`: its round, parties, record fields): on an
+        evaluation round its parties report first (`RoundPhases.after_aggregate`, then
+        `BufferedEvaluation`); after a secure sum's phases the record brings the run back to the
+        buffered phase."""
         self.round_idx, self.ordered, self.buffer_extra = applied
         self.aggregated = self.round_idx
-        self.buffer_applied()
-
-    def buffer_applied(self) -> None:
-        """The buffer applied as round `round_idx`: on an evaluation round its parties report first
-        (`RoundPhases.after_aggregate`, then `BufferedEvaluation`); after a secure sum's phases the
-        record brings the run back to the buffered phase."""
         if self.rounds.needs_party_eval(self.round_idx):
             self.after_aggregate()  # EVAL to the silos; no task is sent before the record
             return

@@ -203,7 +203,6 @@ class BufferedRounds:
         hold them no more, or left its session before anyone masked): left out, `why`; the buffer
         fills again and the parties take work. So many taken out since the last buffer applied that
         no buffer could fill stop the run (BadUpload)."""
-        buffer = self.buffer
         self.unbuffered += len(parties)
         if self.unbuffered >= LEFT_OUT_LIMIT * max(self.size, self.concurrency):
             raise BadUpload(
@@ -211,9 +210,7 @@ class BufferedRounds:
                 f"sum since the last one applied ({why}: parties {sorted(parties)[:10]}), so no buffer fills"
             )
         for party in parties:
-            i = next(i for i, (q, _) in enumerate(buffer.kept) if q == party)
-            del buffer.kept[i], buffer.staleness[i]
-            buffer.weight -= 1.0
+            self.buffer.remove(party)
             start, _ = self.plans.pop(party)
             self.updates.remove([party, start])
             self.left.append([party, start, why, len(self.updates)])

@@ -90,10 +90,15 @@ class RefusalLog:
             reasons[key] += 1
             return False
 
-    def flush(self) -> None:
-        """Write the summaries of a window that has closed (call it from a timer; `refused` does too)."""
+    def flush(self) -> float | None:
+        """Write the summaries of a window that has closed (call it from a timer; `refused` does too).
+        Returns the seconds until the current window closes while it holds counted refusals (when
+        the timer must call again), else None."""
         with self._lock:
             self._roll()
+            if not self._held:
+                return None
+            return max(0.0, self._start + self.window_s - self.clock())
 
     def _roll(self) -> None:
         now = self.clock()

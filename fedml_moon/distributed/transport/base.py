@@ -200,14 +200,22 @@ class QueueTransport(BaseCommunicationManager):
         self.refusals.refused(source, what, reason)
         with self._flusher_lock:
             if self._flusher is None and self.running:
-                self._flusher = threading.Timer(self.refusals.window_s + 0.05, self._flush)
-                self._flusher.daemon = True
-                self._flusher.start()
+                self._flush_in(self.refusals.window_s)
+
+    def _flush_in(self, seconds: float) -> None:
+        """Start the flush timer (with `_flusher_lock` held)."""
+        self._flusher = threading.Timer(seconds + 0.05, self._flush)
+        self._flusher.daemon = True
+        self._flusher.start()
 
     def _flush(self) -> None:
+        # A window that a refusal opened after this timer started is still open: call again when
+        # it closes, else its counted refusals would wait for the next refusal to be summarised.
         with self._flusher_lock:
             self._flusher = None
-        self.refusals.flush()
+            due = self.refusals.flush()
+            if due is not None and self.running:
+                self._flush_in(due)
 
     def stop_receive_message(self) -> None:
         self.running = False

@@ -593,6 +593,8 @@ class TrackingArgs:
     """the W&B run's name; null: the output directory's name"""
     tensorboard: bool = False
     """also write the round metrics as TensorBoard event files in the run folder's tensorboard/"""
+    plots: bool = True
+    """draw partition.png and accuracy.png in the run folder; false: neither (their numbers are recorded)"""
     status_port: int | None = None
     """the server's status port (a page, /status.json, Prometheus /metrics); null: off; 0: any free port"""
     status_host: str = "127.0.0.1"

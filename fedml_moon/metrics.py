@@ -31,8 +31,10 @@ class RunRecorder:
         config: dict[str, Any],
         wandb_run: WandbRun | None = None,
         tensorboard: TensorBoardRun | None = None,
+        plots: bool = True,
     ) -> None:
         self.out_dir = Path(out_dir)
+        self.plots = plots  # accuracy.png as the run ends (tracking_args.plots)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         replace_earlier(self.out_dir)  # --overwrite: the earlier run's records go as this run starts
         self.config = config
@@ -126,7 +128,8 @@ class RunRecorder:
         (self.out_dir / "summary.json").write_text(json_line(summary, indent=2))
         self.publish(phase="finished" if status == "completed" else status)
         try:
-            self.plot(self.out_dir / "accuracy.png")
+            if self.plots:
+                self.plot(self.out_dir / "accuracy.png")
         except Exception:  # a plot must never cost the run its summary
             log.exception("could not draw the accuracy plot")
         if self.tensorboard is not None:

@@ -67,7 +67,8 @@ def read_run(out: Path) -> tuple[list[dict], dict]:
 @pytest.mark.parametrize("algorithm", ["moon", "fedavg", "fedprox", "solo", "fedssc", "scaffold"])
 def test_two_rounds_through_the_cli(tmp_path, algorithm):
     out = tmp_path / "run"
-    proc = forked(out, f"config/fashion_mnist/{algorithm}.yaml", *SMALL)
+    plots = algorithm != "solo"  # one run without its pictures (tracking_args.plots: false)
+    proc = forked(out, f"config/fashion_mnist/{algorithm}.yaml", *SMALL, f"tracking_args.plots={plots}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     records, summary = read_run(out)
     assert [r["round"] for r in records] == [0, 1]
@@ -82,7 +83,9 @@ def test_two_rounds_through_the_cli(tmp_path, algorithm):
     assert summary["status"] == "completed" and summary["final_test_acc"] == records[-1]["test_acc"]
     assert summary["best_test_acc"] == max(r["test_acc"] for r in records)
     assert summary["config"]["train_args"]["algorithm"] == algorithm
-    assert (out / "accuracy.png").stat().st_size > 0 and (out / "partition.png").stat().st_size > 0
+    pictures = (out / "accuracy.png", out / "partition.png")
+    drawn = [p.is_file() and p.stat().st_size > 0 for p in pictures]
+    assert drawn == [plots, plots] and (out / "partition.json").is_file()
     if algorithm == "moon":
         assert records[0]["l_con"] == 0.0 and records[1]["l_con"] > 0.0
     if algorithm == "solo":

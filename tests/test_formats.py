@@ -82,6 +82,32 @@ def test_read_idx_rejects_bad_files(tmp_path: Path) -> None:
         read_idx(tmp_path / "cut.gz")
 
 
+def test_a_large_gzip_file_is_decoded_once_and_read_again_when_written_again(tmp_path, monkeypatch):
+    """What `read_idx` keeps is keyed by the bytes read: the same file written again in place (same
+    name, inode and size, within the same clock tick) reads as its new content; each caller's array
+    is its own; a corrupt stream is refused, kept or not."""
+    from fedml_moon.data import idx
+
+    monkeypatch.setattr(idx, "_kept", {})
+    path = tmp_path / "images.gz"
+    first = RNG.integers(0, 256, (1500, 28, 28), dtype=np.uint8)  # random bytes: ~1.2 MB compressed
+    _write_idx(path, first, gz=True)
+    assert path.stat().st_size >= idx.KEPT_FROM_BYTES
+    a, b = read_idx(path), read_idx(path)
+    assert len(idx._kept) == 1 and np.array_equal(a, first) and np.array_equal(b, first)
+    a[0, 0, 0] ^= 0xFF  # a caller's change stays its own
+    assert np.array_equal(read_idx(path), first) and a.flags.writeable
+    second = first.copy()
+    second[700, 14, 14] ^= 0xFF
+    inode, size = path.stat().st_ino, path.stat().st_size
+    _write_idx(path, second, gz=True)
+    assert (path.stat().st_ino, path.stat().st_size) == (inode, size)
+    assert np.array_equal(read_idx(path), second)
+    path.write_bytes(path.read_bytes()[: idx.KEPT_FROM_BYTES + 10])
+    with pytest.raises(DataFileError, match="images.gz: the gzip stream is truncated or corrupt"):
+        read_idx(path)
+
+
 @pytest.mark.parametrize(
     "sub,gz", [("", True), ("raw", False), ("FashionMNIST/raw", True), ("MNIST/raw", False)]
 )

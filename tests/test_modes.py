@@ -47,6 +47,7 @@ PARTIES = [  # the conformance suite's tiny run on the whole of each party's fol
     *site_sets(),
     "data_args.dataset=imagefolder",
     "data_args.partition_method=natural",
+    "tracking_args.plots=true",  # where the partition is drawn (once, by the server, in the simulations)
 ]
 
 

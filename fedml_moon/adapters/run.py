@@ -241,7 +241,8 @@ def build_base(
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = True
     if fed.ids:  # a silo of a simulated partition holds the server's: drawn once, by the server
-        show_partition(fed, cfg.data_args, out_dir if role != "silo" or own_data(cfg) else None)
+        drawn = cfg.tracking_args.plots and (role != "silo" or own_data(cfg))
+        show_partition(fed, cfg.data_args, out_dir if drawn else None)
     dataset = build_fedml_dataset(
         fed.data,
         fed.train_parts,
@@ -279,7 +280,8 @@ def build_server(base: Base, out_dir: Path) -> Any:
         claims = partition_claims(base)
     make_privacy = privacy_factory(base, aggregator, out_dir) if cfg.privacy_args.on else None
     config = config_to_dict(cfg)
-    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config), _tensorboard(cfg, out_dir))
+    plots = cfg.tracking_args.plots
+    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config), _tensorboard(cfg, out_dir), plots)
     rounds = ServerRounds(
         aggregator,
         recorder,

@@ -42,6 +42,7 @@ TINY = [
     "train_args.learning_rate=0.05",
     "train_args.state_store=disk",
     "tracking_args.enable_wandb=false",
+    "tracking_args.plots=false",  # what is compared is in the records; a picture costs a run 0.5 s
     "validation_args.local_test=true",
 ]
 MPI_WORKERS = 2

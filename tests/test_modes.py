@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the same engine; the example plugin's `fedml-moon check` (tests/test_contributor_kit.py) runs a
 # FedProx, on FedAvg's server, through every mode.
 ALGORITHMS = {
-    "moon": ("config/fashion_mnist/moon.yaml", []),
+    "moon": ("config/fashion_mnist/moon.yaml", ["tracking_args.plots=true"]),  # the others draw none
     "fedssc": ("config/fashion_mnist/fedssc.yaml", []),
     "scaffold": ("config/fashion_mnist/scaffold.yaml", []),
     "lg": (  # one FedAvg warm-up round, then LG rounds (local layers stay with their party)
@@ -47,7 +47,6 @@ PARTIES = [  # the conformance suite's tiny run on the whole of each party's fol
     *site_sets(),
     "data_args.dataset=imagefolder",
     "data_args.partition_method=natural",
-    "tracking_args.plots=true",  # where the partition is drawn (once, by the server, in the simulations)
 ]
 
 
@@ -70,6 +69,7 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
     assert ref.ok, ref.tail()
     ref_states = conformance.party_states(ref.out_dir)
     ref_digest = json.loads((ref.out_dir / "summary.json").read_text())["final_model_sha256"]
+    assert _pictures(ref.out_dir) == _drawn("standalone", "tracking_args.plots=true" in extra, ref.out_dir)
     trained = {p for chosen in sample_schedule(3, 2, 3, seed=0) for p in chosen}
     assert sorted(ref_states) == sorted(f"party_{p}.pt" for p in trained)
     for mode in conformance.MODES[1:]:
@@ -80,9 +80,7 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
         assert not problems, f"{mode}: {problems[:5]}"
         digest = json.loads((run.out_dir / "summary.json").read_text())["final_model_sha256"]
         assert digest == ref_digest, f"{mode}: another final model digest in summary.json"
-        if mode == "mpi-simulation":  # a simulated partition, the server's: drawn once, by the server
-            drawn = sorted(p.relative_to(run.out_dir) for p in run.out_dir.rglob("partition.png"))
-            assert drawn == [Path("partition.png")], drawn
+        assert _pictures(run.out_dir) == _drawn(mode, "tracking_args.plots=true" in extra, run.out_dir), mode
         states = conformance.party_states(run.out_dir)  # each party's state, wherever its worker kept it
         assert states.keys() == ref_states.keys(), mode
         assert all(conformance.same_tree(ref_states[k], states[k]) for k in states), (
@@ -90,3 +88,21 @@ def test_same_model_and_metrics_in_every_mode(algorithm, tmp_path, loopback_serv
         )
     counts = load_partition_file(ref.out_dir / "partition.json").counts.tolist()
     assert [sum(1 for n in row if n) for row in counts] == [8, 6, 5]  # each party's own class mix
+
+
+def _pictures(out: Path) -> list[str]:
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*.png"))
+
+
+def _drawn(mode: str, plots: bool, out: Path) -> list[str]:
+    """The pictures a run draws: none with tracking_args.plots false, in any process; else the
+    accuracy curve at the top and the partition once: the server's in the simulations (where the
+    partition is the server's), each silo's own under rank-<r>/ in the cross-silo modes (where each
+    silo reads its own party's folder and the server holds no data)."""
+    if not plots:
+        return []
+    if mode in ("standalone", "mpi-simulation"):
+        return ["accuracy.png", "partition.png"]
+    silos = sorted(p.name for p in out.glob("rank-*") if p.name != "rank-0")
+    assert len(silos) == 3, silos
+    return sorted(["accuracy.png", *(f"{silo}/partition.png" for silo in silos)])

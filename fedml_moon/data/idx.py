@@ -55,7 +55,7 @@ def read_idx(path: Path) -> np.ndarray:
 
     A process decompresses a gzip file of `KEPT_FROM_BYTES` or more once and keeps its array, keyed
     by the digest of the bytes just read, so a file written again is decoded again (Fashion-MNIST's
-    training images: a quarter of a second to decompress, 30 ms to digest; `fedml-moon check` runs
+    training images: a quarter of a second to decompress, 40 ms to digest; `fedml-moon check` runs
     a dozen runs in one process). Each call returns an array of its own.
     """
     with open(path, "rb") as f:

@@ -89,7 +89,7 @@ INTROS = {
     "validation_args": "When the global model is evaluated, and whether each party's own model is too.",
     "device_args": "Where training runs (the CPU or a CUDA device) and PyTorch's threads.",
     "comm_args": "The distributed modes' transport: timeouts, quorum, gRPC, MQTT + S3, TLS, authentication.",
-    "tracking_args": "Logging to Weights & Biases.",
+    "tracking_args": "What a run writes beside its records: W&B, TensorBoard, pictures, status ports.",
     "server_args": "The server's step: server momentum (FedAvgM), Byzantine-robust and buffered aggregation.",
     "privacy_args": "Secure aggregation and client-level differential privacy, both off by default.",
     ALGORITHM_ARGS: "The options of the algorithm train_args.algorithm names; each has its own keys.",

@@ -106,6 +106,14 @@ def test_a_large_gzip_file_is_decoded_once_and_read_again_when_written_again(tmp
     path.write_bytes(path.read_bytes()[: idx.KEPT_FROM_BYTES + 10])
     with pytest.raises(DataFileError, match="images.gz: the gzip stream is truncated or corrupt"):
         read_idx(path)
+    other = tmp_path / "other.gz"  # what is kept stays within KEPT_BYTES: the oldest go first
+    _write_idx(other, first[:1400], gz=True)
+    monkeypatch.setattr(idx, "KEPT_BYTES", first.nbytes + 10)
+    assert np.array_equal(read_idx(other), first[:1400])
+    assert [a.shape for a in idx._kept.values()] == [(1400, 28, 28)]
+    monkeypatch.setattr(idx, "KEPT_BYTES", first.nbytes - 1)  # a file larger than that is not kept
+    _write_idx(path, first, gz=True)
+    assert np.array_equal(read_idx(path), first) and len(idx._kept) == 1
 
 
 @pytest.mark.parametrize(

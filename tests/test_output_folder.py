@@ -43,7 +43,8 @@ def test_a_second_run_into_a_folder_is_refused_and_overwrite_replaces(tmp_path, 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     out = tmp_path / "run"
     with restored_main() as main:
-        assert main(_argv(out, rounds=2)) == 0
+        assert main([*_argv(out, rounds=2), "--set", "tracking_args.plots=true"]) == 0
+        assert (out / "partition.png").is_file() and (out / "accuracy.png").is_file()
         before = _files(out)
         assert earlier_records(out) == ["metrics.jsonl", "summary.json", "final_model.pt", "checkpoint/"]
         capsys.readouterr()
@@ -57,6 +58,7 @@ def test_a_second_run_into_a_folder_is_refused_and_overwrite_replaces(tmp_path, 
         assert main([*_argv(out), "--overwrite"]) == 0
     records = (out / "metrics.jsonl").read_text().splitlines()
     assert len(records) == 1  # the new run's one round, not the earlier run's two
+    assert not list(out.glob("*.png"))  # drawing none (tracking_args.plots: false), it left none
     assert sorted(p.name for p in (out / "checkpoint").iterdir() if p.name.startswith("round-")) == [
         "round-0"
     ]

@@ -243,6 +243,9 @@ def build_base(
     if fed.ids:  # a silo of a simulated partition holds the server's: drawn once, by the server
         drawn = cfg.tracking_args.plots and (role != "silo" or own_data(cfg))
         show_partition(fed, cfg.data_args, out_dir if drawn else None)
+    if not cfg.tracking_args.plots:  # no earlier run's picture beside this run's records
+        for name in ("partition.png", "accuracy.png"):
+            (Path(out_dir) / name).unlink(missing_ok=True)
     dataset = build_fedml_dataset(
         fed.data,
         fed.train_parts,

@@ -15,7 +15,7 @@ from fedml_moon.data.file_error import DataFileError
 
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 KEPT_FROM_BYTES = 1 << 20  # a gzip file this large is decompressed once per process (`read_idx`)
-KEPT_FILES = 4  # ... and at most this many such files are kept (a data set's four)
+KEPT_BYTES = 1 << 27  # ... while the arrays kept hold at most 128 MiB (Fashion-MNIST's images: 55 MB)
 _kept: dict[bytes, np.ndarray] = {}  # the compressed bytes' BLAKE2b digest -> its array, read-only
 _kept_lock = threading.Lock()
 
@@ -56,7 +56,8 @@ def read_idx(path: Path) -> np.ndarray:
     A process decompresses a gzip file of `KEPT_FROM_BYTES` or more once and keeps its array, keyed
     by the digest of the bytes just read, so a file written again is decoded again (Fashion-MNIST's
     training images: a quarter of a second to decompress, 40 ms to digest; `fedml-moon check` runs
-    a dozen runs in one process). Each call returns an array of its own.
+    a dozen runs in one process). The arrays kept hold at most `KEPT_BYTES` (the oldest go first; a
+    larger file is not kept). Each call returns an array of its own.
     """
     with open(path, "rb") as f:
         head = f.read(4 + 4 * 255)  # the longest header
@@ -70,14 +71,17 @@ def read_idx(path: Path) -> np.ndarray:
     key = hashlib.blake2b(raw, digest_size=32).digest()
     with _kept_lock:
         kept = _kept.get(key)
-    if kept is None:
-        kept = _idx_array(path, _gunzip(path, raw))
+    if kept is not None:
+        return kept.copy()
+    array = _idx_array(path, _gunzip(path, raw))
+    if array.nbytes <= KEPT_BYTES:
+        kept = array.copy()
         kept.flags.writeable = False
         with _kept_lock:
-            while len(_kept) >= KEPT_FILES:
+            while _kept and sum(a.nbytes for a in _kept.values()) + kept.nbytes > KEPT_BYTES:
                 _kept.pop(next(iter(_kept)))  # the oldest
             _kept[key] = kept
-    return kept.copy()
+    return array
 
 
 def _gunzip(path: Path, raw: bytes) -> bytes:

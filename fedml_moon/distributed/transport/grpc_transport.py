@@ -291,7 +291,7 @@ class GrpcServerTransport(FramesIn, QueueTransport):
         before = outbox.dropped
         outbox.put(data, heartbeat=heartbeat)
         if outbox.dropped > before:
-            self.refusals.refused(
+            self.refuse(
                 f"rank {receiver}",
                 f"dropped {outbox.dropped - before} of the oldest frames waiting for rank {receiver}, which "
                 f"is not reading them ({outbox.max_frames} frames at most wait per silo)",

@@ -122,3 +122,15 @@ def test_a_party_refuses_a_plan_that_is_not_what_its_run_asks(change, named):
     bad = Plan(**{**plan.to_dict(), **change})
     assert named in plan_problem(bad, options, 9)
     assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_a_buffers_party_refuses_noise_sized_for_fewer_than_its_k():
+    """A synchronous round's plan may size its noise for its quorum (min_sum 5 of 9); a buffer's sum
+    is always of its K parties, so a party of a buffer takes no other min_sum (`exact`)."""
+    options = PrivacyArgs(secure_aggregation=True, dp_clip_norm=1.0, dp_noise_multiplier=2.0)
+    privacy = PrivateAggregation(options, {"model": "update"}, dict.fromkeys(range(9), 1.0), 9, quorum=5)
+    plan = privacy.plan(0)
+    assert plan.min_sum == 5 and plan_problem(plan, options, 9) is None
+    assert "sized for 5 parties, not the buffer's 9" in plan_problem(plan, options, 9, exact=True)
+    whole = PrivateAggregation(options, {"model": "update"}, dict.fromkeys(range(9), 1.0), 9, quorum=9)
+    assert plan_problem(whole.plan(0), options, 9, exact=True) is None

@@ -218,13 +218,9 @@ class SecureWorker:
             return pack(session.mask(held["counts"], inbox), session.params.encoding.k)
         plan, config = Plan.from_dict(raw), self.built.run_config
         per_round, discounted = self._expected_terms(held)
-        problem = plan_problem(plan, config.privacy_args, per_round, discounted) or self._plan_fields_problem(
-            plan
-        )
-        if problem is None and "version" in held and plan.noise_std > 0 and plan.min_sum != per_round:
-            problem = (
-                f"the plan's noise share is sized for {plan.min_sum} parties, not the buffer's {per_round}"
-            )
+        problem = plan_problem(
+            plan, config.privacy_args, per_round, discounted, exact="version" in held
+        ) or self._plan_fields_problem(plan)
         if problem is not None:
             raise PrivacyError(problem)
         session = held["session"]

@@ -98,11 +98,14 @@ class PartyVector:
     norm: float = 0.0  # the clipped part's L2 norm before clipping
 
 
-def plan_problem(plan: Plan, options: PrivacyArgs, per_round: int, discount: float = 1.0) -> str | None:
+def plan_problem(
+    plan: Plan, options: PrivacyArgs, per_round: int, discount: float = 1.0, exact: bool = False
+) -> str | None:
     """Why a plan the server sent is not what the run's `privacy_args` ask of this party (its own copy
     of the shared settings): another clipping norm, another noise share than sigma C / sqrt(min_sum),
-    a min_sum outside [1, per_round] (client_num_per_round; a buffered run's buffer_size), or another
-    staleness discount than `discount` (1 in a synchronous round); None when it is."""
+    a min_sum outside [1, per_round] (client_num_per_round; a buffered run's buffer_size), other than
+    per_round with `exact` (a buffer's sum is always of its K parties), or another staleness discount
+    than `discount` (1 in a synchronous round); None when it is."""
     if plan.secure != options.secure_aggregation or plan.clip != options.dp_clip_norm:
         return f"the plan's clip {plan.clip} or secure {plan.secure} is not the run's privacy_args"
     if not math.isclose(plan.discount, discount, rel_tol=1e-12):
@@ -111,6 +114,8 @@ def plan_problem(plan: Plan, options: PrivacyArgs, per_round: int, discount: flo
         return None if plan.noise_std == 0 else f"the plan asks for noise {plan.noise_std} the server adds"
     if not 1 <= plan.min_sum <= per_round:
         return f"the plan's min_sum {plan.min_sum} is not in [1, {per_round}] (the parties a round sums)"
+    if exact and plan.min_sum != per_round:
+        return f"the plan's noise share is sized for {plan.min_sum} parties, not the buffer's {per_round}"
     want = noise_std(options.dp_clip_norm, options.dp_noise_multiplier, plan.min_sum)
     if not math.isclose(plan.noise_std, want, rel_tol=1e-9):
         return f"the plan's noise share {plan.noise_std} is not sigma C / sqrt({plan.min_sum}) = {want}"

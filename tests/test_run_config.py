@@ -16,6 +16,17 @@ ROOT = Path(__file__).resolve().parent.parent
 GRPC = ROOT / "config" / "modes" / "moon_cross_silo_grpc.yaml"
 
 
+@pytest.mark.parametrize(("server_plots", "silo_plots"), [(False, True), (True, False)])
+def test_whether_a_site_draws_its_pictures_is_its_own_setting(server_plots, silo_plots):
+    """tracking_args.plots is each process's own: the server's value is not in what it shares, and a
+    silo that takes the server's settings keeps its own either way."""
+    server = load_config(GRPC, [f"tracking_args.plots={server_plots}"])
+    silo = load_config(GRPC, [f"tracking_args.plots={silo_plots}"])
+    shared = shared_config(server)
+    assert not [key for key in shared if key.startswith("tracking_args")]
+    assert with_shared(silo, shared).tracking_args.plots is silo_plots
+
+
 def test_a_silo_takes_the_servers_shared_settings_and_keeps_its_own_local_ones(tmp_path):
     server = load_config(ROOT / "config" / "fashion_mnist" / "fedprox.yaml", ["train_args.learning_rate=0.3"])
     silo = load_config(

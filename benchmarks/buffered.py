@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 
 log = logging.getLogger("buffered")
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"

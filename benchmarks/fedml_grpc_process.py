@@ -113,6 +113,7 @@ def _quiet_fedml(setup):
 if __name__ == "__main__":
     deploy.make_transport = _fedml_transport
     from fedml_moon import cli
+    from fedml_moon.cli import train
 
-    cli._setup_logging = _quiet_fedml(cli._setup_logging)
+    cli.setup_logging = train.setup_logging = _quiet_fedml(train.setup_logging)
     sys.exit(cli.main(sys.argv[1:]))

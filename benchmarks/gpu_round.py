@@ -48,7 +48,7 @@ import torch
 
 from fedml_moon.algorithms.base import PartyRound
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
-from fedml_moon.config_schema import TrainArgs
+from fedml_moon.config.schema import TrainArgs
 from fedml_moon.core.models import build_model
 from fedml_moon.core.partition import dirichlet_partition
 from fedml_moon.data.datasets import DatasetTensors, load_dataset

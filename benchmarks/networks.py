@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.conformance.inprocess import quiet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from fedml_moon.adapters.run import Assembled, assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 
 log = logging.getLogger("robust_aggregation")
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"

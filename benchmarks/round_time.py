@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from fedml_moon.adapters.run import Assembled, assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.core.aggregation import weighted_average
 from fedml_moon.core.losses import model_contrastive_loss
 

@@ -8,7 +8,7 @@ every round; 1 local epoch, 3 rounds, `data_args.max_train_samples=6000` (600 pe
 `data_args.max_test_samples=1000`, `device_args.torch_threads=1` in every process, and
 `validation_args.local_test=false` in both runs (secure aggregation refuses local test), so the two
 runs differ only in secure aggregation: SecAgg (every other party a neighbour) by default, SecAgg+
-with `--neighbours k`, and the extra message rounds of fedml_moon/distributed/secure.py.
+with `--neighbours k`, and the extra message rounds of fedml_moon/distributed/server/secure.py.
 
 From each run's metrics.jsonl the last round is taken (round 0 includes start-up); printed per run:
   - round_time_s: the round's wall clock on the server;

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from fedml_moon.adapters.run import Assembled, assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 
 log = logging.getLogger("shared_cpu")
 CONFIG = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "moon.yaml"

@@ -36,7 +36,7 @@ log = logging.getLogger("silo_round")
 def local_round(folder: Path, extra: list[str], group=None) -> tuple[float, dict]:
     """Party 0's round 1 after a round 0 (untimed): (seconds, its upload's model)."""
     from fedml_moon.adapters.run import assemble
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
     from fedml_moon.engine.data_parallel import active
 
     sets = ["tracking_args.enable_wandb=false", "device_args.torch_threads=1", *extra]

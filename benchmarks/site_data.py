@@ -57,7 +57,7 @@ def timed_load(folder: Path, channels: int, image_size: int, threads: int) -> fl
     code = f"""
 import json, os, time
 os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:{threads}])) if {threads} else None
-from fedml_moon.config_schema import DataArgs
+from fedml_moon.config.schema import DataArgs
 from fedml_moon.data.site import load_site
 from tests.site_data import CLASSES
 args = DataArgs(dataset="imagefolder", data_cache_dir={str(folder)!r}, classes=CLASSES,

@@ -32,7 +32,7 @@ PARTS = "import fedml_moon.distributed.managers, fedml_moon.adapters.trainer, fe
 STEP = (
     "import torch\n"
     "from fedml_moon.algorithms.base import make_optimizer\n"
-    "from fedml_moon.config_schema import TrainArgs\n"
+    "from fedml_moon.config.schema import TrainArgs\n"
     "model = torch.nn.Linear(784, 10)\n"
     "opt = {}\n"
     "opt.zero_grad(); model(torch.randn(64, 784)).sum().backward(); opt.step()\n"

@@ -26,7 +26,7 @@ from fedml_moon.algorithms.fedssc import FedSSCClient, FedSSCOptions, FedSSCServ
 from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
 from fedml_moon.algorithms.scaffold import ScaffoldClient, ScaffoldOptions, ScaffoldServer
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.validate import terms_problem
 from fedml_moon.plugins import import_attribute
 

@@ -21,8 +21,8 @@ if [[ "$1" =~ ^[0-9]+$ ]]; then
 else
   NP=$("$ROOT/.venv/bin/python" -c '
 import sys
-from fedml_moon.cli import mpi_ranks
-from fedml_moon.config import ConfigError
+from fedml_moon.cli.train import mpi_ranks
+from fedml_moon.config.load import ConfigError
 try:
     print(mpi_ranks(sys.argv[1:]))
 except ConfigError as err:

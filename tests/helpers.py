@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedml_moon.config_schema import TrainArgs
+from fedml_moon.config.schema import TrainArgs
 from fedml_moon.core.models import build_model
 
 TINY_RUN = [  # a standalone run of seconds: the conformance kit's tiny setting on 450 + 100 images

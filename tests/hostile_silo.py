@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedml_moon.adapters.run import build_base, partition_claims  # noqa: E402
-from fedml_moon.config import load_config  # noqa: E402
+from fedml_moon.config.load import load_config  # noqa: E402
 from fedml_moon.distributed import managers as m  # noqa: E402
 from fedml_moon.distributed.deploy import make_transport, shared_config, worker_count  # noqa: E402
 from fedml_moon.registry import get_algorithm  # noqa: E402

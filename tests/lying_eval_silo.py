@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedml_moon.cli import main  # noqa: E402
 from fedml_moon.distributed.protocol import REPORT  # noqa: E402
-from fedml_moon.distributed.secure_worker import SecureWorker  # noqa: E402
+from fedml_moon.distributed.silo.secure import SecureWorker  # noqa: E402
 
 LIE = 10**6
 _honest_eval = SecureWorker.secure_eval

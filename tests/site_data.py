@@ -35,7 +35,7 @@ def site_sets(extra: dict[str, str] | None = None) -> list[str]:
 
 def site_args(**kw):
     """Checked `DataArgs` of a grey 28x28 image-folder site with these classes (`kw` replaces any)."""
-    from fedml_moon.config_schema import DataArgs
+    from fedml_moon.config.schema import DataArgs
 
     base = {"classes": CLASSES, "image_size": 28, "channels": 1, "dataset": "imagefolder"}
     args = DataArgs(**{**base, **kw})

@@ -16,7 +16,7 @@ from fedml_moon import registry
 from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import NoOptions, ServerAlgorithm
 from fedml_moon.algorithms.baselines import FedAvgClient
-from fedml_moon.config import ConfigError, load_config
+from fedml_moon.config.load import ConfigError, load_config
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests.test_formats import _write_mnist

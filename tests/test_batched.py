@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import ClientAlgorithm, Context, PartyRound, add_rows
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.core.batched import StackedSGD, auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.core.validate import tensor_leaves

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedml_moon.algorithms.base import PartyRound
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.core.models import build_model
 from fedml_moon.core.partition import dirichlet_partition
 from fedml_moon.data.datasets import DatasetTensors

@@ -17,8 +17,8 @@ import torch
 from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import ServerAlgorithm
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError, ServerArgs
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError, ServerArgs
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount, party_durations, read_times
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.privacy.sums import Sums, contribution
@@ -109,7 +109,7 @@ def read_once():
 
 def _run(tmp_path: Path, name: str, sets: list[str], monkeypatch, spy: list | None = None):
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     run = assemble(load_config(CONFIGS / f"{name}.yaml", [*TINY, *sets]), tmp_path)
     if spy is not None:  # every local round: (party, what it was sent, its upload), in training order
         train_many = run.loop.runner.train_many
@@ -320,7 +320,7 @@ def test_unusable_updates_are_left_out_and_a_buffer_that_cannot_fill_stops_the_r
     from fedml_moon.errors import BadUpload
 
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
 
     def poisoned(run, bad):
         honest = run.loop.runner.train_many
@@ -351,7 +351,7 @@ def test_a_resumed_synchronous_run_keeps_its_simulated_clock(tmp_path, monkeypat
     """A synchronous run with party_speed, stopped in round 2 and resumed from its round-1
     checkpoint, records the uninterrupted run's sim_time_s: the clock is replayed to where it stopped."""
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     sets = [
         *TINY,
         "train_args.comm_round=3",
@@ -405,7 +405,7 @@ def test_a_buffered_run_stopped_and_resumed_is_the_same_run(speed, stop_in, tmp_
     checkpoints hold jobs in flight, some trained; at constant speed the three updates of an instant
     fill a buffer and begin the next, so they hold a part-filled buffer too."""
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     sets = [*TINY, *BUFFERED, "train_args.client_num_in_total=4", "train_args.client_num_per_round=3"]
     sets += ["server_args.buffer_size=2", f"train_args.party_speed={speed}", "train_args.comm_round=5"]
     cfg = load_config(CONFIGS / "moon.yaml", [*sets, "train_args.checkpoint_every=1"])

@@ -1,4 +1,4 @@
-"""The parties' own evaluation in a distributed buffered run (distributed/buffered_eval.py), on the
+"""The parties' own evaluation in a distributed buffered run (distributed/server/buffered_eval.py), on the
 in-process server of tests/test_buffered_resume.py (3 silos of one party, K = 2, all training at
 once, the parties' local tests every other round and on the last): a buffer applied on an
 evaluation round is recorded with its parties' reports before any update goes into the next

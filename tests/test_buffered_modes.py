@@ -46,7 +46,7 @@ def _standalone_and_mpi(config: Path, sets: list[str], tmp_path: Path) -> tuple[
     return want, got
 
 
-EVALUATED = {  # the parties report on evaluation rounds (distributed.buffered_eval)
+EVALUATED = {  # the parties report on evaluation rounds (distributed.server.buffered_eval)
     "moon-local-test": (CONFIG, ["validation_args.local_test=true"]),
     "lg-federated": (
         ROOT / "config" / "fashion_mnist" / "lg.yaml",
@@ -89,7 +89,7 @@ def test_the_mpi_simulation_takes_updates_in_the_clocks_order(case, tmp_path):
 
 
 def test_the_mpi_simulation_sums_each_buffer_securely_to_the_standalone_model(tmp_path):
-    """Secure aggregation (distributed.buffered_secure): 4 parties at lognormal speeds, all training
+    """Secure aggregation (distributed.server.buffered_secure): 4 parties at lognormal speeds, all training
     at once, K = 3, federated evaluation every other round (the parties' test counts in a secure sum
     of their own). The MPI simulation's silos hold their uploads, each buffer is a secure sum among
     its parties over MPI, and the run ends with the standalone run's model, its updates and simulated

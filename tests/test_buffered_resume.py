@@ -1,5 +1,5 @@
 """A distributed buffered server killed at any moment and started again with --resume
-(distributed/buffered_checkpoint.py) ends with the run never interrupted: bitwise its final model,
+(distributed/server/buffered_checkpoint.py) ends with the run never interrupted: bitwise its final model,
 its records and the server algorithm's state. Updates that arrived before the checkpoint are kept;
 those after it are lost with the server and trained again; no task is taken twice, even when a silo
 still answers, to the new server, a task the old one sent.
@@ -10,7 +10,7 @@ from the server as they were sent (a TRAIN answered with the model it was sent, 
 rank, its training loss 0.1 x its rank; a CHECKPOINT with CHECKPOINTED; an EVAL with its party's
 local test, a figure of its rank and the round), the ranks in turn. With the parties' own tests
 (`EVALUATED`: every other round and the last), an evaluation round holds the updates that arrive
-until its record (distributed/buffered_eval.py), and the same holds. Under DP without secure
+until its record (distributed/server/buffered_eval.py), and the same holds. Under DP without secure
 aggregation the noise is drawn afresh by each server: the resumed run takes the same updates, and
 its accountant charges every sum released."""
 

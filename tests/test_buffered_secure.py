@@ -1,4 +1,4 @@
-"""Secure aggregation in a distributed buffered run (distributed/buffered_secure.py): each buffer is a
+"""Secure aggregation in a distributed buffered run (distributed/server/buffered_secure.py): each buffer is a
 secure sum among its parties, whose uploads never leave their silos.
 
 The server manager runs in this process on a tiny real run (FedAvg, 4 silos of one party each, all
@@ -19,8 +19,8 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
-from fedml_moon.distributed.secure import keys_to_wire
-from fedml_moon.distributed.secure_worker import SecureWorker
+from fedml_moon.distributed.secure_wire import keys_to_wire
+from fedml_moon.distributed.silo.secure import SecureWorker
 from fedml_moon.privacy.party import PrivacyError
 from fedml_moon.privacy.secagg import PartySession
 from tests.test_buffered_resume import CLOCK, Silos, _finish

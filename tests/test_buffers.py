@@ -109,7 +109,7 @@ def test_fedavgm_with_resnet50_keeps_variances_non_negative_and_evaluation_finit
     steps a round. With momentum on every float entry the running variances went below zero in round
     1 (19 tensors) and the test loss was NaN; on trainable parameters only, neither."""
     from fedml_moon.adapters.run import assemble
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     settings = [
         "model_args.model=resnet50",

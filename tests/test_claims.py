@@ -17,13 +17,13 @@ from fedml.core.distributed.communication.message import Message
 from fedml_moon.adapters import run as run_module
 from fedml_moon.adapters.run import build_base, build_runner, build_server, held_claims
 from fedml_moon.algorithms.fedssc import FedSSCOptions, FedSSCServer
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError, ServerArgs, TrainArgs
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError, ServerArgs, TrainArgs
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol
-from fedml_moon.distributed.client_manager import Built, Local, PluginClientManager
 from fedml_moon.distributed.deploy import placement, shared_config
-from fedml_moon.distributed.server_manager import PluginServerManager
+from fedml_moon.distributed.server.manager import PluginServerManager
+from fedml_moon.distributed.silo.manager import Built, Local, PluginClientManager
 from fedml_moon.engine.resume import flat_config
 from tests.site_data import MIXES, party_folders, site_sets
 from tests.test_honest_silos import SiloWire

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedml_moon.config import ConfigError, config_from_dict, load_config, parse_overrides
+from fedml_moon.config.load import ConfigError, config_from_dict, load_config, parse_overrides
 
 FMNIST = "config/fashion_mnist/moon.yaml"
 

@@ -1,4 +1,4 @@
-"""The config reference (`fedml_moon.config_reference`, `fedml-moon config`, the docs' config page)
+"""The config reference (`fedml_moon.config.reference`, `fedml-moon config`, the docs' config page)
 covers every field of the config's dataclasses and of each algorithm's options, with the code's
 defaults and the allowed values the checks use."""
 
@@ -13,14 +13,13 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from fedml_moon import config_reference as ref
 from fedml_moon import registry
 from fedml_moon.algorithms.fedssc import PROTOTYPE_MODES
 from fedml_moon.algorithms.lg import NEW_TEST_METHODS, WARMUP_STARTS, LGOptions
 from fedml_moon.algorithms.moon import LOSS_CHOICES, POOL_UPDATES, UNSEEN_CHOICES
 from fedml_moon.algorithms.scaffold import C_UPDATE_CHOICES, CORRECTION_CHOICES
-from fedml_moon.buffering import AGGREGATIONS, BUFFER_WEIGHTS, PARTY_SPEEDS, STALENESS
-from fedml_moon.config_schema import (
+from fedml_moon.config import reference as ref
+from fedml_moon.config.schema import (
     AUGMENTATIONS,
     AUTH_MODES,
     BACKENDS,
@@ -41,6 +40,7 @@ from fedml_moon.config_schema import (
     Config,
     ConfigError,
 )
+from fedml_moon.core.buffering import AGGREGATIONS, BUFFER_WEIGHTS, PARTY_SPEEDS, STALENESS
 from fedml_moon.core.models import ENCODERS, OUTPUT_ACTIVATIONS
 from fedml_moon.core.robust import RULES
 from fedml_moon.core.split import PRESETS

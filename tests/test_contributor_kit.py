@@ -116,7 +116,7 @@ def test_the_example_passes_the_conformance_suite(tmp_path, monkeypatch, capsys)
 
 
 def test_new_writes_a_plugin_package_that_loads_without_installing(tmp_path, monkeypatch):
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
     from fedml_moon.kit import write_plugin
 
     monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
@@ -150,7 +150,7 @@ def test_new_writes_a_plugin_package_that_loads_without_installing(tmp_path, mon
     + [("moon", "an algorithm of that name exists"), ("fedprox_head", "an algorithm of that name exists")],
 )
 def test_new_refuses_a_name_it_cannot_use(tmp_path, name, says):
-    from fedml_moon.config import ConfigError
+    from fedml_moon.config.load import ConfigError
     from fedml_moon.kit import write_plugin
 
     with pytest.raises(ConfigError, match=says):
@@ -159,7 +159,7 @@ def test_new_refuses_a_name_it_cannot_use(tmp_path, name, says):
 
 
 def test_new_leaves_a_folder_with_files_alone(tmp_path):
-    from fedml_moon.config import ConfigError
+    from fedml_moon.config.load import ConfigError
     from fedml_moon.kit import write_plugin
 
     (tmp_path / "mine.txt").write_text("kept")

@@ -35,7 +35,7 @@ def _inspect(folder: Path, *flags: str, capsys) -> tuple[int, str]:
 
 
 def test_per_party_folders_are_counted_and_the_printed_lines_load_the_data(tmp_path, capsys):
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
     from fedml_moon.data.federated import load_data
 
     root = party_folders(tmp_path / "parties", per_party=40, n_test=10)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests.helpers import restored_main
 from tests.site_data import CLASSES, fashion, party_folders, write_hf, write_pngs, write_table
@@ -249,7 +249,7 @@ def _runs_refusal(config: Path, sets: list[str], folder: Path) -> str:
     """What the run's start-up reading (`load_partition`, as `build_base` calls it) raises: the
     simulation's one reading, or each silo's in turn."""
     from fedml_moon.adapters.run import load_partition
-    from fedml_moon.config import load_config, own_data
+    from fedml_moon.config.load import load_config, own_data
 
     cfg = load_config(config, [*sets, f"data_args.data_cache_dir={folder}"])
     ranks = range(1, cfg.train_args.client_num_in_total + 1) if own_data(cfg) else [0]
@@ -309,7 +309,7 @@ def test_the_survey_alone_names_an_empty_folder_and_a_text_column(tmp_path, caps
 
 def test_a_cross_silo_server_reading_a_site_folder_names_the_natural_switch(tmp_path, capsys):
     from fedml_moon.adapters.run import load_partition
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     (tmp_path / "empty").mkdir()
     sets = ["data_args.partition_method=hetero", f"data_args.data_cache_dir={tmp_path / 'empty'}"]

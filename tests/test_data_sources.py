@@ -126,7 +126,7 @@ def test_unreadable_tiny_imagenet_cache_is_rebuilt(tmp_path, caplog):
 
 
 def test_normalisation_and_augmentation_overrides(default_copy):
-    from fedml_moon.config_schema import ConfigError, DataArgs
+    from fedml_moon.config.schema import ConfigError, DataArgs
     from fedml_moon.data.federated import load_data
 
     mnist_stats = DataArgs(normalize_mean=[0.1307], normalize_std=[0.3081], augmentation="crop-flip")

@@ -15,7 +15,7 @@ from fedml_moon import conformance
 from fedml_moon.cli import main
 from fedml_moon.data.partition_file import load_partition_file
 from fedml_moon.security import make_certs
-from fedml_moon.status import read
+from fedml_moon.status.record import read
 from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
 
 TOLERANT = ["comm_args.heartbeat_s=1", "comm_args.round_timeout_s=60", "comm_args.min_reports=2"]
@@ -122,7 +122,7 @@ def _site(status: dict, rank: int) -> dict:
 
 
 def _status_until(out, condition, within_s: float = 30.0) -> dict:
-    """The run's status (fedml_moon.status.read) once `condition` holds of it."""
+    """The run's status (fedml_moon.status.record.read) once `condition` holds of it."""
     deadline = time.monotonic() + within_s
     while True:
         try:

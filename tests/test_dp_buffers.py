@@ -12,7 +12,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.privacy.mod import PrivateAggregation
 from fedml_moon.privacy.options import PrivacyArgs

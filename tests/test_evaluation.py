@@ -4,7 +4,7 @@ import torch
 
 from fedml_moon.core.evaluation import evaluate, evaluate_ensemble
 from fedml_moon.core.models import ModelOutput
-from fedml_moon.tracking import resolve_mode, scrub
+from fedml_moon.records.tracking import resolve_mode, scrub
 
 
 class Fixed(torch.nn.Module):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.silo import load_own
 from fedml_moon.data.site import load_site
 from fedml_moon.engine.federated_eval import headline_fields, totals

@@ -14,7 +14,7 @@ from fedml_moon.algorithms.fedssc import (
     class_prototypes,
     mu_glob_at,
 )
-from fedml_moon.config_schema import ServerArgs
+from fedml_moon.config.schema import ServerArgs
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.models import ModelOutput
 from fedml_moon.engine.batched import train_party

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from fedml_moon import conformance
-from fedml_moon.config import load_config
+from fedml_moon.config.files import DIGEST_KEYS, file_sha256
+from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.deploy import shared_config, with_shared
-from fedml_moon.file_digests import DIGEST_KEYS, file_sha256
 from tests.helpers import restored_main
 from tests.test_server_waits import _from, _server
 

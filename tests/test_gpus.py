@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.adapters.gpus import mapping_slots, select_gpu
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

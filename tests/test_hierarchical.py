@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fedml_moon.config_schema import ServerArgs, TrainArgs
+from fedml_moon.config.schema import ServerArgs, TrainArgs
 from fedml_moon.conformance import free_port
 from fedml_moon.core.models import MoonNet, build_model
 from fedml_moon.engine import sync_batchnorm
@@ -350,14 +350,14 @@ def test_a_dead_group_process_fails_its_silos_round_and_the_restarted_group_rejo
 
 
 def _silo_config(*sets: str):
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     base = [*RUN, "comm_args.backend=MQTT_S3", "common_args.scenario=hierarchical", *sets]
     return load_config(CONFIG, base)
 
 
 def test_a_group_torchrun_did_not_start_is_refused_naming_what_is_missing(monkeypatch):
-    from fedml_moon.distributed.silo_group import TORCHRUN_ENV, join
+    from fedml_moon.distributed.silo.group import TORCHRUN_ENV, join
     from fedml_moon.errors import ConfigError
 
     for key in TORCHRUN_ENV:
@@ -373,7 +373,7 @@ def test_a_group_torchrun_did_not_start_is_refused_naming_what_is_missing(monkey
 def test_a_rank_of_one_process_that_torchrun_started_several_times_is_refused(monkeypatch):
     """Each copy would act as the whole rank (two silos 1, two servers): the server says to start it
     without torchrun, a horizontal silo names the --set that make it a group; one copy is fine."""
-    from fedml_moon.distributed.silo_group import join
+    from fedml_moon.distributed.silo.group import join
     from fedml_moon.errors import ConfigError
 
     env = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
@@ -394,14 +394,14 @@ def test_a_rank_of_one_process_that_torchrun_started_several_times_is_refused(mo
 def test_on_gpus_the_leaders_cpu_broadcasts_go_through_gloo_and_cuda_tensors_through_nccl():
     """nccl carries CUDA tensors only; the leader's broadcasts (`Channel`, the group's settings) are
     CPU tensors, so a group on GPUs takes both backends, one per device type."""
-    from fedml_moon.distributed.silo_group import group_backend
+    from fedml_moon.distributed.silo.group import group_backend
 
     assert group_backend(cuda=False) == "gloo"
     assert group_backend(cuda=True) == "cpu:gloo,cuda:nccl"
 
 
 def test_a_group_of_the_wrong_size_is_refused_before_it_forms(monkeypatch):
-    from fedml_moon.distributed.silo_group import join
+    from fedml_moon.distributed.silo.group import join
     from fedml_moon.errors import ConfigError
 
     env = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
@@ -433,7 +433,7 @@ def test_hierarchical_keys_are_checked(key, says):
 def test_a_groups_batchnorm_is_the_plain_module_outside_a_group():
     """A silo's model keeps its parameters, buffers and state-dict keys (a group's upload is a plain
     model's), and outside a group, or in eval mode, computes exactly what the plain model does."""
-    from fedml_moon.distributed.silo_group import Group, prepare_batchnorm
+    from fedml_moon.distributed.silo.group import Group, prepare_batchnorm
 
     torch.manual_seed(0)
     plain = build_model("resnet50", (3, 32, 32), 10, True, 32)

@@ -1,4 +1,4 @@
-"""Hierarchical silos under one mpirun (fedml_moon.distributed.mpi_silos): where each rank stands,
+"""Hierarchical silos under one mpirun (fedml_moon.distributed.silo.mpi_groups): where each rank stands,
 how many ranks a job needs, and a job of the wrong size refused by every rank with the -np to give.
 (The guide's command, its model against one-process silos, a dead group process ending the job,
 and its resume: test_readme_commands.py `test_mpi_commands`.)"""
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon.cli import mpi_ranks
-from fedml_moon.config import ConfigError, load_config
-from fedml_moon.distributed.mpi_silos import layout
+from fedml_moon.cli.train import mpi_ranks
+from fedml_moon.config.load import ConfigError, load_config
+from fedml_moon.distributed.silo.mpi_groups import layout
 
 ROOT = Path(__file__).resolve().parent.parent
 MPI_CONFIG = ROOT / "config" / "modes" / "moon_cross_silo_mpi.yaml"

@@ -20,10 +20,10 @@ import pytest
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
-from fedml_moon.config_schema import CommArgs
+from fedml_moon.config.schema import CommArgs
 from fedml_moon.distributed import protocol as p
-from fedml_moon.distributed.client_manager import Local, PluginClientManager
 from fedml_moon.distributed.managers import config_digest
+from fedml_moon.distributed.silo.manager import Local, PluginClientManager
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes, message_from_bytes
 from tests.test_deploy_failures import CONFIG, _wait_for
 from tests.test_server_waits import pytestmark as needs_data

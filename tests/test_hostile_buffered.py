@@ -1,4 +1,4 @@
-"""The attacker's side of the buffered server (distributed/server_buffered.py), as a differential
+"""The attacker's side of the buffered server (distributed/server/buffered.py), as a differential
 property: a silo with valid credentials sends, before each of its honest results, well-formed
 messages with hostile values (tests/hostile.py: another silo's party, a version it has no task of,
 repeated, extreme, of the wrong phase, CHECKPOINTED for any round, HELLOs of new processes), and
@@ -8,7 +8,7 @@ state and the records of the same run without those messages.
 The server manager runs in this process on a tiny real run (FedAvgM, K = 2 of 3 silos training at
 once); the silos upload the model they were sent, moved by 0.01 x their rank, answering their
 outstanding tasks in a fixed order. Every other round and the last are evaluation rounds (the
-parties' local tests, distributed/buffered_eval.py): the silos answer their tasks sent before the
+parties' local tests, distributed/server/buffered_eval.py): the silos answer their tasks sent before the
 EVAL first (the server holds those updates until the round's record), the hostile messages before
 each, then their reports; a silo's own report for the round is its to send, so none is among the
 hostile messages of an evaluation round."""

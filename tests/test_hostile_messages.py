@@ -128,8 +128,8 @@ def test_the_attacks_of_a_silo_leave_the_honest_round_unchanged(tmp_path, caplog
 
 def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
     from fedml_moon.adapters.run import build_base, build_server
-    from fedml_moon.config import load_config
-    from fedml_moon.config_schema import ConfigError
+    from fedml_moon.config.load import load_config
+    from fedml_moon.config.schema import ConfigError
     from tests.test_server_waits import CONFIG
 
     cfg = load_config(CONFIG, ["data_args.max_train_samples=800", "comm_args.max_party_samples=50"])

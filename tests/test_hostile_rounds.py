@@ -125,7 +125,7 @@ def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(
     """1,000 HELLOs from rank 1, each naming a new process (a restarted silo, again and again), within
     a second of its WELCOME: no WELCOME and no work more. A HELLO a second later is a restarted silo:
     it is welcomed and sent its work of the round once."""
-    caplog.set_level(logging.INFO, logger="fedml_moon.distributed.server_manager")  # formats every line
+    caplog.set_level(logging.INFO, logger="fedml_moon.distributed.server.manager")  # formats every line
     manager, wire = _server(tmp_path)
     hello = {"config": manager.config, "explicit": [], "fresh_parties": []}
     sent = lambda kind: [x for x in wire.sent if x.get_type() == kind and x.get_receiver_id() == 1]  # noqa: E731

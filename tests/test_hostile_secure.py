@@ -21,7 +21,7 @@ from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.core.shamir import P
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
-from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
+from fedml_moon.distributed.secure_wire import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.privacy.party import Plan, party_vector
 from fedml_moon.privacy.secagg import PartySession, pack
 from tests.test_server_waits import CONFIG, Wire, _from, _server, pytestmark  # noqa: F401 (data)

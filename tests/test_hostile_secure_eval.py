@@ -21,7 +21,7 @@ import torch
 
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
-from fedml_moon.distributed.secure import keys_from_wire, keys_to_wire, shares_to_wire
+from fedml_moon.distributed.secure_wire import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.privacy.secagg import PartySession, pack
 from fedml_moon.privacy.secure_counts import counts_params
 from tests.test_hostile_secure import SECURE, Silo, _sent

@@ -11,7 +11,7 @@ import pytest
 
 from fedml_moon import conformance, registry
 from fedml_moon.algorithms.base import ServerAlgorithm
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.summed import sum_form_problem
 from fedml_moon.errors import ConfigError

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
-from fedml_moon.config_schema import ConfigError, ServerArgs
+from fedml_moon.config.schema import ConfigError, ServerArgs
 from fedml_moon.core.aggregation import clone_state, payload_numel
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.state import PartyStore

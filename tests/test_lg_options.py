@@ -15,15 +15,15 @@ from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import NoOptions, PartyRound
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.algorithms.lg import LGClient, LGOptions, LGServer
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ServerArgs
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ServerArgs
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.models import ModelOutput
 from fedml_moon.core.personal import BestSoFar, local_test_accs
 from fedml_moon.core.split import split_state
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.batched import train_party
-from fedml_moon.metrics import RunRecorder
+from fedml_moon.records.recorder import RunRecorder
 from tests.helpers import tiny_batches, tiny_factory, train_args
 
 CPU = torch.device("cpu")

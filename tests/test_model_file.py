@@ -13,10 +13,10 @@ import torch
 
 from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.metrics import RunRecorder
+from fedml_moon.records.recorder import RunRecorder
 
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

@@ -13,8 +13,8 @@ import torchvision
 from safetensors.torch import save_file
 from torch import nn
 
-from fedml_moon.config import ConfigError, load_config
-from fedml_moon.config_schema import TrainArgs
+from fedml_moon.config.load import ConfigError, load_config
+from fedml_moon.config.schema import TrainArgs
 from fedml_moon.core.batched import stacking_error
 from fedml_moon.core.models import MoonNet, build_model
 from fedml_moon.core.networks import make_encoder

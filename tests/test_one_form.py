@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from fedml_moon import registry
 from fedml_moon.algorithms.base import ClientAlgorithm, Context, PartyRound, ServerAlgorithm
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import require
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import require
 from fedml_moon.core.models import build_model
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.batched import PartyJob, train_parties, train_party
@@ -201,7 +201,7 @@ def test_trainable_is_set_after_the_constructor_and_before_setup_as_the_tutorial
 
     from fedml_moon.adapters.aggregator import PluginServerAggregator
     from fedml_moon.algorithms.base import NoOptions
-    from fedml_moon.config_schema import ServerArgs
+    from fedml_moon.config.schema import ServerArgs
     from tests.helpers import tiny_factory, train_args
 
     seen = {}

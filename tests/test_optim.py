@@ -47,7 +47,7 @@ def test_a_process_that_trains_never_imports_torch_dynamo():
     code = (
         "import sys, torch\n"
         "from fedml_moon.algorithms.base import make_optimizer\n"
-        "from fedml_moon.config_schema import TrainArgs\n"
+        "from fedml_moon.config.schema import TrainArgs\n"
         "model = torch.nn.Linear(4, 2)\n"
         "opt = make_optimizer(model, TrainArgs(momentum=0.9, weight_decay=1e-4))\n"
         "for _ in range(3):\n"

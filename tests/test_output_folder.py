@@ -12,7 +12,7 @@ import pytest
 
 from fedml_moon import conformance
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from fedml_moon.records import earlier_records
+from fedml_moon.records.folder import earlier_records
 from fedml_moon.results.sweep import Run
 from tests.helpers import restored_main
 

@@ -22,7 +22,7 @@ import torch
 
 from fedml_moon import conformance
 from fedml_moon.adapters.run import build_base
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.conformance import recovery
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST

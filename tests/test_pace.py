@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError, TrainArgs
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError, TrainArgs
 from fedml_moon.core.batched import auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.engine.pace import graphs_on, large, resolve_pace, together

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 
 PAPER = Path(__file__).resolve().parent.parent / "config" / "paper"
 

@@ -15,8 +15,8 @@ import torch
 
 from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
 from fedml_moon.data.partition_file import load_partition_file, write_partition

@@ -110,7 +110,7 @@ def test_precision_sets_tf32_for_the_training_inside_and_restores_it():
     ],
 )
 def test_the_config_refuses_what_cannot_run_naming_the_key(sets, message):
-    from fedml_moon.config import ConfigError, load_config
+    from fedml_moon.config.load import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=message):
         load_config("config/fashion_mnist/moon.yaml", sets)

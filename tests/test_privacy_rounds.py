@@ -12,8 +12,8 @@ import torch
 
 from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
@@ -42,7 +42,7 @@ CASES = SUMMING  # name: (config, overrides)
 
 def _run(tmp_path: Path, name: str, overrides: list[str], monkeypatch) -> tuple[dict, object]:
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     built = assemble(load_config(CONFIGS / f"{name}.yaml", overrides), tmp_path)
     built.loop.run()
     return torch.load(tmp_path / "final_model.pt", weights_only=True), built.loop.server

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from fedml_moon.algorithms.fedssc import FedSSCOptions, FedSSCServer, build_prototypes
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError, ServerArgs, TrainArgs
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError, ServerArgs, TrainArgs
 from fedml_moon.core.robust import RobustMean, RobustOptions
 from fedml_moon.distributed import managers as m
 from tests.test_server_waits import CONFIG, _from, _item, _server, pytestmark  # noqa: F401 (data)

@@ -43,7 +43,7 @@ import torch
 import yaml
 
 from fedml_moon import conformance
-from fedml_moon.config import config_to_dict, load_config
+from fedml_moon.config.load import config_to_dict, load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.results.sweep import load_sweep
 from tests.helpers import restored_main

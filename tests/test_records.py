@@ -145,7 +145,7 @@ def test_a_diverged_partys_metrics_leave_it_out_of_the_round_without_a_wait(tmp_
 def test_a_record_that_is_not_finite_is_written_as_null_and_named(tmp_path, caplog):
     """JSON has no NaN: a diverged evaluation's figure is null in metrics.jsonl and summary.json, and
     the log names it; every line parses as strict JSON."""
-    from fedml_moon.metrics import RunRecorder
+    from fedml_moon.records.recorder import RunRecorder
 
     recorder = RunRecorder(tmp_path, {})
     recorder.log_round({"round": 0, "parties": 3, "train_loss": 1.0, "test_acc": 0.1, "test_loss": math.nan})
@@ -161,7 +161,7 @@ def test_a_record_that_is_not_finite_is_written_as_null_and_named(tmp_path, capl
 def test_one_partys_local_layers_cannot_set_the_new_test_under_a_robust_rule():
     """LG-FedAvg's new test averages the parties' own layers: under a robust rule the server's average
     is that rule, so one report of huge (finite) layers leaves the figure finite and near the honest."""
-    from fedml_moon.config_schema import ServerArgs, TrainArgs
+    from fedml_moon.config.schema import ServerArgs, TrainArgs
     from fedml_moon.core.models import build_model
     from tests.helpers import tiny_batches
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedml_moon.adapters.run import build_base, build_runner, build_server
-from fedml_moon.config import config_from_dict
+from fedml_moon.config.load import config_from_dict
 from fedml_moon.engine.replay import ReplayDiverged, ReplaySimulation, arrivals
 from tests.helpers import restored_main
 from tests.test_buffered import BUFFERED, _far, _run, needs_data, read_once  # noqa: F401 (fixture)
@@ -55,7 +55,7 @@ def _replay(run_dir: Path, out: Path, records: list[dict] | None = None) -> list
 @pytest.fixture(autouse=True)
 def no_pictures(monkeypatch):
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fedml_moon import conformance
-from fedml_moon.config import ConfigError, load_config
+from fedml_moon.config.load import ConfigError, load_config
 from fedml_moon.core import checkpoint
 from fedml_moon.core.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST

@@ -20,7 +20,7 @@ import torch
 
 from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests.helpers import TINY_RUN, Stop, stop_after
 
@@ -68,7 +68,7 @@ def _summary(out: Path) -> dict:
 def test_stopped_and_resumed_in_process_is_the_same_run(case, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)  # time
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     name, overrides, stop_in = CASES[case]
     cfg = load_config(CONFIGS / f"{name}.yaml", [*BASE, *overrides])
     ref, out = tmp_path / "ref", tmp_path / "stopped"

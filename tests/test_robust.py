@@ -15,8 +15,8 @@ from fedml_moon.algorithms.base import ServerAlgorithm
 from fedml_moon.algorithms.fedssc import build_prototypes
 from fedml_moon.algorithms.lg import LGOptions, LGServer
 from fedml_moon.algorithms.scaffold import ScaffoldOptions, ScaffoldServer
-from fedml_moon.config import ConfigError, load_config
-from fedml_moon.config_schema import ServerArgs
+from fedml_moon.config.load import ConfigError, load_config
+from fedml_moon.config.schema import ServerArgs
 from fedml_moon.core.aggregation import weighted_average
 from fedml_moon.core.robust import (
     RobustMean,

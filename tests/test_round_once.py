@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fedml_moon.distributed import managers as m
-from fedml_moon.distributed import server_phases
-from fedml_moon.distributed.server_manager import PluginServerManager
+from fedml_moon.distributed.server import rounds as server_phases
+from fedml_moon.distributed.server.manager import PluginServerManager
 from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
 from tests.test_server_waits import _server as server_of
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon.config import ConfigError, load_config
+from fedml_moon.config.load import ConfigError, load_config
 from fedml_moon.distributed.deploy import explicit_keys, shared_config, with_shared
 from fedml_moon.distributed.managers import config_differences, config_digest, quorum
 

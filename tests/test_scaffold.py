@@ -7,7 +7,7 @@ from torch import nn
 from fedml_moon.algorithms.base import Context, PartyRound, ServerAlgorithm
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.algorithms.scaffold import ScaffoldClient, ScaffoldOptions, ScaffoldServer
-from fedml_moon.config_schema import ConfigError, ServerArgs
+from fedml_moon.config.schema import ConfigError, ServerArgs
 from fedml_moon.core.aggregation import clone_state, payload_nbytes
 from fedml_moon.engine.batched import train_party
 from tests.helpers import tiny_batches, tiny_factory, train_args

@@ -15,8 +15,8 @@ import torch
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.distributed import protocol as p
-from fedml_moon.distributed.secure import keys_from_wire
-from fedml_moon.distributed.secure_worker import SecureWorker
+from fedml_moon.distributed.secure_wire import keys_from_wire
+from fedml_moon.distributed.silo.secure import SecureWorker
 from fedml_moon.privacy.mod import PrivateAggregation
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.secagg import key_digest

@@ -14,7 +14,7 @@ import torch
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
-from fedml_moon.config import ConfigError, load_config
+from fedml_moon.config.load import ConfigError, load_config
 from fedml_moon.distributed.transport.base import TransportError, message_bytes
 from fedml_moon.distributed.transport.grpc_transport import (
     SERVICE,

@@ -14,7 +14,7 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
 from fedml_moon.adapters.run import build_base, build_server
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.deploy import (
@@ -24,7 +24,7 @@ from fedml_moon.distributed.deploy import (
     server_manager_class,
     shared_config,
 )
-from fedml_moon.distributed.server_manager import PluginServerManager
+from fedml_moon.distributed.server.manager import PluginServerManager
 from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
 from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
 from fedml_moon.engine.resume import flat_config

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
+from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 
 pytestmark = pytest.mark.skipif(
@@ -66,7 +66,7 @@ def test_evaluates_every_n_rounds_and_the_last_and_records_every_round(tmp_path,
 
 
 def test_more_parties_than_samples_is_a_config_error(tmp_path, monkeypatch):
-    from fedml_moon.config import ConfigError
+    from fedml_moon.config.load import ConfigError
 
     with pytest.raises(ConfigError, match="raise it to >= 2000 or lower train_args.client_num_in_total"):
         small_run(tmp_path, monkeypatch, "train_args.client_num_in_total=200")

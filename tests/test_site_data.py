@@ -172,7 +172,7 @@ def test_a_natural_partitions_test_set_is_the_union_of_the_parties_test_splits(s
 def test_a_folder_decodes_once_and_a_changed_file_decodes_anew(sites, tmp_path, monkeypatch):
     import shutil
 
-    from fedml_moon.config_schema import DataArgs
+    from fedml_moon.config.schema import DataArgs
     from fedml_moon.data import images
     from fedml_moon.data.site import load_site
 
@@ -212,7 +212,7 @@ def test_a_folder_decodes_once_and_a_changed_file_decodes_anew(sites, tmp_path, 
 
 
 def test_images_are_resized_to_the_agreed_side_and_grey_scaled_only_when_grey(tmp_path):
-    from fedml_moon.config_schema import DataArgs
+    from fedml_moon.config.schema import DataArgs
     from fedml_moon.data.site import load_site
 
     big = np.kron(fashion(30, 1)[0], np.ones((2, 2), dtype=np.uint8))  # 56x56
@@ -248,7 +248,7 @@ def test_a_party_column_makes_the_parties_of_a_table_and_of_a_hugging_face_datas
     import datasets
     import pandas as pd
 
-    from fedml_moon.config_schema import DataArgs
+    from fedml_moon.config.schema import DataArgs
     from fedml_moon.data.federated import load_data
     from tests.site_data import table_frame
 

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data
 from tests.helpers import restored_main

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DataNotFoundError
 from fedml_moon.data.federated import FederatedData
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.holdings import Holdings
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.protocol import REFUSAL_KINDS, REFUSE, message_problem, refusal_text
-from fedml_moon.distributed.site_refusal import (
+from fedml_moon.distributed.silo.refusal import (
     DataChanged,
     check_digest,
     held_data_digest,

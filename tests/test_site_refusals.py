@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.config.schema import ConfigError, DataArgs
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
 from tests.helpers import restored_main
@@ -209,7 +209,7 @@ def test_a_plugin_that_breaks_the_agreement_is_refused(monkeypatch):
 
 
 def test_a_silo_never_takes_its_data_folder_or_data_plugin_from_the_server():
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
     from fedml_moon.distributed.deploy import shared_config, with_shared
 
     cfg = load_config(MOON, [])

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon import status
 from fedml_moon.cli import main
-from fedml_moon.metrics import RunRecorder
+from fedml_moon.records.recorder import RunRecorder
+from fedml_moon.status import record as status
 
 
 def _records(folder: Path, times: list[float], accs: dict[int, float]) -> None:
@@ -125,8 +125,8 @@ def test_a_sites_refused_count_is_its_refused_messages_only_and_its_sources_are_
 def test_a_status_file_alone_never_blocks_a_new_run_in_its_folder(tmp_path):
     """A run refused before its first record (its sites never came) leaves status.json: a new run
     in the folder is not refused for it, whatever it holds; a run's records still are."""
-    from fedml_moon.config_schema import ConfigError
-    from fedml_moon.records import claim_folder
+    from fedml_moon.config.schema import ConfigError
+    from fedml_moon.records.folder import claim_folder
 
     status.write(tmp_path, {"run": "r", "round": 0, "phase": "waiting for sites"})
     claim_folder(tmp_path, overwrite=False)

@@ -1,4 +1,4 @@
-"""The status port (`fedml_moon.status_http`) from a client's side, on a run folder the way a server
+"""The status port (`fedml_moon.status.http`) from a client's side, on a run folder the way a server
 writes it: a real HTTP server on 127.0.0.1 (threads of this process), real requests. Who sees what
 (no credentials: 401 and nothing else; a site: its own entry and the run's shared figures; the
 operator: all, and the metrics), its bounds (rate, open requests, methods, bodies, a stalled
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon import status as run_status
-from fedml_moon import status_http
-from fedml_moon.metrics import RunRecorder
+from fedml_moon.records.recorder import RunRecorder
 from fedml_moon.security import make_certs
-from fedml_moon.status_http import StatusApp, StatusPort, load_viewers
+from fedml_moon.status import http as status_http
+from fedml_moon.status import record as run_status
+from fedml_moon.status.http import StatusApp, StatusPort, load_viewers
 
 ROOT = Path(__file__).resolve().parent.parent
 SITES = [
@@ -268,7 +268,7 @@ def test_over_tls_with_the_runs_certificates(run, certs):
 
 
 def test_a_port_without_credentials_or_off_loopback_without_tls_is_refused(run, certs):
-    from fedml_moon.config import ConfigError, load_config
+    from fedml_moon.config.load import ConfigError, load_config
 
     base = ROOT / "config" / "fashion_mnist" / "moon.yaml"
     assert status_http.open_port(load_config(base), run) is None  # off by default
@@ -335,7 +335,7 @@ def test_a_silos_own_port_shows_its_view_to_its_own_token_only(tmp_path, certs):
     refused (it is the site's, not the run's)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     folder = tmp_path / "run" / "rank-1"
     own = {"run": "run", "algorithm": "moon", "rounds": 10, "round": 4, "phase": "training"}

@@ -13,8 +13,8 @@ import torch
 
 from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from tests.helpers import SUMMING, TINY_RUN
 
@@ -32,7 +32,7 @@ CASES = {  # name: (config, overrides); 2 of 3 parties sampled per round. Each k
 
 def _run(tmp_path: Path, name: str, overrides: list[str], monkeypatch) -> tuple[dict, list[dict]]:
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.metrics.RunRecorder.plot", lambda *a: None)
+    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     assemble(load_config(CONFIGS / f"{name}.yaml", overrides), tmp_path).loop.run()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return torch.load(tmp_path / "final_model.pt", weights_only=True), records

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedml_moon.config import ConfigError, load_config
-from fedml_moon.metrics import RunRecorder
-from fedml_moon.tracking import TENSORBOARD, TensorBoardRun, scalars
+from fedml_moon.config.load import ConfigError, load_config
+from fedml_moon.records.recorder import RunRecorder
+from fedml_moon.records.tracking import TENSORBOARD, TensorBoardRun, scalars
 
 ROOT = Path(__file__).resolve().parent.parent
 

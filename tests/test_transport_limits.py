@@ -20,7 +20,7 @@ import pytest
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
-from fedml_moon.config import ConfigError, load_config
+from fedml_moon.config.load import ConfigError, load_config
 from fedml_moon.distributed.refusals import RefusalLog
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes
 from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES, FrameBudget

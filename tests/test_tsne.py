@@ -12,8 +12,8 @@ import torch
 
 from fedml_moon.adapters.run import assemble
 from fedml_moon.cli import main
-from fedml_moon.config import load_config
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.load import load_config
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.results import tsne as tsne_module
 from fedml_moon.results.tsne import embed, figure, rows, tsne

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fedml_moon.algorithms.base import NoOptions, PartyRound, ServerAlgorithm
 from fedml_moon.algorithms.baselines import FedAvgClient
-from fedml_moon.config_schema import ServerArgs
+from fedml_moon.config.schema import ServerArgs
 from fedml_moon.core.batched import vmapped
 from tests.helpers import tiny_factory, train_args
 

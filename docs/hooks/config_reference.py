@@ -1,4 +1,4 @@
-"""MkDocs hook: the config reference page's tables are `fedml_moon.config_reference.markdown()`,
+"""MkDocs hook: the config reference page's tables are `fedml_moon.config.reference.markdown()`,
 generated from the config's dataclasses at build time; the cluster how-to's table of a sweep file's
 `slurm:` keys is `slurm_markdown()`, from its dataclass."""
 
@@ -20,11 +20,11 @@ def _source(page: Any) -> str:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
     if SLURM_MARKER in markdown and _source(page) == SLURM_PAGE:
-        from fedml_moon.config_reference import slurm_markdown
+        from fedml_moon.config.reference import slurm_markdown
 
         return markdown.replace(SLURM_MARKER, slurm_markdown())
     if MARKER not in markdown or _source(page) != PAGE:
         return markdown
-    from fedml_moon.config_reference import markdown as reference
+    from fedml_moon.config.reference import markdown as reference
 
     return markdown.replace(MARKER, reference())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from fedml_moon.config import Config
+from fedml_moon.config.load import Config
 from fedml_moon.errors import ConfigError
 
 

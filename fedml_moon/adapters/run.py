@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from fedml_moon.adapters import compat
-from fedml_moon.config import Config, config_to_dict, evaluation, own_data
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.load import Config, config_to_dict, evaluation, own_data
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.core.parts import sizes_of
 from fedml_moon.core.pretrained import load_pretrained
@@ -28,9 +28,9 @@ from fedml_moon.data.precheck import server_hint
 from fedml_moon.engine.claim_table import ClaimTable, Rows
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
-from fedml_moon.metrics import RunRecorder
+from fedml_moon.records.recorder import RunRecorder
+from fedml_moon.records.tracking import TensorBoardRun, WandbRun
 from fedml_moon.registry import get_algorithm
-from fedml_moon.tracking import TensorBoardRun, WandbRun
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
 def privacy_factory(base: Base, aggregator: Any, out_dir: Path) -> Any:
     """privacy_args' accounting on the server, from the parties' weights (built when they are known:
     before any file is written where the server computed the partition)."""
-    from fedml_moon.buffering import buffer_shape
+    from fedml_moon.core.buffering import buffer_shape
     from fedml_moon.privacy.mod import PrivateAggregation
 
     cfg, train, server_algo = base.cfg, base.cfg.train_args, aggregator.algorithm

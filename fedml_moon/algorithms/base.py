@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedml_moon.config_schema import ServerArgs, TrainArgs
+from fedml_moon.config.schema import ServerArgs, TrainArgs
 from fedml_moon.core.aggregation import ServerMomentum, clone_state
 from fedml_moon.core.optim import EagerSGD
 from fedml_moon.core.personal import PartyFigures, new_test

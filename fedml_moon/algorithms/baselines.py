@@ -18,7 +18,7 @@ from fedml_moon.algorithms.base import (
     Payload,
     ServerAlgorithm,
 )
-from fedml_moon.config_schema import require
+from fedml_moon.config.schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.losses import proximal_term
 

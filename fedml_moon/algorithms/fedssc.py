@@ -20,7 +20,7 @@ from torch import nn
 
 from fedml_moon.algorithms.base import Context, LocalResult, Net, PartyRound, Payload, ServerAlgorithm
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
-from fedml_moon.config_schema import require
+from fedml_moon.config.schema import require
 from fedml_moon.core.losses import prototype_contrastive_loss
 from fedml_moon.core.robust import RobustMean
 from fedml_moon.core.seeds import rng

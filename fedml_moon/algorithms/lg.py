@@ -25,7 +25,7 @@ from fedml_moon.algorithms.base import (
     Payload,
     ServerAlgorithm,
 )
-from fedml_moon.config_schema import ConfigError, require
+from fedml_moon.config.schema import ConfigError, require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.personal import BestSoFar, new_test
 from fedml_moon.core.split import SplitError, merge_states, resolve_split, split_state

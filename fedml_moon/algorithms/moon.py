@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fedml_moon.algorithms.base import ClientAlgorithm, Context, LocalResult, Net, PartyRound, Payload
-from fedml_moon.config_schema import require
+from fedml_moon.config.schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.losses import model_contrastive_loss, representation_l2_loss
 from fedml_moon.core.seeds import torch_seed

@@ -23,7 +23,7 @@ from fedml_moon.algorithms.base import (
     ServerAlgorithm,
     add_rows,
 )
-from fedml_moon.config_schema import require
+from fedml_moon.config.schema import require
 from fedml_moon.privacy.sums import SUM, UPDATE, Sums
 
 CORRECTION_CHOICES = ("after-step", "gradient")
@@ -122,7 +122,7 @@ class ScaffoldServer(ServerAlgorithm):
     """Sends (w, c); averages the models and moves c by the parties' mean control-variate change."""
 
     summed: ClassVar[dict[str, str]] = {"model": UPDATE, "delta_c": SUM}
-    # server_args.aggregation: buffered (fedml_moon.buffering.buffer_refusal)
+    # server_args.aggregation: buffered (fedml_moon.core.buffering.buffer_refusal)
     not_buffered: ClassVar[str] = (
         "a party's delta_c is its control variate's change against the c it was sent, and its correction "
         "c - c_i used that c; a stale delta_c added to a newer c is no longer SCAFFOLD's line 17 (FedBuff "

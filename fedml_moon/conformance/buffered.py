@@ -94,8 +94,8 @@ def _not_finite(tree: Any, where: str = "") -> list[str]:
 def buffered_vs_sync(config: str | Path, overrides: list[str], folder: Path, parties: int) -> Outcome:
     """The module docstring's two runs, `parties` the run's client_num_in_total; the synchronous
     reference samples every party every round."""
-    from fedml_moon.buffering import buffer_refusal
-    from fedml_moon.config import load_config
+    from fedml_moon.config.buffered import buffer_refusal
+    from fedml_moon.config.load import load_config
     from fedml_moon.registry import get_algorithm
 
     common = [*overrides, f"train_args.client_num_per_round={parties}", "validation_args.local_test=false"]

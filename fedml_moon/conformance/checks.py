@@ -181,7 +181,7 @@ def _modes(
 def tiny(config: Path, overrides: list[str]) -> list[str]:
     """TINY, less the sample caps where the config's partition is natural (a site's own parties,
     whose samples it keeps whole: small folders make a tiny run)."""
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     if load_config(config, overrides).data_args.partition_method != "natural":
         return list(TINY)
@@ -195,7 +195,7 @@ def check_algorithm(
 ) -> list[Check]:
     """The conformance suite (module docstring); each check says what it compared and, failing, where
     the two sides differ."""
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     folder, config = Path(folder).resolve(), Path(config).resolve()
     overrides = [

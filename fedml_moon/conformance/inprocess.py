@@ -67,7 +67,7 @@ def quiet() -> Iterator[None]:
 def quiet_run(config: str | Path, overrides: list[str], folder: Path) -> Iterator[Any]:
     """A standalone run assembled in this process (`adapters.run.assemble`), held `quiet`."""
     from fedml_moon.adapters.run import assemble
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     with quiet():
         yield assemble(load_config(config, overrides), folder)
@@ -76,7 +76,7 @@ def quiet_run(config: str | Path, overrides: list[str], folder: Path) -> Iterato
 def quiet_base(config: str | Path, overrides: list[str], folder: Path) -> Any:
     """`adapters.run.build_base` of the config (data, partition, first model), held `quiet`."""
     from fedml_moon.adapters.run import build_base
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     with quiet():
         return build_base(load_config(config, overrides), folder)

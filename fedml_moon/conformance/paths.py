@@ -49,7 +49,7 @@ def secure_vs_plain(config: str | Path, overrides: list[str], folder: Path, part
     """One round from identical inputs, aggregated plainly and under secure aggregation (every party
     of the run sampled, `parties`): the new global model, the server algorithm's state and each
     party's next download agree within the fixed point's rounding."""
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
     from fedml_moon.registry import get_algorithm
 
     common = [*overrides, f"train_args.client_num_per_round={parties}", "validation_args.local_test=false"]

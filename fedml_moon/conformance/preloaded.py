@@ -39,7 +39,7 @@ PRELOAD = [
     "torch",
     "torch._dynamo",  # torchvision imports it (its ops): where a run reads an image folder, 1.2 s
     "fedml_moon.cli",
-    "fedml_moon.config",
+    "fedml_moon.config.load",
     "fedml_moon.adapters.trainer",
     "fedml_moon.adapters.aggregator",
     "fedml_moon.distributed.managers",

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from fedml_moon.adapters.run import assemble
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     run = assemble(load_config(args.cf, args.overrides), Path(args.resume), resume=True)
     server, seen = run.loop.server, {}

@@ -256,7 +256,7 @@ def run_mode(
 
 
 def _parties(config: str | Path, overrides: list[str]) -> int:
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     return load_config(config, overrides).train_args.client_num_in_total
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.buffering import PARTY_SPEEDS, STALENESS
+from fedml_moon.core.buffering import PARTY_SPEEDS, STALENESS
 from fedml_moon.core.seeds import rng
 
 

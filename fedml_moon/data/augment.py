@@ -15,7 +15,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fedml_moon.config_schema import AUGMENTATIONS  # noqa: F401 (the names this module implements)
+from fedml_moon.config.schema import AUGMENTATIONS  # noqa: F401 (the names this module implements)
 
 PAD = 4
 MAX_ROTATION_DEG = 15.0

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.config.schema import ConfigError, DataArgs
 from fedml_moon.core.partition import (
     PartitionError,
     class_matched_partition,

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.parts import Parts
 from fedml_moon.data.holdings import Holdings
 

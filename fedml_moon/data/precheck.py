@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedml_moon.config import Config, evaluation, own_data
+from fedml_moon.config.load import Config, evaluation, own_data
 from fedml_moon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def one_site(cfg: Config, root: Path) -> bool:
 
 def config_for(cf: str, overrides: list[str], folder: str | None) -> Config:
     """The run's config (`--set` applied), its `data_args.data_cache_dir` the folder to check."""
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     if folder is None:
         return load_config(cf, overrides)

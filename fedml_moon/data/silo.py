@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.config.schema import ConfigError, DataArgs
 from fedml_moon.data import tables
 from fedml_moon.data.holdings import Holdings
 from fedml_moon.data.owned import Owned, owners

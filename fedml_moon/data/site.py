@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.config.schema import ConfigError, DataArgs
 from fedml_moon.core.seeds import rng
 from fedml_moon.data import tables
 from fedml_moon.data.holdings import Holdings, Parties

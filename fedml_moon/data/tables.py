@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedml_moon.config_schema import ConfigError, DataArgs
+from fedml_moon.config.schema import ConfigError, DataArgs
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.data.images import decode_all
 from fedml_moon.data.owned import Owned, Split, labels_to_indices

@@ -22,12 +22,12 @@ from typing import Any
 
 from fedml_moon.adapters import compat
 from fedml_moon.adapters.run import build_args, build_base, build_runner, build_server, held_claims
-from fedml_moon.config import Config, config_from_dict, config_to_dict, parse_overrides
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.files import DIGEST_KEYS, file_digests
+from fedml_moon.config.load import Config, config_from_dict, config_to_dict, parse_overrides
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.state import make_store
 from fedml_moon.distributed.managers import config_differences
-from fedml_moon.distributed.mpi_silos import Placement
-from fedml_moon.distributed.silo_group import (
+from fedml_moon.distributed.silo.group import (
     Channel,
     Group,
     ending,
@@ -37,8 +37,8 @@ from fedml_moon.distributed.silo_group import (
     leave,
     prepare_batchnorm,
 )
+from fedml_moon.distributed.silo.mpi_groups import Placement
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
-from fedml_moon.file_digests import DIGEST_KEYS, file_digests
 
 log = logging.getLogger(__name__)
 PARTY_KEYS = (
@@ -277,7 +277,7 @@ def build_process(
     rounds = build_server(base, folder)
     core = buffered_rounds(cfg, rounds)  # its state is in the server's checkpoint
     start = _resume_server(rounds, folder) if resume else 0
-    from fedml_moon.status_http import open_port
+    from fedml_moon.status.http import open_port
 
     port = open_port(cfg, folder)  # refused (taken, no credentials) before the transport listens
     transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
@@ -313,11 +313,11 @@ def buffered_rounds(cfg: Config, rounds: Any) -> Any:
 
 def server_manager_class(cfg: Config) -> type:
     """The server's manager: with `server_args.aggregation: buffered`, its buffered phase first."""
-    from fedml_moon.distributed.server_manager import PluginServerManager
+    from fedml_moon.distributed.server.manager import PluginServerManager
 
     if cfg.server_args.aggregation != "buffered":
         return PluginServerManager
-    from fedml_moon.distributed.server_buffered import BufferedPhases
+    from fedml_moon.distributed.server.buffered import BufferedPhases
 
     return type("BufferedServerManager", (BufferedPhases, PluginServerManager), {})
 
@@ -335,8 +335,8 @@ def _worker_build(
     """A worker's `build(shared)`: its data and parties from the run's shared settings."""
 
     def build(shared: dict[str, Any]) -> Any:
-        from fedml_moon.distributed.client_manager import Built
-        from fedml_moon.distributed.site_refusal import held_data_digest
+        from fedml_moon.distributed.silo.manager import Built
+        from fedml_moon.distributed.silo.refusal import held_data_digest
 
         run_cfg = with_shared(cfg, shared)
         taken = config_differences(shared_config(cfg), shared)
@@ -387,8 +387,8 @@ def _build_worker(
     # FedML's trainer (its algorithm frame: a second or more) imported before the transport dials: its
     # clock, comm_args.timeout_s for the server to answer, starts with it
     from fedml_moon.adapters import trainer  # noqa: F401
-    from fedml_moon.distributed.client_manager import Local, PluginClientManager
-    from fedml_moon.status_http import open_site_port
+    from fedml_moon.distributed.silo.manager import Local, PluginClientManager
+    from fedml_moon.status.http import open_site_port
 
     port = open_site_port(cfg, folder, rank)  # refused before the transport dials
     transport = make_transport(cfg, rank, worker_count(cfg, size), comm)

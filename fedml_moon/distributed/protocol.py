@@ -24,7 +24,7 @@ FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
 CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
 REJOIN = "rejoin"  # server -> a worker it has not welcomed (a restarted server): say HELLO now
 READY = "ready"  # worker -> server, once its data are built: what each of its parties holds (claims)
-REFUSE = "refuse"  # worker -> server, instead of READY: it refuses its own data (distributed/site_refusal.py)
+REFUSE = "refuse"  # worker -> server, instead of READY: it refuses its own data (distributed/silo/refusal.py)
 REFUSAL_KINDS = {
     "agreement": "its data do not fit the run's agreement",
     "unreadable": "a file of its data cannot be read",
@@ -213,12 +213,12 @@ def setting_name(value: Any) -> str | None:
 
 @functools.cache
 def _settings() -> frozenset[str]:
-    from fedml_moon.config_schema import SECTIONS
+    from fedml_moon.config.schema import SECTIONS
 
     return frozenset(f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls))
 
 
-# secure aggregation's extra rounds (fedml_moon.distributed.secure): keys, shares, masked inputs, unmasking
+# secure aggregation's extra rounds (distributed/server/secure.py): keys, shares, masked inputs, unmasking
 KEYS, ROSTER, SHARES, MASK, MASKED, UNMASK, UNMASKED = (
     "sa_keys",
     "sa_roster",
@@ -231,7 +231,7 @@ KEYS, ROSTER, SHARES, MASK, MASKED, UNMASK, UNMASKED = (
 PUBLIC_KEYS = record({"party": PARTY, "c_pk": hex_text(32), "s_pk": hex_text(32), "b_commit": hex_text(32)})
 SHARE_VALUES = list_of(record({"of": PARTY, "x": integer(1, MAX_ID), "y": hex_text(16)}))
 
-HELD, OPEN = "sa_held", "sa_open"  # a buffered run's secure sums (fedml_moon.distributed.buffered_secure)
+HELD, OPEN = "sa_held", "sa_open"  # a buffered run's secure sums (distributed/server/buffered_secure.py)
 
 SECURE_SCHEMAS: dict[str, dict[str, Check]] = {
     # worker -> server

@@ -1,6 +1,6 @@
 """The server's side of buffered aggregation (FedBuff), whatever drives it: the standalone loop on its
 simulated clock (`engine.buffered`), or the distributed server at the parties' real pace, or on the
-clock in the MPI simulation (`distributed.server_buffered`).
+clock in the MPI simulation (`distributed.server.buffered`).
 
 `dispatch` gives the free slots to parties not training (drawn on the run seed's "buffered" stream)
 with the newest global model; `take` is one party's update arriving: refused when too stale or
@@ -13,7 +13,7 @@ updates left out since the round before (`left_out`: [party, version, why, how m
 had arrived before it]), so that the run can be replayed. Under secure aggregation in the distributed
 modes (`remote`) a party's update never reaches the server: its silo holds it, the buffer keeps the
 party's start version and discount (`plans`), and the server sums the buffer with its parties over
-the network (`distributed.buffered_secure`) before `apply`. Pure PyTorch; no algorithm knows it is
+the network (`distributed.server.buffered_secure`) before `apply`. Pure PyTorch; no algorithm knows it is
 buffered.
 """
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedml_moon.algorithms.base import Payload
-from fedml_moon.buffering import buffer_shape
-from fedml_moon.config import Config
+from fedml_moon.config.load import Config
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
+from fedml_moon.core.buffering import buffer_shape
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount
 from fedml_moon.core.seeds import rng
 from fedml_moon.core.validate import spec_shapes

@@ -17,7 +17,7 @@ import time
 
 from tqdm import tqdm
 
-from fedml_moon.config import Config
+from fedml_moon.config.load import Config
 from fedml_moon.core.fedbuff import SimClock, party_durations
 from fedml_moon.engine.buffer_rounds import BufferedRounds, Job
 from fedml_moon.engine.parties import PartyRunner

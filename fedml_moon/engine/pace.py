@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fedml_moon.config_schema import TrainArgs
+from fedml_moon.config.schema import TrainArgs
 from fedml_moon.core.batched import RANDOM_FORWARD, auto_parties, draws_random, stacking_error
 from fedml_moon.engine.precision import BF16_STACKED
 from fedml_moon.errors import ConfigError

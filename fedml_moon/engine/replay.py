@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedml_moon.algorithms.base import Payload
-from fedml_moon.config import Config
+from fedml_moon.config.load import Config
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.engine.buffer_rounds import BufferedRounds, Job
 from fedml_moon.engine.parties import PartyRunner

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedml_moon.config import Config, config_to_dict
-from fedml_moon.config_schema import SECTIONS, ConfigError
+from fedml_moon.config.files import DIGEST_KEYS, file_digests
+from fedml_moon.config.load import Config, config_to_dict
+from fedml_moon.config.schema import SECTIONS, ConfigError
 from fedml_moon.core.checkpoint import latest, read_checkpoint, write_checkpoint
 from fedml_moon.core.personal import PartyFigures
-from fedml_moon.file_digests import DIGEST_KEYS, file_digests
 
 if TYPE_CHECKING:
     from fedml_moon.engine.parties import PartyRunner

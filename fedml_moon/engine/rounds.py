@@ -25,8 +25,8 @@ from fedml_moon.engine.evaluations import Evaluations
 from fedml_moon.engine.summed import Result, SummedRounds
 from fedml_moon.engine.uploads import UploadChecks
 from fedml_moon.errors import ConfigError
-from fedml_moon.metrics import RunRecorder
 from fedml_moon.privacy.mod import PrivateAggregation
+from fedml_moon.records.recorder import RunRecorder
 
 if TYPE_CHECKING:  # the FedML adapter it drives; the engine itself imports no fedml
     from fedml_moon.adapters.aggregator import PluginServerAggregator

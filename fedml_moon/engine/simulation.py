@@ -15,12 +15,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fedml_moon.config import Config
+from fedml_moon.config.files import file_digests
+from fedml_moon.config.load import Config
 from fedml_moon.core.fedbuff import SimClock
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_resumable, due, flatten, restore, save
 from fedml_moon.engine.rounds import ServerRounds
-from fedml_moon.file_digests import file_digests
 
 log = logging.getLogger(__name__)
 

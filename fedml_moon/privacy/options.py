@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedml_moon.buffering import buffer_shape
+from fedml_moon.core.buffering import buffer_shape
 from fedml_moon.errors import require
 
 ACCOUNTANTS = ("rdp", "pld")

@@ -132,7 +132,7 @@ def slurm_args(raw: dict[str, Any] | None, overrides: dict[str, Any]) -> SlurmAr
         if value is None or value == []:
             continue
         merged[key] = [*merged.get(key, []), *value] if key == "sbatch" else value
-    from fedml_moon.config_fields import build_section
+    from fedml_moon.config.fields import build_section
 
     return build_section(SlurmArgs, merged, SECTION)
 

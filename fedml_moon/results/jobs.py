@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.errors import SchedulerError  # noqa: F401 (raised here, caught by the command line)
-from fedml_moon.records import held, in_progress
+from fedml_moon.records.folder import held, in_progress
 from fedml_moon.results.sweep import Run
 
 RECORD = "jobs.json"

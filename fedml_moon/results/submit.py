@@ -79,7 +79,7 @@ def _submit(
 def check_resumes(runs: list[Run]) -> None:
     """Refuse, before anything is submitted, a run that would go on from its checkpoint with
     another config (a changed `--set`, sweep file or base config): its job would fail at start."""
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
     from fedml_moon.engine.resume import check_resumable
 
     for run in runs:

@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
-from fedml_moon.config_schema import ConfigError
-from fedml_moon.records import earlier_records
+from fedml_moon.config.schema import ConfigError
+from fedml_moon.records.folder import earlier_records
 from fedml_moon.results.cluster import slurm_args
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def load_sweep(
 def _check(name: str, config: Path, overrides: tuple[str, ...]) -> None:
     """Load the run's config: a ConfigError names the run. (Imported here: a job that runs a Run,
     and `--status`, import no PyTorch.)"""
-    from fedml_moon.config import load_config
+    from fedml_moon.config.load import load_config
 
     try:
         load_config(config, list(overrides))

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedml_moon.config import Config, config_from_dict
-from fedml_moon.config_schema import ConfigError
+from fedml_moon.config.load import Config, config_from_dict
+from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.data.federated import load_data
 from fedml_moon.data.loader import build_fedml_dataset

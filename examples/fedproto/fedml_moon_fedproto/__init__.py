@@ -26,7 +26,7 @@ from fedml_moon.algorithms.base import (
     Payload,
     ServerAlgorithm,
 )
-from fedml_moon.config_schema import require
+from fedml_moon.config.schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.privacy.sums import SUM, UPDATE, Sums
 from fedml_moon.registry import AlgorithmSpec

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fedml_moon.algorithms.base import ClientAlgorithm, Context, Net, PartyRound, ServerAlgorithm
-from fedml_moon.config_schema import require
+from fedml_moon.config.schema import require
 from fedml_moon.losses import proximal_term
 from fedml_moon.registry import AlgorithmSpec
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fedml_moon.config_schema import CommArgs, ConfigError
+from fedml_moon.config.schema import CommArgs, ConfigError
 from fedml_moon.distributed.transport.grpc_transport import GrpcSecurity
 from fedml_moon.distributed.transport.mqtt_s3 import MqttSecurity
 from fedml_moon.security import is_loopback, load_token_caps, load_token_table

@@ -1,0 +1,58 @@
+"""FedBuff's constants (the choices of `server_args.aggregation`, `buffer_weights`, `staleness` and
+`train_args.party_speed`), a buffered run's shape and the checks of each key on its own; the math is
+`core/fedbuff.py`, the checks against the rest of the config `config/buffered.py`, the loop
+`engine/buffered.py`. Importing it costs nothing (no torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedml_moon.errors import require
+
+AGGREGATIONS = ("sync", "buffered")
+BUFFER_WEIGHTS = ("uniform", "samples")
+STALENESS = ("sqrt", "polynomial", "constant")  # core.fedbuff.discount
+PARTY_SPEEDS = ("constant", "lognormal", "halfnormal", "file")  # core.fedbuff.party_durations
+
+
+def buffer_shape(cfg: Any) -> tuple[int, int]:
+    """(concurrency, K) of a buffered run, their nulls resolved: concurrency defaults to
+    `train_args.client_num_per_round`, K (`buffer_size`) to the concurrency."""
+    s = cfg.server_args
+    concurrency = s.concurrency or cfg.train_args.client_num_per_round
+    return concurrency, s.buffer_size or concurrency
+
+
+def speed_value_checks(train: Any) -> None:
+    """`train_args.party_speed` and its sigma (`TrainArgs.check`)."""
+    speed = train.party_speed
+    require(
+        speed is None or speed in PARTY_SPEEDS,
+        "train_args.party_speed",
+        f"{speed!r} is unknown; choose one of {', '.join(PARTY_SPEEDS)}, or null (no simulated clock)",
+    )
+    require(train.party_speed_sigma > 0, "train_args.party_speed_sigma", "must be > 0")
+
+
+def buffer_value_checks(s: Any) -> None:
+    """server_args' buffered keys, each on its own (`ServerArgs.check`)."""
+    require(
+        s.aggregation in AGGREGATIONS,
+        "server_args.aggregation",
+        f"{s.aggregation!r}: choose sync or buffered",
+    )
+    require(
+        s.staleness in STALENESS,
+        "server_args.staleness",
+        f"{s.staleness!r}: choose one of {', '.join(STALENESS)}",
+    )
+    require(s.staleness_exponent >= 0, "server_args.staleness_exponent", "must be >= 0")
+    require(
+        s.buffer_weights in BUFFER_WEIGHTS,
+        "server_args.buffer_weights",
+        f"{s.buffer_weights!r}: choose uniform (the paper's 1/K) or samples",
+    )
+    require(s.buffer_size is None or s.buffer_size >= 1, "server_args.buffer_size", "must be >= 1 (or null)")
+    require(
+        s.max_staleness is None or s.max_staleness >= 0, "server_args.max_staleness", "must be >= 0 (or null)"
+    )

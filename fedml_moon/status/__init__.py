@@ -1,0 +1,3 @@
+"""A run's status: the record every process writes beside its records and `fedml-moon status` reads
+(`record`), the status port that serves it (`http`), its page (`page`) and its Prometheus metrics
+(`metrics`). Importing this package imports none of them."""

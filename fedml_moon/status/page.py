@@ -1,0 +1,90 @@
+"""A run's status as an HTML page (what the status port serves at `/`): the same facts as
+`fedml-moon status`, with the curves drawn as inline SVG (test accuracy and loss, round time, sites
+per round). No script and no outside resource: the page reloads itself every few seconds."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from fedml_moon.status.record import ago, round_of
+
+REFRESH_S = 2
+CHART = (320, 90)  # an SVG chart's width and height, in pixels
+
+
+def chart(title: str, points: list[tuple[float, float]], unit: str = "") -> str:
+    """A polyline of (x, y) points, with the title and the last value; `—` where there is none."""
+    points = [(x, y) for x, y in points if isinstance(y, (int, float)) and math.isfinite(y)]
+    width, height = CHART
+    if not points:
+        return f"<figure><figcaption>{html.escape(title)}: —</figcaption></figure>"
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+
+    def at(x: float, y: float) -> str:
+        px = 4 + (width - 8) * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
+        py = height - 4 - (height - 8) * ((y - y0) / (y1 - y0) if y1 > y0 else 0.5)
+        return f"{px:.1f},{py:.1f}"
+
+    line = " ".join(at(x, y) for x, y in points)
+    last = f"{ys[-1]:.4g}{unit} (round {int(xs[-1])})"
+    return (
+        f'<figure><figcaption>{html.escape(title)}: <b class="value">{html.escape(last)}</b></figcaption>'
+        f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">'
+        f'<polyline fill="none" stroke="#1f6feb" stroke-width="2" points="{line}"/></svg></figure>'
+    )
+
+
+def _site_row(site: dict[str, Any]) -> str:
+    state = "connected" if site.get("connected") else "gone"
+    cells = [
+        str(site.get("rank")),
+        state,
+        ago(site.get("last_heard_s")),
+        str(site.get("rounds", 0)),
+        str(site.get("refused", 0)),
+    ]
+    body = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+    return f'<tr class="site {state}" id="site-{site.get("rank")}">{body}</tr>'
+
+
+def render_html(status: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The page for `status` (`fedml_moon.status.record.read`, as this viewer may see it) and the round
+    records it may see (`round`, `test_acc`, `test_loss`, `round_time_s`, `parties`)."""
+    esc = html.escape
+    head = f"{status.get('algorithm') or ''}, {round_of(status)}, {status.get('phase')}"
+    rows = [(r["round"], r) for r in records if isinstance(r.get("round"), int)]
+    latest = status.get("latest") or {}
+    eta = status.get("eta_s")
+    facts = [
+        f"test accuracy {latest['test_acc']:.4f}, loss {latest['test_loss']:.4f} (round {latest['round']})"
+        if latest.get("test_acc") is not None and latest.get("test_loss") is not None
+        else "no test figures yet",
+        f"round time {status['round_time_s']:.1f} s" if status.get("round_time_s") else "round time —",
+        f"done in about {eta:.0f} s" if eta else "",
+        f"status written {ago(status['written_s_ago'])}" if status.get("written_s_ago") is not None else "",
+    ]
+    charts = [
+        chart("test accuracy", [(i, r.get("test_acc")) for i, r in rows]),
+        chart("test loss", [(i, r.get("test_loss")) for i, r in rows]),
+        chart("round time", [(i, r.get("round_time_s")) for i, r in rows], " s"),
+        chart("parties per round", [(i, r.get("parties")) for i, r in rows]),
+    ]
+    sites = status.get("sites") or []
+    table = (
+        "<table><thead><tr><th>site</th><th>state</th><th>last heard</th><th>rounds</th><th>refused</th>"
+        f"</tr></thead><tbody>{''.join(_site_row(s) for s in sites)}</tbody></table>"
+        if sites
+        else ""
+    )
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f'<meta http-equiv="refresh" content="{REFRESH_S}">'
+        f"<title>{esc(str(status.get('run')))}: {esc(head)}</title>"
+        "<style>body{font:14px system-ui,sans-serif;margin:1.5em}figure{display:inline-block;margin:.5em}"
+        "td,th{padding:.2em .8em;text-align:left}.gone{color:#b00}svg{background:#f6f8fa}</style></head>"
+        f'<body><h1>run {esc(str(status.get("run")))}</h1><p id="state">{esc(head)}</p>'
+        f"<p>{'<br>'.join(esc(f) for f in facts if f)}</p>{''.join(charts)}{table}</body></html>"
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fedml_moon.cli import main  # noqa: E402
-from fedml_moon.distributed.silo.manager import PluginClientManager  # noqa: E402
+from fedml_moon.distributed.silo.manager import SiloManager  # noqa: E402
 
 
 def die(self, msg) -> None:
@@ -21,5 +21,5 @@ def die(self, msg) -> None:
     os._exit(9)
 
 
-PluginClientManager.on_train = die
+SiloManager.on_train = die
 sys.exit(main())

@@ -95,9 +95,9 @@ def _outcome(manager) -> tuple:
 
 
 def _finish(manager, silos: Silos) -> tuple:
-    while manager.phase != "finish" and silos.step():
+    while manager.state.round.phase != "finish" and silos.step():
         pass
-    for rank in sorted(manager.pending):
+    for rank in sorted(manager.state.round.pending):
         _from(manager, rank, m.BYE)
     return _outcome(manager)
 
@@ -114,12 +114,12 @@ def _in_order(tmp_path, updates: list[tuple[int, int]], settings: list[str]) -> 
                 queue.remove(msg)
                 silos.answer(rank, msg)
         silos.collect()
-        rank = manager.placement[party]
+        rank = manager.run.placement[party]
         task = next(q for q in silos.queues[rank] if q.get("round") == version)
-        assert manager.tasks.get(rank, {}).get(party) == version, (party, version)
+        assert manager.state.buffer.tasks.get(rank, {}).get(party) == version, (party, version)
         silos.queues[rank].remove(task)
         silos.answer(rank, task)
-    for rank in sorted(manager.pending):
+    for rank in sorted(manager.state.round.pending):
         _from(manager, rank, m.BYE)
     return _outcome(manager)
 
@@ -129,11 +129,11 @@ def _past_first_checkpoint(folder, settings: list[str], after: int) -> tuple:
     its manager, wire and silos (the server is "killed" by being dropped)."""
     manager, wire = _server(folder, *settings)
     silos = Silos(manager, wire)
-    while manager.last_checkpoint is None:
+    while manager.state.round.last_checkpoint is None:
         assert silos.step()
     for _ in range(after):
         assert silos.step()
-    assert manager.phase in ("buffered", "eval")
+    assert manager.state.round.phase in ("buffered", "eval")
     return manager, wire, silos
 
 
@@ -149,14 +149,14 @@ def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_an
     silos.collect()
     assert sorted(r for r, q in silos.queues.items() if q and q[-1].get_type() == m.CHECKPOINT) == [1, 2, 3]
     _from(manager, 1, m.CHECKPOINTED, round=5)
-    assert manager.cut is not None and manager.cut.awaiting == {1, 2, 3}
-    hello = {"config": manager.config, "explicit": [], "fresh_parties": [], "parties": [1]}
+    assert manager.state.buffer.cut is not None and manager.state.buffer.cut.awaiting == {1, 2, 3}
+    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": [], "parties": [1]}
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
     _from(manager, 2, m.HELLO, process="restarted", **hello)  # rank 2 restarts: asked again, after its tasks
     again = [t.get_type() for t in wire.sent[silos.seen :] if t.get_receiver_id() == 2]
     assert again[-1] == m.CHECKPOINT and m.TRAIN in again
     silos.queues[2].clear()  # what the old process had not answered is lost with it
-    while manager.cut is not None:
+    while manager.state.buffer.cut is not None:
         assert silos.step()
     root = checkpoint_root(tmp_path)
     assert (root / "LATEST").read_text().strip() == "0"
@@ -179,12 +179,16 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, runs, 
     there, every update taken after the checkpoint was held in it or had a task of its own."""
     settings = EVALUATED if runs == "evaluated" else SETTINGS
     first, _, silos = _past_first_checkpoint(tmp_path / "run", settings, after)
-    kept = [dict(r) for r in first.rounds.recorder.records[: first.last_checkpoint + 1]]
-    held = read_checkpoint(checkpoint_root(tmp_path / "run"), first.last_checkpoint, ("server",))["server"]
+    kept = [dict(r) for r in first.rounds.recorder.records[: first.state.round.last_checkpoint + 1]]
+    held = read_checkpoint(checkpoint_root(tmp_path / "run"), first.state.round.last_checkpoint, ("server",))[
+        "server"
+    ]
     silos.collect()
     queued = [(r, msg) for r, q in silos.queues.items() for msg in q if msg.get_type() == m.TRAIN]
     again, wire_again = _server(tmp_path / "run", *settings, resume=True)
-    assert again.start == first.last_checkpoint + 1  # its held updates may have filled a buffer since
+    assert (
+        again.run.start == first.state.round.last_checkpoint + 1
+    )  # its held updates may have filled a buffer since
     for rank, msg in queued:
         Silos(again, wire_again).answer(rank, msg)
     got = _finish(again, Silos(again, wire_again))
@@ -247,8 +251,8 @@ def test_under_dp_a_server_killed_and_resumed_keeps_its_buffers_and_charges_ever
     want = _finish(ref, Silos(ref, ref_wire))[1]
     first, _, _ = _past_first_checkpoint(tmp_path / "run", dp, after)
     kept, released_after = (
-        first.last_checkpoint + 1,
-        len(first.rounds.recorder.records) - first.last_checkpoint - 1,
+        first.state.round.last_checkpoint + 1,
+        len(first.rounds.recorder.records) - first.state.round.last_checkpoint - 1,
     )
     again, wire_again = _server(tmp_path / "run", *dp, resume=True)
     got = _finish(again, Silos(again, wire_again))[1]
@@ -267,7 +271,7 @@ def test_a_checkpoint_holds_only_the_tasks_in_flight_at_the_cut(tmp_path, seed):
     silos = Silos(manager, wire)
     while not any(t.get_type() == m.CHECKPOINT for t in wire.sent):
         assert silos.step()
-    cut, version = manager.cut, manager.core.version
+    cut, version = manager.state.buffer.cut, manager.flow.core.version
     for _ in range(10):
         silos.collect()
         trains = [
@@ -277,7 +281,7 @@ def test_a_checkpoint_holds_only_the_tasks_in_flight_at_the_cut(tmp_path, seed):
             for msg in queue
             if msg.get_type() == m.TRAIN and msg.get("round") == version
         ]
-        if not trains or manager.cut is not cut or manager.core.version != version:
+        if not trains or manager.state.buffer.cut is not cut or manager.flow.core.version != version:
             break
         rank, msg = trains[0]
         silos.queues[rank].remove(msg)

@@ -41,9 +41,10 @@ class Worker(SecureWorker):
     """A silo's worker side of secure aggregation, its messages sent to the server in this process."""
 
     def __init__(self, rank: int, manager) -> None:
-        self.rank, self.manager = rank, manager
         model = SimpleNamespace(trainer=SimpleNamespace(model=manager.rounds.aggregator.model))
-        self.built = SimpleNamespace(run_config=manager.run_config, runner=model)
+        built = SimpleNamespace(run_config=manager.run_config, runner=model)
+        super().__init__(SimpleNamespace(rank=rank, state=SimpleNamespace(built=built)))  # its silo
+        self.manager = manager
         self.sent: list[tuple[str, dict]] = []
 
     def send(self, kind: str, to: int, **params) -> None:
@@ -57,9 +58,9 @@ class SecureSilos(Silos):
 
     def __init__(self, manager, wire, workers: dict[int, Worker] | None = None) -> None:
         super().__init__(manager, wire)
-        self.queues = {rank: [] for rank in manager.workers}
+        self.queues = {rank: [] for rank in manager.run.workers}
         self.gone: set[int] = set()  # silos stopped: their messages are lost
-        self.workers = workers or {rank: Worker(rank, manager) for rank in manager.workers}
+        self.workers = workers or {rank: Worker(rank, manager) for rank in manager.run.workers}
         for worker in self.workers.values():
             worker.manager = manager
 
@@ -100,10 +101,9 @@ WIRE = ("wire_bytes_sent", "wire_bytes_received")
 def _in_the_server(tmp_path, settings: list[str]) -> tuple:
     """The same run, each buffer's secure sum run by the server itself from the parties' uploads
     (the standalone simulation's SecAgg, in one process): its silos send RESULTs."""
-    manager, wire = _server(tmp_path, *settings, silos=4)
-    manager.secure = manager.core.remote = False
+    manager, wire = _server(tmp_path, *settings, silos=4, secure=False)
     silos = Silos(manager, wire)
-    silos.queues = {rank: [] for rank in manager.workers}
+    silos.queues = {rank: [] for rank in manager.run.workers}
     return _finish(manager, silos)
 
 
@@ -155,7 +155,7 @@ def test_a_party_masks_its_update_once_and_only_with_its_own_staleness_rule(tmp_
         assert silos.step()
     opened = next(msg for msg in wire.sent if msg.get_type() == p.OPEN)
     rank = opened.get_receiver_id()
-    while manager.recorded < 0:
+    while manager.state.round.recorded < 0:
         assert silos.step()
     worker = silos.workers[rank]
     worker.on_sa_open(opened)  # the same session again: its update is masked already
@@ -214,9 +214,9 @@ def test_silos_that_never_send_keys_stop_the_run_rather_than_stall_it(tmp_path):
     for worker in silos.workers.values():
         worker.on_sa_open = lambda msg, w=worker: w.send(p.KEYS, 0, round=msg.get("round"), keys=[])
     for _ in range(10_000):
-        if manager.phase == "done" or not silos.step():
+        if manager.state.round.phase == "done" or not silos.step():
             break
-    assert manager.phase == "done" and manager.status == "failed"
+    assert manager.state.round.phase == "done" and manager.status == "failed"
     reason = next(msg.get("reason") for msg in wire.sent if msg.get_type() == m.ABORT)
     taken = int(re.search(r"(\d+) updates taken out of the buffer before its secure sum", reason)[1])
     assert 40 <= taken < 43 and "(no keys for its secure sum" in reason  # 10 x max(K, concurrency)
@@ -265,7 +265,7 @@ def test_a_silo_gone_during_a_buffers_session_is_not_waited_for(tmp_path, case):
     _from(manager, gone, m.BYE)
     silos.gone.add(gone)
     for _ in range(1000):  # a tick once the others answered: the server gives up on the silo gone
-        if manager.phase == "finish":
+        if manager.state.round.phase == "finish":
             break
         if not silos.step():
             _from(manager, 0, m.TICK)
@@ -290,11 +290,11 @@ def test_on_the_clock_a_server_killed_and_resumed_masks_no_update_twice(tmp_path
     want = honest[0]
     first, wire = _server(tmp_path / "run", *ON_CLOCK, silos=4)
     silos = SecureSilos(first, wire)
-    while first.last_checkpoint is None:
+    while first.state.round.last_checkpoint is None:
         assert silos.step()
     for _ in range(after):
         assert silos.step()
-    kept = first.last_checkpoint + 1
+    kept = first.state.round.last_checkpoint + 1
     before = {(params["round"], item["party"]) for params, item in _masked(silos) if params["round"] >= kept}
     assert bool(before) == masked
     again, wire_again = _server(tmp_path / "run", *ON_CLOCK, silos=4, resume=True)
@@ -331,7 +331,7 @@ def _hostile(manager, silos: SecureSilos) -> None:
     """Well-formed messages from the run's silos whose values are hostile: a HELD for another silo's
     party, for a version the sender has no task of, with a sample count not the party's, a HELD
     sent again, keys for a party outside the buffer or for another round, a RESULT in the clear."""
-    version, samples = manager.core.version, manager.rounds.samples
+    version, samples = manager.flow.core.version, manager.rounds.samples
     for rank, worker in silos.workers.items():
         other = rank % len(silos.workers)  # the next rank's party
         mine = rank - 1
@@ -363,10 +363,10 @@ def test_hostile_notices_and_keys_change_nothing(tmp_path, honest):
     manager, wire = _server(tmp_path / "hostile", *ON_CLOCK, silos=4)
     silos = SecureSilos(manager, wire)
     for _ in range(10_000):
-        if manager.phase == "finish":
+        if manager.state.round.phase == "finish":
             break
         _hostile(manager, silos)
-        assert all(upload == {} for upload in manager.core.arrived.values())  # notices only
+        assert all(upload == {} for upload in manager.flow.core.arrived.values())  # notices only
         if not silos.step():
             break
     got = _finish(manager, silos)

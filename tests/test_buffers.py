@@ -93,7 +93,7 @@ def test_a_silo_s_negative_variance_or_counter_is_refused_and_changes_nothing(tm
         item = _item(manager, 0, {**honest, **bad})
         _from(manager, 1, m.RESULT, round=0, results=[item])
         assert named in caplog.text
-    assert manager.pending == {1, 2, 3}
+    assert manager.state.round.pending == {1, 2, 3}
     _from(manager, 1, m.RESULT, round=0, results=[_item(manager, 0, honest)])
     for rank in (2, 3):
         _results(manager, wire, rank)

@@ -21,10 +21,9 @@ from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError, ServerArgs, TrainArgs
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol
-from fedml_moon.distributed.deploy import placement, shared_config
-from fedml_moon.distributed.server.manager import PluginServerManager
-from fedml_moon.distributed.silo.manager import Built, Local, PluginClientManager
-from fedml_moon.engine.resume import flat_config
+from fedml_moon.distributed.deploy import server_manager, shared_config
+from fedml_moon.distributed.silo.manager import SiloManager
+from fedml_moon.distributed.silo.state import Built, Local
 from tests.site_data import MIXES, party_folders, site_sets
 from tests.test_honest_silos import SiloWire
 from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
@@ -67,10 +66,7 @@ def _server(tmp_path: Path, sites: Path, *extra: str, ready: bool = True):
     assert len(base.fed.data.y_train) == len(base.fed.data.y_test) == 0  # it holds no sample
     rounds = build_server(base, tmp_path / "server")
     wire = Wire()
-    manager = PluginServerManager(
-        base.args, wire, rounds, placement(cfg, 3), [1, 2, 3], shared_config(cfg), cfg.comm_args,
-        (cfg.train_args.checkpoint_every, flat_config(cfg)),
-    )  # fmt: skip
+    manager = server_manager(cfg, base.args, wire, rounds, [1, 2, 3])
     manager.register_message_receive_handlers()
     honest = _claims(list(extra), sites, tmp_path)
     for rank in (1, 2, 3):
@@ -93,9 +89,9 @@ def test_the_run_starts_when_every_site_has_claimed_and_its_claims_are_recorded(
     manager, wire, honest = _server(tmp_path, sites, ready=False)
     for rank in (1, 2):
         _ready(manager, rank, honest[rank - 1])
-    assert manager.phase == "hello" and not [x for x in wire.sent if x.get_type() == m.TRAIN]
+    assert manager.state.round.phase == "hello" and not [x for x in wire.sent if x.get_type() == m.TRAIN]
     _ready(manager, 3, honest[2])
-    assert manager.phase == "train"
+    assert manager.state.round.phase == "train"
     assert manager.rounds.claims == honest and manager.rounds.samples == {
         p: c["samples"] for p, c in honest.items()
     }
@@ -124,17 +120,17 @@ HOSTILE = [
 def test_a_hostile_claim_is_refused_naming_it_and_the_run_is_as_without_it(tmp_path, sites, change, named):
     manager, wire, honest = _server(tmp_path, sites, ready=False)
     _ready(manager, 1, {**honest[0], **change})
-    assert manager.phase == "hello" and named in " ".join(_aborts(wire, 1)), _aborts(wire, 1)
+    assert manager.state.round.phase == "hello" and named in " ".join(_aborts(wire, 1)), _aborts(wire, 1)
     for rank in (1, 2, 3):
         _ready(manager, rank, honest[rank - 1])
-    assert manager.phase == "train" and manager.rounds.claims == honest
+    assert manager.state.round.phase == "train" and manager.rounds.claims == honest
 
 
 def test_claims_for_another_sites_party_are_refused(tmp_path, sites):
     manager, wire, honest = _server(tmp_path, sites, ready=False)
     _from(manager, 1, m.READY, claims=[{"party": 1, "claim": honest[1]}])
     assert "claims are for parties [1], not its parties [0]" in " ".join(_aborts(wire, 1))
-    assert 1 not in manager.ready and not manager.offered
+    assert not manager.state.sites[1].ready and not manager.state.round.offered
 
 
 def test_a_site_cannot_change_its_claim_once_made_whatever_it_says_later(tmp_path, sites):
@@ -149,7 +145,7 @@ def test_a_site_cannot_change_its_claim_once_made_whatever_it_says_later(tmp_pat
         _ready(manager, rank, honest[rank - 1])
     assert manager.rounds.claims == honest
     for round_idx in range(2):
-        assert manager.phase == "train" and manager.round_idx == round_idx
+        assert manager.state.round.phase == "train" and manager.state.round.round_idx == round_idx
         _ready(manager, 2, {**honest[1], "samples": 7 + round_idx})
         for rank in (1, 2, 3):
             task = next(
@@ -159,10 +155,10 @@ def test_a_site_cannot_change_its_claim_once_made_whatever_it_says_later(tmp_pat
             lie = {"party": party, "n": honest[party]["samples"] + 1 + round_idx,
                    "upload": {"model": model, "party_id": party}}  # fmt: skip
             _from(manager, rank, m.RESULT, round=round_idx, results=[lie])
-            assert rank in manager.pending
+            assert rank in manager.state.round.pending
             _from(manager, rank, m.RESULT, round=round_idx, results=[{**lie, "n": honest[party]["samples"]}])
         for rank in (1, 2, 3):  # federated evaluation (the server holds no test set)
-            if manager.phase == "eval":
+            if manager.state.round.phase == "eval":
                 _from(manager, rank, m.REPORT, round=round_idx, reports=[_report(manager, rank - 1)])
     assert manager.rounds.claims == honest
     assert [r["parties"] for r in manager.rounds.recorder.records] == [3, 3]
@@ -192,11 +188,11 @@ def test_evaluation_counts_that_break_the_claim_are_refused(tmp_path, sites, cou
         party, model = rank - 1, task.get("tasks")[0]["payload"]["model"]
         item = {"party": party, "n": honest[party]["samples"], "upload": {"model": model, "party_id": party}}
         _from(manager, rank, m.RESULT, round=0, results=[item])
-    assert manager.phase == "eval"
+    assert manager.state.round.phase == "eval"
     seen = honest[0]["test_samples"]
     bad = [counts[0], seen if counts[1] == 100 else counts[1], counts[2]]
     _from(manager, 1, m.REPORT, round=0, reports=[_report(manager, 0, test={"global": bad})])
-    assert 1 in manager.pending and named in caplog.text
+    assert 1 in manager.state.round.pending and named in caplog.text
     for rank in (1, 2, 3):
         _from(manager, rank, m.REPORT, round=0, reports=[_report(manager, rank - 1)])
     record = manager.rounds.recorder.records[0]
@@ -237,7 +233,7 @@ def test_a_sites_own_cap_bounds_its_claims_below_the_runs(tmp_path, sites):
     wire.caps = {1: honest[0]["samples"]}
     for rank in (1, 2, 3):
         _ready(manager, rank, honest[rank - 1])
-    assert manager.phase == "train" and manager.rounds.claims == honest
+    assert manager.state.round.phase == "train" and manager.rounds.claims == honest
 
 
 def test_a_secure_sum_of_counts_that_is_not_the_claimed_samples_gives_no_test_figures(tmp_path, sites):
@@ -310,8 +306,8 @@ def test_under_secure_aggregation_a_site_gives_its_counts_only_to_a_secure_sum(t
     built = Built(build_runner(base, folder), [0], shared_config(cfg), cfg, held_claims(base))
     wire = SiloWire()
     local = Local(shared_config(cfg), [], [0], lambda: [])
-    silo = PluginClientManager(base.args, wire, local, lambda shared: built, 1, cfg.comm_args, folder)
-    silo.built = built
+    silo = SiloManager(base.args, wire, local, lambda shared: built, 1, cfg.comm_args, folder)
+    silo.state.built = built
     model = base.model.state_dict()
     asks = [
         {"model": model, "local": True},

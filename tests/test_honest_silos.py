@@ -23,7 +23,8 @@ from fedml_moon import conformance
 from fedml_moon.config.schema import CommArgs
 from fedml_moon.distributed import protocol as p
 from fedml_moon.distributed.managers import config_digest
-from fedml_moon.distributed.silo.manager import Local, PluginClientManager
+from fedml_moon.distributed.silo.manager import SiloManager
+from fedml_moon.distributed.silo.state import Local
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes, message_from_bytes
 from tests.test_deploy_failures import CONFIG, _wait_for
 from tests.test_server_waits import pytestmark as needs_data
@@ -51,7 +52,7 @@ def test_a_silo_sends_heartbeats_while_it_builds_its_data():
         raise RuntimeError("built enough")  # what it builds does not matter here
 
     comm = CommArgs(heartbeat_s=0.2)
-    manager = PluginClientManager(SimpleNamespace(), wire, local, slow_build, 1, comm, Path("."))
+    manager = SiloManager(SimpleNamespace(), wire, local, slow_build, 1, comm, Path("."))
     manager.hello()
     beats = threading.Thread(target=manager._heartbeat_loop, daemon=True)
     beats.start()

@@ -54,35 +54,41 @@ def _task(wire, rank: int, version: int) -> dict:
 
 def _report(manager, rank: int) -> None:
     """A silo's honest report on the evaluation round."""
-    acc = 0.1 * rank + 0.01 * manager.round_idx
+    acc = 0.1 * rank + 0.01 * manager.state.round.round_idx
     _from(
         manager,
         rank,
         m.REPORT,
-        round=manager.round_idx,
+        round=manager.state.round.round_idx,
         reports=[{"party_id": rank - 1, "local_test_acc": acc}],
     )
 
 
 def _run(tmp_path, plan: random.Random | None, per_task: int = 0) -> tuple[dict, list, dict]:
     manager, wire = _buffered_server(tmp_path)
-    while manager.phase in ("buffered", "eval"):
-        busy = sorted(r for r, tasks in manager.tasks.items() if tasks)
-        if manager.phase == "eval" and not busy:
-            _report(manager, min(manager.pending))
+    while manager.state.round.phase in ("buffered", "eval"):
+        busy = sorted(r for r, tasks in manager.state.buffer.tasks.items() if tasks)
+        if manager.state.round.phase == "eval" and not busy:
+            _report(manager, min(manager.state.round.pending))
             continue
         rank = (
-            min(manager.pending) if manager.phase == "buffered" else busy[0]
+            min(manager.state.round.pending) if manager.state.round.phase == "buffered" else busy[0]
         )  # the lowest rank, oldest task
-        version = min(manager.tasks[rank].values())
+        version = min(manager.state.buffer.tasks[rank].values())
         task = _task(wire, rank, version)
         party, model = task.get("tasks")[0]["party"], task.get("tasks")[0]["payload"]["model"]
         if plan is not None:
-            other = next(p for p, r in manager.placement.items() if r != rank)
+            other = next(p for p, r in manager.run.placement.items() if r != rank)
             samples = manager.rounds.samples[party]
-            target = Target(version, rank, party, other, model, samples, manager.rounds.terms, manager.config)
+            target = Target(
+                version, rank, party, other, model, samples, manager.rounds.terms, manager.run.config
+            )
             for kind, fields in hostile_messages(plan, target, per_task):
-                if manager.phase == "eval" and kind == m.REPORT and fields.get("round") == manager.round_idx:
+                if (
+                    manager.state.round.phase == "eval"
+                    and kind == m.REPORT
+                    and fields.get("round") == manager.state.round.round_idx
+                ):
                     continue  # its own report for the round: the silo's to send
                 _from(manager, rank, kind, **fields)
         moved = {k: v + 0.01 * rank if v.is_floating_point() else v for k, v in model.items()}
@@ -94,7 +100,7 @@ def _run(tmp_path, plan: random.Random | None, per_task: int = 0) -> tuple[dict,
         _from(manager, rank, m.RESULT, round=version, results=[item])
         if plan is not None and plan.random() < 0.5:  # the same result again: its task is done
             _from(manager, rank, m.RESULT, round=version, results=[item])
-    for rank in sorted(manager.pending):
+    for rank in sorted(manager.state.round.pending):
         _from(manager, rank, m.BYE)
     assert manager.status == "completed", manager.status
     records = [{k: v for k, v in r.items() if k not in TIMING} for r in manager.rounds.recorder.records]
@@ -123,24 +129,24 @@ def test_a_restarted_silo_gets_its_tasks_again_once_and_a_silo_gone_then_back_ta
     at the next tick its task is dropped and no task goes to it; once it says HELLO again, its party
     takes work again, and the run completes (no evaluation round here: the server tests)."""
     manager, wire = _buffered_server(tmp_path, "validation_args.local_test=false")
-    hello = {"config": manager.config, "explicit": [], "fresh_parties": []}
-    assert len(_trains(wire, 1)) == 1 and manager.tasks[1] == {0: 0}
+    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": []}
+    assert len(_trains(wire, 1)) == 1 and manager.state.buffer.tasks[1] == {0: 0}
     for i in range(2):
         time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
         _from(manager, 1, m.HELLO, parties=[0], process=f"restarted-{i}", **hello)
     assert [t.get("round") for t in _trains(wire, 1)] == [0, 0]
     _from(manager, 2, m.BYE)
     _from(manager, 0, m.TICK)
-    assert 2 not in manager.tasks and 1 not in manager.core.inflight
+    assert 2 not in manager.state.buffer.tasks and 1 not in manager.flow.core.inflight
     sent_to_2 = len(_trains(wire, 2))
     time.sleep(1.1)
     _from(manager, 2, m.HELLO, parties=[1], process="back", **hello)
-    while manager.phase == "buffered":
-        rank = min(manager.pending)
-        version = min(manager.tasks[rank].values())
+    while manager.state.round.phase == "buffered":
+        rank = min(manager.state.round.pending)
+        version = min(manager.state.buffer.tasks[rank].values())
         task = _task(wire, rank, version).get("tasks")[0]
         item = {"party": task["party"], "n": manager.rounds.samples[task["party"]]}
         item["upload"] = {"model": task["payload"]["model"], "party_id": task["party"]}
         _from(manager, rank, m.RESULT, round=version, results=[item])
     assert len(_trains(wire, 2)) > sent_to_2  # back: its party took work again
-    assert manager.phase == "finish"
+    assert manager.state.round.phase == "finish"

@@ -61,7 +61,7 @@ def test_nothing_a_silo_sends_stops_the_server(tmp_path_factory, batch):
     manager = _SHARED["server"]
     for rank, (kind, fields) in batch:
         _from(manager, rank, kind, **fields)
-        assert manager.phase != "done", (rank, kind, fields)
+        assert manager.state.round.phase != "done", (rank, kind, fields)
 
 
 @pytest.mark.parametrize("kind", SILO_TYPES)
@@ -79,7 +79,7 @@ def _model_after_round_0(tmp_path, attack: list[tuple[int, str, dict]]) -> dict:
         _from(manager, rank, kind, **fields)
     for rank in (1, 2, 3):
         _results(manager, wire, rank)
-    assert manager.round_idx == 1 or manager.phase != "train"
+    assert manager.state.round.round_idx == 1 or manager.state.round.phase != "train"
     record = manager.rounds.recorder.records[0]
     assert record["parties"] == 3 and "missing_parties" not in record
     return manager.rounds.aggregator.global_state
@@ -154,13 +154,17 @@ def test_a_report_for_another_party_or_out_of_range_is_refused_and_changes_nothi
     manager, wire = _server(tmp_path, "validation_args.local_test=true")
     for rank in (1, 2, 3):
         _results(manager, wire, rank)
-    assert manager.phase == "eval"
+    assert manager.state.round.phase == "eval"
     _from(manager, 1, m.REPORT, round=0, reports=reports)
     assert "refused rank 1's report: " in caplog.text and named in caplog.text
     for rank in (2, 3):
         _from(manager, rank, m.REPORT, round=0, reports=[{"party_id": rank - 1, "local_test_acc": 0.25}])
     _from(manager, 0, m.TICK)  # rank 1's report was refused, as if it never came: the round waits for it
-    assert manager.phase == "eval" and manager.pending == {1} and not manager.rounds.recorder.records
+    assert (
+        manager.state.round.phase == "eval"
+        and manager.state.round.pending == {1}
+        and not manager.rounds.recorder.records
+    )
     _from(manager, 1, m.REPORT, round=0, reports=[{"party_id": 0, "local_test_acc": 0.75}])
     assert manager.rounds.recorder.records[0]["local_test_acc"] == pytest.approx((0.75 + 0.25 + 0.25) / 3)
 
@@ -178,7 +182,7 @@ def test_under_dp_an_upload_without_a_metric_of_the_sum_is_refused_and_stops_not
         if rank == 1:
             _from(manager, rank, m.RESULT, round=0, results=items)
             assert "refused rank 1's result" in caplog.text and "lacks ['ce', 'loss']" in caplog.text
-            assert manager.pending == {1, 2, 3} and manager.phase == "train"
+            assert manager.state.round.pending == {1, 2, 3} and manager.state.round.phase == "train"
         for item in items:
             item["upload"]["metrics"] = dict(metrics)
         _from(manager, rank, m.RESULT, round=0, results=items)

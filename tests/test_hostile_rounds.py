@@ -31,26 +31,42 @@ def _target(manager, wire, rank: int) -> Target:
     task = next(
         t
         for t in reversed(wire.sent)
-        if t.get_type() == m.TRAIN and t.get_receiver_id() == rank and t.get("round") == manager.round_idx
+        if t.get_type() == m.TRAIN
+        and t.get_receiver_id() == rank
+        and t.get("round") == manager.state.round.round_idx
     )
     party = task.get("tasks")[0]["party"]
-    other = next(p for p, r in manager.placement.items() if r != rank)
+    other = next(p for p, r in manager.run.placement.items() if r != rank)
     model = task.get("tasks")[0]["payload"]["model"]
     samples = manager.rounds.samples[party]
-    return Target(manager.round_idx, rank, party, other, model, samples, manager.rounds.terms, manager.config)
+    return Target(
+        manager.state.round.round_idx,
+        rank,
+        party,
+        other,
+        model,
+        samples,
+        manager.rounds.terms,
+        manager.run.config,
+    )
 
 
 def _run(tmp_path, plan: random.Random | None, per_round: int = 0) -> tuple[dict, list, dict]:
     """Three rounds; with `plan`, each round silos drawn from it send `per_round` hostile messages each,
     at random places among the honest results (each before its own silo's honest result)."""
     manager, wire = _server(tmp_path)
-    while manager.phase in ("train", "checkpoint", "finish"):
-        if manager.phase != "train":
-            for rank in sorted(manager.pending):
-                kind = m.CHECKPOINTED if manager.phase == "checkpoint" else m.BYE
-                _from(manager, rank, kind, **({"round": manager.round_idx} if kind == m.CHECKPOINTED else {}))
+    while manager.state.round.phase in ("train", "checkpoint", "finish"):
+        if manager.state.round.phase != "train":
+            for rank in sorted(manager.state.round.pending):
+                kind = m.CHECKPOINTED if manager.state.round.phase == "checkpoint" else m.BYE
+                _from(
+                    manager,
+                    rank,
+                    kind,
+                    **({"round": manager.state.round.round_idx} if kind == m.CHECKPOINTED else {}),
+                )
             continue
-        steps = [("honest", rank) for rank in sorted(manager.pending)]
+        steps = [("honest", rank) for rank in sorted(manager.state.round.pending)]
         if plan is not None:
             for rank in plan.sample([1, 2, 3], plan.randint(1, 3)):
                 target = _target(manager, wire, rank)
@@ -62,10 +78,13 @@ def _run(tmp_path, plan: random.Random | None, per_round: int = 0) -> tuple[dict
                     (
                         "again",
                         rank,
-                        (m.RESULT, {"round": manager.round_idx, "results": [honest_item(target)]}),
+                        (
+                            m.RESULT,
+                            {"round": manager.state.round.round_idx, "results": [honest_item(target)]},
+                        ),
                     )
                 )
-        round_idx = manager.round_idx
+        round_idx = manager.state.round.round_idx
         for step in steps:
             if step[0] == "honest":
                 _answer(manager, wire, step[1], round_idx)
@@ -113,7 +132,7 @@ def test_each_hostile_kind_is_refused_naming_its_field(tmp_path, caplog):
         if kind == m.HELLO and not fields["explicit"]:
             continue  # a new process id: taken (idempotent), its work sent again at most once
         assert said and ("refused" in said or "dropped" in said), (kind, fields, said)
-    assert manager.pending == {1, 2, 3} and not manager.rounds.recorder.records
+    assert manager.state.round.pending == {1, 2, 3} and not manager.rounds.recorder.records
     trains = [x for x in wire.sent if x.get_type() == m.TRAIN and x.get_receiver_id() == 1]
     assert len(trains) <= 2
     for rank in (1, 2, 3):
@@ -125,9 +144,9 @@ def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(
     """1,000 HELLOs from rank 1, each naming a new process (a restarted silo, again and again), within
     a second of its WELCOME: no WELCOME and no work more. A HELLO a second later is a restarted silo:
     it is welcomed and sent its work of the round once."""
-    caplog.set_level(logging.INFO, logger="fedml_moon.distributed.server.manager")  # formats every line
+    caplog.set_level(logging.INFO, logger="fedml_moon.distributed.server")  # formats every line
     manager, wire = _server(tmp_path)
-    hello = {"config": manager.config, "explicit": [], "fresh_parties": []}
+    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": []}
     sent = lambda kind: [x for x in wire.sent if x.get_type() == kind and x.get_receiver_id() == 1]  # noqa: E731
     welcomes, trains = len(sent(m.WELCOME)), len(sent(m.TRAIN))
     for i in range(1000):

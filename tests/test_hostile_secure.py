@@ -109,14 +109,14 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
     _refused(caplog, 1, "unexpected fields ['metrics']")  # the server's plan names them, not a silo
     for rank, silo in silos.items():
         _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)])
-    assert manager.phase == "share"
+    assert manager.state.round.phase == "share"
 
     shares = silos[1].shares()
     _from(manager, 1, p.SHARES, round=0, shares=shares[:1])  # one neighbour left out
     _refused(caplog, 1, "not to its neighbours")
     for rank, silo in silos.items():
         _from(manager, rank, p.SHARES, round=0, shares=silo.shares())
-    assert manager.phase == "mask"
+    assert manager.state.round.phase == "mask"
 
     masked = silos[1].masked()
     _from(manager, 1, p.MASKED, round=0, items=[{**masked, "vector": masked["vector"][:-1]}])
@@ -125,7 +125,7 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
     _refused(caplog, 1, "names parties [7] for bad shares, but no shares of theirs were routed to it")
     for rank, silo in silos.items():
         _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
-    assert manager.phase == "unmask"
+    assert manager.state.round.phase == "unmask"
 
     _from(manager, 3, p.UNMASKED, round=0, items=[silos[1].unmasked()])  # party 0 is rank 1's
     _refused(caplog, 3, "names parties [0], not its [2]")
@@ -140,7 +140,7 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
     for key, old in before.items():
         if old.is_floating_point():
             assert float((after[key] - old - mean_shift).abs().max()) <= bound, key
-    assert manager.sa_plan.metrics == ("ce", "loss")  # FedAvg's declared term and the total
+    assert manager.rounds.privacy.plan(0).metrics == ("ce", "loss")  # FedAvg's declared term and the total
     assert record["parties"] == 3 and record["train_loss"] == pytest.approx(
         sum(samples[r - 1] * r for r in silos) / sum(samples.values()), abs=1e-5
     )

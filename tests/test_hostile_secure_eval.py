@@ -38,7 +38,9 @@ class Counter:
         self.wire, self.rank, self.party = wire, rank, rank - 1
         self.options = manager.rounds.privacy.options
         self.counts = torch.tensor(counts, dtype=torch.float64)
-        self.session = PartySession(self.party, manager.round_idx, counts_params(self.options, len(RANKS)))
+        self.session = PartySession(
+            self.party, manager.state.round.round_idx, counts_params(self.options, len(RANKS))
+        )
 
     def keys(self) -> list[dict]:
         return [keys_to_wire(self.party, self.session.advertise())]
@@ -70,11 +72,11 @@ class Counter:
 
 def _every_kind(manager, wire, silo: Silo) -> dict[str, dict]:
     """One well-formed message of every kind a silo sends, as silo 1 (party 0) could fill it now."""
-    n, r = manager.rounds.test_samples[0], manager.round_idx
+    n, r = manager.rounds.test_samples[0], manager.state.round.round_idx
     fake = PartySession(0, r, counts_params(manager.rounds.privacy.options, len(RANKS)))
-    length = manager.sa_session.length if manager.sa_session is not None else 8
+    length = manager.state.secure.session.length if manager.state.secure.session is not None else 8
     zeros, samples = torch.zeros(length, dtype=torch.int32), manager.rounds.samples[0]
-    hello = {"config": manager.config, "explicit": [], "process": "p1", "fresh_parties": []}
+    hello = {"config": manager.run.config, "explicit": [], "process": "p1", "fresh_parties": []}
     return {
         p.REPORT: {"round": r, "reports": [{"party_id": 0, "test": {"global": [n, n, 0.0]}}]},
         p.RESULT: {"round": r, "results": [{"party": 0, "n": samples, "upload": silo.upload}]},
@@ -92,10 +94,10 @@ def _every_kind(manager, wire, silo: Silo) -> dict[str, dict]:
 
 def _held(manager) -> tuple:
     """What the server holds of the round: a message taken changes some of it."""
-    reports = getattr(manager, "reports", {})
-    return (manager.phase, manager.round_idx, manager.sa_purpose, frozenset(manager.pending),
-            tuple(manager.sa_keys), tuple(manager.sa_shares), tuple(manager.sa_masked),
-            tuple(manager.sa_answers), tuple(reports), len(manager.rounds.recorder.records))  # fmt: skip
+    r, s = manager.state.round, manager.state.secure
+    return (r.phase, r.round_idx, manager.secure.summing_counts(), frozenset(r.pending), tuple(s.keys),
+            tuple(s.shares), tuple(s.masked), tuple(s.answers), tuple(r.reports),
+            len(manager.rounds.recorder.records))  # fmt: skip
 
 
 def _intrude(manager, wire, silo: Silo, own: str, after: bool) -> int:
@@ -129,7 +131,7 @@ def _secure_round(manager, wire, counts: dict[int, list[float]], hostile: bool) 
                 (p.UNMASKED, lambda r: {"items": counters[r].unmasked()})]  # fmt: skip
     for session in (train, evaluate):
         if session is evaluate:
-            assert manager.phase == "eval" and manager.sa_purpose == "eval"
+            assert manager.state.round.phase == "eval" and manager.secure.summing_counts()
             counters.update({r: Counter(manager, wire, r, counts[r - 1]) for r in RANKS})
         for kind, body in session:
             for rank in RANKS:

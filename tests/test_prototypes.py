@@ -101,7 +101,11 @@ def test_a_silo_that_claims_classes_it_does_not_hold_is_refused_and_changes_noth
                 prototypes=1e6 * torch.ones(classes, dim), present=torch.ones(classes).bool()
             )
             _from(manager, 1, m.RESULT, round=0, results=[claim])
-            assert "upload.present differs at classes" in caplog.text and manager.pending == {1, 2, 3}
+            assert "upload.present differs at classes" in caplog.text and manager.state.round.pending == {
+                1,
+                2,
+                3,
+            }
         item = _item(manager, party, model)
         item["upload"].update(upload)
         _from(manager, rank, m.RESULT, round=0, results=[item])

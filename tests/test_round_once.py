@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fedml_moon.distributed import managers as m
-from fedml_moon.distributed.server import rounds as server_phases
-from fedml_moon.distributed.server.manager import PluginServerManager
+from fedml_moon.distributed.server import checkpoint as server_checkpoint
+from fedml_moon.distributed.server.manager import ServerManager
 from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
 from tests.test_server_waits import _server as server_of
 
@@ -28,11 +28,11 @@ SETTINGS = [
 ]
 
 
-def _server(out: Path, resume: bool = False) -> tuple[PluginServerManager, Wire]:
+def _server(out: Path, resume: bool = False) -> tuple[ServerManager, Wire]:
     return server_of(out, *SETTINGS, resume=resume)
 
 
-def _answer(manager: PluginServerManager, wire: Wire, rank: int, round_idx: int) -> None:
+def _answer(manager: ServerManager, wire: Wire, rank: int, round_idx: int) -> None:
     """Rank `rank`'s RESULT for its TRAIN of `round_idx`: the models it was sent, moved by 0.01 x rank."""
     task = next(
         t
@@ -47,23 +47,23 @@ def _answer(manager: PluginServerManager, wire: Wire, rank: int, round_idx: int)
     _from(manager, rank, m.RESULT, round=round_idx, results=results)
 
 
-def _play(manager: PluginServerManager, wire: Wire, rounds: int = 3) -> None:
+def _play(manager: ServerManager, wire: Wire, rounds: int = 3) -> None:
     """The silos answer every TRAIN and CHECKPOINT of the run, then FINISH, as long as it lasts."""
     for _ in range(4 * rounds + 2):
-        if manager.phase == "train":
-            for rank in sorted(manager.pending):
-                _answer(manager, wire, rank, manager.round_idx)
-        elif manager.phase == "checkpoint":
-            for rank in sorted(manager.pending):
-                _from(manager, rank, m.CHECKPOINTED, round=manager.round_idx)
-        elif manager.phase == "finish":
-            for rank in sorted(manager.pending):
+        if manager.state.round.phase == "train":
+            for rank in sorted(manager.state.round.pending):
+                _answer(manager, wire, rank, manager.state.round.round_idx)
+        elif manager.state.round.phase == "checkpoint":
+            for rank in sorted(manager.state.round.pending):
+                _from(manager, rank, m.CHECKPOINTED, round=manager.state.round.round_idx)
+        elif manager.state.round.phase == "finish":
+            for rank in sorted(manager.state.round.pending):
                 _from(manager, rank, m.BYE)
         else:
             return
 
 
-def _final(manager: PluginServerManager) -> dict:
+def _final(manager: ServerManager) -> dict:
     return {k: v.clone() for k, v in manager.rounds.aggregator.global_state.items()}
 
 
@@ -92,7 +92,7 @@ STEPS = {  # step -> (the object to break, its member, what the server says it w
     "record": (lambda mgr: mgr.rounds, "finish_round", "recording round 0"),
     "log": (lambda mgr: mgr.rounds.recorder, "log_round", "recording round 0"),
     "evaluate": (lambda mgr: mgr.rounds.aggregator, "test", "recording round 0"),
-    "checkpoint": (lambda mgr: server_phases, "save", "writing the checkpoint of round 0"),
+    "checkpoint": (lambda mgr: server_checkpoint, "save", "writing the checkpoint of round 0"),
     "next round": (lambda mgr: mgr.rounds, "downloads", "starting round 1"),
 }
 
@@ -108,7 +108,7 @@ def test_a_failure_after_aggregation_stops_the_run_without_applying_the_round_tw
     monkeypatch.setattr(target, name, _fail_once(getattr(target, name), when))
     _play(manager, wire)
     algorithm = manager.rounds.aggregator.algorithm
-    assert manager.status == "failed" and manager.phase == "done", step
+    assert manager.status == "failed" and manager.state.round.phase == "done", step
     assert algorithm.round_idx == 1  # round 0 was aggregated once: FedAvgM stepped once
     rounds_recorded = [r["round"] for r in manager.rounds.recorder.records]
     assert rounds_recorded in ([], [0]) and len(set(rounds_recorded)) == len(rounds_recorded)
@@ -121,7 +121,7 @@ def test_a_failure_after_aggregation_stops_the_run_without_applying_the_round_tw
     assert algorithm.round_idx == 1 and len(manager.rounds.recorder.records) == len(rounds_recorded)
     if step == "next round":  # round 0's checkpoint is whole: resumed, the run ends as if never stopped
         resumed, again = _server(tmp_path, resume=True)
-        assert resumed.round_idx == 1
+        assert resumed.state.round.round_idx == 1
         _play(resumed, again)
         assert resumed.status == "completed"
         final = _final(resumed)

@@ -26,15 +26,16 @@ class _Worker(SecureWorker):
     """The worker side's handlers, on a silo holding parties 0, 1 and 2 (what its manager would hold)."""
 
     def __init__(self, privacy) -> None:
-        self.rank, self.sent = 1, []
         train = SimpleNamespace(client_num_per_round=3, algorithm="fedavg")
         server = SimpleNamespace(aggregation="sync", buffer_weights="uniform", party_weights="samples")
         config = SimpleNamespace(privacy_args=privacy, train_args=train, server_args=server)
         model = torch.nn.Module()
         model.w = torch.nn.Parameter(torch.zeros(3))  # the silo's model: what a plan may name
-        self.built = SimpleNamespace(
+        built = SimpleNamespace(
             run_config=config, runner=SimpleNamespace(trainer=SimpleNamespace(model=model))
         )
+        super().__init__(SimpleNamespace(rank=1, state=SimpleNamespace(built=built)))  # its silo, rank 1
+        self.sent = []
 
     def send(self, kind: str, receiver: int, **params) -> None:
         self.sent.append((kind, params))

@@ -6,6 +6,7 @@ keeps in memory what the server sends, and the test plays the three silos' messa
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -20,14 +21,12 @@ from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.deploy import (
     _resume_server,
     buffered_rounds,
-    placement,
-    server_manager_class,
+    server_manager,
     shared_config,
 )
-from fedml_moon.distributed.server.manager import PluginServerManager
+from fedml_moon.distributed.server.manager import ServerManager
 from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
 from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
-from fedml_moon.engine.resume import flat_config
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -47,12 +46,13 @@ class Wire(QueueTransport):
 
 
 def _server(
-    tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False
-) -> tuple[PluginServerManager, Wire]:
+    tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False, secure: bool = True
+) -> tuple[ServerManager, Wire]:
     """The server manager of a tiny cross-silo run of `silos` silos of one party each (FedAvg, 2 rounds
     unless `extra` says otherwise), every silo having said HELLO and READY (its claims: the server's
-    own partition's); with `resume`, from the newest
-    checkpoint in `tmp_path`."""
+    own partition's); with `resume`, from the newest checkpoint in `tmp_path`. `secure=False`: under
+    `privacy_args.secure_aggregation` the silos send their uploads and the server runs each secure sum
+    itself (the standalone simulation's SecAgg, in one process)."""
     overrides = [
         *conformance.TINY,
         f"train_args.client_num_in_total={silos}",
@@ -69,20 +69,10 @@ def _server(
     core = buffered_rounds(cfg, rounds)  # at the parties' real pace: no clock
     start = _resume_server(rounds, tmp_path) if resume else 0
     wire, ranks = Wire(), list(range(1, silos + 1))
-    checkpoints = (cfg.train_args.checkpoint_every, flat_config(cfg))
-    manager = server_manager_class(cfg)(
-        base.args,
-        wire,
-        rounds,
-        placement(cfg, silos),
-        ranks,
-        shared_config(cfg),
-        cfg.comm_args,
-        checkpoints,
-        start,
-    )
-    if core is not None:
-        manager.set_buffering(core)
+    manager = server_manager(cfg, base.args, wire, rounds, ranks, start, core)
+    if not secure and manager.run.secure:  # the secure sums run in the server, from the uploads
+        settings = dataclasses.replace(manager.run, secure=False)
+        manager = ServerManager(base.args, wire, rounds, settings, core)
     manager.register_message_receive_handlers()
     manager.run_config = cfg  # the silos' own copy of the run's config, for tests that play them
     for rank in ranks:
@@ -92,25 +82,27 @@ def _server(
     return manager, wire
 
 
-def _from(manager: PluginServerManager, rank: int, kind: str, /, **params) -> None:
+def _from(manager: ServerManager, rank: int, kind: str, /, **params) -> None:
     msg = Message(kind, rank, 0)
     for key, value in params.items():
         msg.add_params(key, value)
     manager.receive_message(kind, msg)
 
 
-def _results(manager: PluginServerManager, wire: Wire, rank: int) -> None:
+def _results(manager: ServerManager, wire: Wire, rank: int) -> None:
     """Rank `rank` answers its TRAIN of the current round with the model it was sent."""
     task = next(
         t
         for t in wire.sent
-        if t.get_type() == m.TRAIN and t.get_receiver_id() == rank and t.get("round") == manager.round_idx
+        if t.get_type() == m.TRAIN
+        and t.get_receiver_id() == rank
+        and t.get("round") == manager.state.round.round_idx
     )
     results = [_item(manager, t["party"], t["payload"]["model"]) for t in task.get("tasks")]
-    _from(manager, rank, m.RESULT, round=manager.round_idx, results=results)
+    _from(manager, rank, m.RESULT, round=manager.state.round.round_idx, results=results)
 
 
-def _item(manager: PluginServerManager, party: int, model: dict) -> dict:
+def _item(manager: ServerManager, party: int, model: dict) -> dict:
     """An honest record of a RESULT: the party's fixed sample count, an upload as the spec says."""
     return {"party": party, "n": manager.rounds.samples[party], "upload": {"model": model, "party_id": party}}
 
@@ -125,25 +117,25 @@ LEAVING = {
 @pytest.mark.parametrize("leaving", sorted(LEAVING))
 def test_a_silo_leaving_mid_round_counts_as_missing_and_the_run_completes(tmp_path, leaving):
     manager, wire = _server(tmp_path)
-    assert manager.phase == "train" and manager.round_idx == 0
+    assert manager.state.round.phase == "train" and manager.state.round.round_idx == 0
     _results(manager, wire, 1)
     _results(manager, wire, 2)
     _from(manager, 3, leaving, **LEAVING[leaving])
-    assert manager.phase == "train"  # nothing moves inside the handler ...
+    assert manager.state.round.phase == "train"  # nothing moves inside the handler ...
     _from(manager, 0, m.TICK)  # ... the next tick ends the wait: 2 of 3 parties meet the quorum (half)
     records = manager.rounds.recorder.records
     assert records[0]["missing_parties"] == [2] and records[0]["parties"] == 2
     for _ in range(3):  # round 1 without rank 3, then the checkpoint, then FINISH
-        if manager.phase == "train":
+        if manager.state.round.phase == "train":
             _results(manager, wire, 1)
             _results(manager, wire, 2)
         for rank in (1, 2):
-            _from(manager, rank, m.CHECKPOINTED, round=manager.round_idx)
+            _from(manager, rank, m.CHECKPOINTED, round=manager.state.round.round_idx)
         _from(manager, 0, m.TICK)
     for rank in (1, 2):
         _from(manager, rank, m.BYE)
     _from(manager, 0, m.TICK)
-    assert manager.status == "completed" and manager.phase == "done"
+    assert manager.status == "completed" and manager.state.round.phase == "done"
     assert len(records) == 2 and records[1]["missing_parties"] == [2]
 
 
@@ -154,7 +146,7 @@ def test_below_the_quorum_a_silo_that_left_ends_the_run_at_the_deadline(tmp_path
     _from(manager, 3, m.BYE)
     time.sleep(0.05)  # past the deadline
     _from(manager, 0, m.TICK)
-    assert manager.status == "failed" and manager.phase == "done"
+    assert manager.status == "failed" and manager.state.round.phase == "done"
     aborts = [x for x in wire.sent if x.get_type() == m.ABORT]
     assert {x.get_receiver_id() for x in aborts} == {1, 2, 3}
     assert "fewer than the 3 required" in aborts[0].get("reason")
@@ -166,11 +158,11 @@ def test_an_evaluation_phase_with_no_silo_alive_moves_on(tmp_path):
     for rank in (2, 3):
         _from(manager, rank, m.ERROR, reason="gone")
     _from(manager, 0, m.TICK)  # the round goes on with party 0 only; its evaluation waits for 1, 2, 3
-    assert manager.phase == "eval"
+    assert manager.state.round.phase == "eval"
     _from(manager, 1, m.BYE)
     _from(manager, 0, m.TICK)  # nobody left to report: the round is recorded without local test
     assert manager.rounds.recorder.records[0]["round"] == 0
-    assert manager.phase in ("checkpoint", "train")
+    assert manager.state.round.phase in ("checkpoint", "train")
 
 
 @pytest.mark.parametrize(
@@ -202,7 +194,11 @@ def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_cha
     _results(manager, wire, 2)
     _results(manager, wire, 3)
     _from(manager, 0, m.TICK)
-    assert manager.phase == "train" and manager.pending == {1} and not manager.rounds.recorder.records
+    assert (
+        manager.state.round.phase == "train"
+        and manager.state.round.pending == {1}
+        and not manager.rounds.recorder.records
+    )
     _results(manager, wire, 1)
     record = manager.rounds.recorder.records[0]
     assert "missing_parties" not in record and record["parties"] == 3
@@ -221,16 +217,18 @@ def test_each_phase_lets_the_ranks_it_waits_for_send_one_large_frame_and_the_spa
             n += 1
         return n
 
-    assert manager.phase == "train" and manager.round_idx == 0
+    assert manager.state.round.phase == "train" and manager.state.round.round_idx == 0
     assert [allowance(r) for r in (1, 2, 3)] == [1 + SPARE_FRAMES] * 3
     _results(manager, wire, 1)
     assert allowance(1) == 0  # still the same phase: nothing more
     _from(manager, 2, m.BYE)
     _from(manager, 3, m.ERROR, reason="gone")
     _from(manager, 0, m.TICK)  # round 0 goes on without them; its evaluation waits for rank 1 only
-    assert manager.phase == "eval" and manager.pending == {1}
+    assert manager.state.round.phase == "eval" and manager.state.round.pending == {1}
     assert [allowance(r) for r in (1, 2, 3)] == [1 + SPARE_FRAMES, SPARE_FRAMES, SPARE_FRAMES]
-    manager.welcomed_at.clear()  # rank 1 restarted: its work goes out again, and its allowance with it
-    hello = {"config": manager.config, "explicit": [], "fresh_parties": [], "parties": [0]}
+    manager.state.sites[
+        1
+    ].welcomed_at = None  # rank 1 restarted: its work goes out again, and its allowance with it
+    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": [], "parties": [0]}
     _from(manager, 1, m.HELLO, process="p1-again", **hello)
     assert allowance(1) == 1 + SPARE_FRAMES and allowance(2) == 0

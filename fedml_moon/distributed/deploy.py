@@ -281,22 +281,30 @@ def build_process(
 
     port = open_port(cfg, folder)  # refused (taken, no credentials) before the transport listens
     transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
-    ranks = list(range(1, workers + 1))
-    ckpt = (cfg.train_args.checkpoint_every, flat_config(cfg))
-    manager = server_manager_class(cfg)(
-        base.args,
-        transport,
-        rounds,
-        placement(cfg, workers),
-        ranks,
-        shared_config(cfg),
-        cfg.comm_args,
-        ckpt,
-        start,
-    )
-    if core is not None:
-        manager.set_buffering(core)
+    manager = server_manager(cfg, base.args, transport, rounds, list(range(1, workers + 1)), start, core)
     return DistributedProcess(manager, rank, rounds, port=port)
+
+
+def server_manager(
+    cfg: Config, args: Any, transport: Any, rounds: Any, ranks: list[int], start: int = 0, core: Any = None
+) -> Any:
+    """The server's manager of `cfg`'s run over `transport`: its workers `ranks`, the first round of
+    this process `start` (a resumed run's), `core` the buffered rounds of `server_args.aggregation:
+    buffered` (`buffered_rounds`)."""
+    from fedml_moon.distributed.server.manager import ServerManager
+    from fedml_moon.distributed.server.state import RunSettings
+
+    settings = RunSettings(
+        placement=placement(cfg, len(ranks)),
+        workers=list(ranks),
+        config=shared_config(cfg),
+        comm=cfg.comm_args,
+        checkpoint_every=cfg.train_args.checkpoint_every,
+        full_config=flat_config(cfg),
+        start=start,
+        secure=bool(rounds.secure),  # privacy_args.secure_aggregation
+    )
+    return ServerManager(args, transport, rounds, settings, core)
 
 
 def buffered_rounds(cfg: Config, rounds: Any) -> Any:
@@ -309,17 +317,6 @@ def buffered_rounds(cfg: Config, rounds: Any) -> Any:
 
     clock = make_clock(cfg, True) if cfg.common_args.training_type == "simulation" else None
     return BufferedRounds(rounds, cfg, clock)
-
-
-def server_manager_class(cfg: Config) -> type:
-    """The server's manager: with `server_args.aggregation: buffered`, its buffered phase first."""
-    from fedml_moon.distributed.server.manager import PluginServerManager
-
-    if cfg.server_args.aggregation != "buffered":
-        return PluginServerManager
-    from fedml_moon.distributed.server.buffered import BufferedPhases
-
-    return type("BufferedServerManager", (BufferedPhases, PluginServerManager), {})
 
 
 def _worker_build(
@@ -335,8 +332,8 @@ def _worker_build(
     """A worker's `build(shared)`: its data and parties from the run's shared settings."""
 
     def build(shared: dict[str, Any]) -> Any:
-        from fedml_moon.distributed.silo.manager import Built
         from fedml_moon.distributed.silo.refusal import held_data_digest
+        from fedml_moon.distributed.silo.state import Built
 
         run_cfg = with_shared(cfg, shared)
         taken = config_differences(shared_config(cfg), shared)
@@ -387,7 +384,8 @@ def _build_worker(
     # FedML's trainer (its algorithm frame: a second or more) imported before the transport dials: its
     # clock, comm_args.timeout_s for the server to answer, starts with it
     from fedml_moon.adapters import trainer  # noqa: F401
-    from fedml_moon.distributed.silo.manager import Local, PluginClientManager
+    from fedml_moon.distributed.silo.manager import SiloManager
+    from fedml_moon.distributed.silo.state import Local
     from fedml_moon.status.http import open_site_port
 
     port = open_site_port(cfg, folder, rank)  # refused before the transport dials
@@ -402,9 +400,7 @@ def _build_worker(
     if group is not None:  # a hierarchical silo's leader: its group builds and trains with it
         channel = Channel()
         build, on_exit = lead(build, channel, group), ending(channel)
-    manager = PluginClientManager(
-        args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg)
-    )
+    manager = SiloManager(args, transport, local, build, rank, cfg.comm_args, folder, server_address(cfg))
     return DistributedProcess(manager, rank, on_exit=on_exit, port=port)
 
 

@@ -1,5 +1,5 @@
-"""The protocol of the plugin's FedML managers (FedMLCommManager subclasses in server_manager.py and
-client_manager.py), one for every distributed mode: MPI simulation, cross-silo over MPI or gRPC, MQTT + S3.
+"""The protocol of the plugin's FedML managers (FedMLCommManager subclasses in server/manager.py and
+silo/manager.py), one for every distributed mode: MPI simulation, cross-silo over MPI or gRPC, MQTT + S3.
 
     worker/silo -> server   HELLO {parties, config, explicit, fresh_parties, process}   (until WELCOME)
     server -> worker        WELCOME {config, config_sha256, session, resume_from}
@@ -40,6 +40,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 from fedml.core.distributed.communication.message import Message
@@ -86,14 +87,21 @@ class _Manager(FedMLCommManager):
         size: int,
         backend: str,
         heartbeat_s: float = 5.0,
+        last_seen: MutableMapping[int, float] | None = None,
     ) -> None:
         self._transport = transport
         self.refusals = RefusalLog(log)
         self.status = "failed"
         self._ticking = True
         self.heartbeat_s = heartbeat_s
-        self.last_seen: dict[int, float] = {}
+        # rank -> when a message of it was last handled here (the server keeps it in its sites' records)
+        self.last_seen: MutableMapping[int, float] = {} if last_seen is None else last_seen
         super().__init__(args, comm=None, rank=rank, size=size, backend=backend)
+
+    @property
+    def transport(self) -> QueueTransport:
+        """The plugin's transport this manager sends and receives through."""
+        return self._transport
 
     def peers(self) -> list[int]:
         """The ranks this process sends heartbeats to."""
@@ -154,6 +162,7 @@ class _Manager(FedMLCommManager):
         if problem is not None:
             # escaped: a type of the sender's choosing must not start a line of this log of its own
             kind = ascii(str(msg_type)[:40])[1:-1] if isinstance(msg_type, str) else type(msg_type).__name__
+            self.count_refusal(sender)
             self.refusals.refused(
                 f"rank {sender}",
                 f"rank {self.rank} refused a {kind} message from rank {sender}: {problem}",
@@ -174,6 +183,9 @@ class _Manager(FedMLCommManager):
 
     def refused(self, sender: int, problem: str) -> None:
         """A message from `sender` was refused (already logged)."""
+
+    def count_refusal(self, sender: int) -> None:
+        """A message from `sender` is refused: the server counts it in the sender's record."""
 
     def send(self, msg_type: str, receiver: int, **params: Any) -> None:
         msg = Message(msg_type, self.rank, receiver)

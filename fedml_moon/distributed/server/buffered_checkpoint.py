@@ -1,4 +1,5 @@
-"""Checkpoints of a distributed buffered run (`server_args.aggregation: buffered`), and its resume.
+"""Checkpoints of a distributed buffered run (`server_args.aggregation: buffered`), and its resume: a
+member of `BufferedFlow`.
 
 A buffered run never stops its parties, so its checkpoint is a consistent cut rather than a round's
 end. After a round that is due (`train_args.checkpoint_every`; not the last) has been applied and its
@@ -26,62 +27,50 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from fedml_moon.core.checkpoint import write_checkpoint
-from fedml_moon.distributed.managers import CHECKPOINT, TRAIN
+from fedml_moon.distributed.managers import CHECKPOINT
+from fedml_moon.distributed.server.state import Cut
 from fedml_moon.engine.resume import checkpoint_root, due
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Cut:
-    """A checkpoint being taken: its round, the server's state at the cut and its tasks in flight (by
-    party: the very task, not its version: a fast party may get a second task of one version), the
-    silos that still owe their CHECKPOINTED, and the updates that arrived from a silo before it
-    answered (per message, in arrival order: [party, upload])."""
-
-    round: int
-    state: dict[str, Any]
-    jobs: dict[int, Any]
-    awaiting: set[int]
-    started: float = field(default_factory=time.monotonic)
-    held: list[list[list[Any]]] = field(default_factory=list)
-
-
 class BufferedCheckpoints:
-    """The checkpoint and resume of a buffered distributed run (module docstring); a mixin of
-    `BufferedPhases`, whose server state and silos it uses."""
+    """The checkpoint and resume of a buffered distributed run (module docstring)."""
 
-    cut: Cut | None = None
-    cut_due: bool = False
+    def __init__(self, server: Any, flow: Any) -> None:
+        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.flow = flow
 
     def mark_due(self, round_idx: int) -> None:
         """Round `round_idx` was applied: a checkpoint follows once its slots are filled, if it is due."""
-        if round_idx < self.rounds.rounds - 1 and due(self.checkpoint_every, round_idx, self.rounds.rounds):
-            self.cut_due = True
+        if round_idx < self.rounds.rounds - 1 and due(
+            self.run.checkpoint_every, round_idx, self.rounds.rounds
+        ):
+            self.state.buffer.cut_due = True
 
     def take_cut(self) -> None:
         """Start the checkpoint that is due (module docstring), unless one still waits for its silos."""
-        if not self.cut_due or self.finished() or self.core.held:
+        b, core = self.state.buffer, self.flow.core
+        if not b.cut_due or self.flow.finished() or core.held:
             return  # a resumed run's held updates are taken first: a cut now would lose them
-        if self.cut is not None:
+        if b.cut is not None:
             log.debug(
                 "version %d: a checkpoint is due, but round %d's still waits for its silos",
-                self.core.version,
-                self.cut.round,
+                core.version,
+                b.cut.round,
             )
             return
-        self.cut_due = False
-        round_idx = self.core.version - 1
-        self.doing = f"taking the checkpoint of round {round_idx}"
-        here = {r for r in self.workers if r not in self.gone and not self.is_dead(r)}
+        b.cut_due = False
+        round_idx = core.version - 1
+        self.state.round.doing = f"taking the checkpoint of round {round_idx}"
+        here = {rank for rank in self.run.workers if not self.server.away(rank)}
         state = copy.deepcopy(self.rounds.state(round_idx))
-        self.cut = Cut(round_idx, state, dict(self.core.inflight), here)
+        b.cut = Cut(round_idx, state, dict(core.inflight), here)
         for rank in sorted(here):
-            self.send(CHECKPOINT, rank, round=round_idx)
+            self.server.send(CHECKPOINT, rank, round=round_idx)
         self.write_cut()
 
     def hold(self, rank: int, items: list[dict]) -> None:
@@ -89,10 +78,10 @@ class BufferedCheckpoints:
         flight at the cut (still in flight here: the update is about to be taken): its saved parties
         trained them. An update for a task sent after the cut (a restarted silo answers its tasks
         sent again before the CHECKPOINT sent again) is the resumed run's to train."""
-        cut = self.cut
+        cut = self.state.buffer.cut
         if cut is None or rank not in cut.awaiting:
             return
-        inflight = self.core.inflight
+        inflight = self.flow.core.inflight
         batch = [
             [item["party"], item["upload"]]
             for item in items
@@ -104,23 +93,24 @@ class BufferedCheckpoints:
 
     def ask_again(self, rank: int) -> None:
         """A restarted silo lost the CHECKPOINT it owes an answer to: it is sent again (once a restart)."""
-        if self.cut is not None and rank in self.cut.awaiting:
-            self.send(CHECKPOINT, rank, round=self.cut.round)
+        cut = self.state.buffer.cut
+        if cut is not None and rank in cut.awaiting:
+            self.server.send(CHECKPOINT, rank, round=cut.round)
 
     def on_checkpointed(self, msg: Any) -> None:
         """A silo saved its parties for the checkpoint being taken; once all have, it is written."""
-        rank, round_idx, cut = msg.get_sender_id(), msg.get("round"), self.cut
+        rank, round_idx, cut = msg.get_sender_id(), msg.get("round"), self.state.buffer.cut
         if cut is None or rank not in cut.awaiting or round_idx != cut.round:
-            self.refused(
+            self.server.refused(
                 rank, f"dropped a CHECKPOINTED from rank {rank} for round {round_idx}: not asked for"
             )
             return
         cut.awaiting.discard(rank)
-        self._advance(self.write_cut)
+        self.server.advance(self.write_cut)
 
     def cut_gone(self, ranks: set[int], why: str) -> None:
         """Silos gone or silent do not hold the checkpoint up: it is written without theirs."""
-        cut = self.cut
+        cut = self.state.buffer.cut
         if cut is None or not ranks & cut.awaiting:
             return
         log.warning(
@@ -130,55 +120,50 @@ class BufferedCheckpoints:
             why,
         )
         cut.awaiting -= ranks
-        self._advance(self.write_cut)
+        self.server.advance(self.write_cut)
 
     def write_cut(self) -> None:
         """Write the checkpoint once no silo owes its CHECKPOINTED."""
-        cut = self.cut
+        b = self.state.buffer
+        cut = b.cut
         if cut is None or cut.awaiting:
             return
-        self.doing = f"writing the checkpoint of round {cut.round}"
+        self.state.round.doing = f"writing the checkpoint of round {cut.round}"
         cut.state["buffered"]["arrived"] += cut.held
-        parts = {"config": self.full_config, "server": cut.state}
+        parts = {"config": self.run.full_config, "server": cut.state}
         write_checkpoint(checkpoint_root(self.rounds.recorder.out_dir), cut.round, parts)
-        self.last_checkpoint, self.cut = cut.round, None
+        self.state.round.last_checkpoint, b.cut = cut.round, None
         held = sum(len(batch) for batch in cut.state["buffered"]["arrived"])
         log.info("checkpoint of round %d written (%d updates arrived, not yet taken)", cut.round, held)
 
-    def cut_overdue(self) -> None:
+    def overdue(self) -> None:
         """At a tick: silos that owe their CHECKPOINTED past `comm_args.round_timeout_s` are left out."""
-        cut = self.cut
+        cut, deadline = self.state.buffer.cut, self.run.deadline_s
         if cut is not None:
-            late = time.monotonic() - cut.started > self.deadline_s
-            away = {r for r in cut.awaiting if late or r in self.gone or self.is_dead(r)}
+            late = time.monotonic() - cut.started > deadline
+            away = {rank for rank in cut.awaiting if late or self.server.away(rank)}
             if away:
-                self.cut_gone(away, "gone or silent" if not late else f"no answer in {self.deadline_s:g} s")
+                self.cut_gone(away, "gone or silent" if not late else f"no answer in {deadline:g} s")
 
     # --- resume ---------------------------------------------------------------------------------------
-    def resume_buffered(self) -> None:
+    def resume(self) -> None:
         """A resumed run: each silo gets again its tasks in flight at the checkpoint; the updates that
         had arrived are taken, message by message, as they were when they came."""
-        core = self.core
+        core, tasks, r = self.flow.core, self.state.buffer.tasks, self.state.round
         arrived = {p for batch in core.held for p in batch}
         for party, job in sorted(core.inflight.items()):
             if party not in arrived:
-                self.tasks.setdefault(self.placement[party], {})[party] = job.start
-        for rank, tasks in sorted(self.tasks.items()):
-            for version in sorted(set(tasks.values())):
-                items = [
-                    {"party": p, "payload": core.inflight[p].payload}
-                    for p, v in sorted(tasks.items())
-                    if v == version
-                ]
-                self.pending.add(rank)
-                self._transport.expect_more(rank)
-                self.send(TRAIN, rank, round=version, tasks=items)
+                tasks.setdefault(self.run.placement[party], {})[party] = job.start
+        for rank, mine in sorted(tasks.items()):
+            for version in sorted(set(mine.values())):
+                r.pending.add(rank)
+                self.flow.send_tasks(rank, version, [p for p, v in mine.items() if v == version])
         log.info(
             "resumed at version %d: %d tasks sent again, %d updates arrived before the checkpoint",
             core.version,
-            sum(len(t) for t in self.tasks.values()),
+            sum(len(t) for t in tasks.values()),
             len(arrived),
         )
-        while core.held and self.phase == "buffered":
+        while core.held and r.phase == "buffered":
             core.arrived.update(core.held.pop(0))
-            self._advance(self.take_arrived)
+            self.server.advance(self.flow.take_arrived)

@@ -6,14 +6,12 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.config.files import DIGEST_KEYS, digest_problem, setting_of
-from fedml_moon.config.load import Config
 from fedml_moon.config.schema import CommArgs
 from fedml_moon.distributed.managers import (
     ABORT,
@@ -41,45 +39,17 @@ from fedml_moon.distributed.protocol import MASK, OPEN, ROSTER, UNMASK
 from fedml_moon.distributed.silo.refusal import DATA_ERRORS, check_digest, described, kind_of, record_digest
 from fedml_moon.distributed.silo.results import keep_final_model, log_own_figures
 from fedml_moon.distributed.silo.secure import SecureWorker
+from fedml_moon.distributed.silo.state import Built, Local, SiloState
 from fedml_moon.distributed.silo.status import SiloStatus
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
-from fedml_moon.engine.resume import Holding, check_config, flat_config, restore, save
+from fedml_moon.engine.resume import check_config, flat_config, restore, save
 from fedml_moon.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Built:
-    """What a worker builds from the run's config: its parties' runner, their ids, the shared config
-    (dotted keys) and the whole config it runs with (its own settings with the shared ones)."""
-
-    runner: PartyRunner
-    parties: list[int]
-    config: dict
-    run_config: Config
-    claims: dict[int, dict]  # party -> what it holds (engine.claims): said in READY
-    data_sha256: str = ""  # what it read (site_refusal.data_digest): kept in its folder, never sent
-
-    def holding(self) -> Holding:
-        """What it checkpoints and restores: its parties."""
-        return Holding(runner=self.runner, parties=self.parties)
-
-
-@dataclass
-class Local:
-    """What a worker knows before the server welcomes it: its own config's shared settings, the keys it
-    set itself (`--set`), the parties it expects to hold and those without stored state."""
-
-    config: dict
-    explicit: list[str]
-    parties: list[int]
-    fresh: Callable[[], list[int]]
-    overwrite: bool = False  # --overwrite: a new run, whatever data this site read in an earlier one
-
-
-class PluginClientManager(SecureWorker, SiloStatus, _Manager):
+class SiloManager(_Manager):
     """A worker (MPI simulation) or silo: trains and evaluates the parties it holds when asked.
 
     It builds its data and parties from the config the server's WELCOME hands it (`build`), once. When
@@ -100,32 +70,27 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         server_address: str = "",
     ) -> None:
         self.local, self.build = local, build
-        self.built: Built | None = None
         self.timeout_s, self.server_address = comm.timeout_s, server_address
-        self.welcomed, self.session, self.digest = False, None, None
-        self.trained_since_welcome = False
         self.folder = folder  # its checkpoints: <folder>/checkpoint/ (engine.resume)
-        self.waiting_since = self.last_wait_log = time.monotonic()
-        self.last_hello = 0.0
         self.process = secrets.token_hex(8)  # this process: a restarted worker is told its work again
-        self.reason = ""
-        self.said_hello = self.stopped = self.recorded = False
-        self.silo_status_reset()
+        self.state = SiloState()
+        self.secure = SecureWorker(self)
+        self.status_board = SiloStatus(self)
         super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
 
     @property
     def runner(self) -> PartyRunner:
-        assert self.built is not None, "the server's WELCOME builds the parties first"
-        return self.built.runner
+        assert self.state.built is not None, "the server's WELCOME builds the parties first"
+        return self.state.built.runner
 
     @property
     def parties(self) -> list[int]:
-        return self.built.parties if self.built is not None else self.local.parties
+        return self.state.built.parties if self.state.built is not None else self.local.parties
 
     def peers(self) -> list[int]:
         """Heartbeats go to the server from the first HELLO on, through building the data and parties
         after WELCOME (which can take longer than three heartbeat periods), to the last message."""
-        return [0] if self.said_hello else []
+        return [0] if self.state.said_hello else []
 
     def trusted(self, sender: int) -> bool:
         """A worker takes messages from the server (rank 0) and its own timer only: another silo that
@@ -145,26 +110,29 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             (CHECKPOINT, self.on_checkpoint),
             (REJOIN, self.on_rejoin),
             (TICK, self.on_tick),
-            (OPEN, self.on_sa_open),  # a buffered run's secure sum (distributed/server/buffered_secure.py)
-            (ROSTER, self.on_sa_roster),  # secure aggregation's rounds (distributed/server/secure.py)
-            (MASK, self.on_sa_mask),
-            (UNMASK, self.on_sa_unmask),
+            (
+                OPEN,
+                self.secure.on_sa_open,
+            ),  # a buffered run's secure sum (distributed/server/buffered_secure.py)
+            (ROSTER, self.secure.on_sa_roster),  # secure aggregation's rounds (distributed/server/secure.py)
+            (MASK, self.secure.on_sa_mask),
+            (UNMASK, self.secure.on_sa_unmask),
         ):
             self.register_message_receive_handler(msg_type, self._guarded(handler))
 
     def _guarded(self, handler):
         def run(msg: Message) -> None:
-            if self.stopped:  # what was queued before it stopped: its status and reason stay
+            if self.state.stopped:  # what was queued before it stopped: its status and reason stay
                 return
             try:
                 handler(msg)
             except TransportError as err:  # the server cannot be reached: telling it is pointless
-                self.reason = f"the server cannot be reached: {err}"
-                log.error("rank %d stops: %s", self.rank, self.reason)
+                self.state.reason = f"the server cannot be reached: {err}"
+                log.error("rank %d stops: %s", self.rank, self.state.reason)
                 self.stop("failed")
             except Exception as err:
                 log.exception("rank %d failed", self.rank)
-                self.reason = f"{type(err).__name__}: {err}"
+                self.state.reason = f"{type(err).__name__}: {err}"
                 try:  # the kind of failure only: its message may name the site's files (its log has it)
                     self.send(ERROR, 0, reason=f"{type(err).__name__} (rank {self.rank}'s log says more)")
                 except Exception as send_err:
@@ -177,11 +145,11 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
     def hello(self) -> None:
         """Say which parties this process holds, its config and the settings it set itself, and the
         parties that hold no state (a silo that lost its state; the server then treats them as new)."""
-        self.last_hello = time.monotonic()
-        config = self.built.config if self.built is not None else self.local.config
+        self.state.last_hello = time.monotonic()
+        config = self.state.built.config if self.state.built is not None else self.local.config
         fresh = (
             [p for p in self.parties if not self.runner.trainer.store.get(p)]
-            if self.built is not None
+            if self.state.built is not None
             else self.local.fresh()
         )
         msg = Message(HELLO, self.rank, 0)
@@ -192,25 +160,25 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         # main thread would not tick, nor say that it waits)
         if not self._transport.try_send(msg, HELLO_EVERY_S):
             log.debug("rank %d: the server did not take its HELLO yet", self.rank)
-        self.said_hello = True
+        self.state.said_hello = True
 
     # --- waiting for the server, losing it, finding it again ----------------------------------------
     def on_tick(self, msg: Message) -> None:
         now = time.monotonic()
-        if self.welcomed and self.is_dead(0):
+        if self.state.welcomed and self.is_dead(0):
             self.lose_server(now)
-        self.silo_publish()
-        if self.welcomed:
+        self.status_board.publish()
+        if self.state.welcomed:
             self.say_waiting_to_start(now)
             return
-        waited = now - self.waiting_since
+        waited = now - self.state.waiting_since
         if waited >= self.timeout_s:
-            self.reason = f"no answer from the server (rank 0) for {waited:.0f} s (comm_args.timeout_s)"
-            log.error("rank %d stops: %s", self.rank, self.reason)
+            self.state.reason = f"no answer from the server (rank 0) for {waited:.0f} s (comm_args.timeout_s)"
+            log.error("rank %d stops: %s", self.rank, self.state.reason)
             self.stop("failed")
             return
-        if now - self.last_wait_log >= self.wait_log_every_s:
-            self.last_wait_log = now
+        if now - self.state.last_wait_log >= self.wait_log_every_s:
+            self.state.last_wait_log = now
             log.info(
                 "rank %d is waiting for the server (rank 0%s): %.0f s of comm_args.timeout_s = %g",
                 self.rank,
@@ -218,24 +186,28 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
                 waited,
                 self.timeout_s,
             )
-        if now - self.last_hello >= HELLO_EVERY_S:
+        if now - self.state.last_hello >= HELLO_EVERY_S:
             self.hello()
 
     def say_waiting_to_start(self, now: float) -> None:
         """Welcomed and ready, before its first task: say what it waits for, now and then."""
-        if self.built is None or self.silo_trained or now - self.last_wait_log < self.wait_log_every_s:
+        if (
+            self.state.built is None
+            or self.state.trained
+            or now - self.state.last_wait_log < self.wait_log_every_s
+        ):
             return
-        self.last_wait_log = now
+        self.state.last_wait_log = now
         log.info(
             "rank %d is ready and waits for its first task: the run's first round starts once every site "
             "is ready (%.0f s so far)",
             self.rank,
-            now - self.waiting_since,
+            now - self.state.waiting_since,
         )
 
     def on_rejoin(self, msg: Message) -> None:
         """A server process that has not welcomed this worker (a restarted server) asks for a HELLO."""
-        if self.welcomed:
+        if self.state.welcomed:
             self.lose_server(time.monotonic(), "a new server process asked it to say hello again")
         self.hello()
 
@@ -249,11 +221,11 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             why,
             self.timeout_s,
         )
-        self.welcomed = False
+        self.state.welcomed = False
         self.last_seen.pop(0, None)
-        self.waiting_since = self.last_wait_log = now
-        self.last_hello = 0.0
-        self.silo_publish("waiting for the server")
+        self.state.waiting_since = self.state.last_wait_log = now
+        self.state.last_hello = 0.0
+        self.status_board.publish("waiting for the server")
 
     def on_welcome(self, msg: Message) -> None:
         """Build the parties from the server's config (the first time), then follow the server's session:
@@ -261,37 +233,37 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         config, digest, session = msg.get("config"), msg.get("config_sha256"), msg.get("session")
         if not isinstance(config, dict) or config_digest(config) != digest:
             raise ValueError("the server's WELCOME carries a config that does not match its SHA-256")
-        if self.built is None:
+        if self.state.built is None:
             try:
                 self.build_from(config)
             except DATA_ERRORS as err:
                 self.refuse_data(err)
                 return
-        elif digest != self.digest:
-            differs = config_differences(self.built.config, config)
+        elif digest != self.state.digest:
+            differs = config_differences(self.state.built.config, config)
             raise ValueError(f"the server's config changed since this worker joined: {', '.join(differs)}")
-        self.welcomed, self.waiting_since = True, time.monotonic()
-        if session == self.session:
+        self.state.welcomed, self.state.waiting_since = True, time.monotonic()
+        if session == self.state.session:
             return  # a repeated WELCOME of the same server
-        if self.session is not None:
+        if self.state.session is not None:
             log.info("rank %d: a new server session (%s) welcomed it", self.rank, session)
-        self.session = session
+        self.state.session = session
         self.send_ready()  # a server process learns what its parties hold once
         resume_from = msg.get("resume_from")
         if resume_from is not None:
             self.restore(int(resume_from))
-        elif self.trained_since_welcome:  # the server started the run anew: so do this worker's parties
+        elif self.state.trained_since_welcome:  # the server started the run anew: so do this worker's parties
             log.warning(
                 "rank %d: the server started the run again from round 0; its parties start afresh", self.rank
             )
             self.runner.load_state({})  # every party back at its start: no state, its first streams
-        self.trained_since_welcome = False
+        self.state.trained_since_welcome = False
 
     def refuse_data(self, err: Exception) -> None:
         """Refuse its own data: the whole reason in its own log, the kind of problem to the server
         (nothing of its paths: `site_refusal`), then stop with status `refused` (exit code 2)."""
         kind, key = kind_of(err)
-        self.reason = f"it refuses its data: {err}"
+        self.state.reason = f"it refuses its data: {err}"
         log.error(
             "rank %d refuses its data: %s (the server is told: %s; it waits for this site up to its "
             "comm_args.timeout_s: fix the data and start the site again)",
@@ -307,27 +279,29 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
 
     def send_ready(self) -> None:
         """Tell the server what each of its parties holds (its claims), once its data are built."""
-        claims = [{"party": p, "claim": c} for p, c in sorted(self.built.claims.items())]
+        claims = [{"party": p, "claim": c} for p, c in sorted(self.state.built.claims.items())]
         self.send(READY, 0, claims=claims)
 
     def build_from(self, config: dict) -> None:
-        self.built = self.build(config)
-        if self.built.data_sha256:  # the same data as in this run's earlier starts, or refused
-            check_digest(self.folder, self.built.data_sha256, self.local.overwrite)
-        self.digest = config_digest(self.built.config)
-        if self.digest != config_digest(config):
-            differs = config_differences(config, self.built.config)
+        self.state.built = self.build(config)
+        if self.state.built.data_sha256:  # the same data as in this run's earlier starts, or refused
+            check_digest(self.folder, self.state.built.data_sha256, self.local.overwrite)
+        self.state.digest = config_digest(self.state.built.config)
+        if self.state.digest != config_digest(config):
+            differs = config_differences(config, self.state.built.config)
             files = [k for k in differs if k in DIGEST_KEYS]  # its own file under a setting's path
             if files:
-                mine, theirs = self.built.config.get(files[0]), config.get(files[0])
-                path = self.built.config.get(setting_of(files[0]))
+                mine, theirs = self.state.built.config.get(files[0]), config.get(files[0])
+                path = self.state.built.config.get(setting_of(files[0]))
                 raise ConfigError(digest_problem(files[0], mine, theirs, path))
             raise ValueError(f"this worker could not take the server's config: {', '.join(differs)} differ")
-        log.info("rank %d holds parties %s (config sha256 %s)", self.rank, self.parties, self.digest[:12])
+        log.info(
+            "rank %d holds parties %s (config sha256 %s)", self.rank, self.parties, self.state.digest[:12]
+        )
 
     def restore(self, round_idx: int) -> None:
         """Its parties from its checkpoint of `round_idx`, written with the run's shared settings."""
-        built = self.built
+        built = self.state.built
         assert built is not None
 
         def check(saved: dict) -> None:
@@ -338,7 +312,7 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
 
     # --- work ------------------------------------------------------------------------------------
     def on_checkpoint(self, msg: Message) -> None:
-        round_idx, built = int(msg.get("round")), self.built
+        round_idx, built = int(msg.get("round")), self.state.built
         if built is None:
             log.warning("rank %d dropped a checkpoint request sent before its WELCOME", self.rank)
             return
@@ -347,38 +321,40 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         self.send(CHECKPOINTED, 0, round=round_idx)
 
     def on_train(self, msg: Message) -> None:
-        if self.built is None:
+        if self.state.built is None:
             log.warning("rank %d dropped a task sent before its WELCOME", self.rank)
             return
-        if not self.recorded and self.built.data_sha256:  # its data are this run's from its first task on
-            record_digest(self.folder, self.built.data_sha256)
-            self.recorded = True
-        self.welcomed, self.trained_since_welcome = True, True
+        if (
+            not self.state.data_recorded and self.state.built.data_sha256
+        ):  # its data are this run's from its first task on
+            record_digest(self.folder, self.state.built.data_sha256)
+            self.state.data_recorded = True
+        self.state.welcomed, self.state.trained_since_welcome = True, True
         round_idx, tasks = int(msg.get("round")), msg.get("tasks")
-        self.silo_trains(round_idx)
+        self.status_board.trains(round_idx)
         trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
-        self.silo_trained += 1
-        config = self.built.run_config
+        self.state.trained += 1
+        config = self.state.built.run_config
         if config.privacy_args.secure_aggregation and config.server_args.aggregation == "buffered":
-            self.secure_hold(round_idx, tasks, trained)  # until the buffer's session (buffered_secure)
+            self.secure.secure_hold(round_idx, tasks, trained)  # until the buffer's session (buffered_secure)
         elif config.privacy_args.secure_aggregation:
-            self.secure_train(round_idx, tasks, trained)
+            self.secure.secure_train(round_idx, tasks, trained)
         else:
             results = [
                 {"party": int(t["party"]), "n": int(n), "upload": u}
                 for t, (n, u) in zip(tasks, trained, strict=True)
             ]
             self.send(RESULT, 0, round=round_idx, results=results)
-        self.silo_publish("waiting for the next round")
+        self.status_board.publish("waiting for the next round")
 
     def on_eval(self, msg: Message) -> None:
         """Evaluate its parties' own models and report. Under secure aggregation only the counts of a
         secure sum (`secure: true`, no local test): anything else would reach the server in the clear."""
         payload = msg.get("payload")
-        if self.built is None:
+        if self.state.built is None:
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request before its WELCOME")
             return
-        secure = self.built.run_config.privacy_args.secure_aggregation
+        secure = self.state.built.run_config.privacy_args.secure_aggregation
         if secure and not (payload.get("secure") is True and payload.get("local") is False):
             why = "that would reach the server in the clear under privacy_args.secure_aggregation"
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
@@ -389,12 +365,12 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
             self.refusals.refused("rank 0", f"rank {self.rank} refused an EVAL request {why}")
             return
         asked = None if wanted is None else set(wanted)
-        self.silo_publish("evaluating", int(msg.get("round")))
+        self.status_board.publish("evaluating", int(msg.get("round")))
         reports = [self.runner.evaluate(p, payload) for p in self.parties if asked is None or p in asked]
         log_own_figures(self.rank, int(msg.get("round")), reports)  # its own: under secure aggregation too
-        self.silo_publish("waiting for the next round")
+        self.status_board.publish("waiting for the next round")
         if secure:
-            self.secure_eval(int(msg.get("round")), reports, list(payload["test"]))
+            self.secure.secure_eval(int(msg.get("round")), reports, list(payload["test"]))
             return
         self.send(REPORT, 0, round=int(msg.get("round")), reports=reports)
 
@@ -405,8 +381,8 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         self.stop("completed")
 
     def on_abort(self, msg: Message) -> None:
-        self.reason = str(msg.get("reason"))
-        log.error("rank %d: the server stopped the run: %s", self.rank, self.reason)
+        self.state.reason = str(msg.get("reason"))
+        log.error("rank %d: the server stopped the run: %s", self.rank, self.state.reason)
         self.stop("failed")
 
     def run(self) -> None:
@@ -418,6 +394,6 @@ class PluginClientManager(SecureWorker, SiloStatus, _Manager):
         return f" at {self.server_address}" if self.server_address else ""
 
     def stop(self, status: str) -> None:
-        self.status, self.stopped = status, True
-        self.silo_publish("finished" if status == "completed" else status)
+        self.status, self.state.stopped = status, True
+        self.status_board.publish("finished" if status == "completed" else status)
         self.finish()

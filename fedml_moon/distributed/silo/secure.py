@@ -1,5 +1,6 @@
-"""A worker's side of secure aggregation's message rounds (see `fedml_moon.distributed.server.secure` for the
-exchange): its parties' sessions, from their keys to their unmasking shares. The worker checks what it
+"""A worker's side of secure aggregation's message rounds (see `fedml_moon.distributed.server.secure` for
+the exchange): its parties' sessions, from their keys to their unmasking shares; a member of the
+silo's manager. The worker checks what it
 is asked against its own config (the threshold and the crowd rules, never taken from the server; the
 participant count against the digests it is sent), and a party refuses what would reveal a secret
 (`fedml_moon.privacy.secagg`: the graph it recomputes, the survivors' subgraph, t around it)."""
@@ -40,7 +41,27 @@ def finite(tree: Any) -> bool:
 
 
 class SecureWorker:
-    """A worker's side of the secure-aggregation phases (mixed into PluginClientManager)."""
+    """A worker's side of the secure-aggregation phases, for its silo's manager (`silo`: its rank, what
+    it sends, its state's parties once built). Its own: the round of the session its parties are in
+    (`sa_round`), each party's session and what it adds (`sa_parties`), and in a buffered run the
+    uploads it holds until their buffer's session (`sa_held`)."""
+
+    def __init__(self, silo: Any) -> None:
+        self.silo = silo
+        self.sa_round: int | None = None
+        self.sa_parties: dict[int, dict] = {}
+        self.sa_held: dict[int, dict] = {}
+
+    @property
+    def rank(self) -> int:
+        return self.silo.rank
+
+    @property
+    def built(self) -> Any:
+        return self.silo.state.built
+
+    def send(self, msg_type: str, receiver: int, **params: Any) -> None:
+        self.silo.send(msg_type, receiver, **params)
 
     def secure_train(self, round_idx: int, tasks: list[dict], trained: list[tuple[float, dict]]) -> None:
         """Keep each party's upload and what it received; advertise fresh keys for each (its session's
@@ -59,7 +80,7 @@ class SecureWorker:
     def secure_hold(self, version: int, tasks: list[dict], trained: list[tuple[float, dict]]) -> None:
         """A buffered run: keep each party's upload and what it received until the server opens its
         buffer's secure session (`on_sa_open`), and say HELD (samples only: nothing of the upload)."""
-        held = self.__dict__.setdefault("sa_held", {})
+        held = self.sa_held
         for task, (_, upload) in zip(tasks, trained, strict=True):
             held[int(task["party"])] = {"version": version, "upload": upload, "received": task["payload"]}
         parties = [{"party": int(t["party"]), "n": int(n)} for t, (n, _) in zip(tasks, trained, strict=True)]
@@ -88,7 +109,7 @@ class SecureWorker:
     def _held_update(self, item: dict, round_idx: int) -> dict | None:
         """The update this silo holds for `item` (party, start version), if it may enter round
         `round_idx`'s sum: held and not masked yet, of that version (not after the round), finite."""
-        party, mine = int(item["party"]), getattr(self, "sa_held", {}).get(int(item["party"]))
+        party, mine = int(item["party"]), self.sa_held.get(int(item["party"]))
         if mine is None or mine["version"] != item["version"] or mine["version"] > round_idx:
             log.warning(
                 "rank %d holds no update of party %d from version %s", self.rank, party, item["version"]
@@ -115,11 +136,11 @@ class SecureWorker:
     def _params(self, participants: int) -> Any:
         """The round's session parameters from this worker's own privacy_args (counts: their encoding)."""
         options = self.built.run_config.privacy_args
-        counting = any("counts" in held for held in getattr(self, "sa_parties", {}).values())
+        counting = any("counts" in held for held in self.sa_parties.values())
         return counts_params(options, participants) if counting else secagg_params(options, participants)
 
     def _held(self, msg: Any, party: int) -> dict | None:
-        held = getattr(self, "sa_parties", {}).get(int(party))
+        held = self.sa_parties.get(int(party))
         if held is None or msg.get("round") != self.sa_round:
             log.warning(
                 "rank %d dropped a %s message for party %s, round %s",
@@ -230,7 +251,7 @@ class SecureWorker:
         warn_out_of_range(vector.vector, session.params.encoding.clip, session.party)
         masked = pack(session.mask(vector.vector, inbox), session.params.encoding.k)
         if "version" in held:  # a held update is masked once: a second sum with it would reveal it
-            getattr(self, "sa_held", {}).pop(session.party, None)
+            self.sa_held.pop(session.party, None)
         return masked
 
     def _plan_fields_problem(self, plan: Plan) -> str | None:

@@ -197,7 +197,9 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, runs, 
     taken = [(p, v) for r in got[1] for p, v in r["updates"]]  # (a fast party may take two of a version)
     assert len(got[1]) == 6
     jobs = held["buffered"]["inflight"]
-    assert all(job[3] == spec_shapes(first.rounds.upload_spec(int(p))) for p, job in jobs.items())  # Job.spec
+    assert all(
+        job[3] == spec_shapes(first.rounds.uploads.upload_spec(int(p))) for p, job in jobs.items()
+    )  # Job.spec
     arrived = {(p, int(jobs[p][0])) for batch in held["buffered"]["arrived"] for p, _ in batch}
     assert arrived <= set(taken[sum(len(r["updates"]) for r in kept) :])
     if runs == "evaluated":  # when the reports came shapes the run too: each update had its own task

@@ -242,17 +242,27 @@ def test_a_secure_sum_of_counts_that_is_not_the_claimed_samples_gives_no_test_fi
     negative (one of them lied), the round gets no test figures."""
     manager, _, honest = _server(tmp_path, sites, "validation_args.evaluation=federated")
     rounds, seen = manager.rounds, sum(c["test_samples"] for c in honest.values())
-    good = rounds.summed_fields({"counts": {"global": [seen // 2, seen, 2.0 * seen]}, "parties": [0, 1, 2]})
+    good = rounds.evaluation.summed_fields(
+        {"counts": {"global": [seen // 2, seen, 2.0 * seen]}, "parties": [0, 1, 2]}
+    )
     assert (good["test_acc"], good["test_loss"], good["test_samples"]) == ((seen // 2) / seen, 2.0, seen)
-    assert rounds.summed_fields({"counts": {"global": [5, seen + 7, 1.0]}, "parties": [0, 1, 2]}) == {}
+    assert (
+        rounds.evaluation.summed_fields({"counts": {"global": [5, seen + 7, 1.0]}, "parties": [0, 1, 2]})
+        == {}
+    )
     for bad in ([seen + 1, seen, 1.0], [seen + 231, seen, 1.0], [-1, seen, 1.0], [-231, seen, 1.0],
                 [0, seen, -2.0**-16], [0, seen, float("nan")]):  # fmt: skip
-        assert rounds.summed_fields({"counts": {"global": bad}, "parties": [0, 1, 2]}) == {}, bad
+        assert rounds.evaluation.summed_fields({"counts": {"global": bad}, "parties": [0, 1, 2]}) == {}, bad
     for edge in ([0, seen, 0.0], [seen, seen, 0.0]):  # every answer wrong, every answer right
-        assert rounds.summed_fields({"counts": {"global": edge}, "parties": [0, 1, 2]})["test_acc"] in (0, 1)
+        assert rounds.evaluation.summed_fields({"counts": {"global": edge}, "parties": [0, 1, 2]})[
+            "test_acc"
+        ] in (0, 1)
     two = sum(honest[p]["test_samples"] for p in (0, 2))  # a sum without party 1: its claim is not counted
     assert (
-        rounds.summed_fields({"counts": {"global": [1, two, 1.0]}, "parties": [0, 2]})["test_samples"] == two
+        rounds.evaluation.summed_fields({"counts": {"global": [1, two, 1.0]}, "parties": [0, 2]})[
+            "test_samples"
+        ]
+        == two
     )
 
 

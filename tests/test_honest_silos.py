@@ -66,7 +66,7 @@ def test_a_silo_sends_heartbeats_while_it_builds_its_data():
         welcome.add_params(key, value)
     started = time.monotonic()
     with contextlib.suppress(RuntimeError):
-        manager.on_welcome(welcome)
+        manager.welcome.on_welcome(welcome)
     ended = time.monotonic()
     manager._ticking = False
     beats.join(2)

@@ -107,7 +107,7 @@ def test_a_silo_cannot_write_a_server_field_and_its_result_changes_nothing(tmp_p
     attacked, _ = _round_0(tmp_path / "attacked", [(1, m.RESULT, {"round": 0, "results": [hostile]})])
     assert named in caplog.text
     assert _records(attacked) == _records(honest)
-    assert "test_acc" not in attacked.rounds.recorder.records[0] or attacked.rounds.evaluates(0)
+    assert "test_acc" not in attacked.rounds.recorder.records[0] or attacked.rounds.evaluation.evaluates(0)
 
 
 def test_the_server_records_only_declared_terms_whatever_reaches_finish_round(tmp_path):
@@ -118,7 +118,7 @@ def test_the_server_records_only_declared_terms_whatever_reaches_finish_round(tm
     rounds.downloads(1)
     forged = {"loss": 1.0, "ce": 0.5, "test_acc": 0.99, "local_test_acc_best_so_far": 5.0, "parties": 99}
     record = rounds.finish_round(1, [(10.0, {"metrics": forged})], None)
-    assert not rounds.evaluates(1)
+    assert not rounds.evaluation.evaluates(1)
     assert "test_acc" not in record and "local_test_acc_best_so_far" not in record
     assert record["parties"] == 1 and record["ce"] == 0.5 and record["train_loss"] == 1.0
     summary = rounds.recorder.summary("completed")

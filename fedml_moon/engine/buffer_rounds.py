@@ -147,7 +147,7 @@ class BufferedRounds:
             payload = self.aggregator.get_model_params_for(party)
             self.server.totals["bytes_down"] += payload_nbytes(payload)
             self.server.totals["params_down"] += payload_numel(payload)
-            spec = spec_shapes(self.server.upload_spec(party))
+            spec = spec_shapes(self.server.uploads.upload_spec(party))
             self.inflight[party] = Job(self.version, payload, spec=spec)
             if self.clock is not None:
                 self.clock.start(party)
@@ -236,10 +236,10 @@ class BufferedRounds:
         its upload itself: one it cannot add leaves the secure sum)."""
         self.server.sent = {party: job.payload}
         if self.remote:
-            now = spec_shapes(self.server.upload_spec(party))
+            now = spec_shapes(self.server.uploads.upload_spec(party))
             why = None if job.spec is None or job.spec == now else "its task's upload is not this version's"
         else:
-            why = self.server.upload_problem(party, upload)
+            why = self.server.uploads.upload_problem(party, upload)
         if why is None:
             return None
         log.error("round %d: party %d's upload is left out: %s", self.version, party, why)
@@ -273,12 +273,12 @@ class BufferedRounds:
         if summed is None and not self.releasable():
             return None
         if privacy is not None:
-            sums = summed if summed is not None else self.server.private_sum(round_idx, self.vectors)
+            sums = summed if summed is not None else self.server.summing.private_sum(round_idx, self.vectors)
             self.vectors, self.plans = {}, {}
-            ordered = self.server.apply_sums(sums)
+            ordered = self.server.summing.apply_sums(sums)
         else:
             sums = Sums(buffer.weight, len(buffer), buffer.fields)
-            ordered = self.server.apply_sums(sums, [keep for _, keep in buffer.kept])
+            ordered = self.server.summing.apply_sums(sums, [keep for _, keep in buffer.kept])
         extra: dict[str, Any] = {**buffer.stats(), "refused_stale": self.refused_stale}
         if self.clock is not None:
             extra["sim_time_s"] = self.clock.now

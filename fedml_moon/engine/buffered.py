@@ -89,7 +89,7 @@ class BufferedSimulation(StandaloneSimulation):
     def close_round(self, round_idx: int, ordered: list, extra: dict | None = None) -> dict:
         """An evaluation round's parties report after training their tasks in flight, as a silo, which
         handles its messages in order, reports after the tasks it was sent before the EVAL."""
-        if self.server.needs_party_eval(round_idx):
+        if self.server.evaluation.needs_party_eval(round_idx):
             for party, job in sorted(self.core.inflight.items()):
                 self.result(party, job)
         return super().close_round(round_idx, ordered, extra)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,7 +20,8 @@ from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.core.validate import SERVER_FIELDS, BadUpload
-from fedml_moon.engine.claims import Claim, PartyClaims, loaded_claims, saved_claims
+from fedml_moon.engine.claim_table import ClaimTable
+from fedml_moon.engine.claims import Claim, loaded_claims, saved_claims
 from fedml_moon.engine.evaluations import Evaluations
 from fedml_moon.engine.summed import Result, SummedRounds
 from fedml_moon.engine.uploads import UploadChecks
@@ -42,9 +43,12 @@ def weighted_mean(values: list[tuple[float, dict[str, float]]], key: str) -> flo
     return sum(n * v for n, v in pairs) / total if total else None
 
 
-class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
+class ServerRounds:
     """Per round: `downloads`, then `aggregate` the results, then (on evaluation rounds that need the
-    parties) `eval_download` to every party, then `finish_round` with their reports."""
+    parties) `evaluation.eval_download` to every party, then `finish_round` with their reports. Its
+    members: `evaluation` (which rounds are evaluated, what the parties are sent, the record's test
+    fields), `uploads` (what the server checks of an upload or a report), `summing` (aggregation by
+    sums: privacy_args, streamed uploads)."""
 
     def __init__(
         self,
@@ -82,7 +86,7 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         self.party_eval, self.personalized = party_eval, personalized
         self.on_bad_upload = on_bad_upload
         self.save_party_models = save_party_models
-        self.claims: dict[int, Claim] = {}  # party -> what it holds (engine.claims), fixed for the run
+        self.claims: Mapping[int, Claim] = {}  # party -> what it holds (engine.claims), fixed for the run
         self.num_classes = 0  # the run's classes (build_server sets them): a claim's classes index them
         self.samples: dict[int, int] = {}  # party -> its training samples
         self.test_samples: dict[int, int] = {}  # party -> its test split's size (its reports' seen)
@@ -101,8 +105,43 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
         self.planned = rounds  # comm_round; `rounds` may stop earlier (dp_target_epsilon)
         self.federated = federated  # validation_args.evaluation: the parties test, the server adds up
+        self.headline = "pooled"  # validation_args.headline: which federated figure is test_acc
+        self.evaluation, self.uploads, self.summing = (
+            Evaluations(self),
+            UploadChecks(self),
+            SummedRounds(self),
+        )
         if claims:
             self.set_claims(claims)
+
+    # --- the parties' claims ------------------------------------------------------------------------
+    def set_claims(self, claims: Mapping[int, Claim]) -> None:
+        """Fix every party's claim for the run: its samples, test samples and classes; then build the
+        privacy accounting on the weights they give (privacy_args)."""
+        if isinstance(claims, ClaimTable):  # columns (the server's own partition): no dict per party
+            self.claims = claims
+            self.samples, self.test_samples = claims.column("samples"), claims.column("test_samples")
+            self.aggregator.algorithm.classes_held = claims.column("classes")
+        else:
+            self.claims = {int(p): dict(c) for p, c in sorted(claims.items())}
+            self.samples = {p: c["samples"] for p, c in self.claims.items()}
+            self.test_samples = {p: c["test_samples"] for p, c in self.claims.items()}
+            self.aggregator.algorithm.classes_held = {p: list(c["classes"]) for p, c in self.claims.items()}
+        if self.make_privacy is not None and self.privacy is None:
+            self.privacy = self.make_privacy({p: self.weight(p) for p in self.claims})
+            self.rounds = self.first_rounds_allowed()
+
+    @property
+    def claimed(self) -> bool:
+        return bool(self.claims)
+
+    def weight(self, party: int) -> float:
+        """The party's weight in the average: its claimed samples, or 1 (`party_weights: uniform`)."""
+        return 1.0 if self.uniform else float(self.samples[party])
+
+    def weighed(self, results: Mapping[int, tuple[float, Any]]) -> dict[int, tuple[float, Any]]:
+        """`results` (party -> (samples, upload)) with each party's weight as the server fixed it."""
+        return {p: (self.weight(p), upload) for p, (_, upload) in results.items()}
 
     def first_rounds_allowed(self) -> int:
         """The rounds privacy_args' epsilon allows the run from round 0 (a ConfigError for none)."""
@@ -151,14 +190,14 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
         that did not report, or whose upload is unusable (`check_uploads`: named in the log and in
         `rejected_parties`), is left out; the weights renormalise over the rest."""
         results = self.weighed(results)
-        usable, self.rejected = self.check_uploads(round_idx, results)
+        usable, self.rejected = self.uploads.check_uploads(round_idx, results)
         if not usable:
             raise BadUpload(
                 f"round {round_idx}: no usable upload ({self.rejected}; what an upload holds is declared "
                 "by the server algorithm's upload_spec)"
             )
         if self.privacy is not None:
-            return self.aggregate_private(round_idx, {p: results[p] for p in usable})
+            return self.summing.aggregate_private(round_idx, {p: results[p] for p in usable})
         ordered = [results[p] for p in usable]
         for _, upload in ordered:
             self.totals["bytes_up"] += payload_nbytes(upload)
@@ -193,8 +232,8 @@ class ServerRounds(Evaluations, PartyClaims, UploadChecks, SummedRounds):
             record.update(self.privacy.record_fields())
         if self.rejected:
             record["rejected_parties"] = sorted(self.rejected)
-        if self.evaluates(round_idx):
-            record.update(self.evaluation_fields(reports, new_reports, summed))
+        if self.evaluation.evaluates(round_idx):
+            record.update(self.evaluation.evaluation_fields(reports, new_reports, summed))
             if "test_acc" in record:
                 self.aggregator.after_evaluation(round_idx, record)
         record["round_time_s"] = time.perf_counter() - self.started

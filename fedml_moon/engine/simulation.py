@@ -98,14 +98,14 @@ class StandaloneSimulation:
         """The round after its aggregation: the parties' evaluations where due, then its record."""
         server, runner = self.server, self.runner
         reports = new_reports = None
-        if server.needs_party_eval(round_idx):
-            download = server.eval_download()
-            reports = {p: runner.evaluate(p, download) for p in server.eval_parties(round_idx)}
-        if server.needs_new_test(reports):
-            download = server.new_test_download(reports)
+        if server.evaluation.needs_party_eval(round_idx):
+            download = server.evaluation.eval_download()
+            reports = {p: runner.evaluate(p, download) for p in server.evaluation.eval_parties(round_idx)}
+        if server.evaluation.needs_new_test(reports):
+            download = server.evaluation.new_test_download(reports)
             new_reports = {p: runner.evaluate(p, download) for p in range(server.n_parties)}
-        if reports and server.counts_summed:  # the server learns the sum only
-            summed = server.sum_counts(round_idx, reports)
+        if reports and server.evaluation.counts_summed:  # the server learns the sum only
+            summed = server.evaluation.sum_counts(round_idx, reports)
             return server.finish_round(round_idx, ordered, None, extra, summed=summed)
         return server.finish_round(round_idx, ordered, reports, extra, new_reports=new_reports)
 
@@ -116,9 +116,9 @@ class StandaloneSimulation:
         while done < len(tasks):
             chunk = tasks[done : done + max(1, self.runner.parallel)]
             trained = self.runner.train_many(chunk, round_idx)
-            self.server.fold(round_idx, {p: r for (p, _), r in zip(chunk, trained, strict=True)})
+            self.server.summing.fold(round_idx, {p: r for (p, _), r in zip(chunk, trained, strict=True)})
             done += len(chunk)
-        return self.server.close_stream(round_idx)
+        return self.server.summing.close_stream(round_idx)
 
     # --- checkpoints ------------------------------------------------------------------------------
     def checkpoint(self, round_idx: int, config: dict) -> None:

@@ -59,38 +59,41 @@ def add_into(total: Any, part: Any) -> Any:
 
 
 class SummedRounds:
-    """Aggregation by sums, for `ServerRounds` (whose aggregator, totals, downloads and checks it uses)."""
+    """Aggregation by sums: a member of `ServerRounds` (`server`), whose aggregator, totals, downloads
+    and checks it uses; its own: the running sums of a streamed round."""
 
-    stream: dict[str, Any] | None = None
+    def __init__(self, server: Any) -> None:
+        self.server = server  # the ServerRounds this is part of
+        self.stream: dict[str, Any] | None = None  # train_args.stream_uploads: this round's running sums
 
     def aggregate_private(self, round_idx: int, results: dict[int, Result]) -> list[Result]:
         """privacy_args in this process (the standalone simulation): each party's vector
         (`privacy.party`), their sum (`private_sum`), then `apply_sums`."""
-        privacy = self.privacy
-        vectors = {p: party_vector(u, self.sent[p], privacy.plan(p)) for p, (_, u) in results.items()}
+        privacy = self.server.privacy
+        vectors = {p: party_vector(u, self.server.sent[p], privacy.plan(p)) for p, (_, u) in results.items()}
         return self.apply_sums(self.private_sum(round_idx, vectors))
 
     def private_sum(self, round_idx: int, vectors: dict[int, PartyVector]) -> Sums:
         """The parties' vectors summed securely (SecAgg run among them here) or plainly, read back as
         the round's `Sums` (`PrivateAggregation.finish`: DP's noise and accounting). Counted in
         bytes_up: each party's masked vector."""
-        privacy = self.privacy
+        privacy = self.server.privacy
         if privacy.options.secure_aggregation:
             total, parties = secure_sum(round_idx, vectors, privacy.params(len(vectors)))
         else:
             parties = sorted(vectors)
             total = torch.stack([vectors[p].vector for p in parties]).sum(dim=0)
         first = vectors[parties[0]]
-        self.totals["params_up"] += first.vector.numel() * len(vectors)
-        self.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
+        self.server.totals["params_up"] += first.vector.numel() * len(vectors)
+        self.server.totals["bytes_up"] += first.vector.numel() * len(vectors) * privacy.word_bytes()
         return privacy.finish(total, first.entries, first.metric_names, parties, round_idx)
 
     def apply_sums(self, sums: Sums, stand_ins: list[Result] | None = None) -> list[Result]:
         """The new global state from the round's sums (the aggregator's `aggregate_sums`, then FedML's
         on_after_aggregation and set); returns the round's record of the summed parties: `stand_ins`,
         or one per party holding the round's mean metrics."""
-        new_state = self.aggregator.on_after_aggregation(self.aggregator.aggregate_sums(sums))
-        self.aggregator.set_model_params(new_state)
+        new_state = self.server.aggregator.on_after_aggregation(self.server.aggregator.aggregate_sums(sums))
+        self.server.aggregator.set_model_params(new_state)
         return stand_ins if stand_ins is not None else [(1.0, {"metrics": dict(sums.metrics)})] * sums.count
 
     # --- train_args.stream_uploads ---------------------------------------------------------------
@@ -99,16 +102,16 @@ class SummedRounds:
         `sum_weight`), after the checks `aggregate` makes; what is kept of each upload is its metrics."""
         if self.stream is None or self.stream["round"] != round_idx:
             self.stream = {"round": round_idx, "fields": None, "weight": 0.0, "kept": {}, "rejected": {}}
-        stream, algorithm = self.stream, self.aggregator.algorithm
-        results = self.weighed(results)
-        usable, rejected = self.check_uploads(round_idx, results)
+        stream, algorithm = self.stream, self.server.aggregator.algorithm
+        results = self.server.weighed(results)
+        usable, rejected = self.server.uploads.check_uploads(round_idx, results)
         stream["rejected"].update(rejected)
         for party in usable:
             n, upload = results[party]
-            self.totals["bytes_up"] += payload_nbytes(upload)
-            self.totals["params_up"] += payload_numel(upload)
+            self.server.totals["bytes_up"] += payload_nbytes(upload)
+            self.server.totals["params_up"] += payload_numel(upload)
             ratio = float(algorithm.sum_weight(n))
-            part = contribution(upload, self.sent[party], algorithm.summed, ratio)
+            part = contribution(upload, self.server.sent[party], algorithm.summed, ratio)
             stream["fields"] = add_into(stream["fields"], part)
             stream["weight"] += ratio
             stream["kept"][party] = (n, {"metrics": dict(upload.get("metrics") or {})})
@@ -117,9 +120,9 @@ class SummedRounds:
         """The round's new global state from its running sums; the parties' stand-ins (samples,
         metrics) in the schedule's order for the round's record."""
         stream = self.stream if self.stream is not None and self.stream["round"] == round_idx else None
-        self.stream, self.rejected = None, dict(stream["rejected"]) if stream else {}
+        self.stream, self.server.rejected = None, dict(stream["rejected"]) if stream else {}
         if not stream or not stream["kept"]:
-            raise BadUpload(f"round {round_idx}: no usable upload ({self.rejected})")
+            raise BadUpload(f"round {round_idx}: no usable upload ({self.server.rejected})")
         kept = stream["kept"]
-        stand_ins = [kept[p] for p in self.parties(round_idx) if p in kept]
+        stand_ins = [kept[p] for p in self.server.parties(round_idx) if p in kept]
         return self.apply_sums(Sums(stream["weight"], len(kept), stream["fields"]), stand_ins)

@@ -16,7 +16,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from fedml_moon.algorithms.base import Payload
 from fedml_moon.core.validate import BadUpload, buffer_problem, report_problem, upload_problem
 
 log = logging.getLogger(__name__)
@@ -29,26 +28,19 @@ def local_steps(samples: int, epochs: int, batch_size: int) -> int:
 
 
 class UploadChecks:
-    """The checks of `ServerRounds` (whose aggregator, samples, downloads and options it reads)."""
+    """What the server checks of uploads and reports: a member of `ServerRounds` (`server`), whose
+    aggregator, samples, downloads and options it reads."""
 
-    aggregator: Any
-    samples: dict[int, int]
-    sent: dict[int, Payload]
-    terms: tuple[str, ...] | None = None  # the algorithm's training terms; None: any metric name
-    steps: tuple[int, int] = (1, 1)  # (epochs, batch size): the bound of a party's counters
-    on_bad_upload: str = "skip"
-    personalized: bool = False
-    party_eval: bool = False
-    federated: bool = False
-    test_samples: dict[int, int] = {}  # party -> its test samples, where the server knows them
+    def __init__(self, server: Any) -> None:
+        self.server = server  # the ServerRounds this is part of
 
     def upload_spec(self, party: int) -> dict:
         """What `party`'s upload must hold this round (the server algorithm's `upload_spec`)."""
-        return self.aggregator.algorithm.upload_spec(self.aggregator.global_state, party)
+        return self.server.aggregator.algorithm.upload_spec(self.server.aggregator.global_state, party)
 
     def counter_cap(self, party: int) -> int:
         """How far a BatchNorm counter may move in `party`'s round: COUNTER_SLACK x its local steps."""
-        return COUNTER_SLACK * local_steps(self.samples.get(party, 1), *self.steps)
+        return COUNTER_SLACK * local_steps(self.server.samples.get(party, 1), *self.server.steps)
 
     def upload_problem(
         self, party: int, upload: Any, finite: bool = True, spec: dict | None = None
@@ -56,48 +48,45 @@ class UploadChecks:
         """Why `party`'s upload cannot be used this round, or None (module docstring); `finite`: also
         refuse NaN / Inf tensors and metrics beyond range; `spec`: what it must hold, if not this
         round's `upload_spec` (a buffered task's, from when it was sent)."""
-        problem = upload_problem(upload, spec or self.upload_spec(party), finite, self.terms)
+        problem = upload_problem(upload, spec or self.upload_spec(party), finite, self.server.terms)
         if problem is not None:
             return problem
-        sent = self.sent.get(party, {}).get("model")
+        sent = self.server.sent.get(party, {}).get("model")
         if isinstance(sent, Mapping):
             problem = buffer_problem(upload["model"], sent, self.counter_cap(party))
             if problem is not None:
                 return f"upload.{problem}"
-        privacy = getattr(self, "privacy", None)
+        privacy = self.server.privacy
         missing = [] if privacy is None else sorted(set(privacy.metrics) - set(upload.get("metrics") or {}))
         if missing:  # each is an entry of the private sum: a party without it cannot add to the sum
             return f"upload.metrics lacks {missing}, which under privacy_args every party adds to the sum"
-        return self.aggregator.algorithm.upload_problem(upload, party)
+        return self.server.aggregator.algorithm.upload_problem(upload, party)
 
     def check_uploads(self, round_idx: int, results: dict) -> tuple[list[int], dict[int, str]]:
         """The parties of `results` whose uploads are usable, in the schedule's order, and why each other
         one is not (NaN / Inf, a misshapen tensor: logged); with `on_bad_upload: stop` a bad one stops
         the run."""
-        reporters = [p for p in self.parties(round_idx) if p in results]
+        reporters = [p for p in self.server.parties(round_idx) if p in results]
         rejected = {p: why for p in reporters if (why := self.upload_problem(p, results[p][1])) is not None}
         for party, why in rejected.items():
             log.error("round %d: party %d's upload is left out: %s", round_idx, party, why)
-        if rejected and self.on_bad_upload == "stop":
+        if rejected and self.server.on_bad_upload == "stop":
             raise BadUpload(f"round {round_idx}: {rejected} (train_args.on_bad_upload: stop)")
         return [p for p in reporters if p not in rejected], rejected
-
-    def parties(self, round_idx: int) -> list[int]:
-        raise NotImplementedError
 
     def report_problem(self, party: int, report: Any) -> str | None:
         """Why `party`'s evaluation report cannot be used this round, or None (`core.validate`): what
         the server asked for (local test, federated counts of its claimed test samples) and nothing else."""
-        tests = self.test_names() if self.federated else None
-        seen = self.test_samples.get(party)
-        return report_problem(report, party, self.personal_spec(), self.party_eval, tests, seen)
+        tests = self.server.evaluation.test_names() if self.server.federated else None
+        seen = self.server.test_samples.get(party)
+        return report_problem(report, party, self.personal_spec(), self.server.party_eval, tests, seen)
 
     def new_report_problem(self, party: int, report: Any) -> str | None:
         """Why `party`'s report of the new test (federated) cannot be used, or None: its counts only."""
-        return report_problem(report, party, None, False, ["new"], self.test_samples.get(party))
+        return report_problem(report, party, None, False, ["new"], self.server.test_samples.get(party))
 
     def personal_spec(self) -> dict | None:
         """The personal state a party's report may carry (personalised algorithms), or None."""
-        if not self.personalized:
+        if not self.server.personalized:
             return None
-        return self.aggregator.algorithm.personal_spec(self.aggregator.global_state)
+        return self.server.aggregator.algorithm.personal_spec(self.server.aggregator.global_state)

@@ -50,9 +50,9 @@ class BufferedFlow:
         self.core = core
         core.remote = bool(self.run.secure)  # each buffer a secure sum among its parties (buffered_secure)
         self.sync = server.round_phases
-        self.records = BufferedRecords(server, self)
-        self.checkpoints = BufferedCheckpoints(server, self)
-        self.buffer_sum = BufferSum(server, self)
+        self.checkpoints = BufferedCheckpoints(server, self, core)
+        self.records = BufferedRecords(server, self, core, self.checkpoints)
+        self.buffer_sum = BufferSum(server, self, core, self.records)
 
     def handlers(self) -> list:
         return [(HELD, self.on_held)] if self.run.secure else []
@@ -182,7 +182,7 @@ class BufferedFlow:
             return self.sync.upload_problem(party, upload)
         self.rounds.sent = {party: job.payload}
         spec = None if job.spec is None else spec_from_shapes(job.spec)
-        return self.rounds.upload_problem(party, upload, finite=False, spec=spec)
+        return self.rounds.uploads.upload_problem(party, upload, finite=False, spec=spec)
 
     def take_arrived(self) -> None:
         """Take what has arrived (`_take_arrived`), unless an evaluation round waits for its reports."""
@@ -255,7 +255,7 @@ class BufferedFlow:
         r = self.state.round
         r.round_idx, r.ordered, self.state.buffer.extra = applied
         r.aggregated = r.round_idx
-        if self.rounds.needs_party_eval(r.round_idx):
+        if self.rounds.evaluation.needs_party_eval(r.round_idx):
             self.sync.after_aggregate()  # EVAL to the silos; no task is sent before the record
             return
         if r.phase != BUFFERED:

@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 class BufferedCheckpoints:
     """The checkpoint and resume of a buffered distributed run (module docstring)."""
 
-    def __init__(self, server: Any, flow: Any) -> None:
+    def __init__(self, server: Any, flow: Any, core: Any) -> None:
         self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
-        self.flow = flow
+        self.flow, self.core = flow, core  # the buffered flow it is part of, its BufferedRounds
 
     def mark_due(self, round_idx: int) -> None:
         """Round `round_idx` was applied: a checkpoint follows once its slots are filled, if it is due."""
@@ -53,7 +53,7 @@ class BufferedCheckpoints:
 
     def take_cut(self) -> None:
         """Start the checkpoint that is due (module docstring), unless one still waits for its silos."""
-        b, core = self.state.buffer, self.flow.core
+        b, core = self.state.buffer, self.core
         if not b.cut_due or self.flow.finished() or core.held:
             return  # a resumed run's held updates are taken first: a cut now would lose them
         if b.cut is not None:
@@ -81,7 +81,7 @@ class BufferedCheckpoints:
         cut = self.state.buffer.cut
         if cut is None or rank not in cut.awaiting:
             return
-        inflight = self.flow.core.inflight
+        inflight = self.core.inflight
         batch = [
             [item["party"], item["upload"]]
             for item in items
@@ -149,7 +149,7 @@ class BufferedCheckpoints:
     def resume(self) -> None:
         """A resumed run: each silo gets again its tasks in flight at the checkpoint; the updates that
         had arrived are taken, message by message, as they were when they came."""
-        core, tasks, r = self.flow.core, self.state.buffer.tasks, self.state.round
+        core, tasks, r = self.core, self.state.buffer.tasks, self.state.round
         arrived = {p for batch in core.held for p in batch}
         for party, job in sorted(core.inflight.items()):
             if party not in arrived:

@@ -30,8 +30,9 @@ TAKING = (BUFFERED, "eval", "newtest", KEYS_PHASE, "share", "mask", "unmask")
 class BufferedRecords:
     """A buffered run's records and evaluation rounds (module docstring)."""
 
-    def __init__(self, server: Any, flow: Any) -> None:
-        self.server, self.state, self.rounds, self.flow = server, server.state, server.rounds, flow
+    def __init__(self, server: Any, flow: Any, core: Any, checkpoints: Any) -> None:
+        self.server, self.state, self.rounds = server, server.state, server.rounds
+        self.flow, self.core, self.checkpoints = flow, core, checkpoints  # the flow, its rounds, its cuts
 
     def record_buffer(
         self, reports: dict | None = None, new_reports: dict | None = None, summed: dict | None = None
@@ -44,8 +45,8 @@ class BufferedRecords:
         r.recorded = r.round_idx
         extra = {**self.state.buffer.extra, **self.server.wire_bytes()}
         self.rounds.finish_round(r.round_idx, r.ordered, reports, extra, new_reports, summed)
-        self.flow.checkpoints.mark_due(r.round_idx)
-        r.round_idx = self.flow.core.version
+        self.checkpoints.mark_due(r.round_idx)
+        r.round_idx = self.core.version
 
     def close_round(
         self, reports: dict | None, new_reports: dict | None = None, summed: dict | None = None
@@ -69,7 +70,7 @@ class BufferedRecords:
     def take_held(self) -> None:
         """Take the updates that arrived: a resumed run's held ones first, message by message, as
         they came before its checkpoint; then the rest."""
-        core, r = self.flow.core, self.state.round
+        core, r = self.core, self.state.round
         while core.held and r.phase == BUFFERED:
             core.arrived = {**core.held.pop(0), **core.arrived}
             self.flow.take_arrived()
@@ -85,7 +86,7 @@ class BufferedRecords:
             self.server.note(rank, what, reason="a BYE", counted=False)
             self.state.sites[rank].gone = True
             return
-        self.flow.sync.on_bye(msg)
+        self.server.round_phases.on_bye(msg)
 
     def owed(self, phase: str, pending: set[int]) -> dict[int, int]:
         """In the buffered run's phases a silo may send a RESULT for each start version of its tasks

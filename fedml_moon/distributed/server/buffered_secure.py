@@ -33,7 +33,7 @@ from typing import Any
 
 from fedml_moon.distributed.protocol import OPEN
 from fedml_moon.distributed.server.buffered_eval import KEYS_PHASE
-from fedml_moon.distributed.server.secure import TrainSum
+from fedml_moon.distributed.server.secure_round import TrainSum
 from fedml_moon.privacy.sums import Sums
 
 log = logging.getLogger(__name__)
@@ -44,17 +44,17 @@ class BufferSum(TrainSum):
 
     keys_phase = KEYS_PHASE
 
-    def __init__(self, server: Any, flow: Any) -> None:
+    def __init__(self, server: Any, flow: Any, core: Any, records: Any) -> None:
         super().__init__(server)
-        self.run, self.flow = server.run, flow
+        self.run, self.flow, self.core, self.records = server.run, flow, core, records
 
     def members(self) -> list[int]:
         """The parties of the sum: the buffer's."""
-        return sorted(self.flow.core.plans)
+        return sorted(self.core.plans)
 
     def plan_for(self, party: int) -> Any:
         """What `party` adds: its plan, with its update's staleness discount."""
-        return self.rounds.privacy.plan(party, self.flow.core.plans[party][1])
+        return self.rounds.privacy.plan(party, self.core.plans[party][1])
 
     def holds(self, rank: int) -> set[int]:
         """The buffer's parties `rank` holds."""
@@ -73,7 +73,7 @@ class BufferSum(TrainSum):
         r.doing = f"opening round {r.round_idx}'s secure sum"
         self.server.secure.begin(self)
         by_rank: dict[int, list[dict]] = {}
-        for party, (version, _) in sorted(self.flow.core.plans.items()):
+        for party, (version, _) in sorted(self.core.plans.items()):
             by_rank.setdefault(self.run.placement[party], []).append({"party": party, "version": version})
         here = {rank: items for rank, items in by_rank.items() if not self.server.away(rank)}
         self.server.enter(KEYS_PHASE, set(here))
@@ -112,15 +112,15 @@ class BufferSum(TrainSum):
             parties,
             why,
         )
-        self.flow.core.unbuffer(parties, why)
+        self.core.unbuffer(parties, why)
         self.server.secure.end()
-        self.flow.records.back_to_buffered()
+        self.records.back_to_buffered()
 
     def summed(self, total: Any, survivors: list[int]) -> None:
         """The buffer's secure sum is in: apply it, then its record (and evaluation)."""
         sums: Sums = self.server.secure.sums(total, survivors)
         self.server.secure.end()
-        applied = self.flow.core.apply(sums)
+        applied = self.core.apply(sums)
         if self.state.round.missing:
             applied[2]["not_summed"] = list(self.state.round.missing)
         self.flow.buffer_applied(applied)

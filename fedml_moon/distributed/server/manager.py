@@ -5,8 +5,9 @@ The manager is the state (`state.ServerState`: a record per rank, the round's, a
 buffered run's) and its phases, each an object it calls: the start (`ready.ReadyPhase`: HELLO, READY,
 REFUSE), the round (`rounds.RoundPhases`: train, aggregate, evaluate, record, finish), the
 checkpoint (`checkpoint.CheckpointPhase`), a secure sum (`secure.SecureSum`, of a round's uploads,
-the parties' test counts or a buffer's), the status (`status.StatusBoard`) and, with
-`server_args.aggregation: buffered`, the buffered phase (`buffered.BufferedFlow`). The round's
+the parties' test counts or a buffer's), the status (`status.StatusBoard`), the waits at each tick of
+its timer (`waiting.Waiting`) and, with `server_args.aggregation: buffered`, the buffered phase
+(`buffered.BufferedFlow`). The round's
 progress goes through `flow`: the synchronous rounds, or the buffered phase in their place. What a
 phase does to the run it does through the manager's services below (send, enter a phase, advance,
 fail); what two phases share is in the state.
@@ -39,13 +40,13 @@ from fedml_moon.distributed.managers import (
     config_digest,
 )
 from fedml_moon.distributed.protocol import KEYS, MASKED, SHARES, UNMASKED
-from fedml_moon.distributed.refusals import bounded
 from fedml_moon.distributed.server.checkpoint import CheckpointPhase
 from fedml_moon.distributed.server.ready import ReadyPhase
 from fedml_moon.distributed.server.rounds import RoundPhases
 from fedml_moon.distributed.server.secure import SecureSum
 from fedml_moon.distributed.server.state import HeardAt, RoundState, RunSettings, ServerState, Sites
 from fedml_moon.distributed.server.status import StatusBoard
+from fedml_moon.distributed.server.waiting import Waiting
 from fedml_moon.distributed.transport.base import QueueTransport
 from fedml_moon.engine.rounds import ServerRounds
 
@@ -91,6 +92,7 @@ class ServerManager(_Manager):
         self.checkpoints = CheckpointPhase(self)
         self.secure = SecureSum(self)
         self.status_board = StatusBoard(self)
+        self.waiting = Waiting(self)
         self.flow: Any = self.round_phases
         if core is not None:  # server_args.aggregation: buffered
             from fedml_moon.distributed.server.buffered import BufferedFlow
@@ -145,8 +147,8 @@ class ServerManager(_Manager):
             (REPORT, self.round_phases.on_report),
             (BYE, self.flow.on_bye),
             (CHECKPOINTED, self.flow.on_checkpointed),
-            (ERROR, self.on_error),
-            (TICK, self.on_tick),
+            (ERROR, self.waiting.on_error),
+            (TICK, self.waiting.on_tick),
         ]
         if self.run.secure:  # secure aggregation's extra rounds (server/secure.py)
             handlers += [
@@ -282,68 +284,7 @@ class ServerManager(_Manager):
         out = self.rounds.recorder.out_dir
         return f"the checkpoint of round {last} is kept: go on with --resume {out}"
 
-    # --- waiting, and failures -----------------------------------------------------------------
-    def on_error(self, msg: Message) -> None:
-        """A worker that failed before the run started stops the run; in the middle of a run its
-        parties count as missing (the quorum decides), as if it had died."""
-        rank, reason, r = msg.get_sender_id(), bounded(msg.get("reason"), 2000), self.state.round
-        if r.phase == "hello":
-            self.fail(f"rank {rank} failed: {reason}")
-            return
-        what = f"rank {rank} failed in the {r.phase} phase of round {r.round_idx}: {reason}"
-        # bounded, as refusals are (not counted as one: an ERROR is the silo's to send)
-        self.note(rank, what, reason="an ERROR", level=logging.ERROR, counted=False)
-        self.state.sites[rank].gone = True
-
-    def on_tick(self, msg: Message) -> None:
-        self.flow.tick()
-        self.refusals.flush()
-        r = self.state.round
-        if r.phase != "done":
-            self.status_board.publish()
-        now = time.monotonic()
-        waited = now - r.phase_started
-        if r.phase != "done" and now - r.last_wait_log >= self.wait_log_every_s:
-            r.last_wait_log = now
-            self._say_waiting(waited)
-        if r.phase == "hello":
-            if waited > self.run.comm.timeout_s:
-                missing = sorted(set(self.run.workers) - self.state.sites.seen())
-                self.fail(
-                    f"no answer from rank(s) {missing} for {waited:.0f} s in the hello phase "
-                    f"(comm_args.timeout_s = {self.run.comm.timeout_s:g})"
-                )
-            return
-        if r.phase == "done" or not r.pending:
-            return  # nothing to wait for: the phase's last answer moved the round on already
-        dead = {rank for rank in r.pending if self.away(rank)}
-        if dead != r.pending and waited <= self.run.deadline_s:
-            return
-        self.flow.give_up_on(
-            sorted(r.pending), sorted(dead), waited
-        )  # the deadline fires whatever is pending
-
-    def _say_waiting(self, waited: float) -> None:
-        """Name the ranks this phase still waits for, and for how long (periodically)."""
-        r, sites = self.state.round, self.state.sites
-        hello = r.phase == "hello"
-        ranks = sorted(set(self.run.workers) - sites.seen()) if hello else sorted(r.pending)
-        if not ranks:
-            return
-        where = "to say hello" if hello else f"in the {r.phase} phase of round {r.round_idx}"
-        dead = [rank for rank in ranks if self.is_dead(rank)]
-        refused = {rank: sites[rank].data_refused for rank in ranks if sites[rank].data_refused is not None}
-        log.info(
-            "waiting for rank(s) %s %s: %.0f s so far (comm_args.%s = %g)%s%s",
-            ranks,
-            where,
-            waited,
-            "timeout_s" if hello else "round_timeout_s",
-            self.run.comm.timeout_s if hello else self.run.deadline_s,
-            f"; no heartbeat from {dead}" if dead else "",
-            "".join(f"; rank {rank} refused its own data: {why}" for rank, why in sorted(refused.items())),
-        )
-
+    # --- the end -------------------------------------------------------------------------------
     def fail(self, reason: str) -> None:
         log.error("stopping the run: %s", reason)
         for rank in self.run.workers:

@@ -63,7 +63,7 @@ class RoundPhases:
         """A synchronous round does nothing at a tick beyond the manager's waiting."""
 
     def upload_problem(self, party: int, upload: Any) -> str | None:
-        return self.rounds.upload_problem(party, upload, finite=False)
+        return self.rounds.uploads.upload_problem(party, upload, finite=False)
 
     def send_work_again(self, rank: int) -> None:
         """A restarted worker lost its work of this phase: send it again, once per rank and phase of
@@ -88,7 +88,7 @@ class RoundPhases:
         r = self.state.round
         r.doing = f"starting round {round_idx}"
         r.round_idx, r.results, r.missing = round_idx, {}, []
-        self.server.secure.begin(self.server.secure.train_sum)
+        self.server.secure.begin_training()
         tasks: dict[int, list] = {}
         for party, payload in self.rounds.downloads(round_idx).items():
             tasks.setdefault(self.run.placement[party], []).append({"party": party, "payload": payload})
@@ -136,22 +136,22 @@ class RoundPhases:
     def after_aggregate(self) -> None:
         r = self.state.round
         r.aggregated = max(r.aggregated, r.round_idx)
-        if not self.rounds.needs_party_eval(r.round_idx):
+        if not self.rounds.evaluation.needs_party_eval(r.round_idx):
             self.server.flow.close_round(None)
             return
         alive = [rank for rank in self.run.workers if not self.server.away(rank)]
-        r.evaluating = set(self.rounds.eval_parties(r.round_idx))  # validation_args.eval_parties
+        r.evaluating = set(self.rounds.evaluation.eval_parties(r.round_idx))  # validation_args.eval_parties
         ranks = {self.run.placement.get(p) for p in r.evaluating}
         alive = [rank for rank in alive if rank in ranks]
         if not alive:
             self.server.flow.close_round(None)
             return
         r.reports, r.new_reports = {}, {}
-        download = self.rounds.eval_download()
+        download = self.rounds.evaluation.eval_download()
         if len(r.evaluating) < self.rounds.n_parties:  # a sample: only these report
             download = {**download, "parties": sorted(r.evaluating)}
         if download.get("secure"):  # the parties' counts go into a secure sum (server/secure_eval.py)
-            self.server.secure.begin(self.server.secure.counts_sum)
+            self.server.secure.begin_counts()
         self.server.enter("eval", set(alive))
         for rank in alive:
             self.server.assign(rank, EVAL, round=r.round_idx, payload=download)
@@ -170,7 +170,11 @@ class RoundPhases:
         if not self.server.expected(msg, phase):
             return
         mine = sorted(p for p, at in self.run.placement.items() if at == rank and p in r.evaluating)
-        check = self.rounds.new_report_problem if phase == "newtest" else self.rounds.report_problem
+        check = (
+            self.rounds.uploads.new_report_problem
+            if phase == "newtest"
+            else self.rounds.uploads.report_problem
+        )
         problem = reports_problem(reports, mine, check)
         if problem is not None:
             self.server.refused(rank, f"round {r.round_idx}: refused rank {rank}'s report: {problem}")
@@ -186,12 +190,12 @@ class RoundPhases:
         """The reports are in: the new test next (federated, personalised), else the record."""
         r = self.state.round
         alive = [rank for rank in self.run.workers if not self.server.away(rank)]
-        if not self.rounds.needs_new_test(r.reports) or not alive:
+        if not self.rounds.evaluation.needs_new_test(r.reports) or not alive:
             self.server.flow.close_round(r.reports)
             return
         self.server.enter("newtest", set(alive))
         r.new_reports = {}
-        download = self.rounds.new_test_download(r.reports)
+        download = self.rounds.evaluation.new_test_download(r.reports)
         for rank in alive:
             self.server.assign(rank, EVAL, round=r.round_idx, payload=download)
 

@@ -21,8 +21,10 @@ it needs can be rebuilt, and otherwise stops the run with the reason (nothing is
 asks for no share, and no party answers an unmask request, below the crowd rules). The server never
 holds a party's upload.
 
-What is summed is the session's job (`SecureState.job`): a round's uploads (`TrainSum`, here), the
-parties' test counts (`server/secure_eval.py`) or a buffer's updates (`server/buffered_secure.py`).
+What is summed is the session's job (`SecureState.job`): a round's uploads (`server/secure_round.py`),
+the parties' test counts (`server/secure_eval.py`) or a buffer's updates (`server/buffered_secure.py`).
+A job says which parties the sum is of, what each adds, which parties a rank may answer for, whether
+the session may go on at the roster and at the mask, and what the sum is once read back.
 """
 
 from __future__ import annotations
@@ -34,63 +36,13 @@ from typing import Any
 from fedml_moon.distributed.protocol import MASK, ROSTER, UNMASK
 from fedml_moon.distributed.secure_wire import keys_from_wire, keys_to_wire, shares_from_wire
 from fedml_moon.distributed.server.secure_eval import CountsSum
+from fedml_moon.distributed.server.secure_round import TrainSum
 from fedml_moon.distributed.server.state import SecureState
 from fedml_moon.privacy.party import plan_layout
 from fedml_moon.privacy.secagg import SecAggError, ServerSession, unpack
 from fedml_moon.privacy.secagg_common import check_keys, check_masked
 
 log = logging.getLogger(__name__)
-
-
-class TrainSum:
-    """A synchronous round's secure sum: its sampled parties' uploads. Its keys come in the train
-    phase and count for the round's quorum; the survivors' sum is the round's aggregate."""
-
-    keys_phase = "train"
-
-    def __init__(self, server: Any) -> None:
-        self.server, self.state, self.rounds = server, server.state, server.rounds
-
-    def members(self) -> list[int]:
-        """The parties whose vectors this sum is of: the round's sampled parties."""
-        return self.rounds.parties(self.state.round.round_idx)
-
-    def plan_for(self, party: int) -> Any:
-        """What `party` adds to this training sum (`PrivateAggregation.plan`)."""
-        return self.rounds.privacy.plan(party)
-
-    def holds(self, rank: int) -> set[int]:
-        """The parties `rank` may send keys for: those of its TRAIN tasks."""
-        work = self.state.sites[rank].work
-        return {t["party"] for t in work[1]["tasks"]} if work is not None else set()
-
-    def keys_taken(self, party: int) -> None:
-        self.state.round.results[party] = (float(self.rounds.samples[party]), {})  # counts for the quorum
-
-    def keys_in(self) -> Callable[[], None]:
-        return self.server.round_phases.after_train
-
-    def ready_for_roster(self) -> bool:
-        return True
-
-    def ready_for_mask(self) -> bool:
-        return True
-
-    def session(self) -> ServerSession:
-        return self.server.secure.upload_session()
-
-    def count(self, vector: Any) -> None:
-        totals = self.rounds.totals
-        totals["bytes_up"] += vector.numel() * vector.element_size()
-        totals["params_up"] += vector.numel()
-
-    def guarded(self, step: Callable[[], None]) -> Callable[[], None]:
-        return step
-
-    def summed(self, total: Any, survivors: list[int]) -> None:
-        r = self.state.round
-        r.ordered = self.rounds.apply_sums(self.server.secure.sums(total, survivors))
-        self.server.round_phases.after_aggregate()
 
 
 class SecureSum:
@@ -105,6 +57,14 @@ class SecureSum:
     def begin(self, job: Any) -> None:
         """A new session of `job`: nothing of an earlier one is kept."""
         self.state.secure = SecureState(job=job)
+
+    def begin_training(self) -> None:
+        """A synchronous round's session: its sampled parties' uploads."""
+        self.begin(self.train_sum)
+
+    def begin_counts(self) -> None:
+        """An evaluation round's session: the parties' test counts."""
+        self.begin(self.counts_sum)
 
     def end(self) -> None:
         """The session's job is done (or dropped): messages of a sum are a training round's again until
@@ -181,7 +141,7 @@ class SecureSum:
         s, r, rounds = self.state.secure, self.state.round, self.rounds
         r.missing = [p for p in s.job.members() if p not in s.keys]
         params = rounds.privacy.params(len(s.keys))
-        spec = rounds.upload_spec(min(s.keys))
+        spec = rounds.uploads.upload_spec(min(s.keys))
         plan = s.plan = rounds.privacy.plan(min(s.keys))  # the layout, metrics'
         s.entries = plan_layout({f: spec[f] for f in rounds.privacy.summed}, plan)
         length = sum(_numel(shape) for _, _, shape in s.entries) + len(plan.metrics)

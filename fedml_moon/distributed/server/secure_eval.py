@@ -59,7 +59,7 @@ class CountsSum:
     def session(self) -> ServerSession:
         """The secure session of the round's counts (three per model evaluated)."""
         params = counts_params(self.rounds.privacy.options, len(self.state.secure.keys))
-        return ServerSession(self.state.round.round_idx, params, 3 * len(self.rounds.test_names()))
+        return ServerSession(self.state.round.round_idx, params, 3 * len(self.rounds.evaluation.test_names()))
 
     def count(self, vector: Any) -> None:
         """The masked counts are what evaluation carried."""
@@ -67,7 +67,7 @@ class CountsSum:
 
     def summed(self, total: Any, survivors: list[int]) -> None:
         """The round's counts are summed: record them."""
-        counts = counts_of(total, self.rounds.test_names())
+        counts = counts_of(total, self.rounds.evaluation.test_names())
         self.server.secure.end()
         self.server.flow.close_round(None, None, {"counts": counts, "parties": survivors})
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
-from fedml_moon.config.files import DIGEST_KEYS, digest_problem, setting_of
 from fedml_moon.config.schema import CommArgs
 from fedml_moon.distributed.managers import (
     ABORT,
@@ -23,8 +22,6 @@ from fedml_moon.distributed.managers import (
     FINISH,
     HELLO,
     HELLO_EVERY_S,
-    READY,
-    REFUSE,
     REJOIN,
     REPORT,
     RESULT,
@@ -32,19 +29,17 @@ from fedml_moon.distributed.managers import (
     TRAIN,
     WELCOME,
     _Manager,
-    config_differences,
-    config_digest,
 )
 from fedml_moon.distributed.protocol import MASK, OPEN, ROSTER, UNMASK
-from fedml_moon.distributed.silo.refusal import DATA_ERRORS, check_digest, described, kind_of, record_digest
+from fedml_moon.distributed.silo.refusal import record_digest
 from fedml_moon.distributed.silo.results import keep_final_model, log_own_figures
 from fedml_moon.distributed.silo.secure import SecureWorker
 from fedml_moon.distributed.silo.state import Built, Local, SiloState
 from fedml_moon.distributed.silo.status import SiloStatus
+from fedml_moon.distributed.silo.welcome import Welcome
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError
 from fedml_moon.engine.parties import PartyRunner
-from fedml_moon.engine.resume import check_config, flat_config, restore, save
-from fedml_moon.errors import ConfigError
+from fedml_moon.engine.resume import flat_config, save
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +71,7 @@ class SiloManager(_Manager):
         self.state = SiloState()
         self.secure = SecureWorker(self)
         self.status_board = SiloStatus(self)
+        self.welcome = Welcome(self)
         super().__init__(args, transport, rank, 0, comm.backend, comm.heartbeat_s)
 
     @property
@@ -102,7 +98,7 @@ class SiloManager(_Manager):
 
     def register_message_receive_handlers(self) -> None:
         for msg_type, handler in (
-            (WELCOME, self.on_welcome),
+            (WELCOME, self.welcome.on_welcome),
             (TRAIN, self.on_train),
             (EVAL, self.on_eval),
             (FINISH, self.on_finish),
@@ -110,11 +106,8 @@ class SiloManager(_Manager):
             (CHECKPOINT, self.on_checkpoint),
             (REJOIN, self.on_rejoin),
             (TICK, self.on_tick),
-            (
-                OPEN,
-                self.secure.on_sa_open,
-            ),  # a buffered run's secure sum (distributed/server/buffered_secure.py)
-            (ROSTER, self.secure.on_sa_roster),  # secure aggregation's rounds (distributed/server/secure.py)
+            (OPEN, self.secure.on_sa_open),  # a buffered run's secure sum (server/buffered_secure.py)
+            (ROSTER, self.secure.on_sa_roster),  # secure aggregation's rounds (server/secure.py)
             (MASK, self.secure.on_sa_mask),
             (UNMASK, self.secure.on_sa_unmask),
         ):
@@ -226,89 +219,6 @@ class SiloManager(_Manager):
         self.state.waiting_since = self.state.last_wait_log = now
         self.state.last_hello = 0.0
         self.status_board.publish("waiting for the server")
-
-    def on_welcome(self, msg: Message) -> None:
-        """Build the parties from the server's config (the first time), then follow the server's session:
-        a new session that resumes from round r restores this worker's checkpoint of round r."""
-        config, digest, session = msg.get("config"), msg.get("config_sha256"), msg.get("session")
-        if not isinstance(config, dict) or config_digest(config) != digest:
-            raise ValueError("the server's WELCOME carries a config that does not match its SHA-256")
-        if self.state.built is None:
-            try:
-                self.build_from(config)
-            except DATA_ERRORS as err:
-                self.refuse_data(err)
-                return
-        elif digest != self.state.digest:
-            differs = config_differences(self.state.built.config, config)
-            raise ValueError(f"the server's config changed since this worker joined: {', '.join(differs)}")
-        self.state.welcomed, self.state.waiting_since = True, time.monotonic()
-        if session == self.state.session:
-            return  # a repeated WELCOME of the same server
-        if self.state.session is not None:
-            log.info("rank %d: a new server session (%s) welcomed it", self.rank, session)
-        self.state.session = session
-        self.send_ready()  # a server process learns what its parties hold once
-        resume_from = msg.get("resume_from")
-        if resume_from is not None:
-            self.restore(int(resume_from))
-        elif self.state.trained_since_welcome:  # the server started the run anew: so do this worker's parties
-            log.warning(
-                "rank %d: the server started the run again from round 0; its parties start afresh", self.rank
-            )
-            self.runner.load_state({})  # every party back at its start: no state, its first streams
-        self.state.trained_since_welcome = False
-
-    def refuse_data(self, err: Exception) -> None:
-        """Refuse its own data: the whole reason in its own log, the kind of problem to the server
-        (nothing of its paths: `site_refusal`), then stop with status `refused` (exit code 2)."""
-        kind, key = kind_of(err)
-        self.state.reason = f"it refuses its data: {err}"
-        log.error(
-            "rank %d refuses its data: %s (the server is told: %s; it waits for this site up to its "
-            "comm_args.timeout_s: fix the data and start the site again)",
-            self.rank,
-            err,
-            described(kind, key),
-        )
-        try:
-            self.send(REFUSE, 0, kind=kind, key=key)
-        except Exception as send_err:
-            log.info("rank %d could not tell the server: %s", self.rank, send_err)
-        self.stop("refused")
-
-    def send_ready(self) -> None:
-        """Tell the server what each of its parties holds (its claims), once its data are built."""
-        claims = [{"party": p, "claim": c} for p, c in sorted(self.state.built.claims.items())]
-        self.send(READY, 0, claims=claims)
-
-    def build_from(self, config: dict) -> None:
-        self.state.built = self.build(config)
-        if self.state.built.data_sha256:  # the same data as in this run's earlier starts, or refused
-            check_digest(self.folder, self.state.built.data_sha256, self.local.overwrite)
-        self.state.digest = config_digest(self.state.built.config)
-        if self.state.digest != config_digest(config):
-            differs = config_differences(config, self.state.built.config)
-            files = [k for k in differs if k in DIGEST_KEYS]  # its own file under a setting's path
-            if files:
-                mine, theirs = self.state.built.config.get(files[0]), config.get(files[0])
-                path = self.state.built.config.get(setting_of(files[0]))
-                raise ConfigError(digest_problem(files[0], mine, theirs, path))
-            raise ValueError(f"this worker could not take the server's config: {', '.join(differs)} differ")
-        log.info(
-            "rank %d holds parties %s (config sha256 %s)", self.rank, self.parties, self.state.digest[:12]
-        )
-
-    def restore(self, round_idx: int) -> None:
-        """Its parties from its checkpoint of `round_idx`, written with the run's shared settings."""
-        built = self.state.built
-        assert built is not None
-
-        def check(saved: dict) -> None:
-            check_config(saved, built.run_config, self.folder, only=built.config)
-
-        restore(self.folder, round_idx, built.holding(), check)
-        log.info("rank %d resumed its parties from the checkpoint of round %s", self.rank, round_idx)
 
     # --- work ------------------------------------------------------------------------------------
     def on_checkpoint(self, msg: Message) -> None:

@@ -64,7 +64,7 @@ def test_a_silo_restarted_in_an_evaluation_round_gets_its_tasks_then_its_eval_ag
     outstanding = set(manager.state.buffer.tasks[rank].values())
     seen = len(wire.sent)
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
-    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": [], "parties": [rank - 1]}
+    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [rank - 1]}
     _from(manager, rank, m.HELLO, process="restarted", **hello)
     again = [(q.get_type(), q.get("round")) for q in wire.sent[seen:] if q.get_receiver_id() == rank]
     trains = [v for kind, v in again if kind == m.TRAIN]
@@ -111,7 +111,7 @@ def test_with_every_silo_gone_in_an_evaluation_round_one_back_takes_the_free_slo
         and manager.rounds.recorder.records
     )
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
-    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": [], "parties": [0]}
+    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [0]}
     _from(manager, 1, m.HELLO, process="back", **hello)
     seen = len(wire.sent)
     _from(manager, 0, m.TICK)

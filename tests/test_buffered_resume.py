@@ -114,7 +114,7 @@ def _in_order(tmp_path, updates: list[tuple[int, int]], settings: list[str]) -> 
                 queue.remove(msg)
                 silos.answer(rank, msg)
         silos.collect()
-        rank = manager.run.placement[party]
+        rank = manager.settings.placement[party]
         task = next(q for q in silos.queues[rank] if q.get("round") == version)
         assert manager.state.buffer.tasks.get(rank, {}).get(party) == version, (party, version)
         silos.queues[rank].remove(task)
@@ -150,7 +150,7 @@ def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_an
     assert sorted(r for r, q in silos.queues.items() if q and q[-1].get_type() == m.CHECKPOINT) == [1, 2, 3]
     _from(manager, 1, m.CHECKPOINTED, round=5)
     assert manager.state.buffer.cut is not None and manager.state.buffer.cut.awaiting == {1, 2, 3}
-    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": [], "parties": [1]}
+    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [1]}
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
     _from(manager, 2, m.HELLO, process="restarted", **hello)  # rank 2 restarts: asked again, after its tasks
     again = [t.get_type() for t in wire.sent[silos.seen :] if t.get_receiver_id() == 2]
@@ -187,7 +187,7 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, runs, 
     queued = [(r, msg) for r, q in silos.queues.items() for msg in q if msg.get_type() == m.TRAIN]
     again, wire_again = _server(tmp_path / "run", *settings, resume=True)
     assert (
-        again.run.start == first.state.round.last_checkpoint + 1
+        again.settings.start == first.state.round.last_checkpoint + 1
     )  # its held updates may have filled a buffer since
     for rank, msg in queued:
         Silos(again, wire_again).answer(rank, msg)

@@ -58,9 +58,9 @@ class SecureSilos(Silos):
 
     def __init__(self, manager, wire, workers: dict[int, Worker] | None = None) -> None:
         super().__init__(manager, wire)
-        self.queues = {rank: [] for rank in manager.run.workers}
+        self.queues = {rank: [] for rank in manager.settings.workers}
         self.gone: set[int] = set()  # silos stopped: their messages are lost
-        self.workers = workers or {rank: Worker(rank, manager) for rank in manager.run.workers}
+        self.workers = workers or {rank: Worker(rank, manager) for rank in manager.settings.workers}
         for worker in self.workers.values():
             worker.manager = manager
 
@@ -103,7 +103,7 @@ def _in_the_server(tmp_path, settings: list[str]) -> tuple:
     (the standalone simulation's SecAgg, in one process): its silos send RESULTs."""
     manager, wire = _server(tmp_path, *settings, silos=4, secure=False)
     silos = Silos(manager, wire)
-    silos.queues = {rank: [] for rank in manager.run.workers}
+    silos.queues = {rank: [] for rank in manager.settings.workers}
     return _finish(manager, silos)
 
 

@@ -48,7 +48,7 @@ def test_another_pretrained_file_under_the_same_path_is_another_setting(tmp_path
 
 def test_a_hello_with_another_file_under_a_path_is_refused_naming_it(tmp_path, caplog):
     manager, wire = _server(tmp_path)
-    config = dict(manager.run.config)
+    config = dict(manager.settings.config)
     for key in sorted(DIGEST_KEYS):
         _from(
             manager,

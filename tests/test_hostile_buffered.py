@@ -78,10 +78,10 @@ def _run(tmp_path, plan: random.Random | None, per_task: int = 0) -> tuple[dict,
         task = _task(wire, rank, version)
         party, model = task.get("tasks")[0]["party"], task.get("tasks")[0]["payload"]["model"]
         if plan is not None:
-            other = next(p for p, r in manager.run.placement.items() if r != rank)
+            other = next(p for p, r in manager.settings.placement.items() if r != rank)
             samples = manager.rounds.samples[party]
             target = Target(
-                version, rank, party, other, model, samples, manager.rounds.terms, manager.run.config
+                version, rank, party, other, model, samples, manager.rounds.terms, manager.settings.config
             )
             for kind, fields in hostile_messages(plan, target, per_task):
                 if (
@@ -129,7 +129,7 @@ def test_a_restarted_silo_gets_its_tasks_again_once_and_a_silo_gone_then_back_ta
     at the next tick its task is dropped and no task goes to it; once it says HELLO again, its party
     takes work again, and the run completes (no evaluation round here: the server tests)."""
     manager, wire = _buffered_server(tmp_path, "validation_args.local_test=false")
-    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": []}
+    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": []}
     assert len(_trains(wire, 1)) == 1 and manager.state.buffer.tasks[1] == {0: 0}
     for i in range(2):
         time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)

@@ -36,7 +36,7 @@ def _target(manager, wire, rank: int) -> Target:
         and t.get("round") == manager.state.round.round_idx
     )
     party = task.get("tasks")[0]["party"]
-    other = next(p for p, r in manager.run.placement.items() if r != rank)
+    other = next(p for p, r in manager.settings.placement.items() if r != rank)
     model = task.get("tasks")[0]["payload"]["model"]
     samples = manager.rounds.samples[party]
     return Target(
@@ -47,7 +47,7 @@ def _target(manager, wire, rank: int) -> Target:
         model,
         samples,
         manager.rounds.terms,
-        manager.run.config,
+        manager.settings.config,
     )
 
 
@@ -146,7 +146,7 @@ def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(
     it is welcomed and sent its work of the round once."""
     caplog.set_level(logging.INFO, logger="fedml_moon.distributed.server")  # formats every line
     manager, wire = _server(tmp_path)
-    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": []}
+    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": []}
     sent = lambda kind: [x for x in wire.sent if x.get_type() == kind and x.get_receiver_id() == 1]  # noqa: E731
     welcomes, trains = len(sent(m.WELCOME)), len(sent(m.TRAIN))
     for i in range(1000):

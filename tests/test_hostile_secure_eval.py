@@ -76,7 +76,7 @@ def _every_kind(manager, wire, silo: Silo) -> dict[str, dict]:
     fake = PartySession(0, r, counts_params(manager.rounds.privacy.options, len(RANKS)))
     length = manager.state.secure.session.length if manager.state.secure.session is not None else 8
     zeros, samples = torch.zeros(length, dtype=torch.int32), manager.rounds.samples[0]
-    hello = {"config": manager.run.config, "explicit": [], "process": "p1", "fresh_parties": []}
+    hello = {"config": manager.settings.config, "explicit": [], "process": "p1", "fresh_parties": []}
     return {
         p.REPORT: {"round": r, "reports": [{"party_id": 0, "test": {"global": [n, n, 0.0]}}]},
         p.RESULT: {"round": r, "results": [{"party": 0, "n": samples, "upload": silo.upload}]},

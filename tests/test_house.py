@@ -100,7 +100,7 @@ def test_the_servers_phases_read_only_the_state_and_call_each_other():
     }
     manager = classes["ServerManager"]
     base = {"send", "is_dead", "heard_at", "silent_for", "refusals", "transport", "wait_log_every_s", "rank"}
-    shared = {"state", "run", "rounds", "session", "digest", "status"} | manager | base
+    shared = {"state", "settings", "rounds", "session", "digest", "status"} | manager | base
     assert _phase_reads(folder, "server", members, shared) == []
     # the buffered flow's members (records, checkpoints, secure sums) call the flow's methods only
     called = [

@@ -70,8 +70,8 @@ def _server(
     start = _resume_server(rounds, tmp_path) if resume else 0
     wire, ranks = Wire(), list(range(1, silos + 1))
     manager = server_manager(cfg, base.args, wire, rounds, ranks, start, core)
-    if not secure and manager.run.secure:  # the secure sums run in the server, from the uploads
-        settings = dataclasses.replace(manager.run, secure=False)
+    if not secure and manager.settings.secure:  # the secure sums run in the server, from the uploads
+        settings = dataclasses.replace(manager.settings, secure=False)
         manager = ServerManager(base.args, wire, rounds, settings, core)
     manager.register_message_receive_handlers()
     manager.run_config = cfg  # the silos' own copy of the run's config, for tests that play them
@@ -229,6 +229,6 @@ def test_each_phase_lets_the_ranks_it_waits_for_send_one_large_frame_and_the_spa
     manager.state.sites[
         1
     ].welcomed_at = None  # rank 1 restarted: its work goes out again, and its allowance with it
-    hello = {"config": manager.run.config, "explicit": [], "fresh_parties": [], "parties": [0]}
+    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [0]}
     _from(manager, 1, m.HELLO, process="p1-again", **hello)
     assert allowance(1) == 1 + SPARE_FRAMES and allowance(2) == 0

@@ -46,16 +46,23 @@ class BufferedFlow:
     `BufferedCheckpoints`', its secure sums `BufferSum`'s."""
 
     def __init__(self, server: Any, core: BufferedRounds) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
         self.core = core
-        core.remote = bool(self.run.secure)  # each buffer a secure sum among its parties (buffered_secure)
+        core.remote = bool(
+            self.settings.secure
+        )  # each buffer a secure sum among its parties (buffered_secure)
         self.sync = server.round_phases
         self.checkpoints = BufferedCheckpoints(server, self, core)
         self.records = BufferedRecords(server, self, core, self.checkpoints)
         self.buffer_sum = BufferSum(server, self, core, self.records)
 
     def handlers(self) -> list:
-        return [(HELD, self.on_held)] if self.run.secure else []
+        return [(HELD, self.on_held)] if self.settings.secure else []
 
     def owed(self, phase: str, pending: set[int]) -> dict[int, int]:
         return self.records.owed(phase, pending)
@@ -88,12 +95,14 @@ class BufferedFlow:
     def refill(self) -> None:
         """Give the free slots to parties whose silo is here (`BufferedRounds.dispatch`)."""
         tasks, r = self.state.buffer.tasks, self.state.round
-        away = {rank for rank in self.run.workers if self.server.away(rank)}
-        busy = frozenset(p for p, rank in self.run.placement.items() if rank in away)
+        away = {rank for rank in self.settings.workers if self.server.away(rank)}
+        busy = frozenset(p for p, rank in self.settings.placement.items() if rank in away)
         jobs = self.core.dispatch(busy)
         by_rank: dict[int, list[dict]] = {}
         for party, payload in jobs.items():
-            by_rank.setdefault(self.run.placement[party], []).append({"party": party, "payload": payload})
+            by_rank.setdefault(self.settings.placement[party], []).append(
+                {"party": party, "payload": payload}
+            )
         for rank, items in sorted(by_rank.items()):
             tasks.setdefault(rank, {}).update({t["party"]: self.core.version for t in items})
             r.pending.add(rank)
@@ -126,7 +135,7 @@ class BufferedFlow:
     def on_result(self, msg: Any) -> None:
         """Take a RESULT for tasks outstanding at the sender (module docstring), or refuse it whole;
         under secure aggregation every RESULT is refused (a party's upload stays at its silo)."""
-        if self.run.secure:
+        if self.settings.secure:
             why = "secure aggregation is on: a party's upload is never sent in the clear"
             self.server.refused(msg.get_sender_id(), f"refused rank {msg.get_sender_id()}'s result: {why}")
             return
@@ -285,7 +294,7 @@ class BufferedFlow:
         silos may be back; with none back past `comm_args.round_timeout_s`, stop."""
         self.refill()
         waited = time.monotonic() - self.state.round.phase_started
-        if not self.core.inflight and waited > self.run.deadline_s:
+        if not self.core.inflight and waited > self.settings.deadline_s:
             self.server.fail(
                 f"no silo is left to train at version {self.core.version} for {waited:.0f} s; "
                 f"{self.server.resume_hint()}"

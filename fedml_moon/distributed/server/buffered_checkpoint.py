@@ -41,13 +41,18 @@ class BufferedCheckpoints:
     """The checkpoint and resume of a buffered distributed run (module docstring)."""
 
     def __init__(self, server: Any, flow: Any, core: Any) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
         self.flow, self.core = flow, core  # the buffered flow it is part of, its BufferedRounds
 
     def mark_due(self, round_idx: int) -> None:
         """Round `round_idx` was applied: a checkpoint follows once its slots are filled, if it is due."""
         if round_idx < self.rounds.rounds - 1 and due(
-            self.run.checkpoint_every, round_idx, self.rounds.rounds
+            self.settings.checkpoint_every, round_idx, self.rounds.rounds
         ):
             self.state.buffer.cut_due = True
 
@@ -66,7 +71,7 @@ class BufferedCheckpoints:
         b.cut_due = False
         round_idx = core.version - 1
         self.state.round.doing = f"taking the checkpoint of round {round_idx}"
-        here = {rank for rank in self.run.workers if not self.server.away(rank)}
+        here = {rank for rank in self.settings.workers if not self.server.away(rank)}
         state = copy.deepcopy(self.rounds.state(round_idx))
         b.cut = Cut(round_idx, state, dict(core.inflight), here)
         for rank in sorted(here):
@@ -130,7 +135,7 @@ class BufferedCheckpoints:
             return
         self.state.round.doing = f"writing the checkpoint of round {cut.round}"
         cut.state["buffered"]["arrived"] += cut.held
-        parts = {"config": self.run.full_config, "server": cut.state}
+        parts = {"config": self.settings.full_config, "server": cut.state}
         write_checkpoint(checkpoint_root(self.rounds.recorder.out_dir), cut.round, parts)
         self.state.round.last_checkpoint, b.cut = cut.round, None
         held = sum(len(batch) for batch in cut.state["buffered"]["arrived"])
@@ -138,7 +143,7 @@ class BufferedCheckpoints:
 
     def overdue(self) -> None:
         """At a tick: silos that owe their CHECKPOINTED past `comm_args.round_timeout_s` are left out."""
-        cut, deadline = self.state.buffer.cut, self.run.deadline_s
+        cut, deadline = self.state.buffer.cut, self.settings.deadline_s
         if cut is not None:
             late = time.monotonic() - cut.started > deadline
             away = {rank for rank in cut.awaiting if late or self.server.away(rank)}
@@ -153,7 +158,7 @@ class BufferedCheckpoints:
         arrived = {p for batch in core.held for p in batch}
         for party, job in sorted(core.inflight.items()):
             if party not in arrived:
-                tasks.setdefault(self.run.placement[party], {})[party] = job.start
+                tasks.setdefault(self.settings.placement[party], {})[party] = job.start
         for rank, mine in sorted(tasks.items()):
             for version in sorted(set(mine.values())):
                 r.pending.add(rank)

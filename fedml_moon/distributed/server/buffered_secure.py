@@ -46,7 +46,7 @@ class BufferSum(TrainSum):
 
     def __init__(self, server: Any, flow: Any, core: Any, records: Any) -> None:
         super().__init__(server)
-        self.run, self.flow, self.core, self.records = server.run, flow, core, records
+        self.settings, self.flow, self.core, self.records = server.settings, flow, core, records
 
     def members(self) -> list[int]:
         """The parties of the sum: the buffer's."""
@@ -58,7 +58,7 @@ class BufferSum(TrainSum):
 
     def holds(self, rank: int) -> set[int]:
         """The buffer's parties `rank` holds."""
-        return {p for p in self.members() if self.run.placement[p] == rank}
+        return {p for p in self.members() if self.settings.placement[p] == rank}
 
     def keys_taken(self, party: int) -> None:
         """A buffer's keys count for nothing more."""
@@ -74,7 +74,9 @@ class BufferSum(TrainSum):
         self.server.secure.begin(self)
         by_rank: dict[int, list[dict]] = {}
         for party, (version, _) in sorted(self.core.plans.items()):
-            by_rank.setdefault(self.run.placement[party], []).append({"party": party, "version": version})
+            by_rank.setdefault(self.settings.placement[party], []).append(
+                {"party": party, "version": version}
+            )
         here = {rank: items for rank, items in by_rank.items() if not self.server.away(rank)}
         self.server.enter(KEYS_PHASE, set(here))
         for rank, items in sorted(here.items()):

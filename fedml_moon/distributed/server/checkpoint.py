@@ -16,11 +16,16 @@ class CheckpointPhase:
     """The checkpoint phase of a synchronous run (module docstring)."""
 
     def __init__(self, server: Any) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
 
     def start(self, round_idx: int) -> None:
         """Ask the workers alive to save their parties for `round_idx`; with none, write at once."""
-        alive = [rank for rank in self.run.workers if not self.server.is_dead(rank)]
+        alive = [rank for rank in self.settings.workers if not self.server.is_dead(rank)]
         self.server.enter("checkpoint", set(alive))
         for rank in alive:  # the workers first: the server's LATEST then implies theirs
             self.server.assign(rank, CHECKPOINT, round=round_idx)
@@ -38,6 +43,8 @@ class CheckpointPhase:
     def write(self) -> None:
         r = self.state.round
         r.doing = f"writing the checkpoint of round {r.round_idx}"
-        save(self.rounds.recorder.out_dir, r.round_idx, self.run.full_config, Holding(server=self.rounds))
+        save(
+            self.rounds.recorder.out_dir, r.round_idx, self.settings.full_config, Holding(server=self.rounds)
+        )
         r.last_checkpoint = r.round_idx
         self.server.flow.next_round(r.round_idx + 1)

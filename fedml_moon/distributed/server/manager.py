@@ -78,15 +78,17 @@ class ServerManager(_Manager):
         args: Any,
         transport: QueueTransport,
         rounds: ServerRounds,
-        run: RunSettings,
+        settings: RunSettings,
         core: Any = None,
     ) -> None:
-        self.rounds, self.run = rounds, run
-        self.state = ServerState(Sites.of(run.workers), RoundState(start=run.start))
-        self.state.round.last_checkpoint = run.resume_from
+        self.rounds, self.settings = rounds, settings
+        self.state = ServerState(Sites.of(settings.workers), RoundState(start=settings.start))
+        self.state.round.last_checkpoint = settings.resume_from
         self.session = secrets.token_hex(8)  # this server process; a restarted server has another
-        self.digest = config_digest(run.config)
-        transport.expect(dict.fromkeys(run.workers, 2))  # each owes its HELLO and READY (transport/budget.py)
+        self.digest = config_digest(settings.config)
+        transport.expect(
+            dict.fromkeys(settings.workers, 2)
+        )  # each owes its HELLO and READY (transport/budget.py)
         self.ready = ReadyPhase(self)
         self.round_phases = RoundPhases(self)
         self.checkpoints = CheckpointPhase(self)
@@ -102,9 +104,9 @@ class ServerManager(_Manager):
             args,
             transport,
             0,
-            len(run.workers) + 1,
-            run.comm.backend,
-            run.comm.heartbeat_s,
+            len(settings.workers) + 1,
+            settings.comm.backend,
+            settings.comm.heartbeat_s,
             last_seen=HeardAt(self.state.sites),
         )
         self.status_board.publish(force=True)  # status.json from the start: the rounds planned, no site yet
@@ -119,7 +121,7 @@ class ServerManager(_Manager):
         return sender in self.state.sites or sender == self.rank
 
     def trusted_description(self) -> str:
-        workers = self.run.workers
+        workers = self.settings.workers
         return f"its workers (ranks {workers[0]}..{workers[-1]}) and its own timer"
 
     def receive_message(self, msg_type: Any, msg_params: Message) -> None:
@@ -150,7 +152,7 @@ class ServerManager(_Manager):
             (ERROR, self.waiting.on_error),
             (TICK, self.waiting.on_tick),
         ]
-        if self.run.secure:  # secure aggregation's extra rounds (server/secure.py)
+        if self.settings.secure:  # secure aggregation's extra rounds (server/secure.py)
             handlers += [
                 (KEYS, self.secure.on_keys),
                 (SHARES, self.secure.on_shares),
@@ -266,7 +268,7 @@ class ServerManager(_Manager):
         return True
 
     def parties_of(self, ranks: list[int]) -> str:
-        parties = sorted(p for p, r in self.run.placement.items() if r in ranks)
+        parties = sorted(p for p, r in self.settings.placement.items() if r in ranks)
         return f"parties {parties} (rank(s) {ranks})"
 
     def why(self, ranks: list[int], dead: list[int], waited: float) -> str:
@@ -287,7 +289,7 @@ class ServerManager(_Manager):
     # --- the end -------------------------------------------------------------------------------
     def fail(self, reason: str) -> None:
         log.error("stopping the run: %s", reason)
-        for rank in self.run.workers:
+        for rank in self.settings.workers:
             try:
                 self.send(ABORT, rank, reason=reason)
             except Exception as err:  # the peer may be the one that is gone

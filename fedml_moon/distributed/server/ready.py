@@ -40,7 +40,12 @@ class ReadyPhase:
     """HELLO, READY and REFUSE, and the start of the run (module docstring)."""
 
     def __init__(self, server: Any) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
 
     # --- HELLO ---------------------------------------------------------------------------------------
     def on_hello(self, msg: Any) -> None:
@@ -61,26 +66,28 @@ class ReadyPhase:
         site.process = process
         if started:  # a worker that was gone is back: its next task brings it the current model
             for party in msg.get("fresh_parties"):
-                if self.run.placement.get(party) == rank:
+                if self.settings.placement.get(party) == rank:
                     self.rounds.aggregator.algorithm.party_reset(party)
             if before is not None and process != before:
                 self.server.flow.send_work_again(rank)
         if not site.seen:
             site.seen = True
-            log.info("rank %d is ready (%d of %d)", rank, len(self.state.sites.seen()), len(self.run.workers))
+            log.info(
+                "rank %d is ready (%d of %d)", rank, len(self.state.sites.seen()), len(self.settings.workers)
+            )
         if not started:
             self.maybe_start()
 
     def _hello_problem(self, rank: int, msg: Any) -> str | None:
         """Why a HELLO is refused with ABORT: another run's rank, or shared settings the silo set itself
         (`explicit`) that differ from the server's."""
-        workers = self.run.workers
+        workers = self.settings.workers
         if rank not in self.state.sites:
             return (
                 f"rank {rank} is not a worker of this run (ranks {workers[0]}..{workers[-1]}: "
                 "train_args.client_num_in_total on the server)"
             )
-        ours, theirs = self.run.config, msg.get("config")
+        ours, theirs = self.settings.config, msg.get("config")
         differs = [
             k
             for k in config_differences(ours, theirs)
@@ -108,8 +115,8 @@ class ReadyPhase:
         self.server.send(
             WELCOME,
             rank,
-            resume_from=None if started else self.run.resume_from,
-            config=self.run.config,
+            resume_from=None if started else self.settings.resume_from,
+            config=self.settings.config,
             config_sha256=self.server.digest,
             session=self.server.session,
         )
@@ -119,7 +126,7 @@ class ReadyPhase:
     def cap(self, rank: int) -> int:
         """The most samples a party of `rank` may claim: the run's cap, or the site's own if lower."""
         own = getattr(self.server.transport, "caps", {}).get(rank)  # the site's certificate or token entry
-        run = int(self.run.comm.max_party_samples)
+        run = int(self.settings.comm.max_party_samples)
         return run if own is None else min(run, int(own))
 
     def on_ready(self, msg: Any) -> None:
@@ -155,7 +162,7 @@ class ReadyPhase:
         if not started:
             what = (
                 f"rank {rank} refused its own data: {why}; the run waits for it to start again with its "
-                f"data fixed (up to comm_args.timeout_s = {self.run.comm.timeout_s:g} s from the start)"
+                f"data fixed (up to comm_args.timeout_s = {self.settings.comm.timeout_s:g} s from the start)"
             )
         else:  # it stopped: started again (its data fixed), it gets this phase's work again
             what = f"rank {rank} refused its own data in the {r.phase} phase of round {r.round_idx}: {why}"
@@ -164,7 +171,7 @@ class ReadyPhase:
 
     def ready_problem(self, rank: int, items: list) -> str | None:
         """Why a READY's claims cannot be taken, or None."""
-        mine = sorted(p for p, r in self.run.placement.items() if r == rank)
+        mine = sorted(p for p, r in self.settings.placement.items() if r == rank)
         if sorted(int(i["party"]) for i in items) != mine:
             return f"claims are for parties {[i['party'] for i in items][:10]}, not its parties {mine}"
         for item in items:
@@ -182,7 +189,7 @@ class ReadyPhase:
     def maybe_start(self) -> None:
         """Every worker said HELLO and READY: fix the claims (if the server holds no partition) and
         start the first round."""
-        sites, workers = self.state.sites, set(self.run.workers)
+        sites, workers = self.state.sites, set(self.settings.workers)
         if self.state.round.phase != "hello" or sites.seen() != workers or not workers <= sites.ready():
             return
 

@@ -32,7 +32,12 @@ class RoundPhases:
     """train -> (secure steps | aggregate) -> eval -> record -> checkpoint -> next round, once each."""
 
     def __init__(self, server: Any) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
 
     def advance(self, step: Callable[[], None]) -> None:
         """Run a step of the round's progress; a failure in it stops the run (the server's own), with
@@ -91,7 +96,7 @@ class RoundPhases:
         self.server.secure.begin_training()
         tasks: dict[int, list] = {}
         for party, payload in self.rounds.downloads(round_idx).items():
-            tasks.setdefault(self.run.placement[party], []).append({"party": party, "payload": payload})
+            tasks.setdefault(self.settings.placement[party], []).append({"party": party, "payload": payload})
         self.server.enter("train", set(tasks))
         for rank, items in sorted(tasks.items()):
             self.server.assign(rank, TRAIN, round=round_idx, tasks=items)
@@ -103,7 +108,7 @@ class RoundPhases:
         if not self.server.expected(msg, "train"):
             return
         rank, items, r = msg.get_sender_id(), msg.get("results"), self.state.round
-        if self.run.secure:
+        if self.settings.secure:
             self.server.refused(rank, "secure aggregation is on: a party's upload is never sent in the clear")
             return
         mine = {t["party"] for t in self.state.sites[rank].work[1]["tasks"]}
@@ -124,7 +129,7 @@ class RoundPhases:
             log.error("round %d was aggregated already; it is not aggregated again", r.round_idx)
             return
         r.doing = f"aggregating round {r.round_idx}"
-        if self.run.secure:
+        if self.settings.secure:
             self.server.secure.guard(self.server.secure.after_keys)
             return
         r.missing = [p for p in self.rounds.parties(r.round_idx) if p not in r.results]
@@ -139,9 +144,9 @@ class RoundPhases:
         if not self.rounds.evaluation.needs_party_eval(r.round_idx):
             self.server.flow.close_round(None)
             return
-        alive = [rank for rank in self.run.workers if not self.server.away(rank)]
+        alive = [rank for rank in self.settings.workers if not self.server.away(rank)]
         r.evaluating = set(self.rounds.evaluation.eval_parties(r.round_idx))  # validation_args.eval_parties
-        ranks = {self.run.placement.get(p) for p in r.evaluating}
+        ranks = {self.settings.placement.get(p) for p in r.evaluating}
         alive = [rank for rank in alive if rank in ranks]
         if not alive:
             self.server.flow.close_round(None)
@@ -163,13 +168,13 @@ class RoundPhases:
         r = self.state.round
         phase = "newtest" if r.phase == "newtest" else "eval"
         rank, reports = msg.get_sender_id(), msg.get("reports")
-        if self.run.secure:
+        if self.settings.secure:
             why = "secure aggregation is on: a party's test counts go only into their secure sum"
             self.server.refused(rank, f"round {r.round_idx}: refused rank {rank}'s report: {why}")
             return
         if not self.server.expected(msg, phase):
             return
-        mine = sorted(p for p, at in self.run.placement.items() if at == rank and p in r.evaluating)
+        mine = sorted(p for p, at in self.settings.placement.items() if at == rank and p in r.evaluating)
         check = (
             self.rounds.uploads.new_report_problem
             if phase == "newtest"
@@ -189,7 +194,7 @@ class RoundPhases:
     def after_eval(self) -> None:
         """The reports are in: the new test next (federated, personalised), else the record."""
         r = self.state.round
-        alive = [rank for rank in self.run.workers if not self.server.away(rank)]
+        alive = [rank for rank in self.settings.workers if not self.server.away(rank)]
         if not self.rounds.evaluation.needs_new_test(r.reports) or not alive:
             self.server.flow.close_round(r.reports)
             return
@@ -217,7 +222,7 @@ class RoundPhases:
             extra["missing_parties"] = r.missing
         r.recorded = r.round_idx
         self.rounds.finish_round(r.round_idx, r.ordered, reports, extra, new_reports, summed)
-        if due(self.run.checkpoint_every, r.round_idx, self.rounds.rounds):
+        if due(self.settings.checkpoint_every, r.round_idx, self.rounds.rounds):
             self.server.checkpoints.start(r.round_idx)
             return
         self.server.flow.next_round(r.round_idx + 1)
@@ -229,7 +234,7 @@ class RoundPhases:
         if round_idx < self.rounds.rounds:
             self.start_round(round_idx)
             return
-        alive = [rank for rank in self.run.workers if not self.server.is_dead(rank)]
+        alive = [rank for rank in self.settings.workers if not self.server.is_dead(rank)]
         self.server.enter("finish", set(alive))
         final = self.rounds.aggregator.global_state  # every site keeps it as its final_model.pt
         if alive:
@@ -258,9 +263,9 @@ class RoundPhases:
         r, server = self.state.round, self.server
         why = server.why(ranks, dead, waited)
         if r.phase == "train":
-            need = quorum(self.run.comm.min_reports, len(self.rounds.parties(r.round_idx)))
+            need = quorum(self.settings.comm.min_reports, len(self.rounds.parties(r.round_idx)))
             if len(r.results) < need:
-                if waited <= self.run.deadline_s:
+                if waited <= self.settings.deadline_s:
                     return  # a dead worker may still come back before the deadline
                 server.fail(
                     f"no answer from rank(s) {ranks} ({why}) for {waited:.0f} s in the train phase of round "

@@ -49,7 +49,12 @@ class SecureSum:
     """The server's side of a secure sum's messages (module docstring), for its job."""
 
     def __init__(self, server: Any) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
         self.train_sum = TrainSum(server)
         self.counts_sum = CountsSum(server)
         self.state.secure = SecureState(job=self.train_sum)
@@ -109,7 +114,7 @@ class SecureSum:
         """Send each rank holding some of `parties` its part (body(its parties)); wait for them."""
         by_rank: dict[int, set[int]] = {}
         for party in parties:
-            by_rank.setdefault(self.run.placement[party], set()).add(party)
+            by_rank.setdefault(self.settings.placement[party], set()).add(party)
         alive = {rank: ps for rank, ps in by_rank.items() if not self.server.is_dead(rank)}
         self.server.enter(phase, set(alive))
         self.state.secure.holds = alive

@@ -31,10 +31,15 @@ class CountsSum:
     keys_phase = "eval"
 
     def __init__(self, server: Any) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
 
     def members(self) -> list[int]:
-        return sorted(self.run.placement)
+        return sorted(self.settings.placement)
 
     def plan_for(self, party: int) -> None:
         """Counts are added as they are: no plan."""
@@ -42,7 +47,7 @@ class CountsSum:
 
     def holds(self, rank: int) -> set[int]:
         """Every party a rank holds tests."""
-        return {p for p, at in self.run.placement.items() if at == rank}
+        return {p for p, at in self.settings.placement.items() if at == rank}
 
     def keys_taken(self, party: int) -> None:
         """A party's keys count for nothing more."""

@@ -17,7 +17,12 @@ class StatusBoard:
     """The server's status phase: reads the server's state, writes the run's status record."""
 
     def __init__(self, server: Any) -> None:
-        self.server, self.state, self.run, self.rounds = server, server.state, server.run, server.rounds
+        self.server, self.state, self.settings, self.rounds = (
+            server,
+            server.state,
+            server.settings,
+            server.rounds,
+        )
         self.published_at = 0.0
 
     def leaving(self, phase: str) -> None:
@@ -26,7 +31,7 @@ class StatusBoard:
         aggregation their keys)."""
         r = self.state.round
         if r.phase == "train" and phase != "train":
-            for rank in {self.run.placement[p] for p in r.results if p in self.run.placement}:
+            for rank in {self.settings.placement[p] for p in r.results if p in self.settings.placement}:
                 self.state.sites[rank].took_part += 1
 
     def publish(self, force: bool = False) -> None:
@@ -36,7 +41,7 @@ class StatusBoard:
             return
         self.published_at = now
         r, refusals = self.state.round, self.server.refusals
-        sites = [self._site(rank) for rank in self.run.workers]
+        sites = [self._site(rank) for rank in self.settings.workers]
         wire = self.server.transport.refusals
         reasons = refusals.by_reason + (wire.by_reason if wire is not refusals else Counter())
         self.rounds.recorder.publish(

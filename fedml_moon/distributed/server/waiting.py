@@ -21,7 +21,7 @@ class Waiting:
     """The server's TICK and ERROR handlers (module docstring)."""
 
     def __init__(self, server: Any) -> None:
-        self.server, self.state, self.run = server, server.state, server.run
+        self.server, self.state, self.settings = server, server.state, server.settings
 
     def on_error(self, msg: Message) -> None:
         """A worker that failed before the run started stops the run; in the middle of a run its
@@ -48,17 +48,17 @@ class Waiting:
             r.last_wait_log = now
             self._say_waiting(waited)
         if r.phase == "hello":
-            if waited > self.run.comm.timeout_s:
-                missing = sorted(set(self.run.workers) - self.state.sites.seen())
+            if waited > self.settings.comm.timeout_s:
+                missing = sorted(set(self.settings.workers) - self.state.sites.seen())
                 self.server.fail(
                     f"no answer from rank(s) {missing} for {waited:.0f} s in the hello phase "
-                    f"(comm_args.timeout_s = {self.run.comm.timeout_s:g})"
+                    f"(comm_args.timeout_s = {self.settings.comm.timeout_s:g})"
                 )
             return
         if r.phase == "done" or not r.pending:
             return  # nothing to wait for: the phase's last answer moved the round on already
         dead = {rank for rank in r.pending if self.server.away(rank)}
-        if dead != r.pending and waited <= self.run.deadline_s:
+        if dead != r.pending and waited <= self.settings.deadline_s:
             return
         # the deadline fires whatever is pending
         self.server.flow.give_up_on(sorted(r.pending), sorted(dead), waited)
@@ -67,7 +67,7 @@ class Waiting:
         """Name the ranks this phase still waits for, and for how long (periodically)."""
         r, sites = self.state.round, self.state.sites
         hello = r.phase == "hello"
-        ranks = sorted(set(self.run.workers) - sites.seen()) if hello else sorted(r.pending)
+        ranks = sorted(set(self.settings.workers) - sites.seen()) if hello else sorted(r.pending)
         if not ranks:
             return
         where = "to say hello" if hello else f"in the {r.phase} phase of round {r.round_idx}"
@@ -79,7 +79,7 @@ class Waiting:
             where,
             waited,
             "timeout_s" if hello else "round_timeout_s",
-            self.run.comm.timeout_s if hello else self.run.deadline_s,
+            self.settings.comm.timeout_s if hello else self.settings.deadline_s,
             f"; no heartbeat from {dead}" if dead else "",
             "".join(f"; rank {rank} refused its own data: {why}" for rank, why in sorted(refused.items())),
         )

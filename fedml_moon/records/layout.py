@@ -9,7 +9,8 @@ write beside its records.
 
 Standard library only: the commands that only read a folder (`status`, `sweep --status`) import no
 PyTorch, and `core` may take its names from here (`core.checkpoint` its `LATEST`, `core.state` its
-party files) and its atomic write (`replacing`).
+party files) and its atomic write (`replacing`). No other module of the package spells one of
+these names (`tests/test_run_folder.py`).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def _server(tmp_path: Path, sites: Path, *extra: str, ready: bool = True):
     cfg = load_config(CONFIG, [*RUN, f"data_args.data_cache_dir={empty}", *extra])
     base = build_base(cfg, tmp_path / "server", role="server")
     assert len(base.fed.data.y_train) == len(base.fed.data.y_test) == 0  # it holds no sample
-    rounds = build_server(base, tmp_path / "server")
+    rounds = build_server(base)
     wire = Wire()
     manager = server_manager(cfg, base.args, wire, rounds, [1, 2, 3])
     manager.register_message_receive_handlers()
@@ -297,7 +297,7 @@ def test_a_server_given_a_test_set_of_its_own_evaluates_centrally_on_all_of_it(t
     base = build_base(cfg, tmp_path / "server", role="server")
     assert len(base.fed.data.y_train) == 0 and len(base.fed.data.y_test) == len(list(folder.rglob("*.png")))
     assert "the server holds no training data; evaluation is central (on its own test set)" in said
-    assert not build_server(base, tmp_path / "server").federated
+    assert not build_server(base).federated
     bare = load_config(CONFIG, [*RUN, "data_args.data_cache_dir=null", "validation_args.evaluation=central"])
     with pytest.raises(
         ConfigError, match="validation_args.evaluation: central needs a test set on the server"
@@ -313,7 +313,7 @@ def test_under_secure_aggregation_a_site_gives_its_counts_only_to_a_secure_sum(t
     cfg = load_config(CONFIG, [*RUN, *secure, f"data_args.data_cache_dir={sites / sorted(MIXES)[0]}"])
     folder = tmp_path / "silo"
     base = build_base(cfg, folder, 1, role="silo")
-    built = Built(build_runner(base, folder), [0], shared_config(cfg), cfg, held_claims(base))
+    built = Built(build_runner(base), [0], shared_config(cfg), cfg, held_claims(base))
     wire = SiloWire()
     local = Local(shared_config(cfg), [], [0], lambda: [])
     silo = SiloManager(base.args, wire, local, lambda shared: built, 1, cfg.comm_args, folder)

@@ -136,7 +136,7 @@ def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
     with pytest.raises(
         ConfigError, match=r"comm_args.max_party_samples: parties \[.*\] hold more than 50 samples"
     ):
-        build_server(build_base(cfg, tmp_path), tmp_path)
+        build_server(build_base(cfg, tmp_path))
 
 
 @pytest.mark.parametrize(

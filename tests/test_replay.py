@@ -45,9 +45,7 @@ def _replay(run_dir: Path, out: Path, records: list[dict] | None = None) -> list
     """ReplaySimulation of `run_dir` (its records, or `records`) into `out`; the replayed records."""
     cfg = config_from_dict(json.loads((run_dir / "summary.json").read_text())["config"])
     base = build_base(cfg, out)
-    loop = ReplaySimulation(
-        build_server(base, out), build_runner(base, out), cfg, records or _records(run_dir)
-    )
+    loop = ReplaySimulation(build_server(base), build_runner(base), cfg, records or _records(run_dir))
     loop.run()
     return _records(out)
 

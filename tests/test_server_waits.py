@@ -65,7 +65,7 @@ def _server(
     ]
     cfg = load_config(CONFIG, overrides)
     base = build_base(cfg, tmp_path)
-    rounds = build_server(base, tmp_path)
+    rounds = build_server(base)
     core = buffered_rounds(cfg, rounds)  # at the parties' real pace: no clock
     start = _resume_server(rounds, tmp_path) if resume else 0
     wire, ranks = Wire(), list(range(1, silos + 1))

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from fedml_moon.config.load import ConfigError, load_config
+from fedml_moon.records.layout import TENSORBOARD
 from fedml_moon.records.recorder import RunRecorder
-from fedml_moon.records.tracking import TENSORBOARD, TensorBoardRun, scalars
+from fedml_moon.records.tracking import TensorBoardRun, scalars
 
 ROOT = Path(__file__).resolve().parent.parent
 

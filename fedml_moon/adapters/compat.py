@@ -46,6 +46,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from fedml_moon.records.layout import FEDML_HOME
+
 log = logging.getLogger(__name__)
 
 FEDML_VERSION = "0.9.6"
@@ -74,7 +76,6 @@ PATCHED_NAMES: tuple[str, ...] = tuple(f"{module}.expanduser" for module in HOME
 """Every FedML attribute `redirect_home` replaces, as `module.name`."""
 
 
-_FEDML_HOME_NAME = ".fedml"
 _MISSING = object()
 
 
@@ -208,8 +209,8 @@ def redirect_home(fedml_home: Path) -> None:
     FedML builds its paths as `join(expanduser("~"), ".fedml", ...)`, so `fedml_home` must be named
     `.fedml`; `~` is redirected to its parent in the modules of HOME_REDIRECTED_MODULES."""
     fedml_home = Path(os.path.abspath(fedml_home))
-    if fedml_home.name != _FEDML_HOME_NAME:
-        raise ValueError(f"fedml_home must be a directory named {_FEDML_HOME_NAME!r}, got {fedml_home}")
+    if fedml_home.name != FEDML_HOME:
+        raise ValueError(f"fedml_home must be a directory named {FEDML_HOME!r}, got {fedml_home}")
     check_fedml_version()
     _HOME_REDIRECT.home = fedml_home.parent
     for module_name in HOME_REDIRECTED_MODULES:

@@ -28,6 +28,7 @@ from fedml_moon.data.precheck import server_hint
 from fedml_moon.engine.claim_table import ClaimTable, Rows
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
+from fedml_moon.records.layout import RunFolder
 from fedml_moon.records.recorder import RunRecorder
 from fedml_moon.records.tracking import TensorBoardRun, WandbRun
 from fedml_moon.registry import get_algorithm
@@ -102,15 +103,15 @@ def select_device(cfg: Config, rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def _wandb(cfg: Config, out_dir: Path, config: dict) -> WandbRun | None:
+def _wandb(cfg: Config, folder: RunFolder, config: dict) -> WandbRun | None:
     t = cfg.tracking_args
     if not t.enable_wandb or t.wandb_mode == "disabled":
         return None
-    name = t.run_name or out_dir.name
-    return WandbRun(t.wandb_project, t.wandb_entity, name, t.wandb_mode, out_dir, config)
+    name = t.run_name or folder.root.name
+    return WandbRun(t.wandb_project, t.wandb_entity, name, t.wandb_mode, folder.root, config)
 
 
-def _tensorboard(cfg: Config, out_dir: Path) -> TensorBoardRun | None:
+def _tensorboard(cfg: Config, folder: RunFolder) -> TensorBoardRun | None:
     if not cfg.tracking_args.tensorboard:
         return None
     if importlib.util.find_spec("tensorboard") is None:
@@ -118,12 +119,13 @@ def _tensorboard(cfg: Config, out_dir: Path) -> TensorBoardRun | None:
             "tracking_args.tensorboard: true needs the tensorboard package, which is not installed; "
             "install it (pip install 'fedml-moon[tensorboard]'; bash run/setup.sh does) or set it false"
         )
-    return TensorBoardRun(out_dir)
+    return TensorBoardRun(folder.root)
 
 
 @dataclass
 class Base:
-    """What every process of a run builds the same way: data, partition, model, FedML's args."""
+    """What every process of a run builds the same way: data, partition, model, FedML's args; and
+    the process's own folder of the run, where it writes."""
 
     cfg: Config
     args: Any
@@ -133,6 +135,7 @@ class Base:
     model: torch.nn.Module
     factory: Any
     spec: Any
+    folder: RunFolder
 
     @property
     def seed(self) -> int:
@@ -228,7 +231,7 @@ def build_base(
     Every process of a run does this identically, so every process holds the same partition; but
     in cross-silo on the sites' own data (`config.own_data`) a silo (`role` "silo") reads its own
     party only and the server (`role` "server") none (`data.federated.prepare_own`)."""
-    seed, train = cfg.common_args.random_seed, cfg.train_args
+    seed, train, folder = cfg.common_args.random_seed, cfg.train_args, RunFolder(out_dir)
     default_dtype(train.precision)  # fp64: the data and the model in float64
     device = select_device(cfg, rank)
     log.info("device: %s", describe(device, cfg.device_args.using_gpu))  # a run's first line
@@ -242,10 +245,10 @@ def build_base(
     torch.backends.cudnn.deterministic = True
     if fed.ids:  # a silo of a simulated partition holds the server's: drawn once, by the server
         drawn = cfg.tracking_args.plots and (role != "silo" or own_data(cfg))
-        show_partition(fed, cfg.data_args, out_dir if drawn else None)
+        show_partition(fed, cfg.data_args, folder.partition_plot if drawn else None)
     if not cfg.tracking_args.plots:  # no earlier run's picture beside this run's records
-        for name in ("partition.png", "accuracy.png"):
-            (Path(out_dir) / name).unlink(missing_ok=True)
+        for path in (folder.partition_plot, folder.accuracy_plot):
+            path.unlink(missing_ok=True)
     dataset = build_fedml_dataset(
         fed.data,
         fed.train_parts,
@@ -260,14 +263,14 @@ def build_base(
     if fed.ids:
         named = {"parties": list(fed.data.parties.names)} if fed.data.parties else {}
         ids = {"party_ids": fed.ids} if fed.party_ids is not None else {}
-        write_partition(out_dir, fed.data, fed.train_parts, fed.test_parts, fed.counts, **named, **ids)
+        write_partition(folder.root, fed.data, fed.train_parts, fed.test_parts, fed.counts, **named, **ids)
     factory = _model_factory(cfg, fed)
     torch.manual_seed(seed)
     model = initial_model(cfg, factory, fed.data.input_shape)
-    return Base(cfg, args, device, fed, dataset, model, factory, get_algorithm(train.algorithm))
+    return Base(cfg, args, device, fed, dataset, model, factory, get_algorithm(train.algorithm), folder)
 
 
-def build_server(base: Base, out_dir: Path) -> Any:
+def build_server(base: Base) -> Any:
     """The server's side: PluginServerAggregator, run records (and W&B), ServerRounds. Where it holds
     the partition (every mode but cross-silo on the sites' own data) it knows every party's claim."""
     from fedml_moon.adapters.aggregator import PluginServerAggregator
@@ -281,10 +284,10 @@ def build_server(base: Base, out_dir: Path) -> Any:
     if base.fed.ids:  # the server computed the partition: it knows what every party holds
         server_algo.class_counts = Rows(base.fed.ids, base.fed.counts)  # party -> its row, when asked
         claims = partition_claims(base)
-    make_privacy = privacy_factory(base, aggregator, out_dir) if cfg.privacy_args.on else None
-    config = config_to_dict(cfg)
-    plots = cfg.tracking_args.plots
-    recorder = RunRecorder(out_dir, config, _wandb(cfg, out_dir, config), _tensorboard(cfg, out_dir), plots)
+    make_privacy = privacy_factory(base, aggregator) if cfg.privacy_args.on else None
+    config, folder = config_to_dict(cfg), base.folder
+    trackers = _wandb(cfg, folder, config), _tensorboard(cfg, folder)
+    recorder = RunRecorder(folder.root, config, *trackers, cfg.tracking_args.plots)
     rounds = ServerRounds(
         aggregator,
         recorder,
@@ -315,7 +318,7 @@ def build_server(base: Base, out_dir: Path) -> Any:
     return rounds
 
 
-def privacy_factory(base: Base, aggregator: Any, out_dir: Path) -> Any:
+def privacy_factory(base: Base, aggregator: Any) -> Any:
     """privacy_args' accounting on the server, from the parties' weights (built when they are known:
     before any file is written where the server computed the partition)."""
     from fedml_moon.core.buffering import buffer_shape
@@ -337,7 +340,7 @@ def privacy_factory(base: Base, aggregator: Any, out_dir: Path) -> Any:
             buffered,
         )  # fmt: skip
         privacy.set_model(server_algo.trainable, aggregator.global_state)
-        privacy.set_ledger(out_dir / "privacy_ledger.jsonl")
+        privacy.set_ledger(base.folder.privacy_ledger)
         return privacy
 
     return make
@@ -395,7 +398,7 @@ def check_sum_form(cfg: Config, algorithm: Any, global_state: Any) -> None:
         raise ConfigError(f"{key}: {problem}")
 
 
-def build_runner(base: Base, out_dir: Path, store: Any = None) -> Any:
+def build_runner(base: Base, store: Any = None) -> Any:
     """The parties' side: the algorithm's party half, the per-party store (`train_args.state_store`
     unless given), PluginClientTrainer."""
     from fedml_moon.adapters.trainer import PluginClientTrainer
@@ -403,7 +406,7 @@ def build_runner(base: Base, out_dir: Path, store: Any = None) -> Any:
 
     cfg, train = base.cfg, base.cfg.train_args
     client = base.spec.client(cfg.algorithm_args, train, base.factory, base.seed)
-    store = store if store is not None else make_store(train.state_store, out_dir / "party_state")
+    store = store if store is not None else make_store(train.state_store, base.folder.party_state)
     trainer = PluginClientTrainer(copy.deepcopy(base.model).to(base.device), base.args, client, store)
     return PartyRunner(trainer, base.dataset, base.device, base.args, pace(base, trainer.model).parallel)
 
@@ -425,7 +428,7 @@ def assemble(cfg: Config, out_dir: Path, resume: bool = False) -> Assembled:
     if resume:  # no checkpoint, or another config: say so before anything is built or overwritten
         check_resumable(out_dir, cfg)
     base = build_base(cfg, out_dir)
-    server, runner = build_server(base, out_dir), build_runner(base, out_dir)
+    server, runner = build_server(base), build_runner(base)
     loop = make_loop(cfg, server, runner, resume)
     return Assembled(**vars(base), loop=loop)
 
@@ -436,5 +439,5 @@ def simulate(cfg: Config, out_dir: Path, resume: bool = False) -> dict[str, Any]
     Returns the summary (also written to out_dir/summary.json).
     """
     run = assemble(cfg, Path(out_dir), resume)
-    compat.run_flow(run.loop, Path(out_dir) / ".fedml", run.args, run.device, run.dataset, run.model)
+    compat.run_flow(run.loop, run.folder.fedml_home, run.args, run.device, run.dataset, run.model)
     return run.loop.summary

@@ -6,13 +6,13 @@ no tensor differs by more than `--atol`, 1 otherwise or when the replay diverged
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from fedml_moon.errors import ConfigError
+from fedml_moon.records.layout import FINAL_MODEL, RunFolder, read_json, read_records
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The run's summary and records; a ConfigError where it is not a buffered run with records."""
-    summary_path, metrics = run_dir / "summary.json", run_dir / "metrics.jsonl"
+    summary_path = RunFolder(run_dir).summary
     if not summary_path.is_file():
         raise ConfigError(
             f"{run_dir}: not a run folder (no summary.json); name a buffered run's output folder"
         )
-    summary = json.loads(summary_path.read_text())
+    summary = read_json(summary_path)
     server = (summary.get("config") or {}).get("server_args") or {}
     if server.get("aggregation") != "buffered":
         raise ConfigError(
             f"{run_dir}: server_args.aggregation is {server.get('aggregation', 'sync')!r}, not buffered; "
             "only a buffered run's records say which update went into which buffer"
         )
-    lines = metrics.read_text().splitlines() if metrics.is_file() else []
-    records = [json.loads(line) for line in lines if line.strip()]
+    records = read_records(run_dir)
     if not records:
         raise ConfigError(f"{run_dir}: no records (metrics.jsonl is missing or empty): nothing to replay")
     return summary, records
@@ -95,8 +94,8 @@ def replay_run(summary: dict[str, Any], records: list[dict[str, Any]], out_dir: 
     load_config_plugins(raw, Path.cwd())
     cfg = config_from_dict(raw)
     base = build_base(cfg, out_dir)
-    loop = ReplaySimulation(build_server(base, out_dir), build_runner(base, out_dir), cfg, records)
-    compat.run_flow(loop, out_dir / ".fedml", base.args, base.device, base.dataset, base.model)
+    loop = ReplaySimulation(build_server(base), build_runner(base), cfg, records)
+    compat.run_flow(loop, base.folder.fedml_home, base.args, base.device, base.dataset, base.model)
     return loop.summary
 
 
@@ -111,10 +110,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--atol {args.atol}: give a difference >= 0, e.g. --atol 1e-5")
     run_dir = Path(args.run_dir)
     summary, records = read_run(run_dir)
-    model_path = run_dir / summary.get("model_file", "final_model.pt")
+    model_path = run_dir / summary.get("model_file", FINAL_MODEL)
     if not model_path.is_file():
         raise ConfigError(f"{model_path}: the run's model is gone; nothing to compare the replay with")
-    out_dir = Path(args.output_dir) if args.output_dir else run_dir / "replay"
+    out_dir = Path(args.output_dir) if args.output_dir else RunFolder(run_dir).replay
     try:
         with running(out_dir):
             claim_folder(out_dir, args.overwrite)
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     except ReplayDiverged as err:
         log.error("%s", err)
         return 1
-    replayed = torch.load(out_dir / "final_model.pt", weights_only=True)
+    replayed = torch.load(RunFolder(out_dir).final_model, weights_only=True)
     far, name = model_difference(replayed, torch.load(model_path, weights_only=True))
     same = far <= args.atol
     verdict = "the same model" if same else "another model"

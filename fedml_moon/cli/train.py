@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fedml_moon.cli.common import add_run_options, add_verbose, setup_logging
 from fedml_moon.errors import ConfigError
 from fedml_moon.records.folder import claim_folder, running
+from fedml_moon.records.layout import OUTPUTS
 
 if TYPE_CHECKING:
     from fedml_moon.config.load import Config
@@ -55,8 +56,8 @@ def start(args: argparse.Namespace) -> int:
 def default_output_dir(cfg: Config) -> Path:
     name = f"{cfg.train_args.algorithm}-{cfg.data_args.dataset}"
     if cfg.comm_args.backend == "sp":
-        return Path("outputs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return Path("outputs") / f"{name}-{cfg.comm_args.run_id}"  # the same folder for every process
+        return Path(OUTPUTS) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(OUTPUTS) / f"{name}-{cfg.comm_args.run_id}"  # the same folder for every process
 
 
 def _mpi() -> tuple[object, int, int]:

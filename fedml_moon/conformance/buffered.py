@@ -18,7 +18,6 @@ tried: the check is not applicable, with the reason.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from fedml_moon.conformance.inprocess import quiet_run
 from fedml_moon.conformance.paths import Outcome
 from fedml_moon.conformance.snapshot import differences, snapshot
 from fedml_moon.errors import ConfigError
+from fedml_moon.records.layout import read_records
 
 BUFFERED_ATOL = 1e-5  # the buffered round against the synchronous one (float64 sums, float32 means)
 NAMES = ("synchronous", "buffered")
@@ -40,8 +40,7 @@ def _whole_run(config: str | Path, overrides: list[str], folder: Path) -> tuple[
         run.loop.run()
         aggregator = run.loop.server.aggregator
         final, server = snapshot(aggregator.global_state), snapshot(aggregator.algorithm)
-    lines = (folder / "metrics.jsonl").read_text().splitlines()
-    return final, server, [json.loads(line) for line in lines]
+    return final, server, read_records(folder)
 
 
 def _failed(what: str, err: Exception) -> Outcome:

@@ -45,6 +45,7 @@ from fedml_moon.conformance.processes import (
     wait_all,
 )
 from fedml_moon.conformance.snapshot import differences, snapshot
+from fedml_moon.records.layout import PARTY_FILE, PARTY_STATE, RunFolder
 
 STOP_AFTER = 1  # the round after whose checkpoint the resume check stops its run
 RESUMED = ("uninterrupted", "resumed")
@@ -55,7 +56,8 @@ def party_states(run_dir: Path) -> dict[str, dict]:
     """Every party's stored state (state_store: disk) under a run folder, wherever its worker kept it."""
     import torch
 
-    return {p.name: torch.load(p, weights_only=True) for p in sorted(run_dir.rglob("party_state/party_*.pt"))}
+    found = sorted(run_dir.rglob(f"{PARTY_STATE}/{PARTY_FILE.format('*')}"))
+    return {p.name: torch.load(p, weights_only=True) for p in found}
 
 
 def payload_problems(config: str | Path, overrides: list[str], folder: Path) -> list[str]:
@@ -75,7 +77,8 @@ def run_differences(a: RunResult, b: RunResult, atol: float, names: tuple[str, s
     then the metrics that differ beyond 1e-4 (`processes.metric_differences`)."""
     import torch
 
-    models = [torch.load(r.out_dir / "final_model.pt", map_location="cpu", weights_only=True) for r in (a, b)]
+    paths = [RunFolder(r.out_dir).final_model for r in (a, b)]
+    models = [torch.load(path, map_location="cpu", weights_only=True) for path in paths]
     found = differences(snapshot(models[0]), snapshot(models[1]), "final model", atol, names)
     return found[:3] + metric_differences(a, b)[:3]
 

@@ -11,7 +11,6 @@ Used by `fedml-moon check ALGORITHM` and by the test suite.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -29,6 +28,7 @@ from fedml_moon.conformance.preloaded import enabled as preload_enabled
 from fedml_moon.conformance.preloaded import forkable
 from fedml_moon.conformance.preloaded import start as fork
 from fedml_moon.modes import MODES  # noqa: F401 (the conformance suite's name for them)
+from fedml_moon.records.layout import RunFolder, read_records
 
 log = logging.getLogger(__name__)
 TINY = [
@@ -137,7 +137,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return all(rc == 0 for rc in self.returncodes) and (self.out_dir / "summary.json").is_file()
+        return all(rc == 0 for rc in self.returncodes) and RunFolder(self.out_dir).summary.is_file()
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(
@@ -265,8 +265,8 @@ def compare(a: RunResult, b: RunResult) -> tuple[float, list[str]]:
     """(max |parameter difference| of the final models, metrics that differ beyond 1e-4)."""
     import torch
 
-    ma = torch.load(a.out_dir / "final_model.pt", map_location="cpu", weights_only=True)
-    mb = torch.load(b.out_dir / "final_model.pt", map_location="cpu", weights_only=True)
+    ma = torch.load(RunFolder(a.out_dir).final_model, map_location="cpu", weights_only=True)
+    mb = torch.load(RunFolder(b.out_dir).final_model, map_location="cpu", weights_only=True)
     diff = max(float((ma[k].double() - mb[k].double()).abs().max()) for k in ma)
     return diff, metric_differences(a, b)
 
@@ -275,7 +275,7 @@ def metric_differences(a: RunResult, b: RunResult) -> list[str]:
     """The recorded metrics of two runs that differ beyond 1e-4 (round times aside; and the bytes of
     evaluation and the pooled and site-mean figures where one run was evaluated centrally, the other by
     its parties), by round."""
-    ra, rb = _records(a.out_dir), _records(b.out_dir)
+    ra, rb = read_records(a.out_dir), read_records(b.out_dir)
     problems = [] if len(ra) == len(rb) else [f"{len(ra)} vs {len(rb)} rounds recorded"]
     other_evaluation = any("party_test" in r for r in ra) != any("party_test" in r for r in rb)
     for x, y in zip(ra, rb, strict=False):
@@ -290,10 +290,6 @@ def metric_differences(a: RunResult, b: RunResult) -> list[str]:
             if not same:
                 problems.append(f"round {x['round']} {key}: {value} vs {other}")
     return problems
-
-
-def _records(out_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def scratch_dir() -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fedml_moon.conformance.processes import cli_command, process_env, spawn, stop, wait_all
 from fedml_moon.core.checkpoint import latest
+from fedml_moon.records.layout import RunFolder, read_records
 
 
 @dataclass
@@ -29,8 +30,8 @@ class Drill:
 
 
 def recorded(out: Path) -> int:
-    path = out / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    """The rounds the run in `out` has recorded so far."""
+    return len(read_records(out))
 
 
 def wait_rounds(out: Path, n: int, timeout_s: float) -> None:
@@ -45,7 +46,7 @@ def wait_checkpoint(out: Path, round_idx: int, timeout_s: float) -> None:
     """Until the run in `out` has a complete checkpoint of `round_idx` or later (a round's metrics
     row is written before its checkpoint: a server killed between the two resumes from the one before)."""
     deadline = time.monotonic() + timeout_s
-    while (done := latest(out / "checkpoint")) is None or done < round_idx:
+    while (done := latest(RunFolder(out).checkpoints)) is None or done < round_idx:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no checkpoint of round {round_idx} in {out} after {timeout_s:.0f} s")
         time.sleep(0.1)
@@ -86,7 +87,7 @@ def server_restart(
         wait_rounds(out, after_rounds, timeout_s)
         time.sleep(0.1)  # into the next round
         stop(first, first=signal.SIGKILL)
-        if (out / "summary.json").exists():
+        if RunFolder(out).summary.exists():
             raise RuntimeError("the run ended before its server was killed: give it more rounds")
         if kill_silo is not None:
             stop(silos[kill_silo], first=signal.SIGKILL)

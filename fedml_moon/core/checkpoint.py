@@ -14,6 +14,10 @@ the old one only after LATEST is written. Until then `.old-<r>` stands in for a 
 (`rounds`, `read_checkpoint`), and the next write puts it back in place: LATEST never names a round
 without a complete folder, and a stale folder is removed only while a complete copy of its round
 remains.
+
+The names inside `<root>` are this module's own (`round-<r>`, `.tmp-<r>`, `.old-<r>`, `.del-*`), but
+`LATEST`, which says to others that a run folder holds a checkpoint, is the run folder's layout's
+(`fedml_moon.records.layout`, standard library only); the caller names `<root>`.
 """
 
 from __future__ import annotations
@@ -27,8 +31,7 @@ from typing import Any
 
 from fedml_moon.core.codec import CodecError, decode, encode
 from fedml_moon.errors import CheckpointError  # noqa: F401 (raised here, caught by the command line)
-
-LATEST = "LATEST"
+from fedml_moon.records.layout import LATEST  # the run folder's names (standard library only)
 
 
 def _fsync_dir(path: Path) -> None:

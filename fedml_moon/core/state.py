@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from fedml_moon.records.layout import PARTY_FILE, replacing  # standard library only
+
 AUTO_MEMORY_BYTES = 2 * 2**30  # `state_store: auto` moves the parties' states to disk past this
 AHEAD = 2  # party states a disk store reads ahead of the one asked for
 
@@ -64,7 +66,7 @@ class DiskPartyStore(PartyStore):
         self._reader: ThreadPoolExecutor | None = None
 
     def _path(self, party_id: int) -> Path:
-        return self.root / f"party_{int(party_id)}.pt"
+        return self.root / PARTY_FILE.format(int(party_id))
 
     def _read(self, party_id: int) -> dict[str, Any]:
         path = self._path(party_id)
@@ -93,9 +95,8 @@ class DiskPartyStore(PartyStore):
     def put(self, party_id: int, state: dict[str, Any]) -> None:
         self._forget(party_id)
         path = self._path(party_id)
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(path)
+        with replacing(path, path.with_suffix(".tmp")) as tmp:  # the archive's records: party_<id>/
+            torch.save(state, tmp)
 
     def drop(self, party_id: int) -> None:
         self._forget(party_id)
@@ -111,7 +112,7 @@ class DiskPartyStore(PartyStore):
         return isinstance(party_id, int) and self._path(party_id).exists()
 
     def parties(self) -> list[int]:
-        return sorted(int(p.stem.split("_", 1)[1]) for p in self.root.glob("party_*.pt"))
+        return sorted(int(p.stem.split("_", 1)[1]) for p in self.root.glob(PARTY_FILE.format("*")))
 
 
 class AutoPartyStore(PartyStore):

@@ -196,10 +196,10 @@ def prepare_own(args: DataArgs, seed: int, party: int | None, central: bool = Fa
     return FederatedData(data, train, test, counts, party_ids=[party])
 
 
-def show_partition(fed: FederatedData, args: DataArgs, out_dir: Path | None = None) -> None:
+def show_partition(fed: FederatedData, args: DataArgs, picture: Path | None = None) -> None:
     """The partition in the log (a table, or past `TABLE_PARTIES` parties a summary: the table is in
-    partition.json) and, with `out_dir`, a picture there (a heat map, or past `HEATMAP_PARTIES`
-    parties histograms of the parties' sizes and classes)."""
+    partition.json) and, with `picture` (the run folder's partition.png), a picture there (a heat map,
+    or past `HEATMAP_PARTIES` parties histograms of the parties' sizes and classes)."""
     many = len(fed.counts) > TABLE_PARTIES
     said = f" (summarised: {len(fed.counts)} parties; every party's counts are in partition.json)"
     log.info(
@@ -210,15 +210,15 @@ def show_partition(fed: FederatedData, args: DataArgs, out_dir: Path | None = No
     )
     if fed.data.parties is not None and not many:
         log.info("parties (natural): %s", ", ".join(f"{i} {n}" for i, n in enumerate(fed.data.parties.names)))
-    if out_dir is not None:
+    if picture is not None:
         n_parties = len(fed.train_parts)
         title = f"{fed.data.name}: {args.partition_method} partition over {n_parties} parties"
         if n_parties > HEATMAP_PARTIES:
-            path = save_partition_summary(fed.counts, Path(out_dir) / "partition.png", title)
+            path = save_partition_summary(fed.counts, Path(picture), title)
             log.info("partition picture (histograms: %d parties): %s", n_parties, path)
             return
         named = tuple(str(i) for i in range(fed.data.num_classes)) != fed.data.classes
         parties = fed.data.parties.names if fed.data.parties is not None else ()
         classes = fed.data.classes if named else ()
-        path = save_partition_heatmap(fed.counts, Path(out_dir) / "partition.png", title, parties, classes)
+        path = save_partition_heatmap(fed.counts, Path(picture), title, parties, classes)
         log.info("partition heat map: %s", path)

@@ -39,10 +39,10 @@ import numpy as np
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.parts import Parts
 from fedml_moon.data.holdings import Holdings
+from fedml_moon.records.layout import PARTITION_ARRAYS, RunFolder
 
 log = logging.getLogger(__name__)
 KEY = "data_args.partition_path"
-ARRAYS = "partition.npz"
 COLUMNS = ("train_indices", "train_offsets", "test_indices", "test_offsets")
 
 
@@ -69,11 +69,12 @@ def write_partition(
         "test_offsets": test.offsets,
         "counts": np.asarray(counts, np.int64),
     }
-    with open(out_dir / ARRAYS, "wb") as f:
+    folder = RunFolder(out_dir)
+    with open(folder.partition_arrays, "wb") as f:
         np.savez(f, **columns)
     meta = {"format": 2, "dataset": data.name, "n_train": len(data.y_train), "n_test": len(data.y_test)}
-    meta |= {"n_parties": len(train), "arrays": ARRAYS, **extra}
-    path = out_dir / "partition.json"
+    meta |= {"n_parties": len(train), "arrays": PARTITION_ARRAYS, **extra}
+    path = folder.partition
     path.write_text(json.dumps(meta))
     return path
 
@@ -157,7 +158,7 @@ def _columns(path: Path, record: dict[str, Any]) -> PartitionFile:
     name = record["arrays"]
     if not isinstance(name, str) or Path(name).name != name:
         raise ConfigError(
-            f"{KEY}: {path}: arrays must name a file beside it (such as {ARRAYS!r}); got {name!r}"
+            f"{KEY}: {path}: arrays must name a file beside it (such as {PARTITION_ARRAYS!r}); got {name!r}"
         )
     where = path.parent / name
     if not where.is_file():

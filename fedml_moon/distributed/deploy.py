@@ -39,6 +39,7 @@ from fedml_moon.distributed.silo.group import (
 )
 from fedml_moon.distributed.silo.mpi_groups import Placement
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
+from fedml_moon.records.layout import RunFolder
 
 log = logging.getLogger(__name__)
 PARTY_KEYS = (
@@ -263,7 +264,7 @@ def build_process(
     process was given with --set (a worker's must agree with the server's). `group`: a hierarchical
     silo's leader (`silo_group`)."""
     workers = worker_count(cfg, size)
-    folder = out_dir if rank == 0 else out_dir / f"rank-{rank}"
+    folder = out_dir if rank == 0 else RunFolder(out_dir).rank(rank).root
     if rank != 0:
         return _build_worker(
             cfg, folder, rank, size, comm, local_procs, list(explicit or []), group, overwrite
@@ -274,7 +275,7 @@ def build_process(
     base.args.rank = rank
     # built (FedML's aggregator imported, a checkpoint loaded) before the transport listens: a server
     # that listens while it builds sends no heartbeat, and its silos' comm_args.timeout_s runs
-    rounds = build_server(base, folder)
+    rounds = build_server(base)
     core = buffered_rounds(cfg, rounds)  # its state is in the server's checkpoint
     start = _resume_server(rounds, folder) if resume else 0
     from fedml_moon.status.http import open_port
@@ -346,7 +347,7 @@ def _worker_build(
         parties = parties_of(run_cfg, size, rank)
         claims = held_claims(base)
         return Built(
-            build_runner(base, folder, store),
+            build_runner(base, store),
             parties,
             shared_config(run_cfg),
             run_cfg,
@@ -360,11 +361,11 @@ def _worker_build(
 def run_follower(cfg: Config, out_dir: Path, rank: int, group: Group, size: int | None = None) -> str:
     """A hierarchical silo's process other than its leader: builds and trains what the leader
     broadcasts, in its own folder (out_dir/rank-R/process-k), until the leader says stop."""
-    folder = Path(out_dir) / f"rank-{rank}" / f"process-{group.rank}"
-    args = build_args(cfg, folder, rank, group.local_size)
-    store = make_store(cfg.train_args.state_store, folder / "party_state")
+    own = RunFolder(out_dir).rank(rank).process(group.rank)
+    args = build_args(cfg, own.root, rank, group.local_size)
+    store = make_store(cfg.train_args.state_store, own.party_state)
     return follow(
-        _worker_build(cfg, folder, rank, size, group.local_size, args, store, group), Channel(), group
+        _worker_build(cfg, own.root, rank, size, group.local_size, args, store, group), Channel(), group
     )
 
 
@@ -391,7 +392,7 @@ def _build_worker(
     port = open_site_port(cfg, folder, rank)  # refused before the transport dials
     transport = make_transport(cfg, rank, worker_count(cfg, size), comm)
     args = build_args(cfg, folder, rank, local_procs)
-    store = make_store(cfg.train_args.state_store, folder / "party_state")
+    store = make_store(cfg.train_args.state_store, RunFolder(folder).party_state)
     expected = parties_of(cfg, size, rank)
     local = Local(
         shared_config(cfg), explicit, expected, lambda: [p for p in expected if p not in store], overwrite
@@ -456,7 +457,7 @@ def run_process(
         proc = build_process(
             cfg, Path(out_dir), rank, size, comm, local_procs, resume, explicit, group, overwrite
         )
-        compat.run_flow(proc, Path(out_dir) / ".fedml", proc.manager.args)
+        compat.run_flow(proc, RunFolder(out_dir).fedml_home, proc.manager.args)
         return proc.status
     finally:
         leave(group)

@@ -27,12 +27,12 @@ from fedml_moon.config.load import Config, config_to_dict
 from fedml_moon.config.schema import SECTIONS, ConfigError
 from fedml_moon.core.checkpoint import latest, read_checkpoint, write_checkpoint
 from fedml_moon.core.personal import PartyFigures
+from fedml_moon.records.layout import RunFolder
 
 if TYPE_CHECKING:
     from fedml_moon.engine.parties import PartyRunner
     from fedml_moon.engine.rounds import ServerRounds
 
-CHECKPOINT_DIR = "checkpoint"
 FREE_PREFIXES = ("tracking_args.", "device_args.", "comm_args.")  # how and where, not what
 FREE_KEYS = {
     "train_args.checkpoint_every",
@@ -46,7 +46,8 @@ BOUND_KEYS = {"comm_args.backend"}  # a checkpoint belongs to one mode
 
 
 def checkpoint_root(out_dir: Path) -> Path:
-    return Path(out_dir) / CHECKPOINT_DIR
+    """The checkpoints' folder of the process whose run folder is `out_dir`."""
+    return RunFolder(out_dir).checkpoints
 
 
 def due(every: int, round_idx: int, rounds: int) -> bool:
@@ -111,7 +112,7 @@ def resume_round(out_dir: Path) -> int:
     found = latest(checkpoint_root(out_dir))
     if found is None:
         raise ConfigError(
-            f"--resume {out_dir}: no checkpoint there ({checkpoint_root(out_dir)}/LATEST is missing); "
+            f"--resume {out_dir}: no checkpoint there ({RunFolder(out_dir).latest} is missing); "
             "give the output directory of a run that wrote one (train_args.checkpoint_every)"
         )
     return found

@@ -27,6 +27,7 @@ from fedml_moon.engine.summed import Result, SummedRounds
 from fedml_moon.engine.uploads import UploadChecks
 from fedml_moon.errors import ConfigError
 from fedml_moon.privacy.mod import PrivateAggregation
+from fedml_moon.records.layout import replacing
 from fedml_moon.records.recorder import RunRecorder
 
 if TYPE_CHECKING:  # the FedML adapter it drives; the engine itself imports no fedml
@@ -292,12 +293,10 @@ class ServerRounds:
     def save_uploads(self, uploads: dict[int, Payload]) -> None:
         """`train_args.save_party_models`: each party's latest uploaded model, written as it arrives
         (party_models/party_<id>.pt), so a stopped run keeps them too."""
-        folder = self.recorder.out_dir / "party_models"
-        folder.mkdir(exist_ok=True)
         for party, upload in uploads.items():
-            path = folder / f"party_{party}.pt"
-            torch.save(dict(upload["model"]), path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").replace(path)
+            path = self.recorder.folder.party_model(party)
+            with replacing(path, path.with_suffix(".tmp")) as tmp:  # the archive's records: party_<id>/
+                torch.save(dict(upload["model"]), tmp)
 
     # --- the run --------------------------------------------------------------------------------
     def finish(self, status: str) -> dict[str, Any]:
@@ -305,27 +304,18 @@ class ServerRounds:
         digest (`state_dict_sha256`). Only a completed run's model is `final_model.pt`; a failed or
         interrupted run's is `model_at_<status>.pt`. Any other model file a run before this one left
         in the folder (a stale final_model.pt, the model_at_failed.pt of a run since resumed) goes."""
-        state = self.aggregator.global_state
-        name = model_file(status)
-        out = self.recorder.out_dir
-        torch.save(state, out / f".{name}.tmp")
-        (out / f".{name}.tmp").replace(out / name)
-        for stale in [out / FINAL_MODEL, *out.glob("model_at_*.pt")]:
-            if stale.name != name:
+        state, folder = self.aggregator.global_state, self.recorder.folder
+        path = folder.model(status)
+        with replacing(path) as tmp:
+            torch.save(state, tmp)
+        for stale in [folder.final_model, *folder.models_at()]:
+            if stale != path:
                 stale.unlink(missing_ok=True)
         digest = state_dict_sha256(state)
-        log.info("final model sha256 %s (%s)", digest, name)
-        extra = {**self.totals, **self.eval_totals, "model_file": name, "final_model_sha256": digest}
+        log.info("final model sha256 %s (%s)", digest, path.name)
+        extra = {**self.totals, **self.eval_totals, "model_file": path.name, "final_model_sha256": digest}
         extra["headline"] = self.headline  # the figure final_test_acc and best_test_acc are of
         if self.privacy is not None:
             extra.update(self.privacy.summary())
         self.summary = self.recorder.finish(status, extra)
         return self.summary
-
-
-FINAL_MODEL = "final_model.pt"
-
-
-def model_file(status: str) -> str:
-    """Where a run that ended with `status` saves its model: final_model.pt only when completed."""
-    return FINAL_MODEL if status == "completed" else f"model_at_{status}.pt"

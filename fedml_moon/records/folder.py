@@ -15,34 +15,21 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedml_moon.config.schema import ConfigError
+from fedml_moon.records.layout import CHECKPOINT, RECORDS, WANDB, RunFolder
 
 log = logging.getLogger(__name__)
-RECORDS = (
-    "metrics.jsonl",
-    "summary.json",
-    "checkpoint",
-    "final_model.pt",
-    "claims.json",
-    "party_models",
-    "accuracy.png",
-    "status.json",
-    "tensorboard",
-    "wandb",
-)
-"""What a run's server or simulation writes of its own (a silo's files are under `rank-<r>/`)."""
 
 
 def earlier_records(out_dir: Path) -> list[str]:
     """The records of an earlier run in `out_dir`: a non-empty metrics.jsonl, a summary.json, a
     checkpoint, a model file (`final_model.pt`, `model_at_<status>.pt`)."""
-    out_dir = Path(out_dir)
-    found = [name for name in ("summary.json", "final_model.pt") if (out_dir / name).is_file()]
-    metrics = out_dir / "metrics.jsonl"
-    if metrics.is_file() and metrics.stat().st_size > 0:
-        found.insert(0, "metrics.jsonl")
-    if (out_dir / "checkpoint" / "LATEST").is_file():
-        found.append("checkpoint/")
-    found += sorted(p.name for p in out_dir.glob("model_at_*.pt"))
+    folder = RunFolder(out_dir)
+    found = [path.name for path in (folder.summary, folder.final_model) if path.is_file()]
+    if folder.metrics.is_file() and folder.metrics.stat().st_size > 0:
+        found.insert(0, folder.metrics.name)
+    if folder.checkpointed:
+        found.append(f"{CHECKPOINT}/")
+    found += [path.name for path in folder.models_at()]
     return found
 
 
@@ -65,7 +52,7 @@ def claim_folder(out_dir: Path, overwrite: bool) -> None:
             "records with --overwrite"
         )
     key = Path(out_dir).resolve()
-    _PENDING[key] = {p.name for p in (key / "wandb").glob("*") if not p.is_symlink()}  # runs, not links
+    _PENDING[key] = {p.name for p in RunFolder(key).wandb.glob("*") if not p.is_symlink()}  # runs, not links
 
 
 def replace_earlier(out_dir: Path) -> None:
@@ -76,8 +63,9 @@ def replace_earlier(out_dir: Path) -> None:
         return
     earlier_wandb = _PENDING.pop(key)
     found = earlier_records(out_dir)
-    names = [n for n in RECORDS if n != "wandb"] + [p.name for p in key.glob("model_at_*.pt")]
-    for path in [key / n for n in names] + [key / "wandb" / n for n in sorted(earlier_wandb)]:
+    folder = RunFolder(key)
+    names = [n for n in RECORDS if n != WANDB] + [p.name for p in folder.models_at()]
+    for path in [key / n for n in names] + [folder.wandb / n for n in sorted(earlier_wandb)]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.records.folder import replace_earlier
+from fedml_moon.records.layout import RunFolder, write_text
 from fedml_moon.records.tracking import TensorBoardRun, WandbRun
 from fedml_moon.status import record as run_status
 
@@ -34,6 +35,7 @@ class RunRecorder:
         plots: bool = True,
     ) -> None:
         self.out_dir = Path(out_dir)
+        self.folder = RunFolder(self.out_dir)
         self.plots = plots  # accuracy.png as the run ends (tracking_args.plots)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         replace_earlier(self.out_dir)  # --overwrite: the earlier run's records go as this run starts
@@ -42,7 +44,7 @@ class RunRecorder:
         self.tensorboard = tensorboard
         self.records: list[dict[str, Any]] = []
         self.started = time.perf_counter()
-        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.metrics_path = self.folder.metrics
         self._written = False  # whether metrics.jsonl holds this run's records yet
         self.live: dict[str, Any] = {}  # what status.json says beside the run's name, algorithm, rounds
 
@@ -55,7 +57,7 @@ class RunRecorder:
         try:
             run_status.write(self.out_dir, {**head, "rounds": train.get("comm_round"), **self.live})
         except (OSError, ValueError) as err:  # a status file must never cost the run its records
-            log.warning("could not write %s: %s", self.out_dir / run_status.STATUS, err)
+            log.warning("could not write %s: %s", self.folder.status, err)
 
     def _rewrite(self) -> None:
         """metrics.jsonl := exactly `records` (from here on, records are appended)."""
@@ -125,11 +127,11 @@ class RunRecorder:
         if not self._written:  # nothing recorded: metrics.jsonl says so too
             self._rewrite()
         summary = self.summary(status, extra)
-        (self.out_dir / "summary.json").write_text(json_line(summary, indent=2))
+        write_text(self.folder.summary, json_line(summary, indent=2))
         self.publish(phase="finished" if status == "completed" else status)
         try:
             if self.plots:
-                self.plot(self.out_dir / "accuracy.png")
+                self.plot(self.folder.accuracy_plot)
         except Exception:  # a plot must never cost the run its summary
             log.exception("could not draw the accuracy plot")
         if self.tensorboard is not None:

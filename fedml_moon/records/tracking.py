@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.records.layout import RunFolder
+
 log = logging.getLogger(__name__)
 
 _SECRET_WORDS = ("key", "token", "secret", "password")
@@ -58,7 +60,7 @@ class WandbRun:
             config=scrub(config),
             reinit=True,
         )
-        log.info("W&B run %s (%s); files under %s", name, self.mode, out_dir / "wandb")
+        log.info("W&B run %s (%s); files under %s", name, self.mode, RunFolder(out_dir).wandb)
 
     def log(self, metrics: dict[str, Any], round_idx: int) -> None:
         self.run.log({**metrics, "round": round_idx}, step=round_idx)
@@ -70,10 +72,6 @@ class WandbRun:
         self.run.finish()
         if self.mode == "offline":
             log.info("W&B ran offline; upload later with: wandb sync %s", Path(self.run.dir).parent)
-
-
-TENSORBOARD = "tensorboard"
-"""The folder of a run's TensorBoard event files (`tracking_args.tensorboard`), beside metrics.jsonl."""
 
 
 def scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
@@ -100,7 +98,7 @@ class TensorBoardRun:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self._writer_class = SummaryWriter
-        self.folder = Path(out_dir) / TENSORBOARD
+        self.folder = RunFolder(out_dir).tensorboard
         self._writer: Any = None
         self._purge_step: int | None = None
 

@@ -21,7 +21,6 @@ A run's state, in the order it is decided:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pwd
 import signal
@@ -33,10 +32,9 @@ from typing import Any
 
 from fedml_moon.errors import SchedulerError  # noqa: F401 (raised here, caught by the command line)
 from fedml_moon.records.folder import held, in_progress
+from fedml_moon.records.layout import JOBS_LOCK, RunFolder, read_json, read_records, write_json
 from fedml_moon.results.sweep import Run
 
-RECORD = "jobs.json"
-LOCK = ".jobs.lock"
 WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY"}
 ENDED |= {"PREEMPTED", "TIMEOUT", "REVOKED"}
@@ -55,16 +53,16 @@ def locked(folder: Path) -> contextlib.AbstractContextManager[None]:
         f"another `fedml-moon sweep` is submitting the runs of {folder}; let it finish (or stop it) "
         "and run this again"
     )
-    return held(folder / LOCK, busy)
+    return held(folder / JOBS_LOCK, busy)
 
 
 def read(folder: Path) -> dict[str, Any]:
     """The sweep's record: {"batches": {id: {...}}, "runs": {name: {"job", "batch", ...}}}."""
-    path = folder / RECORD
+    path = RunFolder(folder).jobs
     if not path.is_file():
         return {"batches": {}, "runs": {}}
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
         if isinstance(record.get("batches"), dict) and isinstance(record.get("runs"), dict):
             return record
     except (ValueError, AttributeError):
@@ -77,10 +75,7 @@ def read(folder: Path) -> dict[str, Any]:
 
 def write(folder: Path, record: dict[str, Any]) -> None:
     """Replace the record at once: a reader sees the old one or the new one, never a part."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{RECORD}.{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    os.replace(tmp, folder / RECORD)
+    write_json(RunFolder(folder).jobs, record, indent=1, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -246,7 +241,8 @@ class RunState:
 def last_line(run: Run, job_output: Path | None = None) -> str:
     """The last line the run wrote (its run.log, else its job's output: a job that failed before
     the run started), for a failed run's status."""
-    for path in (run.folder / "run.log", run.folder / "job.out", job_output):
+    folder = RunFolder(run.folder)
+    for path in (folder.run_log, folder.job_output, job_output):
         try:
             lines = path.read_text(errors="replace").splitlines() if path else []
         except OSError:
@@ -258,17 +254,16 @@ def last_line(run: Run, job_output: Path | None = None) -> str:
 
 
 def _progress(run: Run) -> str:
-    try:
-        rounds = sum(1 for line in (run.folder / "metrics.jsonl").open() if line.strip())
-    except OSError:
+    if not RunFolder(run.folder).metrics.is_file():
         return ""
+    rounds = len(read_records(run.folder))
     return f"{rounds} round{'s' * (rounds != 1)} recorded"
 
 
 def _own_word(run: Run) -> str:
     """What the run's job wrote of its end (`job.json`), when the scheduler no longer says."""
     try:
-        own = json.loads((run.folder / "job.json").read_text())
+        own = read_json(RunFolder(run.folder).job)
     except (OSError, ValueError):
         return "ended before it started the run"
     if own.get("state") == "running":
@@ -311,7 +306,7 @@ ended state: Slurm passes through one as it requeues a job) before it counts as 
 def _requeued(run: Run) -> bool:
     """Whether the run's job last stopped it to requeue (so it ended out of requeues)."""
     try:
-        return json.loads((run.folder / "job.json").read_text()).get("state") == "requeued"
+        return read_json(RunFolder(run.folder).job).get("state") == "requeued"
     except (OSError, ValueError):
         return False
 
@@ -324,6 +319,6 @@ def _being_requeued(run: Run, folder: Path | None, job_id: str) -> bool:
     if folder is None or (folder / f"{job_id}_0_result.pkl").exists():
         return False
     try:
-        return time.time() - (run.folder / "job.json").stat().st_mtime < REQUEUE_S
+        return time.time() - RunFolder(run.folder).job.stat().st_mtime < REQUEUE_S
     except OSError:
         return False

@@ -27,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.records.layout import SUMMARY, RunFolder, read_json, read_records
 from fedml_moon.results.report_text import markdown, summary_lines
 from fedml_moon.results.tables import (
     EPSILON,
@@ -84,15 +85,14 @@ def find_runs(folders: list[Path]) -> list[RunData]:
     for folder in folders:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder")
-        for path in sorted(folder.rglob("summary.json")):
-            summary = json.loads(path.read_text())
+        for path in sorted(folder.rglob(SUMMARY)):
+            summary = read_json(path)
             if summary.get("status") != "completed":
                 log.warning("%s: %s, left out", path.parent, summary.get("status"))
                 continue
             if "dp_epsilon" in summary:  # a run from before the release / server epsilons were apart
                 summary.setdefault(EPSILON, summary["dp_epsilon"])
-            lines = (path.parent / "metrics.jsonl").read_text().splitlines()
-            records = [json.loads(line) for line in lines if line.strip()]
+            records = read_records(path.parent)
             runs.append(RunData(path.parent, flatten(summary.get("config", {})), records, summary))
     if not runs:
         raise FileNotFoundError(f"no completed run (summary.json with status completed) under {folders}")
@@ -202,7 +202,7 @@ def write_report(folders: list[Path], out: Path | None, target: float | None, la
 
     runs = find_runs(folders)
     table = group(runs)
-    out = out or folders[0] / "report"
+    out = out or RunFolder(folders[0]).report
     out.mkdir(parents=True, exist_ok=True)
     goals = targets(table, target)
     write_csv(table, goals, out)

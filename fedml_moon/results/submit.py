@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.errors import ConfigError
+from fedml_moon.records.layout import SUBMITIT, RunFolder
 from fedml_moon.results import jobs
 from fedml_moon.results.cluster import SlurmArgs, executor
 from fedml_moon.results.jobs import Known, RunState
@@ -55,7 +56,7 @@ def _submit(
 ) -> None:
     """One submission: recorded before it is made (no job ids), then with its job ids."""
     batch = uuid.uuid4().hex[:12]
-    name, where = f"fedml-moon-sweep-{batch}", folder / ".submitit" / batch
+    name, where = f"fedml-moon-sweep-{batch}", folder / SUBMITIT / batch
     ex = executor(on, where, args, name)
     jobs.begin(record, batch, on, runs, name, where)
     jobs.write(folder, record)
@@ -83,7 +84,7 @@ def check_resumes(runs: list[Run]) -> None:
     from fedml_moon.engine.resume import check_resumable
 
     for run in runs:
-        if (run.folder / "checkpoint" / "LATEST").is_file():
+        if RunFolder(run.folder).checkpointed:
             try:
                 check_resumable(run.folder, load_config(run.config, list(run.overrides)))
             except ConfigError as err:

@@ -40,6 +40,7 @@ import yaml
 
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.records.folder import earlier_records
+from fedml_moon.records.layout import OUTPUTS, SWEEPS, RunFolder, read_json
 from fedml_moon.results.cluster import slurm_args
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,14 @@ class Run:
 
     def state(self) -> str:
         """complete (summary.json says completed), stopped (a checkpoint to go on from) or new."""
-        summary = self.folder / "summary.json"
-        if summary.is_file():
+        folder = RunFolder(self.folder)
+        if folder.summary.is_file():
             try:
-                if json.loads(summary.read_text()).get("status") == "completed":
+                if read_json(folder.summary).get("status") == "completed":
                     return "complete"
             except (OSError, ValueError):
                 pass
-        return "stopped" if (self.folder / "checkpoint" / "LATEST").is_file() else "new"
+        return "stopped" if folder.checkpointed else "new"
 
     def argv(self, program: list[str], threads: int | None = None) -> list[str]:
         """The command that runs (or continues) this run."""
@@ -161,7 +162,7 @@ def load_sweep(
             f"--set {', '.join(clash)}: the sweep's grid sets it; change the sweep file instead"
         )
     fixed = [*(_override(k, v) for k, v in (raw.get("set") or {}).items()), *overrides]
-    out = Path(output or raw.get("output") or f"outputs/sweeps/{path.stem}")
+    out = Path(output or raw.get("output") or Path(OUTPUTS, SWEEPS, path.stem))
     runs = []
     for combo in itertools.product(*grid.values()):
         name, values, names = _point(dict(zip(grid, combo, strict=True)))
@@ -213,7 +214,7 @@ class Outcome:
 def _start(run: Run, program: list[str], threads: int | None) -> tuple[subprocess.Popen, Any]:
     run.folder.mkdir(parents=True, exist_ok=True)
     argv = run.argv(program, threads)
-    logfile = (run.folder / "run.log").open("ab")
+    logfile = RunFolder(run.folder).run_log.open("ab")
     logfile.write(f"$ {shlex.join(argv)}\n".encode())
     logfile.flush()
     # a session of its own: the sweep decides when its runs stop (they get SIGTERM and checkpoint)
@@ -266,7 +267,7 @@ def run_sweep(runs: list[Run], jobs: int = 1, poll_s: float = 0.5) -> Outcome:
                         "run %s failed (exit code %s); its log: %s",
                         run.name,
                         proc.returncode,
-                        run.folder / "run.log",
+                        RunFolder(run.folder).run_log,
                     )
                 bar.update(1)
     except BaseException:

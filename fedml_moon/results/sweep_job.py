@@ -10,7 +10,6 @@ that checkpoint. The run itself ignores SIGUSR2; the job decides.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.records.layout import RunFolder, write_json
 from fedml_moon.results.sweep import Run
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,17 @@ class SweepJob:
         fields = ("run", "batch", "threads", "grace_s")
         return {**{k: getattr(self, k) for k in fields}, "_child": None, "_job": None}
 
+    @property
+    def folder(self) -> RunFolder:
+        return RunFolder(self.run.folder)
+
     def _note(self, **fields: Any) -> None:
-        path = self.run.folder / "job.json"
-        tmp = path.with_name(f".job.json.{os.getpid()}")
-        tmp.write_text(json.dumps({"batch": self.batch, "host": socket.gethostname(), **fields}, indent=1))
-        os.replace(tmp, path)
+        """Rewrite the run's job.json: which job ran it, on which host, and `fields`."""
+        note = {"batch": self.batch, "host": socket.gethostname(), **fields}
+        write_json(self.folder.job, note, indent=1)
 
     def _link_output(self, job_output: Path) -> None:
-        link = self.run.folder / "job.out"
+        link = self.folder.job_output
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(os.path.relpath(job_output, self.run.folder))
@@ -82,14 +85,13 @@ class SweepJob:
         state = "complete" if complete else "failed"
         self._note(job=env.job_id, state=state, exit_code=code, started=started)
         if not complete:
-            log_path = self.run.folder / "run.log"
-            raise RunFailed(f"run {self.run.name} ended with exit code {code}; see {log_path}")
+            raise RunFailed(f"run {self.run.name} ended with exit code {code}; see {self.folder.run_log}")
         return "complete"
 
     def _run(self) -> int:
         """The run's `fedml-moon simulate` (new, or `--resume`), its output in run.log; its exit code."""
         argv = self.run.argv([sys.executable, "-m", "fedml_moon"], self.threads)
-        with (self.run.folder / "run.log").open("ab") as out:
+        with self.folder.run_log.open("ab") as out:
             out.write(f"$ {shlex.join(argv)}\n".encode())
             out.flush()
             child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_ignore_usr2)
@@ -116,7 +118,7 @@ class SweepJob:
                 os.kill(child.pid, signal.SIGKILL)
                 _ended(child.pid, 10.0)
         self._note(job=self._job, state="requeued", exit_code=None)
-        with (self.run.folder / "run.log").open("a") as out:
+        with self.folder.run_log.open("a") as out:
             out.write(
                 f"job {self._job} stopped the run at its time limit (or a preemption); it goes on from "
                 "the last checkpoint when the job starts again (slurm.timeouts_requeued times at most)\n"

@@ -12,7 +12,6 @@ is embedded with the same seed: the first run's `common_args.random_seed`.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.data.federated import load_data
 from fedml_moon.data.loader import build_fedml_dataset
+from fedml_moon.records.layout import FINAL_MODEL, RunFolder, read_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -86,11 +86,11 @@ def embed(features: np.ndarray, seed: int) -> np.ndarray:
 
 def _run_config(run_dir: Path) -> tuple[Config, str]:
     """The run's config and the model file its summary names (a warning if it did not complete)."""
-    summary_path = run_dir / "summary.json"
+    summary_path = RunFolder(run_dir).summary
     if not summary_path.is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no summary.json)")
-    summary = json.loads(summary_path.read_text())
-    model_file = summary.get("model_file", "final_model.pt")
+    summary = read_json(summary_path)
+    model_file = summary.get("model_file", FINAL_MODEL)
     if summary.get("status", "completed") != "completed":
         log.warning("%s: the run ended %s; its model then (%s)", run_dir, summary["status"], model_file)
     return config_from_dict(summary["config"]), model_file
@@ -104,7 +104,7 @@ def _states(run_dir: Path, model_file: str, party: int | None) -> dict[str, dict
     if party is not None:
         hint = "run with train_args.save_party_models: true (and that party sampled at least once)"
         models[f"party {party}'s local model"] = _state(
-            run_dir / "party_models" / f"party_{party}.pt", "model of that party", hint
+            RunFolder(run_dir).party_model(party), "model of that party", hint
         )
     return models
 
@@ -191,7 +191,7 @@ def tsne(
     """Draws the runs' t-SNE picture into `out` (default: the first run folder's tsne.png)."""
     run_dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
     drawn = rows(run_dirs, party, samples)
-    path = out or run_dirs[0] / "tsne.png"
+    path = out or RunFolder(run_dirs[0]).tsne
     figure(drawn).savefig(path, dpi=100)
     log.info("t-SNE of %d test images per panel: %s", len(drawn[0].panels[0].labels), path)
     return path

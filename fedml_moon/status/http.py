@@ -30,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from fedml_moon.records.layout import read_records
 from fedml_moon.security import OPERATOR, check_token, rank_of_common_name, token_digest
 from fedml_moon.status import record as run_status
 
@@ -106,7 +107,7 @@ class StatusApp:
         with self._lock:
             if time.monotonic() - self._read_at >= FRESH_S:
                 try:
-                    rows = run_status.records(self.out_dir)  # metrics.jsonl read once for both
+                    rows = read_records(self.out_dir)  # metrics.jsonl read once for both
                     self._snapshot = (run_status.read(self.out_dir, rows), rows)
                 except FileNotFoundError:  # the server has written nothing yet
                     self._snapshot = (run_status.starting(self.out_dir), [])

@@ -17,14 +17,13 @@ Phases: `waiting for sites` (before round one, or sites of a resumed run coming 
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-STATUS = "status.json"
+from fedml_moon.records.layout import RunFolder, read_json, read_records, write_json
+
 PUBLISH_EVERY_S = 1.0
 """A server or silo rewrites its status.json at most this often, but at once when its phase changes."""
 PHASES = {  # the server's own phase names -> what `status` says
@@ -47,31 +46,8 @@ CURVE_WIDTH = 60
 
 def write(out_dir: Path, fields: dict[str, Any]) -> None:
     """Replace `out_dir/status.json` with `fields` and the time it was written, at once."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".{STATUS}.{os.getpid()}"
-    tmp.write_text(json.dumps({**fields, "updated": time.time()}, indent=1, allow_nan=False))
-    os.replace(tmp, out_dir / STATUS)
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def records(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a line being written
-            break
-    return out
+    fields = {**fields, "updated": time.time()}
+    write_json(RunFolder(out_dir).status, fields, indent=1, allow_nan=False)
 
 
 def starting(run_dir: Path) -> dict[str, Any]:
@@ -93,10 +69,12 @@ def starting(run_dir: Path) -> dict[str, Any]:
 
 def read(run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The run's status: `status.json` joined with its records (module docstring; `rows`: its records
-    already read, `records(run_dir)`). Raises FileNotFoundError naming the folder when it holds no run."""
+    already read, `layout.read_records(run_dir)`). Raises FileNotFoundError naming the folder when it
+    holds no run."""
     run_dir = Path(run_dir)
-    rows = records(run_dir) if rows is None else rows
-    live, summary = _json(run_dir / STATUS), _json(run_dir / "summary.json")
+    rows = read_records(run_dir) if rows is None else rows
+    folder = RunFolder(run_dir)
+    live, summary = read_json(folder.status, None), read_json(folder.summary, None)
     if live is None and summary is None and not rows:
         raise FileNotFoundError(
             f"{run_dir} holds no run (no status.json, metrics.jsonl or summary.json): give the "

@@ -32,9 +32,9 @@ from fedml_moon.core.split import SplitError
 from fedml_moon.data.datasets import DataNotFoundError
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.distributed.protocol import refusal_text as described  # noqa: F401 (a silo's name)
+from fedml_moon.records.layout import RunFolder, read_json, write_text
 
 log = logging.getLogger(__name__)
-DIGEST_FILE = "data_digest.json"
 KEY = re.compile(r"\b([a-z]+_args\.[a-z_]+)\b")  # a setting named in a message
 DATA_ERRORS = (ConfigError, DataFileError, DataNotFoundError, PartitionError, SplitError)
 """What building a site's data raises for data the site must refuse (its own log says which file)."""
@@ -71,11 +71,11 @@ def data_digest(arrays: list[torch.Tensor | np.ndarray]) -> str:
 def check_digest(folder: Path, digest: str, overwrite: bool) -> None:
     """Refuse data whose digest differs from the one `record_digest` kept in `folder` when this site
     first trained in the run (DataChanged), unless `overwrite` (a new run: `record_digest` replaces it)."""
-    path = Path(folder) / DIGEST_FILE
+    path = RunFolder(folder).data_digest
     if overwrite or not path.is_file():
         return
     try:
-        recorded = json.loads(path.read_text()).get("sha256")
+        recorded = read_json(path).get("sha256")
     except (OSError, ValueError, AttributeError):
         recorded = None
     if recorded != digest:
@@ -89,11 +89,7 @@ def check_digest(folder: Path, digest: str, overwrite: bool) -> None:
 def record_digest(folder: Path, digest: str) -> None:
     """Keep `digest` in `folder`/data_digest.json: the data this site trains on in this run (written
     at its first task, so that a run that never began binds no data)."""
-    path = Path(folder) / DIGEST_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"sha256": digest}) + "\n")
-    tmp.replace(path)
+    write_text(RunFolder(folder).data_digest, json.dumps({"sha256": digest}) + "\n")
 
 
 def held_data_digest(fed: Any, parties: list[int]) -> str:

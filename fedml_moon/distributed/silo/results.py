@@ -14,9 +14,9 @@ import torch
 
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.engine.federated_eval import summed
+from fedml_moon.records.layout import RunFolder, replacing
 
 log = logging.getLogger(__name__)
-FINAL_MODEL = "final_model.pt"
 
 
 def own_figures(reports: list[Mapping[str, Any]]) -> str | None:
@@ -57,9 +57,8 @@ def keep_final_model(rank: int, folder: Path, model: Mapping[str, Any]) -> Path:
     if bad:
         raise ValueError(f"the server's final model holds entries that are not tensors: {bad[:5]}")
     digest = state_dict_sha256(state)
-    folder.mkdir(parents=True, exist_ok=True)
-    path, tmp = folder / FINAL_MODEL, folder / f".{FINAL_MODEL}.tmp"
-    torch.save(state, tmp)
-    tmp.replace(path)
+    path = RunFolder(folder).final_model
+    with replacing(path) as tmp:
+        torch.save(state, tmp)
     log.info("rank %d: final model sha256 %s (%s)", rank, digest, path)
     return path

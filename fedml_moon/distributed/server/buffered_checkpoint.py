@@ -32,7 +32,7 @@ from typing import Any
 from fedml_moon.core.checkpoint import write_checkpoint
 from fedml_moon.distributed.managers import CHECKPOINT
 from fedml_moon.distributed.server.state import Cut
-from fedml_moon.engine.resume import checkpoint_root, due
+from fedml_moon.engine.resume import due
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class BufferedCheckpoints:
         self.state.round.doing = f"writing the checkpoint of round {cut.round}"
         cut.state["buffered"]["arrived"] += cut.held
         parts = {"config": self.settings.full_config, "server": cut.state}
-        write_checkpoint(checkpoint_root(self.rounds.recorder.out_dir), cut.round, parts)
+        write_checkpoint(self.rounds.recorder.folder.checkpoints, cut.round, parts)
         self.state.round.last_checkpoint, b.cut = cut.round, None
         held = sum(len(batch) for batch in cut.state["buffered"]["arrived"])
         log.info("checkpoint of round %d written (%d updates arrived, not yet taken)", cut.round, held)

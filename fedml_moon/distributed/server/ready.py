@@ -15,7 +15,6 @@ stops: before the run it is waited for as one that has not said HELLO yet, in th
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -31,6 +30,7 @@ from fedml_moon.distributed.managers import (
 from fedml_moon.distributed.protocol import refusal_text
 from fedml_moon.distributed.refusals import bounded
 from fedml_moon.engine.claims import claim_problem, differs
+from fedml_moon.records.layout import write_json
 
 log = logging.getLogger(__name__)
 WELCOME_EVERY_S = 1.0
@@ -196,8 +196,8 @@ class ReadyPhase:
         def start() -> None:
             if not self.rounds.claimed:
                 self.rounds.set_claims(self.state.round.offered)
-                out = self.rounds.recorder.out_dir / "claims.json"
-                out.write_text(json.dumps({str(p): c for p, c in self.rounds.claims.items()}, indent=1))
+                out = self.rounds.recorder.folder.claims
+                write_json(out, {str(p): c for p, c in self.rounds.claims.items()}, indent=1)
                 log.info("the parties' claims (%s): %s", out.name, self.rounds.claims)
             self.server.flow.next_round(self.state.round.start)
 

@@ -96,11 +96,6 @@ class LGOptions:
             f"choose one of {', '.join(WARMUP_STARTS)} (best: the warm-up model with the best test accuracy)",
         )
 
-    def standalone_only(self) -> list[str]:
-        """The settings only the standalone simulation honours: `report_best` (the authors' figures
-        need every party's model beside every party's test split)."""
-        return ["algorithm_args.report_best"] if self.report_best else []
-
     def split(self, keys: Iterable[str]) -> tuple[list[str], list[str]]:
         """(global_keys, local_keys) for a model's state-dict keys; a ConfigError when invalid."""
         try:
@@ -149,6 +144,12 @@ class LGClient(ClientAlgorithm):
 
 class LGServer(ServerAlgorithm):
     """Averages the global layers (uniformly over the sampled parties by default, as the authors' code)."""
+
+    @classmethod
+    def standalone_only(cls, options: LGOptions) -> list[str]:
+        """`report_best` when it is on: the authors' figures need every party's model beside every
+        party's test split."""
+        return ["algorithm_args.report_best"] if options.report_best else []
 
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         self.global_keys, self.local_keys = self.options.split(global_state.keys())

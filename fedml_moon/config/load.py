@@ -94,7 +94,8 @@ def _mode_checks(cfg: Config) -> None:
         f"{' or '.join(MODES[kind])} (simulation: sp = standalone, MPI = MPI simulation; cross_silo: MPI, "
         "GRPC or MQTT_S3)",
     )
-    for key in getattr(cfg.algorithm_args, "standalone_only", list)():  # the algorithm's options say
+    server = get_algorithm(cfg.train_args.algorithm).server
+    for key in server.standalone_only(cfg.algorithm_args):
         require(
             backend == "sp",
             key,
@@ -123,7 +124,7 @@ def _robust_checks(cfg: Config) -> None:
     if server.robust_aggregation == "none":
         return
     require(
-        getattr(get_algorithm(algorithm).server, "averages", True),
+        get_algorithm(algorithm).server.averages,
         "server_args.robust_aggregation",
         f"{algorithm} averages nothing (each party keeps its own model), so a robust rule does not apply; "
         "set none",
@@ -216,8 +217,8 @@ def _cross_checks(cfg: Config) -> None:
     _mode_checks(cfg)
     _robust_checks(cfg)
     server = get_algorithm(cfg.train_args.algorithm).server
-    privacy_checks(cfg, server, getattr(server, "summed", {}))
-    _stream_checks(cfg, getattr(server, "summed", {}))
+    privacy_checks(cfg, server, server.summed)
+    _stream_checks(cfg, server.summed)
     buffered_checks(cfg, server)
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:

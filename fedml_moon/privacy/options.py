@@ -122,7 +122,7 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
         return
     key = "privacy_args.secure_aggregation" if p.secure_aggregation else "privacy_args.dp_clip_norm"
     require(
-        getattr(server_cls, "averages", True) and bool(summed),
+        server_cls.averages and bool(summed),
         key,
         f"{algorithm} sums nothing (each party keeps its own model): there is no sum to protect; turn it off",
     )
@@ -159,7 +159,7 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
         "train_args.save_party_models",
         "the server holds no party's model under secure aggregation; set false",
     )
-    for key in getattr(cfg.algorithm_args, "standalone_only", list)():
+    for key in server_cls.standalone_only(cfg.algorithm_args):
         require(False, key, "needs every party's own model, which secure aggregation hides; turn it off")
     mode = getattr(cfg.algorithm_args, "prototype_mode", "mean")
     require(

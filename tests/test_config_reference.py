@@ -191,6 +191,30 @@ def test_cli_prints_a_section_every_section_and_a_key_of_every_algorithm(cli, ca
         assert re.search(rf"^{section}: ", out, re.M), section
 
 
+@pytest.fixture
+def reduced(monkeypatch):
+    """A plugin algorithm whose option declares its allowed values (`tests/kit_plugins.py`),
+    registered in a copy of the registry."""
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    monkeypatch.setattr(registry, "_searched", {"entry points": [], "plugins": []})
+    return registry.load_plugin(f"{ROOT / 'tests' / 'kit_plugins.py'}:reduced")
+
+
+def test_a_plugins_declared_choices_are_its_keys_allowed_values(reduced, cli, capsys):
+    (k,) = [k for k in ref.keys() if k.algorithm == reduced.name]
+    assert (k.path, k.allowed, k.default) == ("algorithm_args.reduction", ("mean", "sum"), "mean")
+    assert cli(["config", "algorithm_args.reduction"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("algorithm_args.reduction  (algorithm ce_reduced)\n")
+    assert "  allowed:     mean, sum\n" in out
+    assert cli(["config", "algorithm_args"]) == 0
+    assert "      one of: mean, sum\n" in capsys.readouterr().out
+    for value in ("mean", "sum"):
+        reduced.options(reduction=value).check()
+    with pytest.raises(ConfigError, match="algorithm_args.reduction"):
+        reduced.options(reduction="max").check()
+
+
 def test_an_unknown_key_or_section_exits_2_naming_it_and_the_closest(cli, capsys):
     assert cli(["config", "train_args.learnig_rate"]) == 2
     err = capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fedml_moon.config.fields import choice
 from fedml_moon.core.buffering import buffer_shape
 from fedml_moon.errors import require
 
@@ -44,9 +45,9 @@ class PrivacyArgs:
     """delta of the reported (epsilon, delta); in (0, 1)"""
     dp_target_epsilon: float | None = None
     """stop before the round that would take epsilon past this; null: no limit; needs dp_clip_norm"""
-    dp_accountant: str = "rdp"
+    dp_accountant: str = choice("rdp", ACCOUNTANTS)
     """rdp (Renyi DP), or pld (privacy loss distributions: tighter; needs every party in every round)"""
-    dp_buffers: str = "refuse"
+    dp_buffers: str = choice("refuse", DP_BUFFERS)
     """float buffers (BatchNorm statistics) under DP: refuse, or average outside the noised sum"""
 
     @property

@@ -34,7 +34,7 @@ class CommonArgs:
     """simulation (standalone or MPI simulation) or cross_silo (one process per silo)"""
     random_seed: int = 0
     """the run's one seed: partition, sampling, local test splits, initial models, batch orders"""
-    scenario: str = "horizontal"
+    scenario: str = choice("horizontal", SCENARIOS)
     """horizontal (a silo is one process) or hierarchical (a silo is a group of processes, data-parallel)"""
     using_mlops: bool = False
     """FedML's cloud MLOps; must be false (FedML's cloud is never contacted)"""
@@ -380,6 +380,7 @@ class TrainArgs:
 
 
 HEADLINES = ("pooled", "site_mean")
+EVALUATIONS = ("auto", "central", "federated")
 
 
 @dataclass
@@ -388,7 +389,7 @@ class ValidationArgs:
     """evaluate the global model in rounds where round % N == 0, and in the last round; >= 1"""
     local_test: bool = False
     """also test each party's model on its own test split (local_test_acc); always on if personalised"""
-    evaluation: str = "auto"
+    evaluation: str = choice("auto", EVALUATIONS)
     """auto (federated where the server holds no data, else central), central (on the server) or federated"""
     eval_parties: int = 100
     """parties testing their own models (local test) per evaluated round: all up to N, else N drawn; 0: all"""
@@ -408,7 +409,7 @@ class ValidationArgs:
             "how many parties test their own models in an evaluated round: >= 1, or 0 for every party",
         )
         require(
-            self.evaluation in ("auto", "central", "federated"),
+            self.evaluation in EVALUATIONS,
             "validation_args.evaluation",
             f"{self.evaluation!r} is not auto, central or federated",
         )
@@ -633,6 +634,7 @@ class TrackingArgs:
 
 
 MOMENTUM_STYLES = ("moon", "fedavgm")
+PARTY_WEIGHTS = ("samples", "uniform")
 
 
 @dataclass
@@ -653,7 +655,7 @@ class ServerArgs:
     """m: 1 = Krum, m > 1 = Multi-Krum (average of the m best); at most client_num_per_round - f"""
     clip_norm: float | None = None
     """M of norm_clip, the largest norm of an update; null: the median of the round's update norms; > 0"""
-    party_weights: str = "samples"
+    party_weights: str = choice("samples", PARTY_WEIGHTS)
     """each party's weight in the average: samples (its sample count, as the papers) or uniform (1 each)"""
     aggregation: str = choice("sync", AGGREGATIONS)
     """sync (a round waits for its sampled parties) or buffered (FedBuff: parties train at their own pace)"""
@@ -681,7 +683,7 @@ class ServerArgs:
         )
         require(self.server_lr > 0, "server_args.server_lr", "must be > 0")
         require(
-            self.party_weights in ("samples", "uniform"),
+            self.party_weights in PARTY_WEIGHTS,
             "server_args.party_weights",
             f"{self.party_weights!r} is not samples or uniform",
         )

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from fedml_moon.config.buffered import buffered_checks
+from fedml_moon.config.derived import evaluation, own_data
 from fedml_moon.config.fields import _suggest, build_section
 from fedml_moon.config.schema import (
     FEDML_PASSTHROUGH,
@@ -21,7 +22,15 @@ from fedml_moon.config.schema import (
 from fedml_moon.privacy.options import privacy_checks
 from fedml_moon.registry import get_algorithm, load_plugin
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "config_to_dict"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "config_to_dict",
+    "evaluation",
+    "load_config",
+    "own_data",
+    "parse_overrides",
+]
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -152,24 +161,6 @@ def _robust_checks(cfg: Config) -> None:
         f"Multi-Krum averages at most client_num_per_round - krum_byzantine = {n - f} uploads; got "
         f"{server.krum_select}",
     )
-
-
-def own_data(cfg: Config) -> bool:
-    """Whether each silo trains on its own data and the server holds none: cross-silo with a site's
-    own data (`data_args.dataset` imagefolder, table, hf or plugin) and `partition_method: natural`."""
-    data = cfg.data_args
-    return (
-        cfg.common_args.training_type == "cross_silo"
-        and data.site_format
-        and data.partition_method == "natural"
-    )
-
-
-def evaluation(cfg: Config) -> str:
-    """`validation_args.evaluation` resolved: auto is federated where the server holds no data
-    (`own_data`), else central."""
-    said = cfg.validation_args.evaluation
-    return said if said != "auto" else ("federated" if own_data(cfg) else "central")
 
 
 def _claims_checks(cfg: Config) -> None:

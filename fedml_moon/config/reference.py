@@ -167,11 +167,10 @@ def _table(rows: list[KeyDoc]) -> list[str]:
     return [*out, ""]
 
 
-def slurm_markdown() -> str:
-    """The sweep file's `slurm:` section as a table, from `results.cluster.SlurmArgs`."""
-    from fedml_moon.results.cluster import SlurmArgs
-
-    return "\n".join(_table(_class_keys(SlurmArgs, "slurm", None, ())))
+def table_markdown(cls: type, section: str) -> str:
+    """The keys of a section outside the run's config as a table, from its dataclass `cls` (the sweep
+    file's `slurm:` section: `results.cluster.SlurmArgs`)."""
+    return "\n".join(_table(_class_keys(cls, section, None, ())))
 
 
 def markdown(plugins: bool = False) -> str:

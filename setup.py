@@ -50,6 +50,7 @@ setup(
             "pytest",
             "pytest-xdist",
             "ruff",
+            "import-linter",  # the rooms' import contracts (pyproject.toml; tests/test_architecture.py)
             "hypothesis",
             "mpi4py",
             "moto[server]",

@@ -46,7 +46,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {}
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add an algorithm; its name becomes a valid `train_args.algorithm`. Its party side's `terms`
     must be names the server can record (`core.validate.terms_problem`)."""
-    problem = terms_problem(getattr(spec.client, "terms", None))
+    problem = terms_problem(spec.client.terms)
     if problem is not None:
         raise ValueError(f"algorithm {spec.name!r}: {spec.client.__name__}.{problem}")
     ALGORITHMS[spec.name] = spec

@@ -1,17 +1,20 @@
 """Plugins for the contributor kit's tests, loaded as `common_args.plugins` (`tests.kit_plugins:NAME`)
 by every process a check starts: the tutorial's FedProto broken the ways contributors break
-algorithms (one refusing buffered aggregation with a reason of its own), and a correct algorithm
-whose loss is full of ReLU kinks."""
+algorithms (one refusing buffered aggregation with a reason of its own), a correct algorithm
+whose loss is full of ReLU kinks, and one whose option declares its allowed values."""
 
 from __future__ import annotations
 
 import sys
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.nn.functional as F
 
 from fedml_moon.algorithms.base import ClientAlgorithm, NoOptions, ServerAlgorithm
+from fedml_moon.config.fields import choice
+from fedml_moon.errors import require
 from fedml_moon.privacy.sums import UPDATE, Sums
 from fedml_moon.registry import AlgorithmSpec
 
@@ -85,6 +88,28 @@ class HingeClient(ClientAlgorithm):
         return hinge + 0.1 * norm, {"hinge": hinge.detach(), "norm": norm.detach()}
 
 
+REDUCTIONS = ("mean", "sum")
+
+
+@dataclass
+class ReducedOptions:
+    reduction: str = choice("mean", REDUCTIONS)
+    """how a batch's cross-entropies make its loss: mean or sum"""
+
+    def check(self) -> None:
+        require(self.reduction in REDUCTIONS, "algorithm_args.reduction", f"one of {', '.join(REDUCTIONS)}")
+
+
+class ReducedClient(ClientAlgorithm):
+    """FedAvg whose batch loss is the mean or the sum of its cross-entropies (`reduction`)."""
+
+    name = "ce_reduced"
+
+    def loss(self, net, x, y, ctx):
+        ce = F.cross_entropy(net(x).logits, y, reduction=self.options.reduction)
+        return ce, {"ce": ce.detach()}
+
+
 def _proto(name: str, client: type = FedprotoClient, server: type = FedprotoServer) -> AlgorithmSpec:
     return AlgorithmSpec(name, client, server, FedprotoOptions, f"FedProto ({name})")
 
@@ -117,4 +142,17 @@ def hinge() -> AlgorithmSpec:
     return AlgorithmSpec("hinge_kinks", HingeClient, ServerAlgorithm, NoOptions, "hinge loss")
 
 
-__all__ = ["branchy", "forgetful", "hinge", "not_buffered", "round_sized", "sums_ignored", "unsummed"]
+def reduced() -> AlgorithmSpec:
+    return AlgorithmSpec("ce_reduced", ReducedClient, ServerAlgorithm, ReducedOptions, "FedAvg, CE reduced")
+
+
+__all__ = [
+    "branchy",
+    "forgetful",
+    "hinge",
+    "not_buffered",
+    "reduced",
+    "round_sized",
+    "sums_ignored",
+    "unsummed",
+]

@@ -1,16 +1,23 @@
-"""The package's rooms keep to what they may import: only the FedML adapters and the distributed layer
-import `fedml`; the round engine runs without it; no module imports another that imports it back."""
+"""The package's rooms keep to what they may import: the import-linter contracts of pyproject.toml
+(each room imports only the rooms below it; only the FedML adapters, the distributed layer and the
+conformance suite import `fedml`; the round engine and the rooms below it reach no `fedml` through any
+chain of imports); the round engine imports without FedML installed; no module imports another that
+imports it back (inside functions too, which the contracts count as well)."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from importlinter.cli import lint_imports_command
 
-PACKAGE = Path(__file__).resolve().parent.parent / "fedml_moon"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fedml_moon"
 MAY_IMPORT_FEDML = ("adapters", "distributed", "conformance")  # conformance drives whole runs
 
 
@@ -32,6 +39,33 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
     return found
+
+
+def test_the_import_contracts_are_kept():
+    """`lint-imports` on the contracts of pyproject.toml; a broken one fails with its report (which
+    import, on which line, breaks which rule)."""
+    done = CliRunner().invoke(lint_imports_command, [str(ROOT / "pyproject.toml"), "--no-cache"])
+    assert done.exit_code == 0, done.output[done.output.find("Contracts") :]
+    assert "0 broken" in done.output
+
+
+def test_every_room_has_its_place_in_the_layers():
+    """A room added to the package is placed in the layers contract, so its imports are checked: every
+    package and root module but `__main__` (the command line's entry) and `losses` (core's losses,
+    re-exported for users), and each module of `config`, whose schema sits low and whose loading high."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (rooms,) = [c for c in contracts if c["type"] == "layers"]
+    named = {m.strip() for layer in rooms["layers"] for m in layer.replace(":", "|").split("|")}
+    config = {
+        f"fedml_moon.config.{p.stem}" for p in (PACKAGE / "config").glob("*.py") if p.stem != "__init__"
+    }
+    expected = {
+        f"fedml_moon.{p.stem if p.is_file() else p.name}"
+        for p in PACKAGE.iterdir()
+        if (p.is_dir() and (p / "__init__.py").is_file() and p.name != "config")
+        or (p.suffix == ".py" and p.stem not in ("__init__", "__main__", "losses"))
+    }
+    assert named == expected | config
 
 
 def test_only_the_adapters_and_the_distributed_layer_import_fedml():

@@ -25,11 +25,14 @@ from fedml_moon.config.schema import (
     BACKENDS,
     BAD_UPLOAD_ACTIONS,
     CLIENT_OPTIMIZERS,
+    EVALUATIONS,
     FEDERATED_OPTIMIZERS,
     HEADLINES,
     MOMENTUM_STYLES,
     PARTITIONS,
+    PARTY_WEIGHTS,
     PRECISIONS,
+    SCENARIOS,
     SITE_FORMATS,
     STATE_STORES,
     SWITCHES,
@@ -53,6 +56,7 @@ OWN = [s for s in registry.ALGORITHMS.values() if s.client.__module__.startswith
 
 ALLOWED = {  # key (algorithm options: algorithm name, key) -> the constant its check() uses
     "common_args.training_type": TRAINING_TYPES,
+    "common_args.scenario": SCENARIOS,
     "data_args.dataset": (*DATASETS, *SITE_FORMATS),
     "data_args.partition_method": PARTITIONS,
     "data_args.augmentation": AUGMENTATIONS,
@@ -67,12 +71,14 @@ ALLOWED = {  # key (algorithm options: algorithm name, key) -> the constant its 
     "train_args.together": TOGETHER,
     "train_args.precision": PRECISIONS,
     "validation_args.headline": HEADLINES,
+    "validation_args.evaluation": EVALUATIONS,
     "device_args.using_gpu": SWITCHES,
     "comm_args.backend": BACKENDS,
     "comm_args.tls": TLS_MODES,
     "comm_args.auth": AUTH_MODES,
     "tracking_args.wandb_mode": WANDB_MODES,
     "server_args.server_momentum_style": MOMENTUM_STYLES,
+    "server_args.party_weights": PARTY_WEIGHTS,
     "server_args.robust_aggregation": RULES,
     "server_args.aggregation": AGGREGATIONS,
     "server_args.staleness": STALENESS,
@@ -189,6 +195,30 @@ def test_cli_prints_a_section_every_section_and_a_key_of_every_algorithm(cli, ca
     out = capsys.readouterr().out
     for section in [*ref.INTROS]:
         assert re.search(rf"^{section}: ", out, re.M), section
+
+
+@pytest.fixture
+def reduced(monkeypatch):
+    """A plugin algorithm whose option declares its allowed values (`tests/kit_plugins.py`),
+    registered in a copy of the registry."""
+    monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
+    monkeypatch.setattr(registry, "_searched", {"entry points": [], "plugins": []})
+    return registry.load_plugin(f"{ROOT / 'tests' / 'kit_plugins.py'}:reduced")
+
+
+def test_a_plugins_declared_choices_are_its_keys_allowed_values(reduced, cli, capsys):
+    (k,) = [k for k in ref.keys() if k.algorithm == reduced.name]
+    assert (k.path, k.allowed, k.default) == ("algorithm_args.reduction", ("mean", "sum"), "mean")
+    assert cli(["config", "algorithm_args.reduction"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("algorithm_args.reduction  (algorithm ce_reduced)\n")
+    assert "  allowed:     mean, sum\n" in out
+    assert cli(["config", "algorithm_args"]) == 0
+    assert "      one of: mean, sum\n" in capsys.readouterr().out
+    for value in ("mean", "sum"):
+        reduced.options(reduction=value).check()
+    with pytest.raises(ConfigError, match="algorithm_args.reduction"):
+        reduced.options(reduction="max").check()
 
 
 def test_an_unknown_key_or_section_exits_2_naming_it_and_the_closest(cli, capsys):

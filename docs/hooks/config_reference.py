@@ -1,6 +1,6 @@
 """MkDocs hook: the config reference page's tables are `fedml_moon.config.reference.markdown()`,
 generated from the config's dataclasses at build time; the cluster how-to's table of a sweep file's
-`slurm:` keys is `slurm_markdown()`, from its dataclass."""
+`slurm:` keys is `table_markdown()` of its dataclass, `results.cluster.SlurmArgs`."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def _source(page: Any) -> str:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
     if SLURM_MARKER in markdown and _source(page) == SLURM_PAGE:
-        from fedml_moon.config.reference import slurm_markdown
+        from fedml_moon.config.reference import table_markdown
+        from fedml_moon.results.cluster import SECTION, SlurmArgs
 
-        return markdown.replace(SLURM_MARKER, slurm_markdown())
+        return markdown.replace(SLURM_MARKER, table_markdown(SlurmArgs, SECTION))
     if MARKER not in markdown or _source(page) != PAGE:
         return markdown
     from fedml_moon.config.reference import markdown as reference

@@ -117,14 +117,19 @@ class ClientAlgorithm:
         upload = finish(round, ctx, result)          # updates round.state
 
     An algorithm overrides `loss` and, where it needs them, `context`, the two step hooks, `finish`
-    and `personal_state`. Nothing of a round lives on `self`."""
+    and `personal_state`, and sets the class attributes below that differ from FedAvg's. Nothing of a
+    round lives on `self`."""
 
     name: ClassVar[str] = "fedavg"
-    personalized: ClassVar[bool] = False  # parties predict with their own models (local test differs)
-    # The named terms `loss` returns (its total is recorded as train_loss): the only training metrics
-    # a party reports and the server records, each under its name (none may be a field the server
-    # writes: `core.validate.terms_problem`). A term `loss` returns but does not declare stops training.
+    """A label for whoever reads the class; runs know an algorithm by its registry name
+    (`AlgorithmSpec.name`, what `train_args.algorithm` gives)."""
+    personalized: ClassVar[bool] = False
+    """True: each party predicts with its own model (`eval_state`): every evaluated round tests the
+    parties' own models on their test splits, and they report their personal state for the new test."""
     terms: ClassVar[tuple[str, ...]] = ("ce",)
+    """The named terms `loss` returns (its total is recorded as train_loss): the only training metrics
+    a party reports and the server records, each under its name (none may be a field the server
+    writes: `core.validate.terms_problem`). A term `loss` returns but does not declare stops training."""
 
     def __init__(self, options: Any, train: TrainArgs, model_factory: ModelFactory, seed: int) -> None:
         self.options = options
@@ -198,13 +203,28 @@ class ServerAlgorithm:
 
     Wherever it averages uploads it calls `self.mean(states, weights, reference)` (or `self.mean.total`
     / `self.mean.rows`), the rule of `server_args.robust_aggregation` (`core.robust`; `none`: the
-    sample-weighted average). A server that averages nothing sets `averages = False`, and then a
-    robust rule is a config error."""
+    sample-weighted average). What a server may declare of itself are the class attributes below;
+    the config's checks read them before a run starts."""
 
     averages: ClassVar[bool] = True
-    # What `privacy_args` sums of each upload, field by field: "update" (the weighted change from what
-    # the party received) or "sum" (as it is); `aggregate_sums` reads the sums back.
+    """False for a server that averages nothing (each party keeps its own model): a robust rule
+    (`server_args.robust_aggregation`) and `privacy_args` are then config errors."""
     summed: ClassVar[dict[str, str]] = {"model": UPDATE}
+    """What `privacy_args`, `train_args.stream_uploads` and buffered aggregation sum of each upload,
+    field by field: "update" (the weighted change from what the party received) or "sum" (as it is);
+    `aggregate_sums` reads the sums back. Empty: the server sums nothing, and those settings are
+    config errors."""
+    not_buffered: ClassVar[str | None] = None
+    """Why this server's step does not fit a buffered, staleness-discounted sum, in words: set, it
+    makes `server_args.aggregation: buffered` a config error that gives the reason. None: it fits."""
+
+    @classmethod
+    def standalone_only(cls, options: Any) -> list[str]:
+        """The settings (config keys) that, as the algorithm's `options` give them, only the standalone
+        simulation honours: figures that need every party's model beside every party's test split
+        (`party_figures`). Another mode, or secure aggregation, is then a config error naming them.
+        None by default; LG-FedAvg names `algorithm_args.report_best` when it is on."""
+        return []
 
     def __init__(self, options: Any, server: ServerArgs, train: TrainArgs, seed: int = 0) -> None:
         self.options = options
@@ -318,7 +338,7 @@ class ServerAlgorithm:
 
     def party_figures(self) -> PartyFigures | None:
         """Figures that need every party's own model beside every party's test split, which only the
-        standalone simulation holds (None: none; its options name them in `standalone_only`)."""
+        standalone simulation holds (None: none; `standalone_only` names the settings that ask for them)."""
         return None
 
     def models_to_evaluate(self, global_state: OrderedDict) -> dict[str, OrderedDict]:

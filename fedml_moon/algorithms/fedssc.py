@@ -20,6 +20,7 @@ from torch import nn
 
 from fedml_moon.algorithms.base import Context, LocalResult, Net, PartyRound, Payload, ServerAlgorithm
 from fedml_moon.algorithms.moon import MoonClient, MoonOptions
+from fedml_moon.config.fields import choice
 from fedml_moon.config.schema import require
 from fedml_moon.core.losses import prototype_contrastive_loss
 from fedml_moon.core.robust import RobustMean
@@ -37,7 +38,7 @@ class FedSSCOptions(MoonOptions):
     """mu_glob of the last round, reached in equal steps after warmup_rounds; >= 0"""
     warmup_rounds: int = 5
     """T0, the rounds at mu_glob_start before mu_glob falls; >= 0"""
-    prototype_mode: str = "random-k"
+    prototype_mode: str = choice("random-k", PROTOTYPE_MODES)
     """per class: random-k (average prototype_k random sharers' prototypes) or mean (every sharer's)"""
     prototype_k: int = 1
     """k, the parties random-k averages per class (all of them if fewer share it); >= 1"""

@@ -25,10 +25,11 @@ from fedml_moon.algorithms.base import (
     Payload,
     ServerAlgorithm,
 )
+from fedml_moon.config.fields import choice
 from fedml_moon.config.schema import ConfigError, require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.personal import BestSoFar, new_test
-from fedml_moon.core.split import SplitError, merge_states, resolve_split, split_state
+from fedml_moon.core.split import PRESETS, SplitError, merge_states, resolve_split, split_state
 
 NEW_TEST_METHODS = ("average", "ensemble")
 WARMUP_STARTS = ("last", "best")
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LGOptions:
-    split_preset: str | None = None
+    split_preset: str | None = choice(None, PRESETS)
     """a named global/local split; exactly one of the four split keys is given"""
     global_prefixes: list[str] | None = None
     """the global layers by module name, e.g. [encoder.fc1, classifier]; one of the four split keys"""
@@ -51,11 +52,11 @@ class LGOptions:
     """a FedAvg run's final_model.pt to start from in place of a warm-up; null: none"""
     uniform_average: bool = True
     """average the global layers uniformly over the sampled parties (the authors' code); false: by samples"""
-    new_test_method: str = "average"
+    new_test_method: str = choice("average", NEW_TEST_METHODS)
     """the parties' models in the new test: average (of their parameters) or ensemble (of their softmax)"""
     warmup_lr: float | None = None
     """learning rate of the FedAvg warm-up (the authors use 0.1); null: train_args.learning_rate; > 0"""
-    warmup_start: str = "last"
+    warmup_start: str = choice("last", WARMUP_STARTS)
     """the warm-up model the LG phase starts from: last, or best (by test accuracy, among evaluated rounds)"""
     report_best: bool = False
     """also report the authors' best-so-far figures (optimistic; LG start and LG rounds); standalone only"""
@@ -95,11 +96,6 @@ class LGOptions:
             "algorithm_args.warmup_start",
             f"choose one of {', '.join(WARMUP_STARTS)} (best: the warm-up model with the best test accuracy)",
         )
-
-    def standalone_only(self) -> list[str]:
-        """The settings only the standalone simulation honours: `report_best` (the authors' figures
-        need every party's model beside every party's test split)."""
-        return ["algorithm_args.report_best"] if self.report_best else []
 
     def split(self, keys: Iterable[str]) -> tuple[list[str], list[str]]:
         """(global_keys, local_keys) for a model's state-dict keys; a ConfigError when invalid."""
@@ -149,6 +145,12 @@ class LGClient(ClientAlgorithm):
 
 class LGServer(ServerAlgorithm):
     """Averages the global layers (uniformly over the sampled parties by default, as the authors' code)."""
+
+    @classmethod
+    def standalone_only(cls, options: LGOptions) -> list[str]:
+        """`report_best` when it is on: the authors' figures need every party's model beside every
+        party's test split."""
+        return ["algorithm_args.report_best"] if options.report_best else []
 
     def setup(self, global_state: OrderedDict) -> OrderedDict:
         self.global_keys, self.local_keys = self.options.split(global_state.keys())

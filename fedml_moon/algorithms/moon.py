@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fedml_moon.algorithms.base import ClientAlgorithm, Context, LocalResult, Net, PartyRound, Payload
+from fedml_moon.config.fields import choice
 from fedml_moon.config.schema import require
 from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.losses import model_contrastive_loss, representation_l2_loss
@@ -31,11 +32,11 @@ class MoonOptions:
     """tau of l_con (and of FedSSC's l_glob); > 0 (the paper uses 0.5)"""
     pool_size: int = 1
     """k, the party's previous models used as negatives, a FIFO pool; >= 1"""
-    unseen_party_prev: str = "own-init"
+    unseen_party_prev: str = choice("own-init", UNSEEN_CHOICES)
     """the negative of a party that has not trained yet: own-init (its own random init) or global"""
-    representation_loss: str = "contrastive"
+    representation_loss: str = choice("contrastive", LOSS_CHOICES)
     """contrastive (l_con), or l2: ||z - z_glob||_2 in l_con's place (the paper's Table 5)"""
-    pool_update: str = "trained"
+    pool_update: str = choice("trained", POOL_UPDATES)
     """the pool under sampling: trained (rounds the party trained) or every-round (the MOON code)"""
 
     def check(self) -> None:

@@ -23,6 +23,7 @@ from fedml_moon.algorithms.base import (
     ServerAlgorithm,
     add_rows,
 )
+from fedml_moon.config.fields import choice
 from fedml_moon.config.schema import require
 from fedml_moon.privacy.sums import SUM, UPDATE, Sums
 
@@ -41,9 +42,9 @@ class ScaffoldOptions:
     do; the same under full participation). The global step size eta_g (line 16) is
     `server_args.server_lr`."""
 
-    correction: str = "after-step"
+    correction: str = choice("after-step", CORRECTION_CHOICES)
     """after-step: p -= lr (c - c_i) after each step (NIID-Bench); gradient: c - c_i added to the gradient"""
-    c_update: str = "paper"
+    c_update: str = choice("paper", C_UPDATE_CHOICES)
     """the server's c: paper (c += |S|/N mean of delta c_i) or mean (c += mean of delta c_i)"""
 
     def check(self) -> None:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedml_moon.cli.common import add_set
 from fedml_moon.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedml_moon.config.schema import Config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,9 +67,20 @@ def run(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def config_for(cf: str, overrides: list[str], folder: str | None) -> Config:
+    """The run's config (`--set` applied), its `data_args.data_cache_dir` the folder to check."""
+    from fedml_moon.config.load import load_config
+
+    if folder is None:
+        return load_config(cf, overrides)
+    # the folder named is the one to check, whatever the config's own data_cache_dir (which may not
+    # exist here) says: given as the last --set, so the config is checked with it
+    return load_config(cf, [*overrides, f"data_args.data_cache_dir={Path(folder).expanduser()}"])
+
+
 def _with_config(args: argparse.Namespace) -> int:
     """The folder read as the run's processes read it, with their refusals."""
-    from fedml_moon.data.precheck import config_for, inspect_with_config
+    from fedml_moon.data.precheck import inspect_with_config
 
     if args.rank is not None and args.rank < 0:
         raise ConfigError(f"--rank {args.rank}: give 0 (the server) or a silo's rank, 1 or more")

@@ -13,10 +13,9 @@ from fedml_moon.errors import require
 def buffer_refusal(server: type, name: str) -> str | None:
     """Why the server algorithm `server` (registered as `name`) cannot aggregate in buffers, or None:
     it must declare its sum form (`summed`), and may refuse with a reason of its own (`not_buffered`)."""
-    own = getattr(server, "not_buffered", None)
-    if own:
-        return f"{name} cannot buffer: {own}"
-    if not getattr(server, "summed", None):
+    if server.not_buffered:
+        return f"{name} cannot buffer: {server.not_buffered}"
+    if not server.summed:
         return f"{name} sums nothing (each party keeps its own model), so there is no buffer to fill"
     return None
 

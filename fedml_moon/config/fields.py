@@ -1,7 +1,10 @@
-"""Build one section of the config (a dataclass of `config_schema`) from its YAML mapping: unknown keys
-refused with the closest valid one, each value checked against its field's type. Apart from
+"""How a section of the config (a dataclass of `config_schema`, or an algorithm's options) is declared
+and built: `choice` declares a field's allowed values, which the config reference reads
+(`fedml-moon config`); `build_section` builds a section from its YAML mapping, unknown keys refused
+with the closest valid one, each value checked against its field's type. Apart from
 `fedml_moon.config.load` (which needs the algorithms, and PyTorch with them), so that a section read
-alone (a sweep file's `slurm:`) imports neither."""
+alone (a sweep file's `slurm:`) imports neither, and importing nothing of the config but errors, so
+that every room may declare its sections with it."""
 
 from __future__ import annotations
 
@@ -12,7 +15,22 @@ import types
 import typing
 from typing import Any
 
-from fedml_moon.config.schema import SECRET_KEYS, ConfigError, require
+from fedml_moon.errors import ConfigError, require
+
+CHOICES = "choices"  # the field metadata key `choice` sets
+SECRET_KEYS = frozenset({"wandb_key", "api_key", "mlops_api_key"})
+
+
+def choice(default: Any, allowed: typing.Iterable[Any]) -> Any:
+    """A dataclass field of `default` whose value is one of `allowed`: the config reference lists them
+    as the key's allowed values (`allowed_values`). The section's `check()` says what a value outside
+    them is; `allowed` may name what a check resolves later (the data sets, the built-in encoders)."""
+    return dataclasses.field(default=default, metadata={CHOICES: tuple(allowed)})
+
+
+def allowed_values(f: dataclasses.Field) -> tuple[Any, ...] | None:
+    """The allowed values `choice` declared on the dataclass field `f`, or None (any of its type)."""
+    return f.metadata.get(CHOICES)
 
 
 def _suggest(word: str, choices: typing.Iterable[str]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from fedml_moon.config.buffered import buffered_checks
+from fedml_moon.config.derived import evaluation, own_data
 from fedml_moon.config.fields import _suggest, build_section
 from fedml_moon.config.schema import (
     FEDML_PASSTHROUGH,
@@ -21,7 +22,15 @@ from fedml_moon.config.schema import (
 from fedml_moon.privacy.options import privacy_checks
 from fedml_moon.registry import get_algorithm, load_plugin
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_overrides", "config_to_dict"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "config_to_dict",
+    "evaluation",
+    "load_config",
+    "own_data",
+    "parse_overrides",
+]
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -94,7 +103,8 @@ def _mode_checks(cfg: Config) -> None:
         f"{' or '.join(MODES[kind])} (simulation: sp = standalone, MPI = MPI simulation; cross_silo: MPI, "
         "GRPC or MQTT_S3)",
     )
-    for key in getattr(cfg.algorithm_args, "standalone_only", list)():  # the algorithm's options say
+    server = get_algorithm(cfg.train_args.algorithm).server
+    for key in server.standalone_only(cfg.algorithm_args):
         require(
             backend == "sp",
             key,
@@ -123,7 +133,7 @@ def _robust_checks(cfg: Config) -> None:
     if server.robust_aggregation == "none":
         return
     require(
-        getattr(get_algorithm(algorithm).server, "averages", True),
+        get_algorithm(algorithm).server.averages,
         "server_args.robust_aggregation",
         f"{algorithm} averages nothing (each party keeps its own model), so a robust rule does not apply; "
         "set none",
@@ -151,24 +161,6 @@ def _robust_checks(cfg: Config) -> None:
         f"Multi-Krum averages at most client_num_per_round - krum_byzantine = {n - f} uploads; got "
         f"{server.krum_select}",
     )
-
-
-def own_data(cfg: Config) -> bool:
-    """Whether each silo trains on its own data and the server holds none: cross-silo with a site's
-    own data (`data_args.dataset` imagefolder, table, hf or plugin) and `partition_method: natural`."""
-    data = cfg.data_args
-    return (
-        cfg.common_args.training_type == "cross_silo"
-        and data.site_format
-        and data.partition_method == "natural"
-    )
-
-
-def evaluation(cfg: Config) -> str:
-    """`validation_args.evaluation` resolved: auto is federated where the server holds no data
-    (`own_data`), else central."""
-    said = cfg.validation_args.evaluation
-    return said if said != "auto" else ("federated" if own_data(cfg) else "central")
 
 
 def _claims_checks(cfg: Config) -> None:
@@ -216,8 +208,8 @@ def _cross_checks(cfg: Config) -> None:
     _mode_checks(cfg)
     _robust_checks(cfg)
     server = get_algorithm(cfg.train_args.algorithm).server
-    privacy_checks(cfg, server, getattr(server, "summed", {}))
-    _stream_checks(cfg, getattr(server, "summed", {}))
+    privacy_checks(cfg, server, server.summed)
+    _stream_checks(cfg, server.summed)
     buffered_checks(cfg, server)
     data = cfg.data_args
     if data.data_cache_dir is not None and not data.download:

@@ -3,9 +3,10 @@ its default as YAML writes it, its allowed values and a one-line description.
 
 All of it is read from the code: the fields of the section dataclasses (`config_schema.SECTIONS`) and
 of each registered algorithm's options, and each field's description from the attribute docstring
-under it (PEP 257; read here with `ast`, by mkdocstrings with griffe). Allowed values are the
-constants the `check()` methods use (`CHOICES`). `fedml-moon config` prints `text()`; the
-documentation's config page is `markdown()`.
+under it (PEP 257; read here with `ast`, by mkdocstrings with griffe). Allowed values are those each
+field declares (`config.fields.choice`, the constants its section's `check()` uses), and for
+`train_args.algorithm` the registered names. `fedml-moon config` prints `text()`; the documentation's
+config page is `markdown()`.
 """
 
 from __future__ import annotations
@@ -24,63 +25,14 @@ from typing import Any
 import yaml
 
 from fedml_moon import registry
-from fedml_moon.algorithms.fedssc import PROTOTYPE_MODES, FedSSCOptions
-from fedml_moon.algorithms.lg import NEW_TEST_METHODS, WARMUP_STARTS, LGOptions
-from fedml_moon.algorithms.moon import LOSS_CHOICES, POOL_UPDATES, UNSEEN_CHOICES, MoonOptions
-from fedml_moon.algorithms.scaffold import C_UPDATE_CHOICES, CORRECTION_CHOICES, ScaffoldOptions
 from fedml_moon.config import schema
-from fedml_moon.core import buffering
-from fedml_moon.core.models import ENCODERS, OUTPUT_ACTIVATIONS
-from fedml_moon.core.robust import RULES
-from fedml_moon.core.split import PRESETS
-from fedml_moon.data.datasets import DATASETS
+from fedml_moon.config.fields import allowed_values
 from fedml_moon.errors import ConfigError
-from fedml_moon.privacy.options import ACCOUNTANTS, DP_BUFFERS, PrivacyArgs
 
 log = logging.getLogger(__name__)
 
 ALGORITHM_ARGS = "algorithm_args"
 REQUIRED = "(required)"
-
-# (the class that defines the field, its name) -> the values its check() accepts
-CHOICES: dict[tuple[type, str], Sequence[Any]] = {
-    (schema.CommonArgs, "training_type"): schema.TRAINING_TYPES,
-    (schema.DataArgs, "dataset"): (*DATASETS, *schema.SITE_FORMATS),
-    (schema.DataArgs, "partition_method"): schema.PARTITIONS,
-    (schema.DataArgs, "augmentation"): schema.AUGMENTATIONS,
-    (schema.ModelArgs, "model"): ENCODERS,
-    (schema.ModelArgs, "output_activation"): OUTPUT_ACTIVATIONS,
-    (schema.TrainArgs, "federated_optimizer"): schema.FEDERATED_OPTIMIZERS,
-    (schema.TrainArgs, "client_optimizer"): schema.CLIENT_OPTIMIZERS,
-    (schema.TrainArgs, "state_store"): schema.STATE_STORES,
-    (schema.TrainArgs, "on_bad_upload"): schema.BAD_UPLOAD_ACTIONS,
-    (schema.TrainArgs, "cuda_graphs"): schema.SWITCHES,
-    (schema.TrainArgs, "together"): schema.TOGETHER,
-    (schema.TrainArgs, "precision"): schema.PRECISIONS,
-    (schema.ValidationArgs, "headline"): schema.HEADLINES,
-    (schema.DeviceArgs, "using_gpu"): schema.SWITCHES,
-    (schema.CommArgs, "backend"): schema.BACKENDS,
-    (schema.CommArgs, "tls"): schema.TLS_MODES,
-    (schema.CommArgs, "auth"): schema.AUTH_MODES,
-    (schema.TrackingArgs, "wandb_mode"): schema.WANDB_MODES,
-    (schema.ServerArgs, "server_momentum_style"): schema.MOMENTUM_STYLES,
-    (schema.ServerArgs, "robust_aggregation"): RULES,
-    (schema.ServerArgs, "aggregation"): buffering.AGGREGATIONS,
-    (schema.ServerArgs, "staleness"): buffering.STALENESS,
-    (schema.ServerArgs, "buffer_weights"): buffering.BUFFER_WEIGHTS,
-    (schema.TrainArgs, "party_speed"): buffering.PARTY_SPEEDS,
-    (PrivacyArgs, "dp_accountant"): ACCOUNTANTS,
-    (PrivacyArgs, "dp_buffers"): DP_BUFFERS,
-    (MoonOptions, "unseen_party_prev"): UNSEEN_CHOICES,
-    (MoonOptions, "representation_loss"): LOSS_CHOICES,
-    (MoonOptions, "pool_update"): POOL_UPDATES,
-    (FedSSCOptions, "prototype_mode"): PROTOTYPE_MODES,
-    (ScaffoldOptions, "correction"): CORRECTION_CHOICES,
-    (ScaffoldOptions, "c_update"): C_UPDATE_CHOICES,
-    (LGOptions, "split_preset"): tuple(PRESETS),
-    (LGOptions, "new_test_method"): NEW_TEST_METHODS,
-    (LGOptions, "warmup_start"): WARMUP_STARTS,
-}
 
 INTROS = {
     "common_args": "The kind of run and its seed.",
@@ -174,9 +126,7 @@ def _class_keys(cls: type, section: str, algorithm: str | None, names: tuple[str
     out = []
     for f in dataclasses.fields(cls):
         owner = _owner(cls, f.name)
-        allowed = (
-            names if (owner, f.name) == (schema.TrainArgs, "algorithm") else CHOICES.get((owner, f.name))
-        )
+        allowed = names if (owner, f.name) == (schema.TrainArgs, "algorithm") else allowed_values(f)
         value = _default(f)
         default = REQUIRED if value is dataclasses.MISSING else yaml_text(value)
         doc = _docstrings(owner).get(f.name, "")
@@ -217,11 +167,10 @@ def _table(rows: list[KeyDoc]) -> list[str]:
     return [*out, ""]
 
 
-def slurm_markdown() -> str:
-    """The sweep file's `slurm:` section as a table, from `results.cluster.SlurmArgs`."""
-    from fedml_moon.results.cluster import SlurmArgs
-
-    return "\n".join(_table(_class_keys(SlurmArgs, "slurm", None, ())))
+def table_markdown(cls: type, section: str) -> str:
+    """The keys of a section outside the run's config as a table, from its dataclass `cls` (the sweep
+    file's `slurm:` section: `results.cluster.SlurmArgs`)."""
+    return "\n".join(_table(_class_keys(cls, section, None, ())))
 
 
 def markdown(plugins: bool = False) -> str:

@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.core.buffering import buffer_value_checks, speed_value_checks
+from fedml_moon.config.fields import choice
+from fedml_moon.core.buffering import (
+    AGGREGATIONS,
+    BUFFER_WEIGHTS,
+    PARTY_SPEEDS,
+    STALENESS,
+    buffer_value_checks,
+    speed_value_checks,
+)
+from fedml_moon.core.choices import BUILT_IN, OUTPUT_ACTIVATIONS, RULES
 from fedml_moon.errors import ConfigError, require  # noqa: F401  (ConfigError: imported from here too)
 from fedml_moon.privacy.options import PrivacyArgs
 
@@ -21,11 +30,11 @@ SCENARIOS = ("horizontal", "hierarchical")
 
 @dataclass
 class CommonArgs:
-    training_type: str = "simulation"
+    training_type: str = choice("simulation", TRAINING_TYPES)
     """simulation (standalone or MPI simulation) or cross_silo (one process per silo)"""
     random_seed: int = 0
     """the run's one seed: partition, sampling, local test splits, initial models, batch orders"""
-    scenario: str = "horizontal"
+    scenario: str = choice("horizontal", SCENARIOS)
     """horizontal (a silo is one process) or hierarchical (a silo is a group of processes, data-parallel)"""
     using_mlops: bool = False
     """FedML's cloud MLOps; must be false (FedML's cloud is never contacted)"""
@@ -49,11 +58,12 @@ class CommonArgs:
 AUGMENTATIONS = ("none", "cifar10", "cifar100", "crop-flip")  # data.augment implements them
 PARTITIONS = ("hetero", "homo", "shards", "natural", "file")
 SITE_FORMATS = ("imagefolder", "table", "hf", "plugin")  # a site's own data: data.site reads them
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "tiny-imagenet")  # data.datasets reads them
 
 
 @dataclass
 class DataArgs:
-    dataset: str = "fashion-mnist"
+    dataset: str = choice("fashion-mnist", (*DATASETS, *SITE_FORMATS))
     """a public data set (any case, _ for -), or a site's own: imagefolder, table, hf, plugin (how-to/data)"""
     data_cache_dir: str | None = None
     """the folder holding the data files, then their only source; null: Debian's package, else ./data"""
@@ -77,7 +87,7 @@ class DataArgs:
     """a site's data without a test split: the seeded share of each party's samples kept for testing"""
     download: bool = False
     """download missing data files into data_cache_dir (./data when it is null); needs network access"""
-    partition_method: str = "hetero"
+    partition_method: str = choice("hetero", PARTITIONS)
     """how samples are split: hetero (Dirichlet), homo (IID), shards, natural (the data's), file (a run's)"""
     partition_path: str | None = None
     """partition_method file: a partition.json a run wrote (each party's train and local-test indices)"""
@@ -95,7 +105,7 @@ class DataArgs:
     """per-channel means replacing the data set's normalisation (with normalize_std); null: the data set's"""
     normalize_std: list[float] | None = None
     """per-channel standard deviations (> 0) to go with normalize_mean; null: the data set's"""
-    augmentation: str | None = None
+    augmentation: str | None = choice(None, AUGMENTATIONS)
     """training augmentation in place of the data set's own (CIFAR's crop and flip); null: its own"""
 
     def check(self) -> None:
@@ -207,7 +217,7 @@ class DataArgs:
 
 @dataclass
 class ModelArgs:
-    model: str = "simple-cnn"
+    model: str = choice("simple-cnn", BUILT_IN)
     """the encoder: simple-cnn, lg-cnn, mlp, resnet50, torchvision:<name>, timm:<name> or module:function"""
     pretrained: str | None = None
     """starting weights: a local safetensors or state-dict file, its keys matched by name; null: none"""
@@ -215,11 +225,10 @@ class ModelArgs:
     """put the projection head Linear(d, d), ReLU, Linear(d, out_dim) before the classifier; false: z = h"""
     out_dim: int = 256
     """output size of the projection head (z of the contrastive losses); unused without the head; > 0"""
-    output_activation: str = "none"
+    output_activation: str = choice("none", OUTPUT_ACTIVATIONS)
     """applied to the classifier's output before the loss: none (plain logits), softmax or log-softmax"""
 
     def check(self) -> None:
-        from fedml_moon.core.models import OUTPUT_ACTIVATIONS
         from fedml_moon.core.networks import check_name
 
         try:
@@ -252,7 +261,7 @@ TOGETHER = ("auto", "stacked", "streams")
 class TrainArgs:
     algorithm: str = "moon"
     """the registered algorithm to run; its options are the keys of algorithm_args"""
-    federated_optimizer: str = "FedAvg"
+    federated_optimizer: str = choice("FedAvg", FEDERATED_OPTIMIZERS)
     """FedML's aggregation switch; keep FedAvg (the algorithm is train_args.algorithm)"""
     client_num_in_total: int = 10
     """N, the number of parties (data partitions); >= 1"""
@@ -264,7 +273,7 @@ class TrainArgs:
     """local epochs each sampled party trains per round; >= 1"""
     batch_size: int = 64
     """local training batch size; >= 1"""
-    client_optimizer: str = "sgd"
+    client_optimizer: str = choice("sgd", CLIENT_OPTIMIZERS)
     """the local optimiser, created anew at each local training (momentum does not carry over)"""
     learning_rate: float = 0.01
     """local SGD learning rate; > 0"""
@@ -274,25 +283,25 @@ class TrainArgs:
     """local SGD weight decay; >= 0"""
     drop_last: bool = True
     """drop each party's last incomplete batch (the MOON code); false keeps it (NIID-Bench)"""
-    state_store: str = "auto"
+    state_store: str = choice("auto", STATE_STORES)
     """per-party state between rounds: memory, disk (a file per party, read ahead) or auto (disk past 2 GB)"""
     checkpoint_every: int = 5
     """rounds between checkpoints, one more after the last round; 0: at the end only; >= 0"""
-    on_bad_upload: str = "skip"
+    on_bad_upload: str = choice("skip", BAD_UPLOAD_ACTIONS)
     """an upload with NaN, Inf or a wrong shape: skip (leave it out, naming the party) or stop the run"""
     parties_in_parallel: int | str = "auto"
     """parties trained together: an integer >= 1 (1: one after another) or auto (per device and network)"""
-    together: str = "auto"
+    together: str = choice("auto", TOGETHER)
     """how: stacked (one vmapped step), streams (each its own step and CUDA stream), auto (per model)"""
-    cuda_graphs: bool | str = "auto"
+    cuda_graphs: bool | str = choice("auto", SWITCHES)
     """replay each training step (one party's, or stacked parties') as a CUDA graph; auto: on with CUDA"""
     save_party_models: bool = False
     """write each party's latest upload to party_models/party_<id>.pt (for fedml-moon tsne --party)"""
-    precision: str = "fp32"
+    precision: str = choice("fp32", PRECISIONS)
     """arithmetic: fp32 (TF32 off), tf32 (CUDA), bf16 (autocast; not stacked), fp64 (all float64)"""
     stream_uploads: bool = False
     """sum the uploads a chunk of parties at a time instead of holding the round's (standalone only)"""
-    party_speed: str | None = None
+    party_speed: str | None = choice(None, PARTY_SPEEDS)
     """simulated seconds of a party's local round: constant, lognormal, halfnormal or file; null: no clock"""
     party_speed_sigma: float = 1.0
     """sigma of party_speed lognormal (exp(sigma z)) and halfnormal (sigma |z|), drawn per party; > 0"""
@@ -371,6 +380,7 @@ class TrainArgs:
 
 
 HEADLINES = ("pooled", "site_mean")
+EVALUATIONS = ("auto", "central", "federated")
 
 
 @dataclass
@@ -379,11 +389,11 @@ class ValidationArgs:
     """evaluate the global model in rounds where round % N == 0, and in the last round; >= 1"""
     local_test: bool = False
     """also test each party's model on its own test split (local_test_acc); always on if personalised"""
-    evaluation: str = "auto"
+    evaluation: str = choice("auto", EVALUATIONS)
     """auto (federated where the server holds no data, else central), central (on the server) or federated"""
     eval_parties: int = 100
     """parties testing their own models (local test) per evaluated round: all up to N, else N drawn; 0: all"""
-    headline: str = "pooled"
+    headline: str = choice("pooled", HEADLINES)
     """test_acc (and best-so-far): pooled (the union of test splits) or site_mean (each site weighs 1)"""
 
     def check(self) -> None:
@@ -399,7 +409,7 @@ class ValidationArgs:
             "how many parties test their own models in an evaluated round: >= 1, or 0 for every party",
         )
         require(
-            self.evaluation in ("auto", "central", "federated"),
+            self.evaluation in EVALUATIONS,
             "validation_args.evaluation",
             f"{self.evaluation!r} is not auto, central or federated",
         )
@@ -407,7 +417,7 @@ class ValidationArgs:
 
 @dataclass
 class DeviceArgs:
-    using_gpu: bool | str = "auto"
+    using_gpu: bool | str = choice("auto", SWITCHES)
     """auto: a CUDA device when one is visible; true: the same, warning when none is; false: the CPU"""
     gpu_id: int = 0
     """the CUDA device of a lone process (standalone, server, gRPC/MQTT silo); groups: rank on host; >= 0"""
@@ -455,7 +465,7 @@ AUTH_MODES = ("auto", "mtls", "token", "none")
 
 @dataclass
 class CommArgs:
-    backend: str = "sp"
+    backend: str = choice("sp", BACKENDS)
     """the transport: sp (the standalone loop), MPI, GRPC or MQTT_S3, as training_type allows"""
     timeout_s: float = 1800.0
     """seconds any process waits for the others before it stops (exit 1), naming whom it waited for; > 0"""
@@ -491,7 +501,7 @@ class CommArgs:
     """MQTT_S3: the store's region; null: us-east-1"""
     run_id: str = "fedml_moon"
     """names the run's MQTT topics, S3 keys and distributed output folder; letters, digits, - and _"""
-    tls: str | bool = "auto"
+    tls: str | bool = choice("auto", TLS_MODES)
     """auto (on unless the server or broker is on loopback), on or off (YAML's true and false too)"""
     tls_ca: str | None = None
     """the run's CA certificate (PEM) that the server's and the broker's certificates are verified against"""
@@ -499,7 +509,7 @@ class CommArgs:
     """this process's certificate (PEM): the gRPC server's, a silo's under mtls; optional for MQTT"""
     tls_key: str | None = None
     """the private key (PEM) of tls_cert"""
-    auth: str = "auto"
+    auth: str = choice("auto", AUTH_MODES)
     """gRPC silo authentication: mtls, token, none (loopback only), or auto (mtls with TLS, else token)"""
     token_path: str | None = None
     """the server's server-tokens.json (auth: token), or a silo's token file (also its MQTT password)"""
@@ -587,7 +597,7 @@ class TrackingArgs:
     """the W&B project"""
     wandb_entity: str | None = None
     """the W&B entity (user or team); null: the account's default"""
-    wandb_mode: str = "auto"
+    wandb_mode: str = choice("auto", WANDB_MODES)
     """auto: online when logged in, else offline; WANDB_MODE in the environment wins"""
     run_name: str | None = None
     """the W&B run's name; null: the output directory's name"""
@@ -624,17 +634,18 @@ class TrackingArgs:
 
 
 MOMENTUM_STYLES = ("moon", "fedavgm")
+PARTY_WEIGHTS = ("samples", "uniform")
 
 
 @dataclass
 class ServerArgs:
     server_momentum: float = 0.0
     """beta of server momentum (FedAvgM) on the trainable parameters, in [0, 1); 0: off"""
-    server_momentum_style: str = "moon"
+    server_momentum_style: str = choice("moon", MOMENTUM_STYLES)
     """moon: v = beta v + (1 - beta) (w_old - w_avg), the MOON code; fedavgm: v = beta v + (w_old - w_avg)"""
     server_lr: float = 1.0
     """the server's step size on the averaged update (SCAFFOLD's eta_g); 1: the average itself; > 0"""
-    robust_aggregation: str = "none"
+    robust_aggregation: str = choice("none", RULES)
     """the rule that combines uploads: none (the sample-weighted average) or a Byzantine-robust one"""
     trim_ratio: float = 0.1
     """beta of trimmed_mean: floor(beta n) values cut at each end (1 at least from 3 uploads), in [0, 0.5)"""
@@ -644,21 +655,21 @@ class ServerArgs:
     """m: 1 = Krum, m > 1 = Multi-Krum (average of the m best); at most client_num_per_round - f"""
     clip_norm: float | None = None
     """M of norm_clip, the largest norm of an update; null: the median of the round's update norms; > 0"""
-    party_weights: str = "samples"
+    party_weights: str = choice("samples", PARTY_WEIGHTS)
     """each party's weight in the average: samples (its sample count, as the papers) or uniform (1 each)"""
-    aggregation: str = "sync"
+    aggregation: str = choice("sync", AGGREGATIONS)
     """sync (a round waits for its sampled parties) or buffered (FedBuff: parties train at their own pace)"""
     buffer_size: int | None = None
     """buffered: K, the updates the server applies at once (one round); null: the concurrency; >= 1"""
     concurrency: int | None = None
     """buffered: the parties training at once; null: client_num_per_round; at most client_num_in_total"""
-    staleness: str = "sqrt"
+    staleness: str = choice("sqrt", STALENESS)
     """buffered: discount s(t) of an update t rounds stale: sqrt 1/sqrt(1+t), polynomial (1+t)^-a, constant"""
     staleness_exponent: float = 0.5
     """buffered, staleness polynomial: a of (1+t)^-a; >= 0"""
     max_staleness: int | None = None
     """buffered: an update more than this many rounds stale is refused (counted, logged); null: none; >= 0"""
-    buffer_weights: str = "uniform"
+    buffer_weights: str = choice("uniform", BUFFER_WEIGHTS)
     """buffered: uniform (the paper: the buffer's mean, 1/K) or samples (each update by its party's weight)"""
 
     def check(self) -> None:
@@ -672,7 +683,7 @@ class ServerArgs:
         )
         require(self.server_lr > 0, "server_args.server_lr", "must be > 0")
         require(
-            self.party_weights in ("samples", "uniform"),
+            self.party_weights in PARTY_WEIGHTS,
             "server_args.party_weights",
             f"{self.party_weights!r} is not samples or uniform",
         )
@@ -681,8 +692,6 @@ class ServerArgs:
 
     def check_robust(self) -> None:
         """The robust aggregation keys (`fedml_moon.core.robust`; docs: how-to/robust-aggregation.md)."""
-        from fedml_moon.core.robust import RULES
-
         require(
             self.robust_aggregation in RULES,
             "server_args.robust_aggregation",
@@ -733,8 +742,6 @@ FEDML_PASSTHROUGH: dict[str, frozenset[str]] = {
     "comm_args": frozenset({"mqtt_config_path", "s3_config_path"}),
     "tracking_args": frozenset({"log_file_dir"}),
 }
-
-SECRET_KEYS = frozenset({"wandb_key", "api_key", "mlops_api_key"})
 
 
 @dataclass

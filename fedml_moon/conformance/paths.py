@@ -54,7 +54,7 @@ def secure_vs_plain(config: str | Path, overrides: list[str], folder: Path, part
 
     common = [*overrides, f"train_args.client_num_per_round={parties}", "validation_args.local_test=false"]
     spec = get_algorithm(load_config(config, common).train_args.algorithm)
-    if not spec.server.summed or not getattr(spec.server, "averages", True):
+    if not spec.server.summed or not spec.server.averages:
         return Outcome(skipped=f"{spec.name} sums nothing (each party keeps its own model)")
     plain, plain_uploads = _one_round(config, common, folder / "plain")
     try:

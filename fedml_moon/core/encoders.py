@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-BUILT_IN = ("simple-cnn", "lg-cnn", "resnet50", "mlp")
+from fedml_moon.core.choices import BUILT_IN
 
 
 class SimpleCNNEncoder(nn.Module):

@@ -12,11 +12,10 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from fedml_moon.core.encoders import BUILT_IN
+from fedml_moon.core.choices import BUILT_IN, OUTPUT_ACTIVATIONS
 from fedml_moon.core.networks import make_encoder
 
 ENCODERS = BUILT_IN  # the encoders built in; networks.kind names the other forms
-OUTPUT_ACTIVATIONS = ("none", "softmax", "log-softmax")
 
 
 class ModelOutput(NamedTuple):

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from fedml_moon.core.aggregation import weighted_average
+from fedml_moon.core.choices import RULES
 
-RULES = ("none", "median", "trimmed_mean", "krum", "norm_clip")
 State = Mapping[str, torch.Tensor]
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedml_moon.config.schema import DATASETS
 from fedml_moon.data.formats import DataFileError, load_cifar, load_mnist_like, load_tiny_imagenet
 from fedml_moon.data.holdings import Holdings
 
 logger = logging.getLogger(__name__)
 
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "tiny-imagenet")
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 DEFAULT_DOWNLOAD_ROOT = "./data"
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"

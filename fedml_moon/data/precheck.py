@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedml_moon.config.load import Config, evaluation, own_data
+from fedml_moon.config.derived import evaluation, own_data
+from fedml_moon.config.schema import Config
 from fedml_moon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -114,17 +115,6 @@ def one_site(cfg: Config, root: Path) -> bool:
         train = tables.find_table(root, "train")
         return train is None or args.party_column not in tables.read_frame(train).columns
     return not silo._has_party_column(args, root)
-
-
-def config_for(cf: str, overrides: list[str], folder: str | None) -> Config:
-    """The run's config (`--set` applied), its `data_args.data_cache_dir` the folder to check."""
-    from fedml_moon.config.load import load_config
-
-    if folder is None:
-        return load_config(cf, overrides)
-    # the folder named is the one to check, whatever the config's own data_cache_dir (which may not
-    # exist here) says: given as the last --set, so the config is checked with it
-    return load_config(cf, [*overrides, f"data_args.data_cache_dir={Path(folder).expanduser()}"])
 
 
 def _survey(cfg: Config, root: Path) -> tuple[bool, Survey] | None:

@@ -49,6 +49,7 @@ class NewAlgoClient(ClientAlgorithm):
 
     name = "newalgo"
     terms = ("ce",)  # the named terms `loss` returns: the training metrics a party reports
+    # personalized = True: each party predicts with its own model (`personal_state` names its entries)
 
     def context(self, r: PartyRound) -> Context:
         """Before the first step. `r.received`: what the server sent (`NewAlgoServer.download`);
@@ -96,6 +97,8 @@ class NewAlgoServer(ServerAlgorithm):
     # each upload field but the party's id: "update" (the weighted mean change from what was sent)
     # or "sum" (summed as it is); a field not named here is a config error under privacy_args
     summed: ClassVar[dict[str, str]] = {"model": UPDATE}
+    # ServerAlgorithm declares the rest a server may set: averages = False (it averages nothing),
+    # not_buffered = "the reason", standalone_only(options) (settings the standalone run alone honours)
 
     def download(self, global_state: OrderedDict, party_id: int | None = None) -> Payload:
         """What the server sends a party: the global model (add what `context` reads)."""

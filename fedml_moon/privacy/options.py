@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fedml_moon.config.fields import choice
 from fedml_moon.core.buffering import buffer_shape
 from fedml_moon.errors import require
 
@@ -44,9 +45,9 @@ class PrivacyArgs:
     """delta of the reported (epsilon, delta); in (0, 1)"""
     dp_target_epsilon: float | None = None
     """stop before the round that would take epsilon past this; null: no limit; needs dp_clip_norm"""
-    dp_accountant: str = "rdp"
+    dp_accountant: str = choice("rdp", ACCOUNTANTS)
     """rdp (Renyi DP), or pld (privacy loss distributions: tighter; needs every party in every round)"""
-    dp_buffers: str = "refuse"
+    dp_buffers: str = choice("refuse", DP_BUFFERS)
     """float buffers (BatchNorm statistics) under DP: refuse, or average outside the noised sum"""
 
     @property
@@ -122,7 +123,7 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
         return
     key = "privacy_args.secure_aggregation" if p.secure_aggregation else "privacy_args.dp_clip_norm"
     require(
-        getattr(server_cls, "averages", True) and bool(summed),
+        server_cls.averages and bool(summed),
         key,
         f"{algorithm} sums nothing (each party keeps its own model): there is no sum to protect; turn it off",
     )
@@ -159,7 +160,7 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
         "train_args.save_party_models",
         "the server holds no party's model under secure aggregation; set false",
     )
-    for key in getattr(cfg.algorithm_args, "standalone_only", list)():
+    for key in server_cls.standalone_only(cfg.algorithm_args):
         require(False, key, "needs every party's own model, which secure aggregation hides; turn it off")
     mode = getattr(cfg.algorithm_args, "prototype_mode", "mean")
     require(

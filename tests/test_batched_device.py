@@ -21,7 +21,7 @@ from fedml_moon.data.datasets import DatasetTensors
 from fedml_moon.data.loader import build_fedml_dataset
 from fedml_moon.engine.batched import PartyJob, train_parties, train_party
 from fedml_moon.registry import get_algorithm
-from tests.helpers import CUDA_ONLY, cuda_only
+from tests.support.marks import CUDA_ONLY, cuda_only
 
 BUILT_IN = ("fedavg", "fedprox", "fedssc", "lg", "moon", "scaffold", "solo")
 CUDA = cuda_only
@@ -119,7 +119,7 @@ def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
     from fedml_moon.algorithms.moon import MoonClient, MoonOptions
     from fedml_moon.engine.batched import prepare, train_group
     from fedml_moon.engine.grouping import groups
-    from tests.helpers import train_args
+    from tests.support.tiny import train_args
 
     meta = torch.device("meta")
 
@@ -205,7 +205,7 @@ def _synchronising_calls(epochs: int, graphs: bool, together: str = "stacked") -
     import warnings
 
     from fedml_moon.algorithms.moon import MoonClient, MoonOptions
-    from tests.helpers import train_args
+    from tests.support.tiny import train_args
 
     device, data = torch.device("cuda"), _data("cifar10")
     parts = dirichlet_partition(data.y_train.numpy(), 4, 0.5, seed=0)

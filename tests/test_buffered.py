@@ -22,7 +22,7 @@ from fedml_moon.config.schema import ConfigError, ServerArgs
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount, party_durations, read_times
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.privacy.sums import Sums, contribution
-from tests.helpers import Stop, stop_after, train_args
+from tests.support.tiny import Stop, stop_after, train_args
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 SMALL = [

@@ -18,7 +18,7 @@ from fedml_moon import conformance
 from fedml_moon.conformance import recovery
 from fedml_moon.conformance.checks import run_differences
 from fedml_moon.conformance.inprocess import quiet_run
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 from tests.test_deploy_failures import _grpc, _start, pytestmark  # noqa: F401 (slow, data)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ from fedml_moon.distributed.deploy import placement, shared_config
 from fedml_moon.distributed.server.manager import PluginServerManager
 from fedml_moon.distributed.silo.manager import Built, Local, PluginClientManager
 from fedml_moon.engine.resume import flat_config
-from tests.site_data import MIXES, party_folders, site_sets
+from tests.support.site_data import MIXES, party_folders, site_sets
 from tests.test_honest_silos import SiloWire
 from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
 

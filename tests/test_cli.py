@@ -14,7 +14,7 @@ import pytest
 from fedml_moon.cli import build_parser
 from fedml_moon.cli.train import mpi_ranks
 from fedml_moon.config.load import ConfigError
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
 

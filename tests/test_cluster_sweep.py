@@ -1,5 +1,5 @@
 """A sweep through a job scheduler, on a real one: each test runs against a one-node Slurm cluster
-started on this machine (tests/slurm_cluster.py: munged + slurmctld + slurmd) and against
+started on this machine (tests/support/slurm_cluster.py: munged + slurmctld + slurmd) and against
 submitit's local executor (real job processes). Where Slurm cannot start, its tests are skipped
 naming why, and the local executor's run alone.
 
@@ -26,7 +26,7 @@ import pytest
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.results.jobs import _cmdline
-from tests import slurm_cluster
+from tests.support import slurm_cluster
 from tests.test_compat import _python
 from tests.test_sweep import SWEEP as GRID
 

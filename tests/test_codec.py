@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedml_moon.core.codec import CodecError, decode, encode
-from tests.helpers import tiny_factory
+from tests.support.tiny import tiny_factory
 
 
 def _equal(a, b) -> bool:

@@ -190,7 +190,7 @@ def test_a_run_never_contacts_fedmls_cloud(tmp_path: Path, monkeypatch: pytest.M
     runner, its trainer and aggregator, with every name lookup and connection of the process recorded
     (an audit hook: it cannot be removed, so it records only while `events` is a list): none."""
     from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-    from tests.helpers import restored_main
+    from tests.support.cli import restored_main
 
     if not DEBIAN_FASHION_MNIST.is_dir():
         pytest.skip("apt-get install dataset-fashion-mnist")

@@ -46,7 +46,7 @@ from fedml_moon.core.robust import RULES
 from fedml_moon.core.split import PRESETS
 from fedml_moon.data.datasets import DATASETS
 from fedml_moon.privacy.options import ACCOUNTANTS, DP_BUFFERS
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN = [s for s in registry.ALGORITHMS.values() if s.client.__module__.startswith("fedml_moon.")]

@@ -17,7 +17,7 @@ from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.deploy import shared_config, with_shared
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 from tests.test_server_waits import _from, _server
 
 pytestmark = pytest.mark.skipif(

@@ -1,6 +1,6 @@
 """The attacker's side of the buffered server (distributed/server/buffered.py), as a differential
 property: a silo with valid credentials sends, before each of its honest results, well-formed
-messages with hostile values (tests/hostile.py: another silo's party, a version it has no task of,
+messages with hostile values (tests/support/hostile.py: another silo's party, a version it has no task of,
 repeated, extreme, of the wrong phase, CHECKPOINTED for any round, HELLOs of new processes), and
 its honest result again after it. The run ends with bitwise the final model, the server algorithm's
 state and the records of the same run without those messages.
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedml_moon.distributed import managers as m
-from tests.hostile import Target, hostile_messages
+from tests.support.hostile import Target, hostile_messages
 from tests.test_hostile_rounds import TIMING, _same
 from tests.test_server_waits import CONFIG, _from, _server, pytestmark  # noqa: F401 (data)
 

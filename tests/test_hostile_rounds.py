@@ -1,5 +1,5 @@
 """The attacker's side, as a differential property: a silo with valid credentials sends, in every round,
-well-formed messages with hostile values (tests/hostile.py: extreme, negative, colliding with the
+well-formed messages with hostile values (tests/support/hostile.py: extreme, negative, colliding with the
 names the server writes, another silo's party, out of round, repeated, of the wrong phase), mixed at
 random among the honest silos' results. The run ends with bitwise the final model, the server
 algorithm's state and the records of the same run without those messages; each refusal names the
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedml_moon.distributed import managers as m
-from tests.hostile import Target, honest_item, hostile_messages
+from tests.support.hostile import Target, honest_item, hostile_messages
 from tests.test_round_once import _answer, _server
 from tests.test_server_waits import _from, pytestmark  # noqa: F401 (data)
 

@@ -1,5 +1,5 @@
 """A hostile silo in a real run, over gRPC (TLS, its own valid token) and over MQTT + S3: every round it
-sends well-formed messages with hostile values drawn from tests/hostile.py (another silo's party,
+sends well-formed messages with hostile values drawn from tests/support/hostile.py (another silo's party,
 wrong, negative and huge sample counts, metrics named like the server's fields, huge integers, a
 tampered model, several records, HELLOs from new processes, messages of another phase or round, types
 that are not strings) and the raw frames found on the wire (a 5,000-digit JSON integer, random bytes,

@@ -20,7 +20,7 @@ from fedml_moon.conformance.checks import Check, _kept_first, _no_excuse
 from fedml_moon.conformance.inprocess import Traced, quiet_run
 from fedml_moon.conformance.kept import KEPT, changed, fingerprint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

@@ -22,7 +22,7 @@ from fedml_moon import conformance
 from fedml_moon.conformance import party_states
 from fedml_moon.conformance.inprocess import quiet_run
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.site_data import CLASSES, party_folders
+from tests.support.site_data import CLASSES, party_folders
 
 pytestmark = [
     pytest.mark.slow,

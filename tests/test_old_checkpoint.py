@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 from tests.test_readme_commands import needs_fmnist
 
 ROOT = Path(__file__).resolve().parents[1]

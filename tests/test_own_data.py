@@ -27,7 +27,7 @@ from fedml_moon.conformance import recovery
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.security import make_certs
-from tests.site_data import CLASSES, MIXES, fashion, party_folders, site_sets, table_frame
+from tests.support.site_data import CLASSES, MIXES, fashion, party_folders, site_sets, table_frame
 
 pytestmark = [
     pytest.mark.slow,

@@ -46,8 +46,8 @@ from fedml_moon import conformance
 from fedml_moon.config.load import config_to_dict, load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.results.sweep import load_sweep
-from tests.helpers import restored_main
-from tests.site_data import party_folders
+from tests.support.cli import restored_main
+from tests.support.site_data import party_folders
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -823,7 +823,7 @@ def test_cluster_sweep_commands(tmp_path, home):
     then on a one-node Slurm cluster started here (partition `debug`), 4 of its runs complete already
     (copies of the local executor's), the other 2 submitted, its states shown, followed to the end;
     `--status` then says every run is complete."""
-    from tests import slurm_cluster
+    from tests.support import slurm_cluster
 
     env = {**_env(home), "PYTHONPATH": str(ROOT)}
     shards = ["--set", "train_args.client_num_in_total=5", "--set", "train_args.client_num_per_round=5"]
@@ -989,7 +989,7 @@ def test_grpc_tls_commands(tmp_path, home, capsys):
     free ports). Before the silos come, the operator's and a site's `fedml-moon status` of the port,
     and a real Prometheus started with the example configuration copied beside `certs/` (listening on
     a free loopback port), which scrapes the port over TLS as the operator."""
-    from tests import monitoring
+    from tests.support import monitoring
 
     started = time.monotonic()
     work = tmp_path / "work"

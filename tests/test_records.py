@@ -17,7 +17,7 @@ from fedml_moon.core.validate import SERVER_FIELDS, metrics_problem, terms_probl
 from fedml_moon.distributed import managers as m
 from fedml_moon.engine.batched import train_party
 from fedml_moon.registry import ALGORITHMS, AlgorithmSpec, register
-from tests.helpers import tiny_batches, tiny_factory, train_args
+from tests.support.tiny import tiny_batches, tiny_factory, train_args
 from tests.test_server_waits import _from, _item, _results, _server, pytestmark  # noqa: F401 (data)
 
 TIMING = ("round_time_s", "wire_bytes_sent", "wire_bytes_received")
@@ -163,7 +163,7 @@ def test_one_partys_local_layers_cannot_set_the_new_test_under_a_robust_rule():
     is that rule, so one report of huge (finite) layers leaves the figure finite and near the honest."""
     from fedml_moon.config.schema import ServerArgs, TrainArgs
     from fedml_moon.core.models import build_model
-    from tests.helpers import tiny_batches
+    from tests.support.tiny import tiny_batches
 
     model = build_model("mlp", (1, 4, 4), 3, True, 8, "none")
     honest = [{k: v + 0.01 * i for k, v in model.state_dict().items()} for i in range(4)]

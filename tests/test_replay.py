@@ -15,7 +15,7 @@ import torch
 from fedml_moon.adapters.run import build_base, build_runner, build_server
 from fedml_moon.config.load import config_from_dict
 from fedml_moon.engine.replay import ReplayDiverged, ReplaySimulation, arrivals
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 from tests.test_buffered import BUFFERED, _far, _run, needs_data, read_once  # noqa: F401 (fixture)
 
 STALE = [  # three parties, two buffers' worth training at once, K = 2: the slow ones come in stale

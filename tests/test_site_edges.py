@@ -17,8 +17,8 @@ from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data
-from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, site_args, table_frame, write_pngs
+from tests.support.cli import restored_main
+from tests.support.site_data import CLASSES, fashion, site_args, table_frame, write_pngs
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

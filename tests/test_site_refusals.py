@@ -16,8 +16,16 @@ from PIL import Image
 from fedml_moon.config.schema import ConfigError, DataArgs
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
-from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, party_folders, site_args, site_sets, write_pngs, write_table
+from tests.support.cli import restored_main
+from tests.support.site_data import (
+    CLASSES,
+    fashion,
+    party_folders,
+    site_args,
+    site_sets,
+    write_pngs,
+    write_table,
+)
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

@@ -18,7 +18,7 @@ import pytest
 
 from fedml_moon import conformance
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.site_data import party_folders, site_sets
+from tests.support.site_data import party_folders, site_sets
 from tests.test_deploy_failures import _start, _wait_for
 
 pytestmark = [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fedml_moon import conformance
 from fedml_moon.security import make_certs
-from tests import monitoring
+from tests.support import monitoring
 from tests.test_dead_silo import Port
 from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
 from tests.test_liveness import SLOW_STEPS

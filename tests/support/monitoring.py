@@ -18,8 +18,8 @@ from pathlib import Path
 import yaml
 
 from fedml_moon import conformance
+from tests.support import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 NEEDED = "apt-get install chromium prometheus (bash run/setup.sh --tests installs them)"
 
 

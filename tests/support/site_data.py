@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
-_WRITER = Path(__file__).resolve().parent.parent / "examples" / "site_data" / "write.py"
+from tests.support import ROOT
+
+_WRITER = ROOT / "examples" / "site_data" / "write.py"
 _spec = importlib.util.spec_from_file_location("fedml_moon_example_site_data", _WRITER)
 _writer = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
 if not hasattr(_writer, "CLASSES"):

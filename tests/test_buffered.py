@@ -383,7 +383,7 @@ def test_a_plugin_whose_sums_drop_a_field_is_refused_before_any_round(tmp_path):
     set-up, naming server_args.aggregation and the fields, as under privacy_args."""
     root = Path(__file__).resolve().parent
     sets = [
-        f"common_args.plugins=[{root / 'kit_plugins.py'}:unsummed]",
+        f"common_args.plugins=[{root / 'support' / 'kit_plugins.py'}:unsummed]",
         "train_args.algorithm=proto_unsummed",
         *TINY,
         *BUFFERED,

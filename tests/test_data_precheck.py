@@ -197,7 +197,7 @@ def _plugin_of_another_shape(root: Path):
     root.mkdir(parents=True)
     return (
         FOLDER,
-        ["data_args.dataset=plugin", "data_args.plugin=tests/site_plugin.py:wrong_shape"],
+        ["data_args.dataset=plugin", "data_args.plugin=tests/support/site_plugin.py:wrong_shape"],
         "(1, 32, 32)",
     )
 

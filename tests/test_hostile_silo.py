@@ -20,7 +20,7 @@ from fedml_moon import conformance
 from fedml_moon.security import make_certs
 from tests.test_deploy_failures import CONFIG, pytestmark  # noqa: F401 (slow, data)
 
-HOSTILE = Path(__file__).resolve().parent / "hostile_silo.py"
+HOSTILE = Path(__file__).resolve().parent / "support" / "hostile_silo.py"
 BASE = [
     *conformance.TINY,
     "train_args.client_num_in_total=3",

@@ -373,7 +373,7 @@ COMMANDS: dict[str, str] = {
         "benchmark"
     ),
     # 21 recorded runs, 4 minutes; their digests are bitwise for one machine and PyTorch build
-    ".venv/bin/python tests/recorded_runs.py --check tests/recorded_runs.json": "benchmark",
+    ".venv/bin/python tests/support/recorded_runs.py --check tests/support/recorded_runs.json": "benchmark",
     # every GPU check: run at quick scale on the CPU (its folder and stages given) by tests/test_gpu_check.py
     "bash benchmarks/gpu_check.sh outputs/gpu_check": "gpu-check",
     # the general form of the two run/mpirun.sh rows above (its flags: tests/test_cli.py)

@@ -23,11 +23,11 @@ def _summary(out: Path) -> dict:
 
 
 def _with_one_silo(tmp_path: Path, silos: int, script: str, rank: int, extra: list[str], timeout_s: float):
-    """A gRPC run of `silos` silos through the command line, silo `rank` run by tests/`script` (the
+    """A gRPC run of `silos` silos through the command line, silo `rank` run by tests/support/`script` (the
     plugin's own silo with one behaviour changed): (return codes by rank, the server's log, out)."""
     cmd, out = _grpc(tmp_path, silos, *extra)
     server, log = _start(cmd, 0, tmp_path)
-    own = [sys.executable, str(ROOT / "tests" / script), *cmd[3:]]
+    own = [sys.executable, str(ROOT / "tests" / "support" / script), *cmd[3:]]
     procs = [server] + [_start(own if r == rank else cmd, r, tmp_path)[0] for r in range(1, silos + 1)]
     try:
         codes = conformance.wait_all(procs, timeout_s)

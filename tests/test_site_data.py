@@ -88,11 +88,11 @@ FORMATS = {
     "CSV table": ("table", "csv", {}),
     "Parquet table": ("table", "parquet", {}),
     "saved Hugging Face dataset": ("hf", "hf", {}),
-    "plugin": ("plugin", None, {"data_args.plugin": "tests/site_plugin.py:load"}),
+    "plugin": ("plugin", None, {"data_args.plugin": "tests/support/site_plugin.py:load"}),
     "plugin, per party": (
         "plugin",
         None,
-        {"data_args.plugin": "tests/site_plugin.py:parties", "data_args.partition_method": "natural"},
+        {"data_args.plugin": "tests/support/site_plugin.py:parties", "data_args.partition_method": "natural"},
     ),
 }
 

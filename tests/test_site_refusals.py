@@ -207,13 +207,13 @@ def test_a_plugin_that_breaks_the_agreement_is_refused(monkeypatch):
     with pytest.raises(
         ConfigError, match=r"wrong_shape train\[0\] has shape \(1, 32, 32\), the run agrees on"
     ):
-        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:wrong_shape"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/support/site_plugin.py:wrong_shape"), 0)
     with pytest.raises(ConfigError, match="returned a dict; give \\(train, test\\)"):
-        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:parties"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/support/site_plugin.py:parties"), 0)
     with pytest.raises(
-        ConfigError, match="data_args.plugin: 'tests/site_plugin.py:nothing'.* has no 'nothing'"
+        ConfigError, match="data_args.plugin: 'tests/support/site_plugin.py:nothing'.* has no 'nothing'"
     ):
-        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:nothing"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/support/site_plugin.py:nothing"), 0)
 
 
 def test_a_silo_never_takes_its_data_folder_or_data_plugin_from_the_server():

@@ -1,6 +1,6 @@
 """A silo of a real run that holds valid credentials and attacks its server (tests/test_hostile_silo.py).
 
-    python tests/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|churn|honest
+    python tests/support/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|churn|honest
 
 Every round it answers TRAIN with its honest result (the model it was sent, back), preceded in
 `attack` mode by hostile messages drawn from tests/support/hostile.py (seeded by the round) and the raw frames
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fedml_moon.adapters.run import build_base, partition_claims  # noqa: E402
 from fedml_moon.config.load import load_config  # noqa: E402

@@ -1,7 +1,7 @@
 """A real silo that dies the moment the server asks it to unmask: after it sent its masked vector,
 before it reveals any share (tests/test_secure_modes.py). Otherwise the plugin's own silo.
 
-    python tests/dying_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
+    python tests/support/dying_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fedml_moon.cli import main  # noqa: E402
 from fedml_moon.distributed.silo.manager import PluginClientManager  # noqa: E402

@@ -138,7 +138,7 @@ def test_a_silo_dead_with_a_task_stalls_no_buffer(tmp_path):
     seed = "common_args.random_seed=1"  # its first draw gives the one slot to party 1
     cmd, out = _grpc(tmp_path, 2, *extra, "train_args.client_num_per_round=1", seed)
     server, log = _start(cmd, 0, tmp_path)
-    own = [sys.executable, str(ROOT / "tests" / "support" / "dying_trainer_silo.py"), *cmd[3:]]
+    own = [sys.executable, str(ROOT / "tests" / "support" / "dying_silo.py"), "train", *cmd[3:]]
     procs = [server] + [_start(own if r == 2 else cmd, r, tmp_path)[0] for r in (1, 2)]
     try:
         codes = conformance.wait_all(procs, 240)

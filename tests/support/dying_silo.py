@@ -1,7 +1,11 @@
-"""A real silo that dies the moment the server asks it to unmask: after it sent its masked vector,
-before it reveals any share (tests/test_secure_modes.py). Otherwise the plugin's own silo.
+"""A real silo that dies, as a killed process does (no BYE, no ERROR, no more heartbeats), at the
+moment its first argument names; otherwise the plugin's own silo:
 
-    python tests/support/dying_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
+- `unmask`: when the server asks it to unmask, after it sent its masked vector and before it reveals
+  any share (tests/test_secure_modes.py);
+- `train`: when its first TRAIN arrives, before training it (tests/test_buffered_modes.py).
+
+    python tests/support/dying_silo.py unmask|train run --cf CONFIG --set KEY=VALUE ... --rank R
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from fedml_moon.cli import main  # noqa: E402
 from fedml_moon.distributed.silo.manager import PluginClientManager  # noqa: E402
 
+HANDLERS = {"unmask": "on_sa_unmask", "train": "on_train"}
+"""The moment -> the silo manager's handler of the message it dies on."""
+
 
 def die(self, msg) -> None:
     """The process ends at once, as a killed one does (no BYE, no ERROR, no more heartbeats)."""
     os._exit(9)
 
 
-PluginClientManager.on_sa_unmask = die
-sys.exit(main())
+if __name__ == "__main__":
+    setattr(PluginClientManager, HANDLERS[sys.argv.pop(1)], die)
+    sys.exit(main())

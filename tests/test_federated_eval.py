@@ -19,8 +19,10 @@ from fedml_moon.data.silo import load_own
 from fedml_moon.data.site import load_site
 from fedml_moon.engine.federated_eval import headline_fields, totals
 from tests.support.cli import restored_main
+from tests.support.marks import needs_fmnist
 from tests.support.site_data import MIXES, party_folders, site_args, site_sets
-from tests.test_server_waits import pytestmark  # noqa: F401 (data)
+
+pytestmark = needs_fmnist
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [

@@ -18,7 +18,10 @@ import pytest
 
 from fedml_moon import conformance
 from fedml_moon.security import make_certs
-from tests.test_deploy_failures import CONFIG, pytestmark  # noqa: F401 (slow, data)
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.server import FEDAVG_CONFIG
+
+pytestmark = SLOW_WITH_DATA
 
 HOSTILE = Path(__file__).resolve().parent / "support" / "hostile_silo.py"
 BASE = [
@@ -53,10 +56,10 @@ def _run(
     The server and the honest silos exit 0; silo 3 with `attacker_code` (None: stopped when they end)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     out, settings = tmp_path / "out", [*BASE, *overrides]
-    cmd = conformance.cli_command("run", CONFIG, settings, out)
+    cmd = conformance.cli_command("run", FEDAVG_CONFIG, settings, out)
     base_env = conformance.process_env(tmp_path)
     procs, logs = [], [tmp_path / f"rank-{r}.log" for r in range(4)]
-    hostile = [sys.executable, str(HOSTILE), "--cf", str(CONFIG), "--rank", "3", "--mode", mode]
+    hostile = [sys.executable, str(HOSTILE), "--cf", str(FEDAVG_CONFIG), "--rank", "3", "--mode", mode]
     hostile += ["--out", str(tmp_path / "hostile")] + [x for s in settings for x in ("--set", s)]
     try:
         for rank in (0, 1, 2, 3):

@@ -30,8 +30,7 @@ from fedml_moon.config.load import load_config  # noqa: E402
 from fedml_moon.distributed import managers as m  # noqa: E402
 from fedml_moon.distributed.deploy import make_transport, shared_config, worker_count  # noqa: E402
 from fedml_moon.registry import get_algorithm  # noqa: E402
-from tests.support.hostile import Target, honest_item, hostile_messages  # noqa: E402
-from tests.test_codec import huge_int_frame  # noqa: E402
+from tests.support.hostile import Target, honest_item, hostile_messages, huge_int_frame  # noqa: E402
 
 log = logging.getLogger("hostile")
 

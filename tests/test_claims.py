@@ -27,7 +27,7 @@ from fedml_moon.distributed.silo.manager import Built, Local, PluginClientManage
 from fedml_moon.engine.resume import flat_config
 from tests.support.marks import needs_fmnist
 from tests.support.server import SiloWire, Wire, receive
-from tests.support.site_data import MIXES, party_folders, site_sets
+from tests.support.site_data import MIXES, site_sets
 
 pytestmark = needs_fmnist
 
@@ -42,11 +42,6 @@ RUN = [
     "device_args.torch_threads=1",
     "tracking_args.enable_wandb=false",
 ]
-
-
-@pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> Path:
-    return party_folders(tmp_path_factory.mktemp("sites"), per_party=40, n_test=20)
 
 
 def _claims(cfg, root: Path, out: Path) -> dict[int, dict]:

@@ -46,7 +46,6 @@ from fedml_moon.core.robust import RULES
 from fedml_moon.core.split import PRESETS
 from fedml_moon.data.datasets import DATASETS
 from fedml_moon.privacy.options import ACCOUNTANTS, DP_BUFFERS
-from tests.support.cli import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN = [s for s in registry.ALGORITHMS.values() if s.client.__module__.startswith("fedml_moon.")]
@@ -159,12 +158,6 @@ def _owner(k: ref.KeyDoc) -> type:
     if k.algorithm:
         return registry.ALGORITHMS[k.algorithm].options
     return next(f.default_factory for f in dataclasses.fields(Config) if f.name == k.section)
-
-
-@pytest.fixture
-def cli():
-    with restored_main() as main:
-        yield main
 
 
 def test_cli_prints_a_key_in_full_with_the_registered_algorithms(cli, capsys):

@@ -39,11 +39,6 @@ TINY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> Path:
-    return party_folders(tmp_path_factory.mktemp("sites"), per_party=40, n_test=20)
-
-
 def _run(config: str, sites: Path, out: Path, *extra: str) -> list[dict]:
     sets = [*TINY, f"data_args.data_cache_dir={sites}", *extra]
     with restored_main() as main:

@@ -47,11 +47,6 @@ MAIN = "bash run/main.sh"
 CHECK_MOON = ".venv/bin/fedml-moon check moon --cf config/fashion_mnist/moon.yaml --modes standalone"
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
 def test_the_interpreter_set_names_tests_that_exist():
     from tests import test_readme_commands
 

@@ -27,7 +27,14 @@ from fedml_moon.conformance import recovery
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.security import make_certs
-from tests.support.site_data import CLASSES, MIXES, fashion, party_folders, site_sets, table_frame
+from tests.support.site_data import (
+    CLASSES,
+    MIXES,
+    fashion,
+    site_folders,
+    site_sets,
+    table_frame,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -67,7 +74,8 @@ EVALUATED = (
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory) -> Path:
-    return party_folders(tmp_path_factory.mktemp("sites"), per_party=60, n_test=20)
+    """Each site's folder with 60 training images a party (tests/conftest.py's have 40)."""
+    return site_folders(tmp_path_factory, per_party=60)
 
 
 @pytest.fixture(scope="module")

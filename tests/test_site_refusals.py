@@ -20,10 +20,10 @@ from tests.support.cli import restored_main
 from tests.support.site_data import (
     CLASSES,
     fashion,
+    grey_folder,
     party_folders,
     site_args,
     site_sets,
-    write_pngs,
     write_table,
 )
 
@@ -34,22 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 MOON = ROOT / "config" / "fashion_mnist" / "moon.yaml"
 
 
-def _grey_site(root: Path) -> Path:
-    x, y, xt, yt = fashion(60, 20)
-    write_pngs(root / "train", x, y)
-    write_pngs(root / "test", xt, yt)
-    return root
-
-
 def _extra_class(root: Path) -> tuple[Path, str]:
-    folder = _grey_site(root)
+    folder = grey_folder(root, 60)
     (folder / "train" / "jacket").mkdir()
     Image.fromarray(fashion(1, 1)[0][0], mode="L").save(folder / "train" / "jacket" / "0.png")
     return folder, "train/jacket"
 
 
 def _rgb_file(root: Path) -> tuple[Path, str]:
-    folder = _grey_site(root)
+    folder = grey_folder(root, 60)
     Image.fromarray(np.zeros((28, 28, 3), dtype=np.uint8), mode="RGB").save(
         folder / "test" / "bag" / "rgb.png"
     )
@@ -57,7 +50,7 @@ def _rgb_file(root: Path) -> tuple[Path, str]:
 
 
 def _broken_file(root: Path) -> tuple[Path, str]:
-    folder = _grey_site(root)
+    folder = grey_folder(root, 60)
     (folder / "train" / "coat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n but then nothing")
     return folder, "train/coat/broken.png"
 

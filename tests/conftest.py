@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from fedml_moon import registry
+from tests.support import ROOT
 from tests.support.cli import restored_main
 
 
@@ -148,6 +149,16 @@ def cli() -> Iterator[Callable[[list[str]], int]]:
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One HOME for every process a test module starts (matplotlib builds its font cache once)."""
     return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture
+def root_cli(monkeypatch: pytest.MonkeyPatch, home: Path) -> Iterator[Callable[[list[str]], int]]:
+    """`fedml_moon.cli.main` from the repository root, HOME the module's; what main() sets
+    process-wide is put back."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HOME", str(home))
+    with restored_main() as main:
+        yield main
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from tests.support.cli import restored_main
-from tests.test_readme_commands import needs_fmnist
+from tests.support.marks import needs_fmnist
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITTEN_BEFORE = ROOT / "tests" / "data" / "run-before-numpy2"

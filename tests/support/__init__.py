@@ -1,5 +1,6 @@
 """What the test files share: builders, marks, wires, writers of data and the scripts and plugins a
-test starts or loads. A test file imports from here, never from another test file."""
+test starts or loads. A test file imports from here, never from another test file
+(tests/test_suite_layout.py checks it)."""
 
 from pathlib import Path
 

@@ -14,10 +14,10 @@ AT_THE_TOP = {"conftest.py", "__init__.py"}
 """The modules other than test files that may sit at the top of tests/."""
 
 
-def imported_test_files(source: str, package: tuple[str, ...]) -> set[str]:
-    """The test files (tests/test_*.py, by module name) that a module of `package` whose text is
-    `source` imports, anywhere in it: `import tests.test_x`, `from tests.test_x import ...`,
-    `from tests import test_x`, and the relative forms of the last two."""
+def imported_test_files(source: str, package: tuple[str, ...], suite: str = "tests") -> set[str]:
+    """The test files (`suite`/test_*.py, by module name) that a module of `package` whose text is
+    `source` imports, anywhere in it: the suite's test modules imported whole, imported from, or
+    taken from the suite's package, absolutely or relative to the module's own package."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -28,7 +28,7 @@ def imported_test_files(source: str, package: tuple[str, ...]) -> set[str]:
                 parent = package[: len(package) - node.level + 1]
                 base = ".".join([*parent, *([base] if base else [])])
             found |= {base} | {f"{base}.{a.name}" for a in node.names}
-    return {".".join(name.split(".")[:2]) for name in found if name.startswith("tests.test_")}
+    return {".".join(name.split(".")[:2]) for name in found if name.startswith(f"{suite}.test_")}
 
 
 def _package(path: Path) -> tuple[str, ...]:
@@ -55,21 +55,20 @@ def test_only_test_files_conftest_and_init_sit_at_the_top_of_tests():
 
 
 def test_the_check_names_each_form_of_importing_a_test_file():
-    """The check itself: every form of importing a test file is named, relative ones resolved against
-    the importer's package; support modules and a test file's name in a string are not."""
+    """The check itself, on the modules of a suite named `suite`: every form of importing one of its
+    test files is named, relative ones resolved against the importer's package; its support modules
+    and a test file's name in a string are not."""
     absolute = (
-        "import tests.test_a\n"
-        "from tests.test_b import helper\n"
-        "from tests import test_c, support\n"
+        "import suite.test_a\n"
+        "from suite.test_b import helper\n"
+        "from suite import test_c, support\n"
         "def later():\n"
-        "    from tests import test_d\n"
+        "    from suite import test_d\n"
     )
-    named = {"tests.test_a", "tests.test_b", "tests.test_c", "tests.test_d"}
-    assert imported_test_files(absolute, ("tests",)) == named
-    assert imported_test_files("from .test_e import x\nfrom . import test_f\n", ("tests",)) == {
-        "tests.test_e",
-        "tests.test_f",
-    }
-    assert imported_test_files("from ..test_g import y\n", ("tests", "support")) == {"tests.test_g"}
-    clean = 'from tests.support import server\nfrom . import conftest\nDOC = "from tests.test_h import x"\n'
-    assert imported_test_files(clean, ("tests",)) == set()
+    named = {"suite.test_a", "suite.test_b", "suite.test_c", "suite.test_d"}
+    assert imported_test_files(absolute, ("suite",), "suite") == named
+    relative = "from .test_e import x\nfrom . import test_f\n"
+    assert imported_test_files(relative, ("suite",), "suite") == {"suite.test_e", "suite.test_f"}
+    assert imported_test_files("from ..test_g import y\n", ("suite", "support"), "suite") == {"suite.test_g"}
+    clean = 'from suite.support import server\nfrom . import conftest\nDOC = "from suite.test_h import x"\n'
+    assert imported_test_files(clean, ("suite",), "suite") == set()

@@ -29,7 +29,7 @@ from fedml_moon.config.load import load_config
 from fedml_moon.conformance.inprocess import quiet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.site_data import CLASSES, fashion, write_pngs  # noqa: E402
+from tests.support.site_data import CLASSES, fashion, write_pngs  # noqa: E402
 
 log = logging.getLogger("networks")
 CONFIG = Path(__file__).resolve().parent.parent / "config" / "networks" / "resnet18.yaml"

@@ -59,7 +59,7 @@ import json, os, time
 os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:{threads}])) if {threads} else None
 from fedml_moon.config.schema import DataArgs
 from fedml_moon.data.site import load_site
-from tests.site_data import CLASSES
+from tests.support.site_data import CLASSES
 args = DataArgs(dataset="imagefolder", data_cache_dir={str(folder)!r}, classes=CLASSES,
                 image_size={image_size}, channels={channels})
 args.check()

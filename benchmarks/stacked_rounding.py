@@ -1,6 +1,6 @@
 """How far stacked and sequential parties drift apart from rounding alone, in float32 and float64.
 
-A correct algorithm with many kinks (tests/kit_plugins.py's `hinge`: the multi-class hinge loss on
+A correct algorithm with many kinks (tests/support/kit_plugins.py's `hinge`: the multi-class hinge loss on
 the logits plus a ReLU margin on the projection's norm) is trained twice on the conformance suite's
 tiny data (3 parties, all sampled; `--rounds` rounds of `--epochs` local epochs): its parties one after
 another (`parties_in_parallel: 1`) and all three stacked (`parties_in_parallel: 3`), in float32 and in
@@ -25,7 +25,7 @@ from fedml_moon.conformance.paths import _uploads_by_round
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
-PLUGIN = ROOT / "tests" / "kit_plugins.py"
+PLUGIN = ROOT / "tests" / "support" / "kit_plugins.py"
 log = logging.getLogger("stacked_rounding")
 
 

@@ -1,6 +1,7 @@
-"""Suite-wide scheduling: the slow, multi-process tests start first; and every test leaves the
+"""Suite-wide scheduling: the slow, multi-process tests start first; every test leaves the
 algorithm registry (and the Python path plugins extend) and the root logger's handlers as it found
-them.
+them; and the fixtures several test files take (the command line in-process, a module's HOME, its
+sites' folders).
 
 `bash run/test.sh` runs the suite on every core with pytest-xdist (`-n auto --dist load
 --maxschedchunk 2`): each worker is handed two tests at a time, in collection order, as it finishes
@@ -15,12 +16,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 from fedml_moon import registry
+from tests.support import ROOT
+from tests.support.cli import restored_main
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -129,3 +133,38 @@ def no_tf32():
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+# --- fixtures several test files take -------------------------------------------------------------
+
+
+@pytest.fixture
+def cli() -> Iterator[Callable[[list[str]], int]]:
+    """main(), with what it sets process-wide (root logger, SIGTERM handler) put back afterwards."""
+    with restored_main() as main:
+        yield main
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One HOME for every process a test module starts (matplotlib builds its font cache once)."""
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture
+def root_cli(monkeypatch: pytest.MonkeyPatch, home: Path) -> Iterator[Callable[[list[str]], int]]:
+    """`fedml_moon.cli.main` from the repository root, HOME the module's; what main() sets
+    process-wide is put back."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HOME", str(home))
+    with restored_main() as main:
+        yield main
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Per-party folders of a site's own images, 40 training and 20 test images a party, for a test
+    module's runs (tests/support/site_data.py)."""
+    from tests.support.site_data import site_folders  # it loads examples/site_data/write.py
+
+    return site_folders(tmp_path_factory)

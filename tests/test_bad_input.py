@@ -19,7 +19,7 @@ from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.config.load import ConfigError, load_config
 from fedml_moon.core.validate import BadUpload
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.test_formats import _write_mnist
+from tests.support.dataset_files import write_mnist
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_fmnist = pytest.mark.skipif(
@@ -111,7 +111,7 @@ except Exception as err:
 def test_a_data_folder_without_read_permission_is_named(tmp_path):
     """Through the real loader; as root, with the capabilities that bypass file permissions dropped."""
     folder = tmp_path / "data"
-    _write_mnist(folder, gz=True)
+    write_mnist(folder, gz=True)
     os.chmod(folder, 0o000)
     cmd = [sys.executable, "-c", LOAD, str(folder)]
     if os.geteuid() == 0:

@@ -23,7 +23,7 @@ from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.loader import FedMLDataset
 from fedml_moon.engine.batched import PartyJob, train_parties, train_party
 from fedml_moon.registry import ALGORITHMS, load_plugins
-from tests.helpers import train_args
+from tests.support.tiny import train_args
 
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

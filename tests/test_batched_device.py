@@ -7,110 +7,23 @@ also run on machines that have a GPU but no FedML."""
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 from fedml_moon.algorithms.base import PartyRound
-from fedml_moon.config.load import load_config
 from fedml_moon.core.models import build_model
-from fedml_moon.core.partition import dirichlet_partition
-from fedml_moon.data.datasets import DatasetTensors
-from fedml_moon.data.loader import build_fedml_dataset
-from fedml_moon.engine.batched import PartyJob, train_parties, train_party
-from fedml_moon.registry import get_algorithm
-from tests.helpers import CUDA_ONLY, cuda_only
-
-BUILT_IN = ("fedavg", "fedprox", "fedssc", "lg", "moon", "scaffold", "solo")
-CUDA = cuda_only
-PARTIES, SAMPLED = 5, (0, 1, 3, 4)
-
-
-def _data(augment: str = "none") -> DatasetTensors:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (700, 1, 28, 28), dtype=torch.uint8, generator=g)
-    y = torch.randint(0, 10, (700,), generator=g)
-    return DatasetTensors("fashion-mnist", x, y, x[:50], y[:50], 10, (0.28,), (0.35,), augment)
-
-
-def _round_trip(
-    algorithm: str,
-    device: torch.device,
-    parallel: bool,
-    graphs: bool = False,
-    augment: str = "none",
-    sets: tuple[str, ...] = ("train_args.cuda_graphs=false",),
-) -> tuple[dict, list[dict]]:
-    """Two rounds (parties 0, 1, 3, 4 sampled; partial last batches); the final global model and every
-    party's state. `graphs`: the batched steps of full batches go through the masked step; `sets`:
-    more overrides (by default the eager step, on CUDA too)."""
-    overrides = ["train_args.epochs=2", "train_args.batch_size=32", "train_args.learning_rate=0.05", *sets]
-    if graphs:
-        overrides += ["train_args.parties_in_parallel=4", "train_args.cuda_graphs=true"]
-    cfg = load_config(f"config/fashion_mnist/{algorithm}.yaml", overrides)
-    train, m, data = cfg.train_args, cfg.model_args, _data(augment)
-    parts = dirichlet_partition(data.y_train.numpy(), PARTIES, 0.5, seed=0)
-    loaders = build_fedml_dataset(
-        data, parts, None, 32, 0, False, device=device, resident=device.type == "cuda"
-    )
-    spec = get_algorithm(algorithm)
-
-    def factory() -> torch.nn.Module:
-        return build_model(m.model, (1, 28, 28), 10, m.use_projection_head, m.out_dim, m.output_activation)
-
-    torch.manual_seed(0)
-    model = factory().to(device)
-    client = spec.client(cfg.algorithm_args, train, factory, 0)
-    server = spec.server(cfg.algorithm_args, cfg.server_args, train, 0)
-    global_state = server.setup(copy.deepcopy(model.state_dict()))
-    states: list[dict] = [{} for _ in range(PARTIES)]
-    names = tuple(n for n, p in model.named_parameters() if p.requires_grad)
-    for round_idx in range(2):
-        rounds = [
-            PartyRound(server.download(global_state, p), states[p], round_idx, p, names) for p in SAMPLED
-        ]
-        data = [loaders.train_data_local_dict[p] for p in SAMPLED]
-        if parallel:
-            jobs = [PartyJob(r, d) for r, d in zip(rounds, data, strict=True)]
-            uploads = [u for _, u in train_parties(client, model, jobs, device)]
-        else:
-            uploads = [
-                train_party(client, model, r.received, r.state, d, device, round_idx, r.party)[1]
-                for r, d in zip(rounds, data, strict=True)
-            ]
-        weights = [float(len(parts[p])) for p in SAMPLED]
-        global_state = server.aggregate(global_state, list(zip(weights, uploads, strict=True)))
-    return global_state, states
-
-
-def _leaves(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return {prefix: tree}
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{prefix}/{key}").items()}
-    if isinstance(tree, list | tuple):
-        return {k: v for i, sub in enumerate(tree) for k, v in _leaves(sub, f"{prefix}/{i}").items()}
-    return {}
+from fedml_moon.engine.batched import PartyJob
+from tests.support.devices import BUILT_IN, CUDA, distances, round_trip, synchronising_calls
+from tests.support.marks import CUDA_ONLY
 
 
 def _check(algorithm: str, device: torch.device, graphs: bool = False, augment: str = "none") -> None:
-    seq = _round_trip(algorithm, device, parallel=False, augment=augment)
-    bat = _round_trip(algorithm, device, parallel=True, graphs=graphs, augment=augment)
-    for key, diff in _distances(seq, bat).items():
+    seq = round_trip(algorithm, device, parallel=False, augment=augment)
+    bat = round_trip(algorithm, device, parallel=True, graphs=graphs, augment=augment)
+    for key, diff in distances(seq, bat).items():
         assert diff <= 1e-4, (algorithm, key, diff)
-
-
-def _distances(a: tuple, b: tuple) -> dict[str, float]:
-    """Max absolute difference per floating-point leaf of two (model, states) results."""
-    one, two = _leaves({"model": a[0], "states": a[1]}), _leaves({"model": b[0], "states": b[1]})
-    assert one.keys() == two.keys()
-    return {
-        key: float((t.double().cpu() - two[key].double().cpu()).abs().max())
-        for key, t in one.items()
-        if t.is_floating_point()
-    }
 
 
 def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
@@ -119,7 +32,7 @@ def test_the_stacked_parties_train_on_the_device_of_their_batches() -> None:
     from fedml_moon.algorithms.moon import MoonClient, MoonOptions
     from fedml_moon.engine.batched import prepare, train_group
     from fedml_moon.engine.grouping import groups
-    from tests.helpers import train_args
+    from tests.support.tiny import train_args
 
     meta = torch.device("meta")
 
@@ -191,47 +104,13 @@ def test_with_tf32_batching_adds_no_error_beyond_tf32_rounding(device: str) -> N
     nothing and this is the 1e-4 check of the plumbing."""
     dev = torch.device(device)
     with _tf32(False):
-        exact = _round_trip("moon", dev, parallel=False)
+        exact = round_trip("moon", dev, parallel=False)
     with _tf32(True):
-        seq = _round_trip("moon", dev, parallel=False)
-        bat = _round_trip("moon", dev, parallel=True)
-    tf32_error = max(_distances(exact, seq).values())
-    batched_error = max(_distances(exact, bat).values())
+        seq = round_trip("moon", dev, parallel=False)
+        bat = round_trip("moon", dev, parallel=True)
+    tf32_error = max(distances(exact, seq).values())
+    batched_error = max(distances(exact, bat).values())
     assert batched_error <= 1e-4 + 2 * tf32_error, (batched_error, tf32_error)
-
-
-def _synchronising_calls(epochs: int, graphs: bool, together: str = "stacked") -> int:
-    """CUDA's synchronising calls (sync debug mode "warn") in one MOON round of 4 resident parties."""
-    import warnings
-
-    from fedml_moon.algorithms.moon import MoonClient, MoonOptions
-    from tests.helpers import train_args
-
-    device, data = torch.device("cuda"), _data("cifar10")
-    parts = dirichlet_partition(data.y_train.numpy(), 4, 0.5, seed=0)
-    loaders = build_fedml_dataset(data, parts, None, 32, 0, True, device=device, resident=True)
-
-    def factory() -> torch.nn.Module:
-        return build_model("simple-cnn", (1, 28, 28), 10, use_head=True, out_dim=16)
-
-    train = train_args(
-        epochs=epochs, batch_size=32, parties_in_parallel=4, cuda_graphs=graphs, together=together
-    )
-    algo = MoonClient(MoonOptions(mu=1.0), train, factory, 0)
-    start = {k: v.to(device) for k, v in factory().state_dict().items()}
-    names = tuple(n for n, p in factory().named_parameters() if p.requires_grad)
-    jobs = [
-        PartyJob(PartyRound({"model": start}, {}, 0, p, names), loaders.train_data_local_dict[p])
-        for p in range(4)
-    ]
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            train_parties(algo, factory().to(device), jobs, device)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 @CUDA
@@ -241,4 +120,4 @@ def test_the_step_loop_never_waits_for_the_gpu(graphs: bool) -> None:
     epoch's draw of its order may wait), and none per step: each party has about 5 steps an epoch,
     so a wait per step would add at least 10. What the host waits for otherwise comes once per round
     (contexts, grouping, the graph's capture, reading the loss sums), so the host runs ahead."""
-    assert _synchronising_calls(3, graphs) - _synchronising_calls(1, graphs) <= 2 * 4
+    assert synchronising_calls(3, graphs) - synchronising_calls(1, graphs) <= 2 * 4

@@ -5,7 +5,6 @@ the refusals, each naming its key."""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections import OrderedDict
@@ -14,29 +13,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import ServerAlgorithm
 from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError, ServerArgs
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount, party_durations, read_times
-from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.privacy.sums import Sums, contribution
-from tests.helpers import Stop, stop_after, train_args
-
-CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
-SMALL = [
-    "data_args.max_train_samples=150",
-    "data_args.max_test_samples=40",
-    "validation_args.local_test=false",
-]
-TINY = [*conformance.TINY, *SMALL, "train_args.comm_round=2"]
-BUFFERED = ["server_args.aggregation=buffered"]
-SECURE = ["privacy_args.secure_aggregation=true", "validation_args.local_test=false"]
-MPI = ["comm_args.backend=MPI", "validation_args.local_test=false"]  # the MPI simulation
-needs_data = pytest.mark.skipif(
-    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
+from tests.support.buffered_runs import (
+    BUFFERED,
+    CONFIGS,
+    SECURE,
+    TINY,
+    max_distance,
+    read_once,  # noqa: F401 (a fixture of this module)
+    run_standalone,
 )
+from tests.support.marks import needs_fmnist
+from tests.support.tiny import Stop, stop_after, train_args
+
+MPI = ["comm_args.backend=MPI", "validation_args.local_test=false"]  # the MPI simulation
 
 
 # --- the math, by hand ------------------------------------------------------------------------------
@@ -96,40 +91,7 @@ def test_party_speeds_are_seeded_and_a_bad_file_is_named(tmp_path):
 
 
 # --- whole runs (in-process, a few hundred images) -------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def read_once():
-    """Fashion-MNIST's gzipped files decompressed once for this module's runs (each gets copies)."""
-    from fedml_moon.data import datasets
-
-    read = functools.cache(datasets.load_mnist_like)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(datasets, "load_mnist_like", lambda *a: tuple(x.copy() for x in read(*a)))
-        yield
-
-
-def _run(tmp_path: Path, name: str, sets: list[str], monkeypatch, spy: list | None = None):
-    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
-    monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
-    run = assemble(load_config(CONFIGS / f"{name}.yaml", [*TINY, *sets]), tmp_path)
-    if spy is not None:  # every local round: (party, what it was sent, its upload), in training order
-        train_many = run.loop.runner.train_many
-
-        def spied(tasks, round_idx):
-            out = train_many(tasks, round_idx)
-            spy.extend((p, sent, upload) for (p, sent), (_, upload) in zip(tasks, out, strict=True))
-            return out
-
-        monkeypatch.setattr(run.loop.runner, "train_many", spied)
-    run.loop.run()
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    return torch.load(tmp_path / "final_model.pt", weights_only=True), records
-
-
-def _far(a: dict, b: dict) -> float:
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
-
-
-@needs_data
+@needs_fmnist
 def test_a_run_is_algorithm_1_update_by_update(tmp_path, monkeypatch):
     """Two parties both training, K = 2, party 0 taking 1 s and party 1 1.5 s. t=1: party 0 (A, from
     x0) into the buffer, party 0 again from x0 (C); t=1.5: party 1 (B) fills it: x1 = x0 + (dA + dB) / 2;
@@ -144,7 +106,7 @@ def test_a_run_is_algorithm_1_update_by_update(tmp_path, monkeypatch):
         f"train_args.party_speed_file={speeds}",
     ]
     spy: list = []
-    final, records = _run(tmp_path, "fedavg", sets, monkeypatch, spy)
+    final, records = run_standalone(tmp_path, "fedavg", sets, monkeypatch, spy)
     assert [p for p, _, _ in spy] == [0, 1, 0, 0, 1]  # A and B together, C, then E and D together
     (_, x0, a), (_, _, b), (_, _, c), (_, x1, e), _ = ((p, s["model"], u["model"]) for p, s, u in spy)
 
@@ -152,9 +114,9 @@ def test_a_run_is_algorithm_1_update_by_update(tmp_path, monkeypatch):
         return up[k].double() - base[k].double()
 
     want1 = {k: x0[k].double() + (delta(a, x0, k) + delta(b, x0, k)) / 2 for k in x0}
-    assert _far(want1, x1) <= 1e-6
+    assert max_distance(want1, x1) <= 1e-6
     want2 = {k: x1[k].double() + (delta(c, x0, k) / math.sqrt(2) + delta(e, x1, k)) / 2 for k in x1}
-    assert _far(want2, final) <= 1e-6
+    assert max_distance(want2, final) <= 1e-6
     assert [r["sim_time_s"] for r in records] == [1.5, 3.0]
     assert [(r["staleness_mean"], r["staleness_max"], r["refused_stale"]) for r in records] == [
         (0, 0, 0),
@@ -163,7 +125,7 @@ def test_a_run_is_algorithm_1_update_by_update(tmp_path, monkeypatch):
     assert [r["parties"] for r in records] == [2, 2]
 
 
-@needs_data
+@needs_fmnist
 def test_max_staleness_refuses_and_counts(tmp_path, monkeypatch):
     """K = 1: party 0 (1 s) applies rounds 0 and 1 alone; party 1 (2.5 s, from x0) arrives two rounds
     stale at t=2.5 and is refused under max_staleness 1, counted in round 2's record (t=3)."""
@@ -172,34 +134,34 @@ def test_max_staleness_refuses_and_counts(tmp_path, monkeypatch):
     sets = [*BUFFERED, "train_args.client_num_in_total=2", "train_args.client_num_per_round=2"]
     sets += ["train_args.comm_round=3", "server_args.buffer_size=1", "server_args.max_staleness=1"]
     sets += ["train_args.party_speed=file", f"train_args.party_speed_file={speeds}"]
-    _, records = _run(tmp_path / "limited", "fedavg", sets, monkeypatch)
+    _, records = run_standalone(tmp_path / "limited", "fedavg", sets, monkeypatch)
     assert [(r["sim_time_s"], r["staleness_max"], r["refused_stale"]) for r in records] == [
         (1.0, 0, 0),
         (2.0, 0, 0),
         (3.0, 0, 1),
     ]
-    _, records = _run(tmp_path / "unlimited", "fedavg", sets[:-3] + sets[-2:], monkeypatch)
+    _, records = run_standalone(tmp_path / "unlimited", "fedavg", sets[:-3] + sets[-2:], monkeypatch)
     assert [(r["sim_time_s"], r["staleness_max"]) for r in records] == [(1.0, 0), (2.0, 0), (2.5, 2)]
 
 
-@needs_data
+@needs_fmnist
 def test_every_party_at_once_with_no_staleness_is_the_synchronous_round(tmp_path, monkeypatch):
     """K = concurrency = the parties sampled = all of them, equal speeds: every slot frees at the same
     instant, the buffer is the round's uploads, every update fresh (s = 1), and the samples-weighted
     buffer is sum_i n_i Delta_i / sum_i n_i, FedAvg's step. The same model to float rounding, the
     same training loss; and the synchronous run with a clock waits 1 s a round."""
     sets = ["train_args.client_num_per_round=3", "train_args.party_speed=constant"]
-    sync, sync_records = _run(tmp_path / "sync", "fedavg", sets, monkeypatch)
-    buffered, records = _run(
+    sync, sync_records = run_standalone(tmp_path / "sync", "fedavg", sets, monkeypatch)
+    buffered, records = run_standalone(
         tmp_path / "buffered", "fedavg", [*sets, *BUFFERED, "server_args.buffer_weights=samples"], monkeypatch
     )
-    assert _far(sync, buffered) <= 1e-6
+    assert max_distance(sync, buffered) <= 1e-6
     assert [r["sim_time_s"] for r in sync_records] == [r["sim_time_s"] for r in records] == [1.0, 2.0]
     for a, b in zip(sync_records, records, strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9) and a["bytes_up"] == b["bytes_up"]
 
 
-@needs_data
+@needs_fmnist
 def test_the_same_seed_gives_the_same_model_bit_for_bit(tmp_path, monkeypatch):
     sets = [
         *BUFFERED,
@@ -207,11 +169,11 @@ def test_the_same_seed_gives_the_same_model_bit_for_bit(tmp_path, monkeypatch):
         "server_args.buffer_size=1",
         "train_args.comm_round=3",
     ]
-    first, a = _run(tmp_path / "a", "moon", sets, monkeypatch)
-    second, b = _run(tmp_path / "b", "moon", sets, monkeypatch)
+    first, a = run_standalone(tmp_path / "a", "moon", sets, monkeypatch)
+    second, b = run_standalone(tmp_path / "b", "moon", sets, monkeypatch)
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert [r["sim_time_s"] for r in a] == [r["sim_time_s"] for r in b]
-    other, c = _run(tmp_path / "c", "moon", [*sets, "common_args.random_seed=1"], monkeypatch)
+    other, c = run_standalone(tmp_path / "c", "moon", [*sets, "common_args.random_seed=1"], monkeypatch)
     assert [r["sim_time_s"] for r in c] != [r["sim_time_s"] for r in a]
 
 
@@ -223,12 +185,12 @@ BUFFERS = {  # each algorithm that buffers, beside fedavg and moon above
 }
 
 
-@needs_data
+@needs_fmnist
 @pytest.mark.parametrize("case", list(BUFFERS))
 def test_each_algorithm_runs_buffered_rounds(case, tmp_path, monkeypatch):
     name, extra = BUFFERS[case]
     sets = [*BUFFERED, *extra, "train_args.party_speed=halfnormal", "server_args.buffer_size=1"]
-    final, records = _run(tmp_path, name, sets, monkeypatch)
+    final, records = run_standalone(tmp_path, name, sets, monkeypatch)
     assert [r["round"] for r in records] == [0, 1] and all(r["parties"] == 1 for r in records)
     assert all(torch.isfinite(t.double()).all() for t in final.values())
     assert records[0]["sim_time_s"] <= records[1]["sim_time_s"]
@@ -312,7 +274,7 @@ def test_a_synchronous_run_is_the_default_and_a_distributed_buffered_resume_need
     assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
-@needs_data
+@needs_fmnist
 def test_unusable_updates_are_left_out_and_a_buffer_that_cannot_fill_stops_the_run(tmp_path, monkeypatch):
     """Party 1's uploads hold NaN: each is left out, named in the record's rejected_parties, and the
     buffers fill from party 0 and 2; when every upload is NaN no buffer can fill, and the run stops
@@ -346,7 +308,7 @@ def test_unusable_updates_are_left_out_and_a_buffer_that_cannot_fill_stops_the_r
         run.loop.run()
 
 
-@needs_data
+@needs_fmnist
 def test_a_resumed_synchronous_run_keeps_its_simulated_clock(tmp_path, monkeypatch):
     """A synchronous run with party_speed, stopped in round 2 and resumed from its round-1
     checkpoint, records the uninterrupted run's sim_time_s: the clock is replayed to where it stopped."""
@@ -358,7 +320,7 @@ def test_a_resumed_synchronous_run_keeps_its_simulated_clock(tmp_path, monkeypat
         "train_args.checkpoint_every=1",
         "train_args.party_speed=lognormal",
     ]
-    _, whole = _run(tmp_path / "whole", "fedavg", sets[len(TINY) :], monkeypatch)
+    _, whole = run_standalone(tmp_path / "whole", "fedavg", sets[len(TINY) :], monkeypatch)
     cfg = load_config(CONFIGS / "fedavg.yaml", sets)
     run = assemble(cfg, tmp_path / "stopped")
     honest = run.loop.runner.train_many
@@ -377,13 +339,13 @@ def test_a_resumed_synchronous_run_keeps_its_simulated_clock(tmp_path, monkeypat
     assert len(whole) == 3 and whole[0]["sim_time_s"] < whole[1]["sim_time_s"] < whole[2]["sim_time_s"]
 
 
-@needs_data
+@needs_fmnist
 def test_a_plugin_whose_sums_drop_a_field_is_refused_before_any_round(tmp_path):
     """A buffer holds sums only: a plugin whose `summed` leaves out upload fields is refused at
     set-up, naming server_args.aggregation and the fields, as under privacy_args."""
     root = Path(__file__).resolve().parent
     sets = [
-        f"common_args.plugins=[{root / 'kit_plugins.py'}:unsummed]",
+        f"common_args.plugins=[{root / 'support' / 'kit_plugins.py'}:unsummed]",
         "train_args.algorithm=proto_unsummed",
         *TINY,
         *BUFFERED,
@@ -396,7 +358,7 @@ def test_a_plugin_whose_sums_drop_a_field_is_refused_before_any_round(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-@needs_data
+@needs_fmnist
 @pytest.mark.parametrize(("speed", "stop_in"), [("lognormal", 3), ("constant", 1)])
 def test_a_buffered_run_stopped_and_resumed_is_the_same_run(speed, stop_in, tmp_path, monkeypatch):
     """MOON (each party's previous model in the store), 3 of 4 parties training at once, K = 2, a

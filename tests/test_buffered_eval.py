@@ -13,13 +13,16 @@ import time
 import pytest
 
 from fedml_moon.distributed import managers as m
-from tests.test_buffered_resume import EVALUATED, Silos
-from tests.test_server_waits import _from, _server, pytestmark  # noqa: F401 (data)
+from tests.support.buffered_silos import EVALUATED, Silos
+from tests.support.marks import needs_fmnist
+from tests.support.server import receive, server_manager
+
+pytestmark = needs_fmnist
 
 
 def _to_first_eval(tmp_path):
     """The run, its silos answering their TRAINs in turn, until the server is in an eval phase."""
-    manager, wire = _server(tmp_path, *EVALUATED)
+    manager, wire = server_manager(tmp_path, *EVALUATED)
     silos = Silos(manager, wire)
     while manager.state.round.phase != "eval":
         silos.collect()
@@ -65,7 +68,7 @@ def test_a_silo_restarted_in_an_evaluation_round_gets_its_tasks_then_its_eval_ag
     seen = len(wire.sent)
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
     hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [rank - 1]}
-    _from(manager, rank, m.HELLO, process="restarted", **hello)
+    receive(manager, rank, m.HELLO, process="restarted", **hello)
     again = [(q.get_type(), q.get("round")) for q in wire.sent[seen:] if q.get_receiver_id() == rank]
     trains = [v for kind, v in again if kind == m.TRAIN]
     assert set(trains) == outstanding and len(trains) == len(outstanding)
@@ -81,13 +84,13 @@ def test_a_silo_that_reported_and_says_bye_with_tasks_outstanding_is_gone(tmp_pa
     silos.queues[rank].remove(eval_msg)
     silos.answer(rank, eval_msg)
     assert manager.state.round.phase == "eval" and rank not in manager.state.round.pending
-    _from(manager, rank, m.BYE)
+    receive(manager, rank, m.BYE)
     assert manager.state.sites[rank].gone
     for other, queue in sorted(silos.queues.items()):
         for msg in [q for q in queue if q.get_type() == m.EVAL]:
             queue.remove(msg)
             silos.answer(other, msg)
-    _from(manager, 0, m.TICK)  # back in the buffered phase: its tasks dropped, its slots for others
+    receive(manager, 0, m.TICK)  # back in the buffered phase: its tasks dropped, its slots for others
     assert manager.state.round.phase == "buffered" and rank not in manager.state.buffer.tasks
     assert all(q.get_receiver_id() != rank for q in wire.sent[-3:] if q.get_type() == m.TRAIN)
 
@@ -102,9 +105,9 @@ def test_with_every_silo_gone_in_an_evaluation_round_one_back_takes_the_free_slo
             silos.answer(rank, queue.pop(0))
     assert not any(manager.state.buffer.tasks.values()) and manager.flow.core.arrived
     for rank in (1, 2, 3):
-        _from(manager, rank, m.BYE)
-    _from(manager, 0, m.TICK)
-    _from(manager, 0, m.TICK)
+        receive(manager, rank, m.BYE)
+    receive(manager, 0, m.TICK)
+    receive(manager, 0, m.TICK)
     assert (
         manager.state.round.phase == "buffered"
         and not manager.flow.core.inflight
@@ -112,8 +115,8 @@ def test_with_every_silo_gone_in_an_evaluation_round_one_back_takes_the_free_slo
     )
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
     hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [0]}
-    _from(manager, 1, m.HELLO, process="back", **hello)
+    receive(manager, 1, m.HELLO, process="back", **hello)
     seen = len(wire.sent)
-    _from(manager, 0, m.TICK)
+    receive(manager, 0, m.TICK)
     assert [q.get_receiver_id() for q in wire.sent[seen:] if q.get_type() == m.TRAIN] == [1]
     assert manager.state.round.phase == "buffered" and set(manager.flow.core.inflight) == {0}

@@ -18,8 +18,11 @@ from fedml_moon import conformance
 from fedml_moon.conformance import recovery
 from fedml_moon.conformance.checks import run_differences
 from fedml_moon.conformance.inprocess import quiet_run
-from tests.helpers import restored_main
-from tests.test_deploy_failures import _grpc, _start, pytestmark  # noqa: F401 (slow, data)
+from tests.support.cli import restored_main
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.processes import grpc_command, start_rank
+
+pytestmark = SLOW_WITH_DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "fashion_mnist" / "moon.yaml"
@@ -136,10 +139,10 @@ def test_a_silo_dead_with_a_task_stalls_no_buffer(tmp_path):
     party 0's update."""
     extra = [*BUFFERED, "server_args.buffer_size=1", "train_args.comm_round=3", "comm_args.heartbeat_s=1"]
     seed = "common_args.random_seed=1"  # its first draw gives the one slot to party 1
-    cmd, out = _grpc(tmp_path, 2, *extra, "train_args.client_num_per_round=1", seed)
-    server, log = _start(cmd, 0, tmp_path)
-    own = [sys.executable, str(ROOT / "tests" / "dying_trainer_silo.py"), *cmd[3:]]
-    procs = [server] + [_start(own if r == 2 else cmd, r, tmp_path)[0] for r in (1, 2)]
+    cmd, out = grpc_command(tmp_path, 2, *extra, "train_args.client_num_per_round=1", seed)
+    server, log = start_rank(cmd, 0, tmp_path)
+    own = [sys.executable, str(ROOT / "tests" / "support" / "dying_silo.py"), "train", *cmd[3:]]
+    procs = [server] + [start_rank(own if r == 2 else cmd, r, tmp_path)[0] for r in (1, 2)]
     try:
         codes = conformance.wait_all(procs, 240)
     finally:

@@ -17,7 +17,14 @@ from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
 
 from fedml_moon.privacy.accountant import ORDERS
 from fedml_moon.privacy.party import Plan, PrivacyError, party_vector
-from tests.test_buffered import BUFFERED, SECURE, _far, _run, needs_data, read_once  # noqa: F401
+from tests.support.buffered_runs import (
+    BUFFERED,
+    SECURE,
+    max_distance,
+    read_once,  # noqa: F401 (a fixture of this module)
+    run_standalone,
+)
+from tests.support.marks import needs_fmnist
 
 DP = ["privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=1.0", "privacy_args.dp_delta=1e-3"]
 
@@ -38,7 +45,7 @@ def test_a_party_clips_then_discounts_its_update_and_never_its_sums():
             Plan.from_dict({**plan.to_dict(), "discount": bad})
 
 
-@needs_data
+@needs_fmnist
 def test_a_secure_buffer_is_algorithm_1_with_one_update_per_party(tmp_path, monkeypatch):
     """Four parties training at once (1, 2, 3 and 4.5 s), K = 3, secure aggregation. t=1, 2: parties 0
     and 1 into the buffer, neither given work again while its update waits there; t=3: party 2 fills it,
@@ -54,7 +61,7 @@ def test_a_secure_buffer_is_algorithm_1_with_one_update_per_party(tmp_path, monk
         f"train_args.party_speed_file={speeds}",
     ]
     spy: list = []
-    final, records = _run(tmp_path, "fedavg", [*sets, "train_args.comm_round=2"], monkeypatch, spy)
+    final, records = run_standalone(tmp_path, "fedavg", [*sets, "train_args.comm_round=2"], monkeypatch, spy)
     assert [p for p, _, _ in spy] == [0, 1, 2, 3, 0, 1, 2]
     x0, x1 = spy[0][1]["model"], spy[4][1]["model"]
     up = {i: spy[i][2]["model"] for i in range(7)}
@@ -63,14 +70,14 @@ def test_a_secure_buffer_is_algorithm_1_with_one_update_per_party(tmp_path, monk
         return up[i][k].double() - base[k].double()
 
     want1 = {k: x0[k].double() + (d(0, x0, k) + d(1, x0, k) + d(2, x0, k)) / 3 for k in x0}
-    assert _far(want1, x1) <= 1e-4
+    assert max_distance(want1, x1) <= 1e-4
     want2 = {k: x1[k].double() + (d(4, x1, k) + d(3, x0, k) / math.sqrt(2) + d(5, x1, k)) / 3 for k in x1}
-    assert _far(want2, final) <= 1e-4
+    assert max_distance(want2, final) <= 1e-4
     assert [(r["sim_time_s"], r["staleness_max"]) for r in records] == [(3.0, 0), (5.0, 1)]
     assert "rejected_parties" not in records[0] or not records[0]["rejected_parties"]
 
 
-@needs_data
+@needs_fmnist
 def test_the_accountant_charges_each_buffer_to_its_parties_without_sampling(tmp_path, monkeypatch):
     """DP under secure aggregation, K = 3 of 6 parties, 5 training at once at lognormal speeds: every
     release in the ledger is 3 distinct parties at sigma; epsilon against the server is the RDP
@@ -78,7 +85,7 @@ def test_the_accountant_charges_each_buffer_to_its_parties_without_sampling(tmp_
     and the release's epsilon claims nothing more (no amplification by sampling)."""
     sets = [*BUFFERED, *SECURE, *DP, "train_args.client_num_in_total=6", "train_args.client_num_per_round=5"]
     sets += ["server_args.buffer_size=3", "train_args.party_speed=lognormal", "train_args.comm_round=4"]
-    _, records = _run(tmp_path, "fedavg", sets, monkeypatch)
+    _, records = run_standalone(tmp_path, "fedavg", sets, monkeypatch)
     ledger = [json.loads(line) for line in (tmp_path / "privacy_ledger.jsonl").read_text().splitlines()]
     assert len(ledger) == len(records) == 4
     assert all(len(set(r["parties"])) == 3 and r["sigma"] == 1.0 for r in ledger)
@@ -90,7 +97,7 @@ def test_the_accountant_charges_each_buffer_to_its_parties_without_sampling(tmp_
     assert summary["dp_epsilon_release"] == summary["dp_epsilon_server"]
 
 
-@needs_data
+@needs_fmnist
 def test_a_buffer_that_would_pass_the_target_epsilon_is_never_released(tmp_path, monkeypatch, caplog):
     """With dp_target_epsilon between the epsilon of 1 and of 2 releases of one party, every party in
     every buffer (K = 3 of 3): the first buffer is applied, the second is not, and the run stops."""
@@ -99,7 +106,9 @@ def test_a_buffer_that_would_pass_the_target_epsilon_is_never_released(tmp_path,
     one.compose(dp_event.GaussianDpEvent(1.0 / 2), 1)
     two.compose(dp_event.GaussianDpEvent(1.0 / 2), 2)
     target = (one.get_epsilon(1e-3) + two.get_epsilon(1e-3)) / 2
-    _, records = _run(tmp_path, "fedavg", [*sets, f"privacy_args.dp_target_epsilon={target}"], monkeypatch)
+    _, records = run_standalone(
+        tmp_path, "fedavg", [*sets, f"privacy_args.dp_target_epsilon={target}"], monkeypatch
+    )
     ledger = (tmp_path / "privacy_ledger.jsonl").read_text().splitlines()
     assert len(records) == len(ledger) == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -114,7 +123,7 @@ ALGORITHMS = {  # those whose sums hold more than the model, or weigh parties th
 }
 
 
-@needs_data
+@needs_fmnist
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_a_secure_buffered_run_is_the_plain_buffered_run(name, tmp_path, monkeypatch):
     """K = concurrency = 3 of 4 parties at equal speeds: each buffer is the 3 parties given work
@@ -127,7 +136,7 @@ def test_a_secure_buffered_run_is_the_plain_buffered_run(name, tmp_path, monkeyp
         "train_args.client_num_per_round=3",
     ]
     sets += ["train_args.party_speed=constant", "validation_args.local_test=false", "train_args.comm_round=2"]
-    plain, a = _run(tmp_path / "plain", name, sets, monkeypatch)
-    secure, b = _run(tmp_path / "secure", name, [*sets, *SECURE], monkeypatch)
-    assert _far(plain, secure) <= 1e-4
+    plain, a = run_standalone(tmp_path / "plain", name, sets, monkeypatch)
+    secure, b = run_standalone(tmp_path / "secure", name, [*sets, *SECURE], monkeypatch)
+    assert max_distance(plain, secure) <= 1e-4
     assert [r["sim_time_s"] for r in a] == [r["sim_time_s"] for r in b] == [1.0, 2.0]

@@ -25,87 +25,17 @@ from fedml_moon.core.checkpoint import read_checkpoint
 from fedml_moon.core.validate import spec_shapes
 from fedml_moon.distributed import managers as m
 from fedml_moon.engine.resume import checkpoint_root
-from tests.test_hostile_rounds import TIMING, _same
-from tests.test_server_waits import CONFIG, _from, _server, pytestmark  # noqa: F401 (data)
+from tests.support.buffered_silos import BUFFERED_FEDAVGM, CLOCK, EVALUATED, Silos, finish, outcome
+from tests.support.marks import needs_fmnist
+from tests.support.server import TIMING, receive, same_tree, server_manager
 
-SETTINGS = [
-    "server_args.aggregation=buffered",
-    "server_args.buffer_size=2",
-    "train_args.comm_round=6",
-    "train_args.checkpoint_every=1",
-    "server_args.server_momentum=0.9",
-    "server_args.server_momentum_style=fedavgm",
-]
-EVALUATED = [*SETTINGS, "validation_args.local_test=true", "validation_args.frequency_of_the_test=2"]
-
-
-class Silos:
-    """The three silos: each answers the server's messages to it in the order they were sent."""
-
-    def __init__(self, manager, wire) -> None:
-        self.manager, self.wire, self.seen, self.last = manager, wire, 0, 0
-        self.queues: dict[int, list] = {1: [], 2: [], 3: []}
-
-    def collect(self) -> None:
-        for msg in self.wire.sent[self.seen :]:
-            if msg.get_type() in (m.TRAIN, m.CHECKPOINT, m.EVAL):
-                self.queues[msg.get_receiver_id()].append(msg)
-        self.seen = len(self.wire.sent)
-
-    def step(self) -> bool:
-        """The next rank with a message, in turn, answers its oldest one; False when none has one."""
-        self.collect()
-        ranks = sorted(self.queues)
-        turn = ranks[self.last % len(ranks) :] + ranks[: self.last % len(ranks)]
-        rank = next((r for r in turn if self.queues[r]), None)
-        if rank is None:
-            return False
-        self.last = rank
-        self.answer(rank, self.queues[rank].pop(0))
-        return True
-
-    def answer(self, rank: int, msg, to=None) -> None:
-        to = to or self.manager
-        if msg.get_type() == m.CHECKPOINT:
-            _from(to, rank, m.CHECKPOINTED, round=msg.get("round"))
-            return
-        if msg.get_type() == m.EVAL:
-            acc = 0.1 * rank + 0.01 * msg.get("round")
-            _from(
-                to,
-                rank,
-                m.REPORT,
-                round=msg.get("round"),
-                reports=[{"party_id": rank - 1, "local_test_acc": acc}],
-            )
-            return
-        items = []
-        for task in msg.get("tasks"):
-            party, model = task["party"], task["payload"]["model"]
-            moved = {k: v + 0.01 * rank if v.is_floating_point() else v for k, v in model.items()}
-            upload = {"model": moved, "party_id": party, "metrics": {"ce": 0.1 * rank, "loss": 0.1 * rank}}
-            items.append({"party": party, "n": to.rounds.samples[party], "upload": upload})
-        _from(to, rank, m.RESULT, round=msg.get("round"), results=items)
-
-
-def _outcome(manager) -> tuple:
-    assert manager.status == "completed", manager.status
-    records = [{k: v for k, v in r.items() if k not in TIMING} for r in manager.rounds.recorder.records]
-    return dict(manager.rounds.aggregator.global_state), records, manager.rounds.aggregator.algorithm.state()
-
-
-def _finish(manager, silos: Silos) -> tuple:
-    while manager.state.round.phase != "finish" and silos.step():
-        pass
-    for rank in sorted(manager.state.round.pending):
-        _from(manager, rank, m.BYE)
-    return _outcome(manager)
+pytestmark = needs_fmnist
 
 
 def _in_order(tmp_path, updates: list[tuple[int, int]], settings: list[str]) -> tuple:
     """A run never interrupted whose silos answer the tasks in the order `updates` names them
     ([party, start version]; a silo holds one party here), CHECKPOINTs and EVALs at once."""
-    manager, wire = _server(tmp_path, *settings)
+    manager, wire = server_manager(tmp_path, *settings)
     silos = Silos(manager, wire)
     for party, version in updates:
         silos.collect()
@@ -120,14 +50,14 @@ def _in_order(tmp_path, updates: list[tuple[int, int]], settings: list[str]) -> 
         silos.queues[rank].remove(task)
         silos.answer(rank, task)
     for rank in sorted(manager.state.round.pending):
-        _from(manager, rank, m.BYE)
-    return _outcome(manager)
+        receive(manager, rank, m.BYE)
+    return outcome(manager)
 
 
 def _past_first_checkpoint(folder, settings: list[str], after: int) -> tuple:
     """A run whose silos answered until its first checkpoint was written, then `after` answers more:
     its manager, wire and silos (the server is "killed" by being dropped)."""
-    manager, wire = _server(folder, *settings)
+    manager, wire = server_manager(folder, *settings)
     silos = Silos(manager, wire)
     while manager.state.round.last_checkpoint is None:
         assert silos.step()
@@ -142,17 +72,19 @@ def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_an
     for (another round) changes nothing; a silo restarted meanwhile gets its tasks and the CHECKPOINT
     again. The checkpoint is written once the last answers, and holds, as arrived, the updates the
     silos sent before their CHECKPOINTED."""
-    manager, wire = _server(tmp_path, *SETTINGS)
+    manager, wire = server_manager(tmp_path, *BUFFERED_FEDAVGM)
     silos = Silos(manager, wire)
     while not any(t.get_type() == m.CHECKPOINT for t in wire.sent):
         assert silos.step()
     silos.collect()
     assert sorted(r for r, q in silos.queues.items() if q and q[-1].get_type() == m.CHECKPOINT) == [1, 2, 3]
-    _from(manager, 1, m.CHECKPOINTED, round=5)
+    receive(manager, 1, m.CHECKPOINTED, round=5)
     assert manager.state.buffer.cut is not None and manager.state.buffer.cut.awaiting == {1, 2, 3}
     hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [1]}
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
-    _from(manager, 2, m.HELLO, process="restarted", **hello)  # rank 2 restarts: asked again, after its tasks
+    receive(
+        manager, 2, m.HELLO, process="restarted", **hello
+    )  # rank 2 restarts: asked again, after its tasks
     again = [t.get_type() for t in wire.sent[silos.seen :] if t.get_receiver_id() == 2]
     assert again[-1] == m.CHECKPOINT and m.TRAIN in again
     silos.queues[2].clear()  # what the old process had not answered is lost with it
@@ -162,7 +94,7 @@ def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_an
     assert (root / "LATEST").read_text().strip() == "0"
     held = read_checkpoint(root, 0, ("server",))["server"]["buffered"]["arrived"]
     assert sum(len(batch) for batch in held) >= 1
-    assert len(_finish(manager, silos)[1]) == 6
+    assert len(finish(manager, silos)[1]) == 6
 
 
 KILLS = [("plain", after) for after in (0, 1, 2, 3, 5, 8)] + [("evaluated", after) for after in (0, 3, 7)]
@@ -177,7 +109,7 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, runs, 
     interrupted whose silos answer in the order its records name (so it takes no task twice). With
     evaluation rounds the order of the reports shapes the run as well (the updates held meanwhile):
     there, every update taken after the checkpoint was held in it or had a task of its own."""
-    settings = EVALUATED if runs == "evaluated" else SETTINGS
+    settings = EVALUATED if runs == "evaluated" else BUFFERED_FEDAVGM
     first, _, silos = _past_first_checkpoint(tmp_path / "run", settings, after)
     kept = [dict(r) for r in first.rounds.recorder.records[: first.state.round.last_checkpoint + 1]]
     held = read_checkpoint(checkpoint_root(tmp_path / "run"), first.state.round.last_checkpoint, ("server",))[
@@ -185,13 +117,13 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, runs, 
     ]
     silos.collect()
     queued = [(r, msg) for r, q in silos.queues.items() for msg in q if msg.get_type() == m.TRAIN]
-    again, wire_again = _server(tmp_path / "run", *settings, resume=True)
+    again, wire_again = server_manager(tmp_path / "run", *settings, resume=True)
     assert (
         again.settings.start == first.state.round.last_checkpoint + 1
     )  # its held updates may have filled a buffer since
     for rank, msg in queued:
         Silos(again, wire_again).answer(rank, msg)
-    got = _finish(again, Silos(again, wire_again))
+    got = finish(again, Silos(again, wire_again))
     strip = [{k: v for k, v in r.items() if k not in TIMING} for r in kept]
     assert got[1][: len(kept)] == strip
     taken = [(p, v) for r in got[1] for p, v in r["updates"]]  # (a fast party may take two of a version)
@@ -213,15 +145,7 @@ def test_a_server_killed_and_resumed_is_a_run_never_interrupted(tmp_path, runs, 
         assert all("local_test_acc" in r for r in got[1] if r["round"] % 2 == 0 or r["round"] == 5)
         return
     want = _in_order(tmp_path / "in-order", taken, settings)  # an update taken twice would have no task there
-    assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])
-
-
-CLOCK = [
-    *SETTINGS,
-    "common_args.training_type=simulation",
-    "comm_args.backend=MPI",
-    "train_args.party_speed=lognormal",
-]
+    assert same_tree(got[0], want[0]) and got[1] == want[1] and same_tree(got[2], want[2])
 
 
 @pytest.mark.parametrize(("runs", "after"), [("plain", 0), ("plain", 2), ("plain", 5), ("evaluated", 4)])
@@ -230,14 +154,14 @@ def test_on_the_clock_a_server_killed_and_resumed_is_the_run_never_interrupted(t
     answer in): killed `after` answers past its first checkpoint and resumed, it ends bit for bit
     with the run never interrupted: model, records (simulated seconds and the parties' tests
     included) and server state."""
-    clock = CLOCK + EVALUATED[len(SETTINGS) :] if runs == "evaluated" else CLOCK
-    ref, ref_wire = _server(tmp_path / "reference", *clock)
-    want = _finish(ref, Silos(ref, ref_wire))
+    clock = CLOCK + EVALUATED[len(BUFFERED_FEDAVGM) :] if runs == "evaluated" else CLOCK
+    ref, ref_wire = server_manager(tmp_path / "reference", *clock)
+    want = finish(ref, Silos(ref, ref_wire))
     _past_first_checkpoint(tmp_path / "run", clock, after)
-    again, wire_again = _server(tmp_path / "run", *clock, resume=True)
-    got = _finish(again, Silos(again, wire_again))
+    again, wire_again = server_manager(tmp_path / "run", *clock, resume=True)
+    got = finish(again, Silos(again, wire_again))
     assert any(r["staleness_max"] > 0 for r in want[1])
-    assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])
+    assert same_tree(got[0], want[0]) and got[1] == want[1] and same_tree(got[2], want[2])
 
 
 @pytest.mark.parametrize("after", [1, 4])
@@ -249,15 +173,15 @@ def test_under_dp_a_server_killed_and_resumed_keeps_its_buffers_and_charges_ever
     killed server released after the checkpoint as well as their releases computed anew: beyond the
     checkpoint its epsilon is the uninterrupted run's if none was, and above it otherwise."""
     dp = [*CLOCK, "privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=1.0"]
-    ref, ref_wire = _server(tmp_path / "reference", *dp)
-    want = _finish(ref, Silos(ref, ref_wire))[1]
+    ref, ref_wire = server_manager(tmp_path / "reference", *dp)
+    want = finish(ref, Silos(ref, ref_wire))[1]
     first, _, _ = _past_first_checkpoint(tmp_path / "run", dp, after)
     kept, released_after = (
         first.state.round.last_checkpoint + 1,
         len(first.rounds.recorder.records) - first.state.round.last_checkpoint - 1,
     )
-    again, wire_again = _server(tmp_path / "run", *dp, resume=True)
-    got = _finish(again, Silos(again, wire_again))[1]
+    again, wire_again = server_manager(tmp_path / "run", *dp, resume=True)
+    got = finish(again, Silos(again, wire_again))[1]
     assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
     eps = [(g["dp_epsilon_release"], w["dp_epsilon_release"]) for g, w in zip(got, want, strict=True)]
     assert all(g == w for g, w in eps[:kept]) and len(got) == 6 and 0 < eps[0][1] < eps[-1][1]
@@ -269,7 +193,7 @@ def test_a_checkpoint_holds_only_the_tasks_in_flight_at_the_cut(tmp_path, seed):
     """A fast party gets a second task of the same version after the cut; its silo answers both
     before its CHECKPOINTED (a silo restarted with its tasks sent again does; here the silos answer
     every task of that version first). Only the task in flight at the cut is held: each party once."""
-    manager, wire = _server(tmp_path, *SETTINGS, f"common_args.random_seed={seed}")
+    manager, wire = server_manager(tmp_path, *BUFFERED_FEDAVGM, f"common_args.random_seed={seed}")
     silos = Silos(manager, wire)
     while not any(t.get_type() == m.CHECKPOINT for t in wire.sent):
         assert silos.step()

@@ -23,9 +23,11 @@ from fedml_moon.distributed.secure_wire import keys_to_wire
 from fedml_moon.distributed.silo.secure import SecureWorker
 from fedml_moon.privacy.party import PrivacyError
 from fedml_moon.privacy.secagg import PartySession
-from tests.test_buffered_resume import CLOCK, Silos, _finish
-from tests.test_hostile_rounds import _same
-from tests.test_server_waits import _from, _server, pytestmark  # noqa: F401 (data)
+from tests.support.buffered_silos import CLOCK, Silos, finish
+from tests.support.marks import needs_fmnist
+from tests.support.server import receive, same_tree, server_manager
+
+pytestmark = needs_fmnist
 
 BUFFERED = [
     "server_args.aggregation=buffered",
@@ -49,7 +51,7 @@ class Worker(SecureWorker):
 
     def send(self, kind: str, to: int, **params) -> None:
         self.sent.append((kind, params))
-        _from(self.manager, self.rank, kind, **params)
+        receive(self.manager, self.rank, kind, **params)
 
 
 class SecureSilos(Silos):
@@ -101,16 +103,16 @@ WIRE = ("wire_bytes_sent", "wire_bytes_received")
 def _in_the_server(tmp_path, settings: list[str]) -> tuple:
     """The same run, each buffer's secure sum run by the server itself from the parties' uploads
     (the standalone simulation's SecAgg, in one process): its silos send RESULTs."""
-    manager, wire = _server(tmp_path, *settings, silos=4, secure=False)
+    manager, wire = server_manager(tmp_path, *settings, silos=4, secure=False)
     silos = Silos(manager, wire)
     silos.queues = {rank: [] for rank in manager.settings.workers}
-    return _finish(manager, silos)
+    return finish(manager, silos)
 
 
 def _run(tmp_path, *settings: str) -> tuple:
-    manager, wire = _server(tmp_path, *settings, silos=4)
+    manager, wire = server_manager(tmp_path, *settings, silos=4)
     silos = SecureSilos(manager, wire)
-    return _finish(manager, silos), silos
+    return finish(manager, silos), silos
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +130,7 @@ def test_each_buffer_is_the_secure_sum_of_its_parties_and_no_upload_reaches_the_
     the buffer it summed."""
     want = _in_the_server(tmp_path / "in-the-server", ON_CLOCK)
     (final, records, state), silos = honest
-    assert _same(final, want[0]) and _same(state, want[2]) and len(records) == 6
+    assert same_tree(final, want[0]) and same_tree(state, want[2]) and len(records) == 6
     drop = [{k: v for k, v in r.items() if k not in WIRE} for r in records]
     assert drop == [{k: v for k, v in r.items() if k not in WIRE} for r in want[1]]
     assert any(r["staleness_max"] > 0 for r in records) and all(r["bytes_up"] > 0 for r in records)
@@ -149,7 +151,7 @@ def test_a_party_masks_its_update_once_and_only_with_its_own_staleness_rule(tmp_
     """A silo's own checks, whatever the server asks: a second session with an update it masked
     already gets no keys for it; a plan whose discount is not s(round - start version) of the run's
     staleness rule (here the paper's 1 / sqrt(1 + tau)) is refused, as is one past max_staleness."""
-    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, "server_args.max_staleness=3", silos=4)
+    manager, wire = server_manager(tmp_path, *BUFFERED, *SECURE, "server_args.max_staleness=3", silos=4)
     silos = SecureSilos(manager, wire)
     while not any(msg.get_type() == p.MASK for msg in wire.sent):
         assert silos.step()
@@ -186,7 +188,7 @@ def test_a_party_masks_its_update_once_and_only_with_its_own_staleness_rule(tmp_
 def test_a_party_shares_only_in_a_session_of_its_buffers_k_parties(tmp_path):
     """A server that opens a session of fewer parties than K (a smaller crowd to unmask) gets no
     shares from the silo: its roster is refused."""
-    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, silos=4)
+    manager, wire = server_manager(tmp_path, *BUFFERED, *SECURE, silos=4)
     silos = SecureSilos(manager, wire)
     while not any(msg.get_type() == p.ROSTER for msg in wire.sent):
         assert silos.step()
@@ -209,7 +211,7 @@ def test_silos_that_never_send_keys_stop_the_run_rather_than_stall_it(tmp_path):
     opening with no keys: the parties leave the buffer each time and take work again; once so many
     updates have left buffers (10 x max(K, concurrency)) with none applied, the run stops, naming
     why."""
-    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, silos=4)
+    manager, wire = server_manager(tmp_path, *BUFFERED, *SECURE, silos=4)
     silos = SecureSilos(manager, wire)
     for worker in silos.workers.values():
         worker.on_sa_open = lambda msg, w=worker: w.send(p.KEYS, 0, round=msg.get("round"), keys=[])
@@ -225,7 +227,7 @@ def test_silos_that_never_send_keys_stop_the_run_rather_than_stall_it(tmp_path):
 
 def test_a_diverged_update_sends_no_keys(tmp_path):
     """An update holding NaN is not offered to a sum: the silo sends no keys for it."""
-    manager, _ = _server(tmp_path, *BUFFERED, *SECURE, silos=4)
+    manager, _ = server_manager(tmp_path, *BUFFERED, *SECURE, silos=4)
     worker = Worker(1, manager)
     model = {k: v.clone() for k, v in manager.rounds.aggregator.global_state.items()}
     next(v for v in model.values() if v.is_floating_point())[0] = float("nan")
@@ -257,19 +259,19 @@ def test_a_silo_gone_during_a_buffers_session_is_not_waited_for(tmp_path, case):
     no sum of fewer than K is unmasked). One that says BYE when asked for its masked vector is not in
     the sum, named `not_summed` in the record. Either way the run goes on without the silo."""
     when, extra, why = GONE[case]
-    manager, wire = _server(tmp_path, *BUFFERED, *SECURE, "server_args.buffer_size=4", *extra, silos=5)
+    manager, wire = server_manager(tmp_path, *BUFFERED, *SECURE, "server_args.buffer_size=4", *extra, silos=5)
     silos = SecureSilos(manager, wire)
     while not any(msg.get_type() == when for msg in wire.sent):
         assert silos.step()
     gone = next(msg for msg in wire.sent if msg.get_type() == when).get_receiver_id()
-    _from(manager, gone, m.BYE)
+    receive(manager, gone, m.BYE)
     silos.gone.add(gone)
     for _ in range(1000):  # a tick once the others answered: the server gives up on the silo gone
         if manager.state.round.phase == "finish":
             break
         if not silos.step():
-            _from(manager, 0, m.TICK)
-    final, records, _ = _finish(manager, silos)
+            receive(manager, 0, m.TICK)
+    final, records, _ = finish(manager, silos)
     assert len(records) == 5 and all(v.double().isfinite().all() for v in final.values())
     if why is not None:
         assert [(party, w[: len(why)]) for party, _, w, _ in records[0]["left_out"]] == [(gone - 1, why)]
@@ -288,7 +290,7 @@ def test_on_the_clock_a_server_killed_and_resumed_masks_no_update_twice(tmp_path
     again: the resumed run leaves them out of the buffer, which fills again, and completes; no
     party masked an update twice for any round."""
     want = honest[0]
-    first, wire = _server(tmp_path / "run", *ON_CLOCK, silos=4)
+    first, wire = server_manager(tmp_path / "run", *ON_CLOCK, silos=4)
     silos = SecureSilos(first, wire)
     while first.state.round.last_checkpoint is None:
         assert silos.step()
@@ -297,8 +299,8 @@ def test_on_the_clock_a_server_killed_and_resumed_masks_no_update_twice(tmp_path
     kept = first.state.round.last_checkpoint + 1
     before = {(params["round"], item["party"]) for params, item in _masked(silos) if params["round"] >= kept}
     assert bool(before) == masked
-    again, wire_again = _server(tmp_path / "run", *ON_CLOCK, silos=4, resume=True)
-    got = _finish(again, SecureSilos(again, wire_again, silos.workers))
+    again, wire_again = server_manager(tmp_path / "run", *ON_CLOCK, silos=4, resume=True)
+    got = finish(again, SecureSilos(again, wire_again, silos.workers))
     masks = Counter(item["party"] for _, item in _masked(silos))
     trained = Counter(  # the tasks each party trained (its HELD notices), for either server
         item["party"]
@@ -309,7 +311,7 @@ def test_on_the_clock_a_server_killed_and_resumed_masks_no_update_twice(tmp_path
     )
     assert not masks - trained and len(got[1]) == 6  # no held update masked twice
     if not masked:
-        assert _same(got[0], want[0]) and got[1] == want[1] and _same(got[2], want[2])
+        assert same_tree(got[0], want[0]) and got[1] == want[1] and same_tree(got[2], want[2])
         return
     assert got[1][:kept] == want[1][:kept]
     left = {(got[1][kept]["round"], party) for party, _, why, _ in got[1][kept]["left_out"]}
@@ -335,17 +337,17 @@ def _hostile(manager, silos: SecureSilos) -> None:
     for rank, worker in silos.workers.items():
         other = rank % len(silos.workers)  # the next rank's party
         mine = rank - 1
-        _from(manager, rank, p.HELD, round=version, parties=[{"party": other, "n": samples[other]}])
-        _from(manager, rank, p.HELD, round=version + 1, parties=[{"party": mine, "n": samples[mine]}])
-        _from(manager, rank, p.HELD, round=version, parties=[{"party": mine, "n": samples[mine] + 1}])
+        receive(manager, rank, p.HELD, round=version, parties=[{"party": other, "n": samples[other]}])
+        receive(manager, rank, p.HELD, round=version + 1, parties=[{"party": mine, "n": samples[mine]}])
+        receive(manager, rank, p.HELD, round=version, parties=[{"party": mine, "n": samples[mine] + 1}])
         for kind, params in [x for x in worker.sent if x[0] == p.HELD][-1:]:
-            _from(manager, rank, kind, **params)
+            receive(manager, rank, kind, **params)
         session = PartySession(other, version, manager.rounds.privacy.params(3))
         keys = [keys_to_wire(other, session.advertise())]  # well-formed keys, not its party's
-        _from(manager, rank, p.KEYS, round=version, keys=keys)
-        _from(manager, rank, p.KEYS, round=version + 1, keys=keys)
+        receive(manager, rank, p.KEYS, round=version, keys=keys)
+        receive(manager, rank, p.KEYS, round=version + 1, keys=keys)
         upload = {"model": manager.rounds.aggregator.global_state, "party_id": mine, "metrics": {"loss": 0.0}}
-        _from(
+        receive(
             manager,
             rank,
             m.RESULT,
@@ -360,7 +362,7 @@ def test_hostile_notices_and_keys_change_nothing(tmp_path, honest):
     at any moment (what it took of each update is a notice), and the run ends bit for bit as the run
     without them (model, server state, records)."""
     want = honest[0]
-    manager, wire = _server(tmp_path / "hostile", *ON_CLOCK, silos=4)
+    manager, wire = server_manager(tmp_path / "hostile", *ON_CLOCK, silos=4)
     silos = SecureSilos(manager, wire)
     for _ in range(10_000):
         if manager.state.round.phase == "finish":
@@ -369,7 +371,7 @@ def test_hostile_notices_and_keys_change_nothing(tmp_path, honest):
         assert all(upload == {} for upload in manager.flow.core.arrived.values())  # notices only
         if not silos.step():
             break
-    got = _finish(manager, silos)
-    assert _same(got[0], want[0]) and _same(got[2], want[2])
+    got = finish(manager, silos)
+    assert same_tree(got[0], want[0]) and same_tree(got[2], want[2])
     strip = [{k: v for k, v in r.items() if k not in WIRE} for r in got[1]]
     assert strip == [{k: v for k, v in r.items() if k not in WIRE} for r in want[1]]

@@ -14,7 +14,10 @@ from fedml_moon.core.aggregation import ServerMomentum
 from fedml_moon.core.validate import buffer_problem, report_problem
 from fedml_moon.distributed import managers as m
 from fedml_moon.engine.uploads import COUNTER_SLACK, local_steps
-from tests.test_server_waits import CONFIG, _from, _item, _results, _server, pytestmark  # noqa: F401
+from tests.support.marks import needs_fmnist
+from tests.support.server import FEDAVG_CONFIG, answer_train, receive, result_item, server_manager
+
+pytestmark = needs_fmnist
 
 SENT = OrderedDict(
     w=torch.ones(3), bn_running_var=torch.ones(3), bn_num_batches_tracked=torch.tensor(5), ids=torch.arange(3)
@@ -71,7 +74,7 @@ def test_server_momentum_moves_trainable_parameters_only_and_buffers_take_the_av
 
 
 def _resnet_server(tmp_path):
-    return _server(tmp_path, "model_args.model=resnet50", "data_args.max_test_samples=16")
+    return server_manager(tmp_path, "model_args.model=resnet50", "data_args.max_test_samples=16")
 
 
 @pytest.mark.slow
@@ -90,13 +93,13 @@ def test_a_silo_s_negative_variance_or_counter_is_refused_and_changes_nothing(tm
         ({count: torch.tensor(-(2**62))}, f"model.{count} is -4611686018427387904, outside"),
         ({count: model[count] + 10**6}, f"model.{count} is 1000000, outside"),
     ):
-        item = _item(manager, 0, {**honest, **bad})
-        _from(manager, 1, m.RESULT, round=0, results=[item])
+        item = result_item(manager, 0, {**honest, **bad})
+        receive(manager, 1, m.RESULT, round=0, results=[item])
         assert named in caplog.text
     assert manager.state.round.pending == {1, 2, 3}
-    _from(manager, 1, m.RESULT, round=0, results=[_item(manager, 0, honest)])
+    receive(manager, 1, m.RESULT, round=0, results=[result_item(manager, 0, honest)])
     for rank in (2, 3):
-        _results(manager, wire, rank)
+        answer_train(manager, wire, rank)
     record = manager.rounds.recorder.records[0]
     assert record["parties"] == 3 and "rejected_parties" not in record and math.isfinite(record["test_loss"])
     state = manager.rounds.aggregator.global_state
@@ -126,7 +129,7 @@ def test_fedavgm_with_resnet50_keeps_variances_non_negative_and_evaluation_finit
         "tracking_args.enable_wandb=false",
         "train_args.checkpoint_every=0",
     ]
-    run = assemble(load_config(CONFIG, settings), tmp_path)
+    run = assemble(load_config(FEDAVG_CONFIG, settings), tmp_path)
     for round_idx in range(2):
         record = run.loop.one_round(round_idx)
         state = run.loop.aggregator.global_state

@@ -24,9 +24,11 @@ from fedml_moon.distributed import protocol
 from fedml_moon.distributed.deploy import server_manager, shared_config
 from fedml_moon.distributed.silo.manager import SiloManager
 from fedml_moon.distributed.silo.state import Built, Local
-from tests.site_data import MIXES, party_folders, site_sets
-from tests.test_honest_silos import SiloWire
-from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
+from tests.support.marks import needs_fmnist
+from tests.support.server import SiloWire, Wire, receive
+from tests.support.site_data import MIXES, site_sets
+
+pytestmark = needs_fmnist
 
 CONFIG = Path(__file__).resolve().parent.parent / "config" / "site" / "parties.yaml"
 RUN = [
@@ -39,11 +41,6 @@ RUN = [
     "device_args.torch_threads=1",
     "tracking_args.enable_wandb=false",
 ]
-
-
-@pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> Path:
-    return party_folders(tmp_path_factory.mktemp("sites"), per_party=40, n_test=20)
 
 
 def _claims(cfg, root: Path, out: Path) -> dict[int, dict]:
@@ -71,14 +68,14 @@ def _server(tmp_path: Path, sites: Path, *extra: str, ready: bool = True):
     honest = _claims(list(extra), sites, tmp_path)
     for rank in (1, 2, 3):
         hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
-        _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
+        receive(manager, rank, m.HELLO, parties=[rank - 1], **hello)
         if ready:
             _ready(manager, rank, honest[rank - 1])
     return manager, wire, honest
 
 
 def _ready(manager, rank: int, claim: dict) -> None:
-    _from(manager, rank, m.READY, claims=[{"party": rank - 1, "claim": claim}])
+    receive(manager, rank, m.READY, claims=[{"party": rank - 1, "claim": claim}])
 
 
 def _aborts(wire: Wire, rank: int) -> list[str]:
@@ -128,7 +125,7 @@ def test_a_hostile_claim_is_refused_naming_it_and_the_run_is_as_without_it(tmp_p
 
 def test_claims_for_another_sites_party_are_refused(tmp_path, sites):
     manager, wire, honest = _server(tmp_path, sites, ready=False)
-    _from(manager, 1, m.READY, claims=[{"party": 1, "claim": honest[1]}])
+    receive(manager, 1, m.READY, claims=[{"party": 1, "claim": honest[1]}])
     assert "claims are for parties [1], not its parties [0]" in " ".join(_aborts(wire, 1))
     assert not manager.state.sites[1].ready and not manager.state.round.offered
 
@@ -154,12 +151,14 @@ def test_a_site_cannot_change_its_claim_once_made_whatever_it_says_later(tmp_pat
             party, model = rank - 1, task.get("tasks")[0]["payload"]["model"]
             lie = {"party": party, "n": honest[party]["samples"] + 1 + round_idx,
                    "upload": {"model": model, "party_id": party}}  # fmt: skip
-            _from(manager, rank, m.RESULT, round=round_idx, results=[lie])
+            receive(manager, rank, m.RESULT, round=round_idx, results=[lie])
             assert rank in manager.state.round.pending
-            _from(manager, rank, m.RESULT, round=round_idx, results=[{**lie, "n": honest[party]["samples"]}])
+            receive(
+                manager, rank, m.RESULT, round=round_idx, results=[{**lie, "n": honest[party]["samples"]}]
+            )
         for rank in (1, 2, 3):  # federated evaluation (the server holds no test set)
             if manager.state.round.phase == "eval":
-                _from(manager, rank, m.REPORT, round=round_idx, reports=[_report(manager, rank - 1)])
+                receive(manager, rank, m.REPORT, round=round_idx, reports=[_report(manager, rank - 1)])
     assert manager.rounds.claims == honest
     assert [r["parties"] for r in manager.rounds.recorder.records] == [3, 3]
 
@@ -187,14 +186,14 @@ def test_evaluation_counts_that_break_the_claim_are_refused(tmp_path, sites, cou
         task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == rank)
         party, model = rank - 1, task.get("tasks")[0]["payload"]["model"]
         item = {"party": party, "n": honest[party]["samples"], "upload": {"model": model, "party_id": party}}
-        _from(manager, rank, m.RESULT, round=0, results=[item])
+        receive(manager, rank, m.RESULT, round=0, results=[item])
     assert manager.state.round.phase == "eval"
     seen = honest[0]["test_samples"]
     bad = [counts[0], seen if counts[1] == 100 else counts[1], counts[2]]
-    _from(manager, 1, m.REPORT, round=0, reports=[_report(manager, 0, test={"global": bad})])
+    receive(manager, 1, m.REPORT, round=0, reports=[_report(manager, 0, test={"global": bad})])
     assert 1 in manager.state.round.pending and named in caplog.text
     for rank in (1, 2, 3):
-        _from(manager, rank, m.REPORT, round=0, reports=[_report(manager, rank - 1)])
+        receive(manager, rank, m.REPORT, round=0, reports=[_report(manager, rank - 1)])
     record = manager.rounds.recorder.records[0]
     assert record["test_acc"] == sum(c["test_samples"] // 2 for c in honest.values()) / sum(
         c["test_samples"] for c in honest.values()
@@ -213,7 +212,7 @@ def test_uniform_weights_ignore_the_claimed_counts(tmp_path, sites, weights, exp
         party, model = rank - 1, task.get("tasks")[0]["payload"]["model"]
         moved = {k: v + rank if v.is_floating_point() else v for k, v in model.items()}
         item = {"party": party, "n": honest[party]["samples"], "upload": {"model": moved, "party_id": party}}
-        _from(manager, rank, m.RESULT, round=0, results=[item])
+        receive(manager, rank, m.RESULT, round=0, results=[item])
     n = [honest[p]["samples"] for p in range(3)]
     step = expected if expected is not None else sum((p + 1) * k for p, k in enumerate(n)) / sum(n)
     after = manager.rounds.aggregator.global_state

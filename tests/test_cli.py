@@ -14,16 +14,8 @@ import pytest
 from fedml_moon.cli import build_parser
 from fedml_moon.cli.train import mpi_ranks
 from fedml_moon.config.load import ConfigError
-from tests.helpers import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def cli():
-    """main(), with what it sets process-wide (root logger, SIGTERM handler) put back afterwards."""
-    with restored_main() as main:
-        yield main
 
 
 def test_every_subcommand_takes_verbose():

@@ -1,5 +1,5 @@
 """A sweep through a job scheduler, on a real one: each test runs against a one-node Slurm cluster
-started on this machine (tests/slurm_cluster.py: munged + slurmctld + slurmd) and against
+started on this machine (tests/support/slurm_cluster.py: munged + slurmctld + slurmd) and against
 submitit's local executor (real job processes). Where Slurm cannot start, its tests are skipped
 naming why, and the local executor's run alone.
 
@@ -26,9 +26,9 @@ import pytest
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.results.jobs import _cmdline
-from tests import slurm_cluster
-from tests.test_compat import _python
-from tests.test_sweep import SWEEP as GRID
+from tests.support import slurm_cluster
+from tests.support.processes import fresh_python
+from tests.support.sweeps import TINY_GRID
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDML_MOON = [sys.executable, "-m", "fedml_moon"]
@@ -37,7 +37,7 @@ pytestmark = [
     pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"),
 ]
 SWEEP = (  # the local sweep's tiny grid, one seed: MOON and FedAvg
-    GRID.replace("  common_args.random_seed: [0, 1]\n", "")
+    TINY_GRID.replace("  common_args.random_seed: [0, 1]\n", "")
     + 'slurm:\n  time: "00:10:00"\n  signal_delay_s: 30\n'
 )
 
@@ -479,6 +479,6 @@ def test_a_jobs_own_process_and_status_import_no_pytorch(tmp_path):
     (tmp_path / "run" / "metrics.jsonl").write_text('{"round": 0, "round_time_s": 1.0}\n')
     for what, code in probes.items():
         code = f"import sys\n{code}\nprint(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))"
-        done = _python(code, tmp_path)
+        done = fresh_python(code, tmp_path)
         assert done.returncode == 0, (what, done.stderr[-2000:])
         assert done.stdout.strip().splitlines()[-1] == "[]", (what, done.stdout)

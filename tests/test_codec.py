@@ -4,14 +4,14 @@ that is not an encoded tree is refused with CodecError (never executed)."""
 from __future__ import annotations
 
 import pickle
-import struct
 from collections import OrderedDict
 
 import pytest
 import torch
 
 from fedml_moon.core.codec import CodecError, decode, encode
-from tests.helpers import tiny_factory
+from tests.support.hostile import huge_int_frame
+from tests.support.tiny import tiny_factory
 
 
 def _equal(a, b) -> bool:
@@ -84,13 +84,6 @@ def test_forged_header_and_blob_are_refused():
         decode(forged)
     with pytest.raises(TypeError, match="cannot encode a set"):
         encode({"s": {1, 2}})
-
-
-def huge_int_frame(digits: int = 5000) -> bytes:
-    """A well-framed message whose JSON sender is an integer of `digits` digits (Python refuses to
-    convert more than 4,300 with a ValueError of its own)."""
-    body = b'{"v": 1, "tree": {"msg_type": "result", "sender": ' + b"7" * digits + b', "receiver": 0}}'
-    return struct.pack("<4sQ", b"FMC1", len(body)) + body
 
 
 def test_an_integer_of_too_many_digits_is_the_codecs_own_error():

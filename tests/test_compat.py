@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.adapters import compat
+from tests.support.processes import fresh_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,14 +40,6 @@ PARTS_PROBE = textwrap.dedent(
 )
 
 
-def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """`code` in a fresh interpreter: what a process imports is only visible from its start."""
-    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-
-
 class _NoopFlow:
     """The smallest `algorithm_flow` FedMLRunner accepts."""
 
@@ -62,7 +54,7 @@ def test_a_process_imports_fedmls_parts_only(tmp_path: Path) -> None:
     torchvision (FedML's DLG attack module, which imports it, is a stand-in until used), SciPy
     (FedML's defences, DP accountant and contribution assessor: stand-ins too) or matplotlib (a
     process imports it where it draws)."""
-    proc = _python(PARTS_PROBE, tmp_path)
+    proc = fresh_python(PARTS_PROBE, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout)
     assert not found["fedml_init_ran"] and not found["mlops_init_ran"]
@@ -116,7 +108,7 @@ def test_fedmls_whole_package_fails_naming_why(tmp_path: Path) -> None:
     """Canary: FedML's whole package (fedml.init, MLOps) still needs the 2022 libraries it pins (wandb
     internals current wandb lacks), which is why the plugin imports its parts only. If an upgrade makes
     it import, this fails, and the docs' statement can change."""
-    proc = _python("import fedml_moon, fedml; fedml.init", tmp_path)
+    proc = fresh_python("import fedml_moon, fedml; fedml.init", tmp_path)
     assert proc.returncode != 0
     assert "fedml.init needs fedml/__init__.py, which failed to import" in proc.stderr
     assert "docs/explanation/fedml-compat.md" in proc.stderr
@@ -190,7 +182,7 @@ def test_a_run_never_contacts_fedmls_cloud(tmp_path: Path, monkeypatch: pytest.M
     runner, its trainer and aggregator, with every name lookup and connection of the process recorded
     (an audit hook: it cannot be removed, so it records only while `events` is a list): none."""
     from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-    from tests.helpers import restored_main
+    from tests.support.cli import restored_main
 
     if not DEBIAN_FASHION_MNIST.is_dir():
         pytest.skip("apt-get install dataset-fashion-mnist")

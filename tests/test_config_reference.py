@@ -49,7 +49,6 @@ from fedml_moon.core.robust import RULES
 from fedml_moon.core.split import PRESETS
 from fedml_moon.data.datasets import DATASETS
 from fedml_moon.privacy.options import ACCOUNTANTS, DP_BUFFERS
-from tests.helpers import restored_main
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN = [s for s in registry.ALGORITHMS.values() if s.client.__module__.startswith("fedml_moon.")]
@@ -167,12 +166,6 @@ def _owner(k: ref.KeyDoc) -> type:
     return next(f.default_factory for f in dataclasses.fields(Config) if f.name == k.section)
 
 
-@pytest.fixture
-def cli():
-    with restored_main() as main:
-        yield main
-
-
 def test_cli_prints_a_key_in_full_with_the_registered_algorithms(cli, capsys):
     assert cli(["config", "train_args.algorithm"]) == 0
     out = capsys.readouterr().out
@@ -199,11 +192,11 @@ def test_cli_prints_a_section_every_section_and_a_key_of_every_algorithm(cli, ca
 
 @pytest.fixture
 def reduced(monkeypatch):
-    """A plugin algorithm whose option declares its allowed values (`tests/kit_plugins.py`),
+    """A plugin algorithm whose option declares its allowed values (`tests/support/kit_plugins.py`),
     registered in a copy of the registry."""
     monkeypatch.setattr(registry, "ALGORITHMS", dict(registry.ALGORITHMS))
     monkeypatch.setattr(registry, "_searched", {"entry points": [], "plugins": []})
-    return registry.load_plugin(f"{ROOT / 'tests' / 'kit_plugins.py'}:reduced")
+    return registry.load_plugin(f"{ROOT / 'tests' / 'support' / 'kit_plugins.py'}:reduced")
 
 
 def test_a_plugins_declared_choices_are_its_keys_allowed_values(reduced, cli, capsys):

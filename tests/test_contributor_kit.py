@@ -16,12 +16,9 @@ import pytest
 from fedml_moon import conformance, registry
 from fedml_moon.algorithms.base import ClientAlgorithm, ServerAlgorithm
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from tests.support.doc_commands import KIT_CHECK
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECK_COMMAND = (
-    ".venv/bin/fedml-moon check fedprox_head --cf examples/headprox/headprox.yaml --modes standalone"
-)
-"""As the tutorial writes it (tests/test_readme_commands.py checks that it does)."""
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
@@ -91,7 +88,7 @@ def test_the_example_passes_the_conformance_suite(tmp_path, monkeypatch, capsys)
     check's processes, which run elsewhere."""
     from fedml_moon.cli import main
 
-    words = shlex.split(CHECK_COMMAND)
+    words = shlex.split(KIT_CHECK)
     assert words[0] == ".venv/bin/fedml-moon"  # the entry point of main()
     monkeypatch.chdir(ROOT)
     for key, value in conformance.process_env(tmp_path).items():

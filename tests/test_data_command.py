@@ -14,8 +14,8 @@ import yaml
 from PIL import Image
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import restored_main
-from tests.site_data import MIXES, fashion, party_folders, write_hf, write_pngs, write_table
+from tests.support.cli import restored_main
+from tests.support.site_data import MIXES, fashion, party_folders, write_hf, write_pngs, write_table
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

@@ -15,8 +15,15 @@ from PIL import Image
 
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, party_folders, write_hf, write_pngs, write_table
+from tests.support.cli import restored_main
+from tests.support.site_data import (
+    CLASSES,
+    fashion,
+    grey_folder,
+    party_folders,
+    write_hf,
+    write_table,
+)
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -28,23 +35,15 @@ FOLDER, TABLE, PARTIES, SILOS, HF = (
 )
 
 
-def _grey(root: Path, test: bool = True) -> Path:
-    x, y, xt, yt = fashion(40, 20)
-    write_pngs(root / "train" if test else root, x, y)
-    if test:
-        write_pngs(root / "test", xt, yt)
-    return root
-
-
 def _truncated(root: Path):
-    _grey(root)
+    grey_folder(root)
     png = next((root / "train" / "bag").glob("*.png"))
     png.write_bytes(png.read_bytes()[:40])
     return FOLDER, [], png.name
 
 
 def _unnamed_class(root: Path):
-    _grey(root)
+    grey_folder(root)
     Image.fromarray(fashion(1, 1)[0][0], mode="L").save(root / "test" / "jacket.png")
     (root / "test" / "jacket").mkdir()
     (root / "test" / "jacket.png").rename(root / "test" / "jacket" / "0.png")
@@ -57,19 +56,19 @@ def _empty(root: Path):
 
 
 def _missing_split(root: Path):
-    _grey(root)
+    grey_folder(root)
     (root / "train").rename(root / "training")
     return FOLDER, [], "has test/ but no train/"
 
 
 def _colour(root: Path):
-    _grey(root)
+    grey_folder(root)
     Image.fromarray(np.zeros((28, 28, 3), dtype=np.uint8), mode="RGB").save(root / "train" / "coat" / "c.png")
     return FOLDER, [], "has 3 channel(s)"
 
 
 def _broken_link(root: Path):
-    _grey(root)
+    grey_folder(root)
     (root / "train" / "coat" / "gone.png").symlink_to(root / "nowhere.png")
     return FOLDER, [], "gone.png"
 
@@ -154,7 +153,7 @@ def _party_count(root: Path):
 
 
 def _no_party_folders(root: Path):
-    _grey(root, test=False)
+    grey_folder(root, split=False)
     for c in CLASSES:
         for p in (root / c).glob("*.png"):
             p.rename(root / f"{c}-{p.name}")
@@ -170,7 +169,7 @@ def _party_without_training(root: Path):
 
 
 def _more_parties_than_samples(root: Path):
-    _grey(root)
+    grey_folder(root)
     return (
         FOLDER,
         ["train_args.client_num_in_total=50", "train_args.client_num_per_round=5"],
@@ -197,7 +196,7 @@ def _plugin_of_another_shape(root: Path):
     root.mkdir(parents=True)
     return (
         FOLDER,
-        ["data_args.dataset=plugin", "data_args.plugin=tests/site_plugin.py:wrong_shape"],
+        ["data_args.dataset=plugin", "data_args.plugin=tests/support/site_plugin.py:wrong_shape"],
         "(1, 32, 32)",
     )
 

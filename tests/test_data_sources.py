@@ -15,15 +15,15 @@ from PIL import Image
 from fedml_moon.data import datasets, formats
 from fedml_moon.data.datasets import DataNotFoundError, load_dataset
 from fedml_moon.data.formats import DataFileError, load_cifar, load_tiny_imagenet
-from tests.test_end_to_end import cli
-from tests.test_formats import _write_cifar, _write_mnist, _write_tiny
+from tests.support.dataset_files import write_cifar, write_mnist, write_tiny
+from tests.support.processes import simulate_process
 
 
 @pytest.fixture
 def default_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An intact Fashion-MNIST copy standing in for Debian's package (the default source)."""
     folder = tmp_path / "debian"
-    _write_mnist(folder, gz=True)
+    write_mnist(folder, gz=True)
     monkeypatch.setattr(datasets, "DEBIAN_FASHION_MNIST", folder)
     return folder
 
@@ -35,7 +35,7 @@ def _truncate(path: Path, keep: int = 100) -> None:
 @pytest.mark.parametrize("gz", [True, False])
 def test_truncated_file_in_the_named_folder_is_an_error_naming_it(tmp_path, default_copy, gz):
     named = tmp_path / "mine"
-    _write_mnist(named, gz=gz)
+    write_mnist(named, gz=gz)
     images = named / ("train-images-idx3-ubyte" + (".gz" if gz else ""))
     _truncate(images)
     with pytest.raises(DataFileError) as err:
@@ -47,7 +47,7 @@ def test_truncated_file_in_the_named_folder_is_an_error_naming_it(tmp_path, defa
 
 def test_named_folder_with_download_suggests_deleting_and_downloading_again(tmp_path, default_copy):
     named = tmp_path / "mine"
-    _write_mnist(named, gz=True)
+    write_mnist(named, gz=True)
     _truncate(named / "t10k-labels-idx1-ubyte.gz", keep=12)
     with pytest.raises(DataFileError, match="t10k-labels-idx1-ubyte.gz: .*delete it and run again"):
         load_dataset("fashion-mnist", str(named), download=True)
@@ -71,9 +71,11 @@ def test_defaults_fall_back_to_the_download_when_the_package_copy_is_broken(tmp_
 @pytest.mark.slow
 def test_cli_names_the_corrupt_file_and_exits_2(tmp_path):
     named = tmp_path / "mine"
-    _write_mnist(named, gz=True)
+    write_mnist(named, gz=True)
     _truncate(named / "train-images-idx3-ubyte.gz")
-    proc = cli(tmp_path / "out", "config/fashion_mnist/moon.yaml", f"data_args.data_cache_dir={named}")
+    proc = simulate_process(
+        tmp_path / "out", "config/fashion_mnist/moon.yaml", f"data_args.data_cache_dir={named}"
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"data_args.data_cache_dir: {named / 'train-images-idx3-ubyte.gz'}" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -85,7 +87,7 @@ class _Exploit:
 
 
 def test_cifar_pickles_cannot_run_code(tmp_path, monkeypatch):
-    _write_cifar(tmp_path, 10)
+    write_cifar(tmp_path, 10)
     batch = tmp_path / "cifar-10-batches-py" / "data_batch_3"
     batch.write_bytes(pickle.dumps({b"data": _Exploit(), b"labels": [1]}, protocol=2))
     monkeypatch.chdir(tmp_path)
@@ -95,7 +97,7 @@ def test_cifar_pickles_cannot_run_code(tmp_path, monkeypatch):
 
 
 def test_cifar_batch_of_the_wrong_shape_is_named(tmp_path):
-    _write_cifar(tmp_path, 100)
+    write_cifar(tmp_path, 100)
     test = tmp_path / "cifar-100-python" / "test"
     test.write_bytes(pickle.dumps({b"data": np.zeros((2, 100), np.uint8), b"fine_labels": [0, 1]}))
     with pytest.raises(DataFileError, match="test: .*expected uint8"):
@@ -103,7 +105,7 @@ def test_cifar_batch_of_the_wrong_shape_is_named(tmp_path):
 
 
 def test_tiny_imagenet_broken_image_and_unknown_class_are_named(tmp_path):
-    folder = _write_tiny(tmp_path)
+    folder = write_tiny(tmp_path)
     bad = folder / "val" / "images" / "val_1.JPEG"
     _truncate(bad, keep=50)
     with pytest.raises(DataFileError, match="val_1.JPEG: not a readable image"):
@@ -116,7 +118,7 @@ def test_tiny_imagenet_broken_image_and_unknown_class_are_named(tmp_path):
 
 
 def test_unreadable_tiny_imagenet_cache_is_rebuilt(tmp_path, caplog):
-    folder = _write_tiny(tmp_path)
+    folder = write_tiny(tmp_path)
     first = load_tiny_imagenet(folder)
     _truncate(folder / formats.TINY_IMAGENET_CACHE, keep=64)
     again = load_tiny_imagenet(folder)
@@ -139,6 +141,6 @@ def test_normalisation_and_augmentation_overrides(default_copy):
 
 
 def test_tiny_imagenet_is_normalised_as_the_moon_authors(tmp_path):
-    _write_tiny(tmp_path)
+    write_tiny(tmp_path)
     data = load_dataset("tiny-imagenet", str(tmp_path))
     assert data.mean == (0.5, 0.5, 0.5) and data.std == (0.5, 0.5, 0.5)

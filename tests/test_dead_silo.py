@@ -4,19 +4,20 @@ a silo that stalls and comes back has its late upload dropped and takes part aga
 
 from __future__ import annotations
 
-import base64
 import json
-import re
 import signal
 import time
-import urllib.request
 
 from fedml_moon import conformance
 from fedml_moon.cli import main
 from fedml_moon.data.partition_file import load_partition_file
 from fedml_moon.security import make_certs
 from fedml_moon.status.record import read
-from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.monitoring import Port, site_entry
+from tests.support.processes import grpc_command, start_rank, wait_for_text
+
+pytestmark = SLOW_WITH_DATA
 
 TOLERANT = ["comm_args.heartbeat_s=1", "comm_args.round_timeout_s=60", "comm_args.min_reports=2"]
 
@@ -38,25 +39,29 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
         "tracking_args.status_port=0",
         f"tracking_args.status_tokens={tmp_path / 'certs'}/server-tokens.json",
     ]
-    cmd, out = _grpc(tmp_path, 3, "train_args.comm_round=40", "comm_args.round_timeout_s=600", *port_sets)
-    server, log = _start(cmd, 0, tmp_path)
-    silos = [_start(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
-    _wait_for(log, "round 1:", 150)
+    cmd, out = grpc_command(
+        tmp_path, 3, "train_args.comm_round=40", "comm_args.round_timeout_s=600", *port_sets
+    )
+    server, log = start_rank(cmd, 0, tmp_path)
+    silos = [start_rank(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
+    wait_for_text(log, "round 1:", 150)
     port = Port(log, tmp_path / "certs" / "operator.token")
     conformance.stop(silos[1], first=signal.SIGKILL)  # rank 2 holds party 1
     killed_at = time.monotonic()
-    _wait_for(log, "goes on without parties [1] (rank(s) [2]): rank(s) [2] stopped sending heartbeats", 60)
+    wait_for_text(
+        log, "goes on without parties [1] (rank(s) [2]): rank(s) [2] stopped sending heartbeats", 60
+    )
     noticed = time.monotonic() - killed_at
     assert noticed < 30, noticed  # three heartbeat periods and a tick, not the 600 s deadline
-    gone = _status_until(out, lambda s: not _site(s, 2)["connected"])  # status.json: within a second
-    assert _site(gone, 1)["connected"] and _site(gone, 3)["connected"], gone
+    gone = _status_until(out, lambda s: not site_entry(s, 2)["connected"])  # status.json: within a second
+    assert site_entry(gone, 1)["connected"] and site_entry(gone, 3)["connected"], gone
     assert gone["phase"] in ("training", "evaluating", "checkpointing") and gone["rounds"] == 40
     port.until(2, connected=False)
     env = conformance.process_env(tmp_path)
     again = conformance.spawn([*cmd, "--rank", "2"], tmp_path / "rank-2-again.log", env, tmp_path)
     try:
-        _wait_for(log, "rank 2 is back", 90)
-        _status_until(out, lambda s: _site(s, 2)["connected"])
+        wait_for_text(log, "rank 2 is back", 90)
+        _status_until(out, lambda s: site_entry(s, 2)["connected"])
         port.until(2, connected=True)
         codes = conformance.wait_all([server, silos[0], again, silos[2]], 240)
     finally:
@@ -87,40 +92,6 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
     assert own["site"]["samples"] == sum(counts[0])  # rank 1 holds party 0: its training samples
 
 
-class Port:
-    """The server's status port as its operator reads it (the address its log names)."""
-
-    def __init__(self, log, token_file) -> None:
-        _wait_for(log, "status port: http://127.0.0.1:", 30)
-        self.url = re.search(r"status port: (http://127\.0\.0\.1:\d+/)", log.read_text()).group(1)
-        self.auth = "Basic " + base64.b64encode(f"operator:{token_file.read_text()}".encode()).decode()
-
-    def get(self, path: str) -> str:
-        request = urllib.request.Request(self.url + path.lstrip("/"), headers={"Authorization": self.auth})
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return reply.read().decode()
-
-    def until(self, rank: int, connected: bool, within_s: float = 30.0) -> None:
-        """Once the page, the JSON and the metrics all say site `rank` is (not) connected."""
-        state, value = ("connected", "1.0") if connected else ("gone", "0.0")
-        deadline = time.monotonic() + within_s
-        while True:
-            sites = json.loads(self.get("/status.json"))["sites"]
-            said = [
-                _site({"sites": sites}, rank)["connected"] is connected,
-                f'class="site {state}" id="site-{rank}"' in self.get("/"),
-                f'fedml_moon_site_connected{{site="{rank}"}} {value}' in self.get("/metrics"),
-            ]
-            if all(said):
-                return
-            assert time.monotonic() < deadline, (said, sites)
-            time.sleep(1.0)
-
-
-def _site(status: dict, rank: int) -> dict:
-    return next(site for site in status["sites"] if site["rank"] == rank)
-
-
 def _status_until(out, condition, within_s: float = 30.0) -> dict:
     """The run's status (fedml_moon.status.record.read) once `condition` holds of it."""
     deadline = time.monotonic() + within_s
@@ -136,16 +107,16 @@ def _status_until(out, condition, within_s: float = 30.0) -> dict:
 
 
 def test_a_stalled_silo_has_its_late_upload_dropped_and_comes_back(tmp_path):
-    cmd, out = _grpc(tmp_path, 3, "train_args.comm_round=12", *TOLERANT)
-    server, log = _start(cmd, 0, tmp_path)
-    silos = [_start(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
-    _wait_for(log, "round 1:", 150)
+    cmd, out = grpc_command(tmp_path, 3, "train_args.comm_round=12", *TOLERANT)
+    server, log = start_rank(cmd, 0, tmp_path)
+    silos = [start_rank(cmd, r, tmp_path)[0] for r in (1, 2, 3)]
+    wait_for_text(log, "round 1:", 150)
     silos[2].send_signal(signal.SIGSTOP)  # rank 3 (party 2) freezes: no heartbeats, no results
     try:
-        _wait_for(log, "goes on without parties [2] (rank(s) [3])", 60)
+        wait_for_text(log, "goes on without parties [2] (rank(s) [3])", 60)
     finally:
         silos[2].send_signal(signal.SIGCONT)
-    _wait_for(log, "dropped a late result message from rank 3", 60)
+    wait_for_text(log, "dropped a late result message from rank 3", 60)
     assert conformance.wait_all([server, *silos], 300) == [0, 0, 0, 0]
     records = _records(out)
     assert any("missing_parties" in r for r in records)

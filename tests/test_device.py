@@ -20,7 +20,7 @@ from fedml_moon.core.state import PartyStore
 from fedml_moon.data.datasets import DatasetTensors
 from fedml_moon.data.loader import PartyLoader, build_fedml_dataset
 from fedml_moon.registry import ALGORITHMS
-from tests.helpers import tiny_factory, train_args
+from tests.support.tiny import tiny_factory, train_args
 
 OPTIONS = {"lg": {"split_preset": "head"}, "fedssc": {"min_class_samples": 0}}
 

@@ -6,7 +6,6 @@ line's refusals (a config mistake, missing data) run as fresh processes, their s
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from fedml_moon import conformance
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from tests.support.processes import simulate_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = [
@@ -30,25 +30,9 @@ needs_fmnist = pytest.mark.skipif(
 )
 
 
-def cli(out: Path, config: str, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "fedml_moon",
-        "simulate",
-        "--cf",
-        str(ROOT / config),
-        "--output-dir",
-        str(out),
-    ]
-    for item in overrides:
-        cmd += ["--set", item]
-    full_env = {**os.environ, "HOME": str(out.parent / "home"), **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=full_env, cwd=out.parent)
-
-
 def forked(out: Path, config: str, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`cli`'s run forked from the preloaded server; its stdout and stderr together in `stderr`."""
+    """`simulate_process`'s run forked from the preloaded server; its stdout and stderr together in
+    `stderr`."""
     cmd = [sys.executable, "-m", "fedml_moon", "simulate", "--cf", str(ROOT / config)]
     cmd += ["--output-dir", str(out), *(a for item in overrides for a in ("--set", item))]
     log = out.parent / f"{out.name}.log"
@@ -139,7 +123,7 @@ def test_sampling_momentum_disk_state_and_wandb_offline(tmp_path):
 @pytest.mark.slow
 def test_config_mistake_gives_one_clear_line_and_exit_2(tmp_path):
     out = tmp_path / "run"
-    proc = cli(out, "config/fashion_mnist/moon.yaml", "algorithm_args.temperature=0")
+    proc = simulate_process(out, "config/fashion_mnist/moon.yaml", "algorithm_args.temperature=0")
     assert proc.returncode == 2
     assert "config error: algorithm_args.temperature" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -149,7 +133,9 @@ def test_config_mistake_gives_one_clear_line_and_exit_2(tmp_path):
 def test_missing_data_says_how_to_get_it(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = cli(tmp_path / "run", "config/paper/cifar10_moon.yaml", f"data_args.data_cache_dir={empty}")
+    proc = simulate_process(
+        tmp_path / "run", "config/paper/cifar10_moon.yaml", f"data_args.data_cache_dir={empty}"
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert (
         f"config error: data_args.data_cache_dir: cifar10 not found in data_args.data_cache_dir {empty}"

@@ -18,9 +18,11 @@ from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.silo import load_own
 from fedml_moon.data.site import load_site
 from fedml_moon.engine.federated_eval import headline_fields, totals
-from tests.helpers import restored_main
-from tests.site_data import MIXES, party_folders, site_args, site_sets
-from tests.test_server_waits import pytestmark  # noqa: F401 (data)
+from tests.support.cli import restored_main
+from tests.support.marks import needs_fmnist
+from tests.support.site_data import MIXES, party_folders, site_args, site_sets
+
+pytestmark = needs_fmnist
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
@@ -35,11 +37,6 @@ TINY = [
     "device_args.torch_threads=1",
     "tracking_args.enable_wandb=false",
 ]
-
-
-@pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> Path:
-    return party_folders(tmp_path_factory.mktemp("sites"), per_party=40, n_test=20)
 
 
 def _run(config: str, sites: Path, out: Path, *extra: str) -> list[dict]:

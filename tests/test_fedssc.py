@@ -19,7 +19,7 @@ from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.models import ModelOutput
 from fedml_moon.engine.batched import train_party
 from fedml_moon.losses import prototype_contrastive_loss
-from tests.helpers import tiny_batches, tiny_factory, train_args
+from tests.support.tiny import tiny_batches, tiny_factory, train_args
 
 E = torch.eye(3)
 

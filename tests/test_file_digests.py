@@ -17,8 +17,8 @@ from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.deploy import shared_config, with_shared
-from tests.helpers import restored_main
-from tests.test_server_waits import _from, _server
+from tests.support.cli import restored_main
+from tests.support.server import receive, server_manager
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -47,10 +47,10 @@ def test_another_pretrained_file_under_the_same_path_is_another_setting(tmp_path
 
 
 def test_a_hello_with_another_file_under_a_path_is_refused_naming_it(tmp_path, caplog):
-    manager, wire = _server(tmp_path)
+    manager, wire = server_manager(tmp_path)
     config = dict(manager.settings.config)
     for key in sorted(DIGEST_KEYS):
-        _from(
+        receive(
             manager,
             1,
             m.HELLO,

@@ -2,39 +2,17 @@
 
 from __future__ import annotations
 
-import gzip
-import pickle
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from fedml_moon.data import datasets, formats
 from fedml_moon.data.datasets import DATASETS, DataNotFoundError, load_dataset
 from fedml_moon.data.formats import DataFileError, load_cifar, load_mnist_like, load_tiny_imagenet, read_idx
-
-RNG = np.random.default_rng(0)
-
-
-def _write_idx(path: Path, arr: np.ndarray, gz: bool) -> None:
-    payload = bytes([0, 0, 0x08, arr.ndim]) + struct.pack(f">{arr.ndim}i", *arr.shape) + arr.tobytes()
-    path.write_bytes(gzip.compress(payload) if gz else payload)
-
-
-def _write_mnist(folder: Path, gz: bool, n_train: int = 20, n_test: int = 10) -> tuple[np.ndarray, ...]:
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = (
-        RNG.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
-        RNG.integers(0, 10, n_train).astype(np.uint8),
-        RNG.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
-        RNG.integers(0, 10, n_test).astype(np.uint8),
-    )
-    for name, arr in zip(formats.MNIST_FILES, arrays, strict=True):
-        _write_idx(folder / (name + ".gz" if gz else name), arr, gz)
-    return arrays
+from tests.support.dataset_files import RNG, write_cifar, write_idx, write_mnist, write_tiny
 
 
 def _check_mnist(loaded: tuple[np.ndarray, ...], written: tuple[np.ndarray, ...]) -> None:
@@ -51,7 +29,7 @@ def _check_mnist(loaded: tuple[np.ndarray, ...], written: tuple[np.ndarray, ...]
 def test_read_idx_round_trip(tmp_path: Path, gz: bool) -> None:
     arr = RNG.integers(0, 256, (3, 4, 5), dtype=np.uint8)
     path = tmp_path / "misleading-name.gz"
-    _write_idx(path, arr, gz)
+    write_idx(path, arr, gz)
     out = read_idx(path)
     assert out.dtype == np.uint8
     np.testing.assert_array_equal(out, arr)
@@ -69,14 +47,14 @@ def test_read_idx_rejects_bad_files(tmp_path: Path) -> None:
     (tmp_path / "junk").write_bytes(b"\x01\x02\x03\x04\x05")
     with pytest.raises(DataFileError, match="junk: not an IDX file"):
         read_idx(tmp_path / "junk")
-    _write_idx(tmp_path / "short", np.zeros((2, 3), np.uint8), gz=False)
+    write_idx(tmp_path / "short", np.zeros((2, 3), np.uint8), gz=False)
     (tmp_path / "short").write_bytes((tmp_path / "short").read_bytes()[:-1])
     with pytest.raises(DataFileError, match="short: header says"):
         read_idx(tmp_path / "short")
     (tmp_path / "long").write_bytes((tmp_path / "short").read_bytes() + b"\x00\x00")  # one byte too many
     with pytest.raises(DataFileError, match=r"long: header says \(2, 3\) x 1 bytes, found 7"):
         read_idx(tmp_path / "long")
-    _write_idx(tmp_path / "cut.gz", np.zeros((200, 30), np.uint8), gz=True)
+    write_idx(tmp_path / "cut.gz", np.zeros((200, 30), np.uint8), gz=True)
     (tmp_path / "cut.gz").write_bytes((tmp_path / "cut.gz").read_bytes()[:20])
     with pytest.raises(DataFileError, match="cut.gz: the gzip stream is truncated or corrupt"):
         read_idx(tmp_path / "cut.gz")
@@ -91,7 +69,7 @@ def test_a_large_gzip_file_is_decoded_once_and_read_again_when_written_again(tmp
     monkeypatch.setattr(idx, "_kept", {})
     path = tmp_path / "images.gz"
     first = RNG.integers(0, 256, (1500, 28, 28), dtype=np.uint8)  # random bytes: ~1.2 MB compressed
-    _write_idx(path, first, gz=True)
+    write_idx(path, first, gz=True)
     assert path.stat().st_size >= idx.KEPT_FROM_BYTES
     a, b = read_idx(path), read_idx(path)
     assert len(idx._kept) == 1 and np.array_equal(a, first) and np.array_equal(b, first)
@@ -100,19 +78,19 @@ def test_a_large_gzip_file_is_decoded_once_and_read_again_when_written_again(tmp
     second = first.copy()
     second[700, 14, 14] ^= 0xFF
     inode, size = path.stat().st_ino, path.stat().st_size
-    _write_idx(path, second, gz=True)
+    write_idx(path, second, gz=True)
     assert (path.stat().st_ino, path.stat().st_size) == (inode, size)
     assert np.array_equal(read_idx(path), second)
     path.write_bytes(path.read_bytes()[: idx.KEPT_FROM_BYTES + 10])
     with pytest.raises(DataFileError, match="images.gz: the gzip stream is truncated or corrupt"):
         read_idx(path)
     other = tmp_path / "other.gz"  # what is kept stays within KEPT_BYTES: the oldest go first
-    _write_idx(other, first[:1400], gz=True)
+    write_idx(other, first[:1400], gz=True)
     monkeypatch.setattr(idx, "KEPT_BYTES", first.nbytes + 10)
     assert np.array_equal(read_idx(other), first[:1400])
     assert [a.shape for a in idx._kept.values()] == [(1400, 28, 28)]
     monkeypatch.setattr(idx, "KEPT_BYTES", first.nbytes - 1)  # a file larger than that is not kept
-    _write_idx(path, first, gz=True)
+    write_idx(path, first, gz=True)
     assert np.array_equal(read_idx(path), first) and len(idx._kept) == 1
 
 
@@ -120,13 +98,13 @@ def test_a_large_gzip_file_is_decoded_once_and_read_again_when_written_again(tmp
     "sub,gz", [("", True), ("raw", False), ("FashionMNIST/raw", True), ("MNIST/raw", False)]
 )
 def test_load_mnist_like_layouts(tmp_path: Path, sub: str, gz: bool) -> None:
-    written = _write_mnist(tmp_path / sub if sub else tmp_path, gz)
+    written = write_mnist(tmp_path / sub if sub else tmp_path, gz)
     _check_mnist(load_mnist_like(tmp_path), written)
 
 
 def test_load_mnist_like_subdir_choice_and_missing(tmp_path: Path) -> None:
-    fashion = _write_mnist(tmp_path / "FashionMNIST" / "raw", gz=True)
-    digits = _write_mnist(tmp_path / "MNIST" / "raw", gz=False)
+    fashion = write_mnist(tmp_path / "FashionMNIST" / "raw", gz=True)
+    digits = write_mnist(tmp_path / "MNIST" / "raw", gz=False)
     _check_mnist(load_mnist_like(tmp_path, ("", "MNIST/raw")), digits)
     _check_mnist(load_mnist_like(tmp_path, ("", "FashionMNIST/raw")), fashion)
     (tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
@@ -134,28 +112,9 @@ def test_load_mnist_like_subdir_choice_and_missing(tmp_path: Path) -> None:
         load_mnist_like(tmp_path, ("", "MNIST/raw"))
 
 
-def _write_cifar(root: Path, num_classes: int) -> tuple[np.ndarray, ...]:
-    x_tr = RNG.integers(0, 256, (20, 3, 32, 32), dtype=np.uint8)
-    y_tr = RNG.integers(0, num_classes, 20)
-    x_te = RNG.integers(0, 256, (10, 3, 32, 32), dtype=np.uint8)
-    y_te = RNG.integers(0, num_classes, 10)
-    if num_classes == 10:
-        folder, key = root / "cifar-10-batches-py", b"labels"
-        files = {f"data_batch_{i + 1}": slice(4 * i, 4 * i + 4) for i in range(5)}
-        splits = [(name, x_tr[s], y_tr[s]) for name, s in files.items()] + [("test_batch", x_te, y_te)]
-    else:
-        folder, key = root / "cifar-100-python", b"fine_labels"
-        splits = [("train", x_tr, y_tr), ("test", x_te, y_te)]
-    folder.mkdir(parents=True)
-    for name, x, y in splits:
-        batch = {b"data": x.reshape(len(x), 3072), key: [int(v) for v in y], b"batch_label": b"x"}
-        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
-    return x_tr, y_tr, x_te, y_te
-
-
 @pytest.mark.parametrize("num_classes", [10, 100])
 def test_load_cifar_round_trip(tmp_path: Path, num_classes: int) -> None:
-    written = _write_cifar(tmp_path, num_classes)
+    written = write_cifar(tmp_path, num_classes)
     sub = "cifar-10-batches-py" if num_classes == 10 else "cifar-100-python"
     for root in (tmp_path, tmp_path / sub):
         loaded = load_cifar(root, num_classes)
@@ -166,28 +125,8 @@ def test_load_cifar_round_trip(tmp_path: Path, num_classes: int) -> None:
         load_cifar(tmp_path / "nowhere", num_classes)
 
 
-def _write_tiny(root: Path) -> Path:
-    folder = root / "tiny-imagenet-200"
-    wnids = ["n01443537", "n01629819"]
-    colours = {wnids[0]: (250, 10, 10), wnids[1]: (10, 10, 250)}
-    folder.mkdir(parents=True)
-    (folder / "wnids.txt").write_text("\n".join(wnids) + "\n")
-    for w in wnids:
-        (folder / "train" / w / "images").mkdir(parents=True)
-        for i in range(3):
-            Image.new("RGB", (64, 64), colours[w]).save(folder / "train" / w / "images" / f"{w}_{i}.JPEG")
-    (folder / "val" / "images").mkdir(parents=True)
-    lines = []
-    for i, w in enumerate([wnids[1], wnids[0], wnids[1]]):
-        img = Image.new("RGB", (64, 64), colours[w]) if i else Image.new("L", (64, 64), 128)
-        img.save(folder / "val" / "images" / f"val_{i}.JPEG", format="JPEG")
-        lines.append(f"val_{i}.JPEG\t{w}\t0\t0\t63\t63")
-    (folder / "val" / "val_annotations.txt").write_text("\n".join(lines) + "\n")
-    return folder
-
-
 def test_load_tiny_imagenet_and_cache(tmp_path: Path) -> None:
-    folder = _write_tiny(tmp_path)
+    folder = write_tiny(tmp_path)
     x_tr, y_tr, x_te, y_te = load_tiny_imagenet(tmp_path)
     assert x_tr.shape == (6, 3, 64, 64) and x_tr.dtype == np.uint8 and x_te.shape == (3, 3, 64, 64)
     np.testing.assert_array_equal(y_tr, [0, 0, 0, 1, 1, 1])
@@ -203,7 +142,7 @@ def test_load_tiny_imagenet_and_cache(tmp_path: Path) -> None:
 
 
 def test_tiny_imagenet_cache_dir_when_read_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = _write_tiny(tmp_path / "data")
+    folder = write_tiny(tmp_path / "data")
     real_access = formats.os.access
     monkeypatch.setattr(formats.os, "access", lambda p, mode: Path(p) != folder and real_access(p, mode))
     cache = tmp_path / "cache"
@@ -215,14 +154,14 @@ def test_tiny_imagenet_cache_dir_when_read_only(tmp_path: Path, monkeypatch: pyt
 
 
 def test_load_dataset_from_data_dir(tmp_path: Path) -> None:
-    written = _write_cifar(tmp_path, 10)
+    written = write_cifar(tmp_path, 10)
     data = load_dataset("CIFAR10", str(tmp_path))
     assert data.name == "cifar10" and data.num_classes == 10 and data.augment == "cifar10"
     assert data.input_shape == (3, 32, 32) and data.x_train.dtype == torch.uint8
     assert data.y_test.dtype == torch.int64
     np.testing.assert_array_equal(data.x_test.numpy(), written[2])
     assert data.mean == pytest.approx((125.3 / 255, 123.0 / 255, 113.9 / 255))
-    mnist = _write_mnist(tmp_path / "MNIST" / "raw", gz=True)
+    mnist = write_mnist(tmp_path / "MNIST" / "raw", gz=True)
     digits = load_dataset("mnist", str(tmp_path))
     assert (digits.mean, digits.std, digits.augment, digits.input_shape) == (
         (0.0,),

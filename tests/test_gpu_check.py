@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.doc_commands import GPU_CHECK
+
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND = "bash benchmarks/gpu_check.sh outputs/gpu_check"  # as docs/benchmarks.md shows it
 
 
 def _check(out: Path, *stages: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The documented command, its output folder `out`, the `stages` named, at quick scale."""
-    *words, folder = shlex.split(COMMAND)
+    *words, folder = shlex.split(GPU_CHECK)
     assert folder == "outputs/gpu_check"
     inherited = {k: v for k, v in os.environ.items() if k != "PYTHON"}  # the command's own default
     env = {**inherited, "QUICK": "1", **(env or {})}

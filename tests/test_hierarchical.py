@@ -289,7 +289,7 @@ def test_a_hierarchical_silo_ends_where_the_one_process_silo_ends(tmp_path):
     with their torchrun) and restarted (the server with --resume), gives the final model of the
     same run never interrupted, whose every party trains in one process: the standalone loop's
     (<= 1e-5; its equality with one-process silos in every mode: tests/test_modes.py)."""
-    from tests.helpers import restored_main
+    from tests.support.cli import restored_main
 
     flat = tmp_path / "flat"
     alone = [*RUN, "common_args.training_type=simulation", "comm_args.backend=sp"]

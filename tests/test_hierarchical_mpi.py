@@ -1,7 +1,7 @@
 """Hierarchical silos under one mpirun (fedml_moon.distributed.silo.mpi_groups): where each rank stands,
 how many ranks a job needs, and a job of the wrong size refused by every rank with the -np to give.
 (The guide's command, its model against one-process silos, a dead group process ending the job,
-and its resume: test_readme_commands.py `test_mpi_commands`.)"""
+and its resume: test_docs_deployment_modes.py `test_mpi_commands`.)"""
 
 from __future__ import annotations
 

@@ -25,20 +25,10 @@ from fedml_moon.distributed import protocol as p
 from fedml_moon.distributed.managers import config_digest
 from fedml_moon.distributed.silo.manager import SiloManager
 from fedml_moon.distributed.silo.state import Local
-from fedml_moon.distributed.transport.base import QueueTransport, message_bytes, message_from_bytes
-from tests.test_deploy_failures import CONFIG, _wait_for
-from tests.test_server_waits import pytestmark as needs_data
-
-
-class SiloWire(QueueTransport):
-    """Rank 1's side of an in-memory network: what it sends is kept, with the time it was sent."""
-
-    def __init__(self) -> None:
-        super().__init__(1)
-        self.sent: list[tuple[float, Message]] = []
-
-    def send_bytes(self, receiver: int, data: bytes) -> None:
-        self.sent.append((time.monotonic(), message_from_bytes(data)))
+from fedml_moon.distributed.transport.base import message_bytes
+from tests.support.marks import needs_fmnist
+from tests.support.processes import wait_for_text
+from tests.support.server import FEDAVG_CONFIG, SiloWire
 
 
 def test_a_silo_sends_heartbeats_while_it_builds_its_data():
@@ -100,7 +90,7 @@ def _forge(port: int, run_id: str, stop: threading.Event) -> None:
 
 
 @pytest.mark.slow
-@needs_data
+@needs_fmnist
 def test_silos_obey_the_server_only_and_quick_heartbeats_cost_no_party(tmp_path: Path):
     with conformance.services(tmp_path / "services") as svc:
         run_id = f"honest-{svc.mqtt_port}"
@@ -115,7 +105,7 @@ def test_silos_obey_the_server_only_and_quick_heartbeats_cost_no_party(tmp_path:
             *svc.overrides,
         ]
         out = tmp_path / "out"
-        cmd = conformance.cli_command("run", CONFIG, settings, out)
+        cmd = conformance.cli_command("run", FEDAVG_CONFIG, settings, out)
         env = conformance.process_env(tmp_path)
         logs = [tmp_path / f"rank-{r}.log" for r in range(4)]
         stop = threading.Event()
@@ -125,7 +115,7 @@ def test_silos_obey_the_server_only_and_quick_heartbeats_cost_no_party(tmp_path:
             for rank in range(3):
                 procs.append(conformance.spawn([*cmd, "--rank", str(rank)], logs[rank], env, tmp_path))
             for rank in (1, 2):  # ready before silo 3 says hello: the round starts while it builds
-                _wait_for(logs[rank], f"rank {rank} holds parties", 120)
+                wait_for_text(logs[rank], f"rank {rank} holds parties", 120)
             procs.append(conformance.spawn([*cmd, "--rank", "3"], logs[3], env, tmp_path))
             forger.start()
             codes = conformance.wait_all(procs, 240)

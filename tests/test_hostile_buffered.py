@@ -1,6 +1,6 @@
 """The attacker's side of the buffered server (distributed/server/buffered.py), as a differential
 property: a silo with valid credentials sends, before each of its honest results, well-formed
-messages with hostile values (tests/hostile.py: another silo's party, a version it has no task of,
+messages with hostile values (tests/support/hostile.py: another silo's party, a version it has no task of,
 repeated, extreme, of the wrong phase, CHECKPOINTED for any round, HELLOs of new processes), and
 its honest result again after it. The run ends with bitwise the final model, the server algorithm's
 state and the records of the same run without those messages.
@@ -22,9 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedml_moon.distributed import managers as m
-from tests.hostile import Target, hostile_messages
-from tests.test_hostile_rounds import TIMING, _same
-from tests.test_server_waits import CONFIG, _from, _server, pytestmark  # noqa: F401 (data)
+from tests.support.hostile import Target, hostile_messages
+from tests.support.marks import needs_fmnist
+from tests.support.server import TIMING, receive, same_tree, server_manager
+
+pytestmark = needs_fmnist
 
 SETTINGS = [
     "server_args.aggregation=buffered",
@@ -40,8 +42,8 @@ _REFERENCE: dict = {}
 
 
 def _buffered_server(tmp_path, *extra: str):
-    """`_server`'s tiny cross-silo run (3 silos of one party), its manager buffered."""
-    return _server(tmp_path, *SETTINGS, *extra)
+    """`server_manager`'s tiny cross-silo run (3 silos of one party), its manager buffered."""
+    return server_manager(tmp_path, *SETTINGS, *extra)
 
 
 def _task(wire, rank: int, version: int) -> dict:
@@ -55,7 +57,7 @@ def _task(wire, rank: int, version: int) -> dict:
 def _report(manager, rank: int) -> None:
     """A silo's honest report on the evaluation round."""
     acc = 0.1 * rank + 0.01 * manager.state.round.round_idx
-    _from(
+    receive(
         manager,
         rank,
         m.REPORT,
@@ -90,18 +92,18 @@ def _run(tmp_path, plan: random.Random | None, per_task: int = 0) -> tuple[dict,
                     and fields.get("round") == manager.state.round.round_idx
                 ):
                     continue  # its own report for the round: the silo's to send
-                _from(manager, rank, kind, **fields)
+                receive(manager, rank, kind, **fields)
         moved = {k: v + 0.01 * rank if v.is_floating_point() else v for k, v in model.items()}
         item = {
             "party": party,
             "n": manager.rounds.samples[party],
             "upload": {"model": moved, "party_id": party},
         }
-        _from(manager, rank, m.RESULT, round=version, results=[item])
+        receive(manager, rank, m.RESULT, round=version, results=[item])
         if plan is not None and plan.random() < 0.5:  # the same result again: its task is done
-            _from(manager, rank, m.RESULT, round=version, results=[item])
+            receive(manager, rank, m.RESULT, round=version, results=[item])
     for rank in sorted(manager.state.round.pending):
-        _from(manager, rank, m.BYE)
+        receive(manager, rank, m.BYE)
     assert manager.status == "completed", manager.status
     records = [{k: v for k, v in r.items() if k not in TIMING} for r in manager.rounds.recorder.records]
     return dict(manager.rounds.aggregator.global_state), records, manager.rounds.aggregator.algorithm.state()
@@ -116,7 +118,7 @@ def test_hostile_messages_leave_a_buffered_run_as_it_is_without_them(tmp_path_fa
     assert len(records) == 4 and all(len(r["updates"]) == 2 for r in records)
     assert [("local_test_acc" in r) for r in records] == [True, False, True, True]
     got = _run(tmp_path_factory.mktemp("attacked"), random.Random(seed), per_task)
-    assert _same(got[0], model) and got[1] == records and _same(got[2], state)
+    assert same_tree(got[0], model) and got[1] == records and same_tree(got[2], state)
 
 
 def _trains(wire, rank: int) -> list:
@@ -133,20 +135,20 @@ def test_a_restarted_silo_gets_its_tasks_again_once_and_a_silo_gone_then_back_ta
     assert len(_trains(wire, 1)) == 1 and manager.state.buffer.tasks[1] == {0: 0}
     for i in range(2):
         time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
-        _from(manager, 1, m.HELLO, parties=[0], process=f"restarted-{i}", **hello)
+        receive(manager, 1, m.HELLO, parties=[0], process=f"restarted-{i}", **hello)
     assert [t.get("round") for t in _trains(wire, 1)] == [0, 0]
-    _from(manager, 2, m.BYE)
-    _from(manager, 0, m.TICK)
+    receive(manager, 2, m.BYE)
+    receive(manager, 0, m.TICK)
     assert 2 not in manager.state.buffer.tasks and 1 not in manager.flow.core.inflight
     sent_to_2 = len(_trains(wire, 2))
     time.sleep(1.1)
-    _from(manager, 2, m.HELLO, parties=[1], process="back", **hello)
+    receive(manager, 2, m.HELLO, parties=[1], process="back", **hello)
     while manager.state.round.phase == "buffered":
         rank = min(manager.state.round.pending)
         version = min(manager.state.buffer.tasks[rank].values())
         task = _task(wire, rank, version).get("tasks")[0]
         item = {"party": task["party"], "n": manager.rounds.samples[task["party"]]}
         item["upload"] = {"model": task["payload"]["model"], "party_id": task["party"]}
-        _from(manager, rank, m.RESULT, round=version, results=[item])
+        receive(manager, rank, m.RESULT, round=version, results=[item])
     assert len(_trains(wire, 2)) > sent_to_2  # back: its party took work again
     assert manager.state.round.phase == "finish"

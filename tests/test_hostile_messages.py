@@ -3,7 +3,7 @@ field filled as a hostile or broken peer would fill it. The server refuses what 
 the silo and the field, and goes on; an honest round after the attack gives the model it gives
 without one.
 
-The server manager runs in this process on a tiny real run (see test_server_waits.py)."""
+The server manager runs in this process on a tiny real run (tests/support/server.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.protocol import ENVELOPE, SCHEMAS, message_problem
-from tests.test_server_waits import _from, _item, _results, _server
+from tests.support.server import answer_train, receive, result_item, server_manager
 
 _SHARED: dict = {}
 SILO_TYPES = [m.HELLO, m.RESULT, m.REPORT, m.CHECKPOINTED, m.BYE, m.ERROR, m.HEARTBEAT]
@@ -57,10 +57,10 @@ def test_nothing_a_silo_sends_stops_the_server(tmp_path_factory, batch):
     no handler raises and the run is not stopped. One server takes every example, in the state the
     examples before left it in."""
     if "server" not in _SHARED:
-        _SHARED["server"] = _server(tmp_path_factory.mktemp("hostile"))[0]
+        _SHARED["server"] = server_manager(tmp_path_factory.mktemp("hostile"))[0]
     manager = _SHARED["server"]
     for rank, (kind, fields) in batch:
-        _from(manager, rank, kind, **fields)
+        receive(manager, rank, kind, **fields)
         assert manager.state.round.phase != "done", (rank, kind, fields)
 
 
@@ -74,11 +74,11 @@ def test_each_silo_message_is_declared_and_a_missing_or_extra_field_is_named(kin
 
 
 def _model_after_round_0(tmp_path, attack: list[tuple[int, str, dict]]) -> dict:
-    manager, wire = _server(tmp_path)
+    manager, wire = server_manager(tmp_path)
     for rank, kind, fields in attack:
-        _from(manager, rank, kind, **fields)
+        receive(manager, rank, kind, **fields)
     for rank in (1, 2, 3):
-        _results(manager, wire, rank)
+        answer_train(manager, wire, rank)
     assert manager.state.round.round_idx == 1 or manager.state.round.phase != "train"
     record = manager.rounds.recorder.records[0]
     assert record["parties"] == 3 and "missing_parties" not in record
@@ -91,9 +91,9 @@ def test_the_attacks_of_a_silo_leave_the_honest_round_unchanged(tmp_path, caplog
     a silo that is still working, a forged TICK) are each refused with the field named; the silos'
     honest results then give bitwise the model of a round without any attack."""
     honest = _model_after_round_0(tmp_path / "honest", [])
-    manager, wire = _server(tmp_path / "probe")
+    manager, wire = server_manager(tmp_path / "probe")
     model = next(t for t in wire.sent if t.get_type() == m.TRAIN).get("tasks")[0]["payload"]["model"]
-    item = _item(manager, 0, model)
+    item = result_item(manager, 0, model)
     one_entry = {**item, "upload": {"model": dict(list(model.items())[:1]), "party_id": 0}}
     constant = {k: torch.full_like(v, 7) if v.is_floating_point() else v for k, v in model.items()}
     attacks = [
@@ -130,9 +130,9 @@ def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
     from fedml_moon.adapters.run import build_base, build_server
     from fedml_moon.config.load import load_config
     from fedml_moon.config.schema import ConfigError
-    from tests.test_server_waits import CONFIG
+    from tests.support.server import FEDAVG_CONFIG
 
-    cfg = load_config(CONFIG, ["data_args.max_train_samples=800", "comm_args.max_party_samples=50"])
+    cfg = load_config(FEDAVG_CONFIG, ["data_args.max_train_samples=800", "comm_args.max_party_samples=50"])
     with pytest.raises(
         ConfigError, match=r"comm_args.max_party_samples: parties \[.*\] hold more than 50 samples"
     ):
@@ -151,21 +151,21 @@ def test_a_partition_over_the_sample_cap_is_refused_naming_the_key(tmp_path):
 def test_a_report_for_another_party_or_out_of_range_is_refused_and_changes_nothing(
     tmp_path, caplog, reports, named
 ):
-    manager, wire = _server(tmp_path, "validation_args.local_test=true")
+    manager, wire = server_manager(tmp_path, "validation_args.local_test=true")
     for rank in (1, 2, 3):
-        _results(manager, wire, rank)
+        answer_train(manager, wire, rank)
     assert manager.state.round.phase == "eval"
-    _from(manager, 1, m.REPORT, round=0, reports=reports)
+    receive(manager, 1, m.REPORT, round=0, reports=reports)
     assert "refused rank 1's report: " in caplog.text and named in caplog.text
     for rank in (2, 3):
-        _from(manager, rank, m.REPORT, round=0, reports=[{"party_id": rank - 1, "local_test_acc": 0.25}])
-    _from(manager, 0, m.TICK)  # rank 1's report was refused, as if it never came: the round waits for it
+        receive(manager, rank, m.REPORT, round=0, reports=[{"party_id": rank - 1, "local_test_acc": 0.25}])
+    receive(manager, 0, m.TICK)  # rank 1's report was refused, as if it never came: the round waits for it
     assert (
         manager.state.round.phase == "eval"
         and manager.state.round.pending == {1}
         and not manager.rounds.recorder.records
     )
-    _from(manager, 1, m.REPORT, round=0, reports=[{"party_id": 0, "local_test_acc": 0.75}])
+    receive(manager, 1, m.REPORT, round=0, reports=[{"party_id": 0, "local_test_acc": 0.75}])
     assert manager.rounds.recorder.records[0]["local_test_acc"] == pytest.approx((0.75 + 0.25 + 0.25) / 3)
 
 
@@ -174,18 +174,20 @@ def test_under_dp_an_upload_without_a_metric_of_the_sum_is_refused_and_stops_not
     metrics among the sum's entries): a RESULT whose upload lacks one is refused naming it, as if it
     never came, rather than stopping the run when the round is summed; the silo's honest result
     then completes the round."""
-    manager, wire = _server(tmp_path, "privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=1.0")
+    manager, wire = server_manager(
+        tmp_path, "privacy_args.dp_clip_norm=1.0", "privacy_args.dp_noise_multiplier=1.0"
+    )
     metrics = {"ce": 0.5, "loss": 0.5}
     for rank in (1, 2, 3):
         task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == rank)
-        items = [_item(manager, t["party"], t["payload"]["model"]) for t in task.get("tasks")]
+        items = [result_item(manager, t["party"], t["payload"]["model"]) for t in task.get("tasks")]
         if rank == 1:
-            _from(manager, rank, m.RESULT, round=0, results=items)
+            receive(manager, rank, m.RESULT, round=0, results=items)
             assert "refused rank 1's result" in caplog.text and "lacks ['ce', 'loss']" in caplog.text
             assert manager.state.round.pending == {1, 2, 3} and manager.state.round.phase == "train"
         for item in items:
             item["upload"]["metrics"] = dict(metrics)
-        _from(manager, rank, m.RESULT, round=0, results=items)
+        receive(manager, rank, m.RESULT, round=0, results=items)
     assert (
         manager.rounds.recorder.records[0]["round"] == 0
         and "dp_epsilon_release" in manager.rounds.recorder.records[0]

@@ -1,5 +1,5 @@
 """The attacker's side, as a differential property: a silo with valid credentials sends, in every round,
-well-formed messages with hostile values (tests/hostile.py: extreme, negative, colliding with the
+well-formed messages with hostile values (tests/support/hostile.py: extreme, negative, colliding with the
 names the server writes, another silo's party, out of round, repeated, of the wrong phase), mixed at
 random among the honest silos' results. The run ends with bitwise the final model, the server
 algorithm's state and the records of the same run without those messages; each refusal names the
@@ -14,16 +14,16 @@ import logging
 import random
 import time
 
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedml_moon.distributed import managers as m
-from tests.hostile import Target, honest_item, hostile_messages
-from tests.test_round_once import _answer, _server
-from tests.test_server_waits import _from, pytestmark  # noqa: F401 (data)
+from tests.support.hostile import Target, honest_item, hostile_messages
+from tests.support.marks import needs_fmnist
+from tests.support.server import TIMING, answer_moved, fedavgm_server, receive, same_tree
 
-TIMING = ("round_time_s", "wire_bytes_sent", "wire_bytes_received")
+pytestmark = needs_fmnist
+
 _REFERENCE: dict = {}
 
 
@@ -54,12 +54,12 @@ def _target(manager, wire, rank: int) -> Target:
 def _run(tmp_path, plan: random.Random | None, per_round: int = 0) -> tuple[dict, list, dict]:
     """Three rounds; with `plan`, each round silos drawn from it send `per_round` hostile messages each,
     at random places among the honest results (each before its own silo's honest result)."""
-    manager, wire = _server(tmp_path)
+    manager, wire = fedavgm_server(tmp_path)
     while manager.state.round.phase in ("train", "checkpoint", "finish"):
         if manager.state.round.phase != "train":
             for rank in sorted(manager.state.round.pending):
                 kind = m.CHECKPOINTED if manager.state.round.phase == "checkpoint" else m.BYE
-                _from(
+                receive(
                     manager,
                     rank,
                     kind,
@@ -87,22 +87,14 @@ def _run(tmp_path, plan: random.Random | None, per_round: int = 0) -> tuple[dict
         round_idx = manager.state.round.round_idx
         for step in steps:
             if step[0] == "honest":
-                _answer(manager, wire, step[1], round_idx)
+                answer_moved(manager, wire, step[1], round_idx)
             else:
                 kind, fields = step[2]
-                _from(manager, step[1], kind, **fields)
+                receive(manager, step[1], kind, **fields)
     algorithm = manager.rounds.aggregator.algorithm
     records = [{k: v for k, v in r.items() if k not in TIMING} for r in manager.rounds.recorder.records]
     assert manager.status == "completed", manager.status
     return dict(manager.rounds.aggregator.global_state), records, algorithm.state()
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -114,20 +106,20 @@ def test_hostile_messages_leave_the_run_as_it_is_without_them(tmp_path_factory, 
     got_model, got_records, got_state = _run(
         tmp_path_factory.mktemp("attacked"), random.Random(seed), per_round
     )
-    assert _same(got_model, model)
+    assert same_tree(got_model, model)
     assert got_records == records
-    assert _same(got_state, state)  # FedAvgM's round counter and velocity: every round applied once
+    assert same_tree(got_state, state)  # FedAvgM's round counter and velocity: every round applied once
 
 
 def test_each_hostile_kind_is_refused_naming_its_field(tmp_path, caplog):
     """One message of each kind in round 0, from silo 1: each leaves a refusal (or a drop) in the log that
     names what is wrong, and the round then completes with the honest results."""
-    manager, wire = _server(tmp_path)
+    manager, wire = fedavgm_server(tmp_path)
     target = _target(manager, wire, 1)
     messages = hostile_messages(random.Random(0), target, 10)
     for kind, fields in messages:
         before = len(caplog.records)
-        _from(manager, 1, kind, **fields)
+        receive(manager, 1, kind, **fields)
         said = " ".join(r.getMessage() for r in caplog.records[before:])
         if kind == m.HELLO and not fields["explicit"]:
             continue  # a new process id: taken (idempotent), its work sent again at most once
@@ -136,7 +128,7 @@ def test_each_hostile_kind_is_refused_naming_its_field(tmp_path, caplog):
     trains = [x for x in wire.sent if x.get_type() == m.TRAIN and x.get_receiver_id() == 1]
     assert len(trains) <= 2
     for rank in (1, 2, 3):
-        _answer(manager, wire, rank, 0)
+        answer_moved(manager, wire, rank, 0)
     assert manager.rounds.recorder.records[0]["parties"] == 3
 
 
@@ -145,17 +137,17 @@ def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(
     a second of its WELCOME: no WELCOME and no work more. A HELLO a second later is a restarted silo:
     it is welcomed and sent its work of the round once."""
     caplog.set_level(logging.INFO, logger="fedml_moon.distributed.server")  # formats every line
-    manager, wire = _server(tmp_path)
+    manager, wire = fedavgm_server(tmp_path)
     hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": []}
     sent = lambda kind: [x for x in wire.sent if x.get_type() == kind and x.get_receiver_id() == 1]  # noqa: E731
     welcomes, trains = len(sent(m.WELCOME)), len(sent(m.TRAIN))
     for i in range(1000):
-        _from(manager, 1, m.HELLO, parties=[0], process=f"new-{i}", **hello)
+        receive(manager, 1, m.HELLO, parties=[0], process=f"new-{i}", **hello)
     assert len(sent(m.WELCOME)) == welcomes and len(sent(m.TRAIN)) == trains
     time.sleep(1.1)
-    _from(manager, 1, m.HELLO, parties=[0], process="restarted", **hello)
+    receive(manager, 1, m.HELLO, parties=[0], process="restarted", **hello)
     assert len(sent(m.WELCOME)) == welcomes + 1 and len(sent(m.TRAIN)) == trains + 1
     assert "rank 1 restarted during the train phase of round 0; sent its work again" in caplog.text
     time.sleep(1.1)
-    _from(manager, 1, m.HELLO, parties=[0], process="again", **hello)
+    receive(manager, 1, m.HELLO, parties=[0], process="again", **hello)
     assert len(sent(m.TRAIN)) == trains + 1  # its work of this phase goes out again once

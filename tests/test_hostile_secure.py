@@ -6,12 +6,12 @@ within the fixed-point bound. A silo that sends one neighbour a garbage cipherte
 dropped, and one that returns a wrong unmasking share is outvoted and named: the round gives the
 honest silos' mean update.
 
-The server manager runs in this process on a tiny real run (tests/test_server_waits.py); the silos
-are played here with the plugin's own party sessions (`fedml_moon.privacy.secagg`)."""
+The server manager runs in this process on a tiny real run (tests/support/server.py); the silos
+are played with the plugin's own party sessions (`fedml_moon.privacy.secagg`:
+tests/support/secure_silo.py)."""
 
 from __future__ import annotations
 
-import functools
 import os
 
 import pytest
@@ -21,67 +21,11 @@ from fedml_moon.core.fixed_point import FixedPoint
 from fedml_moon.core.shamir import P
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol as p
-from fedml_moon.distributed.secure_wire import keys_from_wire, keys_to_wire, shares_to_wire
-from fedml_moon.privacy.party import Plan, party_vector
-from fedml_moon.privacy.secagg import PartySession, pack
-from tests.test_server_waits import CONFIG, Wire, _from, _server, pytestmark  # noqa: F401 (data)
+from tests.support.marks import needs_fmnist
+from tests.support.secure_silo import SECURE, Silo
+from tests.support.server import receive, server_manager
 
-SECURE = "privacy_args.secure_aggregation=true"
-
-
-def _sent(wire, kind: str, rank: int, round_idx: int = 0):
-    return next(
-        m
-        for m in reversed(wire.sent)
-        if m.get_type() == kind and m.get_receiver_id() == rank and m.get("round") == round_idx
-    )
-
-
-class Silo:
-    """Rank r holding party r - 1, which "trains" by moving every float entry by (r) * 0.01."""
-
-    def __init__(self, manager, wire, rank: int) -> None:
-        self.manager, self.wire, self.rank, self.party = manager, wire, rank, rank - 1
-        task = _sent(wire, p.TRAIN, rank).get("tasks")[0]
-        self.received = task["payload"]
-        model = {
-            k: v + 0.01 * rank if v.is_floating_point() else v for k, v in self.received["model"].items()
-        }
-        self.upload = {
-            "model": model,
-            "party_id": self.party,
-            "metrics": {"loss": float(rank), "ce": float(rank)},
-        }
-        self.session = None
-
-    def keys(self, params) -> dict:
-        self.session = PartySession(self.party, 0, params)
-        return keys_to_wire(self.party, self.session.advertise())
-
-    @functools.cache  # noqa: B019 (one silo per test)
-    def shares(self) -> list[dict]:
-        roster_msg = _sent(self.wire, p.ROSTER, self.rank)
-        roster = dict(keys_from_wire(k) for k in roster_msg.get("rosters")[0]["keys"])
-        digests = {i["party"]: bytes.fromhex(i["digest"]) for i in roster_msg.get("digests")}
-        return [
-            {"sender": self.party, "receiver": v, "ct": ct.hex()}
-            for v, ct in self.session.share(roster, digests).items()
-        ]
-
-    @functools.cache  # noqa: B019
-    def masked(self) -> dict:
-        task = _sent(self.wire, p.MASK, self.rank).get("tasks")[0]
-        vector = party_vector(self.upload, self.received, Plan.from_dict(task["plan"]))
-        inbox = {i["sender"]: bytes.fromhex(i["ct"]) for i in task["inbox"]}
-        y = pack(self.session.mask(vector.vector, inbox), 32)
-        return {"party": self.party, "vector": y, "accused": list(self.session.accused)}
-
-    @functools.cache  # noqa: B019
-    def unmasked(self) -> dict:
-        request = _sent(self.wire, p.UNMASK, self.rank)
-        assert request.get("parties") == [self.party]
-        answer = self.session.unmask(request.get("survivors"), request.get("dropped"))
-        return {"party": self.party, "b": shares_to_wire(answer["b"]), "s": shares_to_wire(answer["s"])}
+pytestmark = needs_fmnist
 
 
 def _refused(caplog, rank: int, text: str) -> None:
@@ -95,42 +39,44 @@ def _refused(caplog, rank: int, text: str) -> None:
 
 
 def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean_update(tmp_path, caplog):
-    manager, wire = _server(tmp_path, SECURE)
+    manager, wire = server_manager(tmp_path, SECURE)
     params = manager.rounds.privacy.params(3)
     silos = {r: Silo(manager, wire, r) for r in (1, 2, 3)}
     before = dict(manager.rounds.aggregator.global_state)
 
     bad = {**silos[1].keys(params), "c_pk": "ab" * 31}  # a 31-byte key
-    _from(manager, 1, p.KEYS, round=0, keys=[bad])
+    receive(manager, 1, p.KEYS, round=0, keys=[bad])
     _refused(caplog, 1, "c_pk must be 32 bytes")
-    _from(manager, 2, p.KEYS, round=0, keys=[silos[1].keys(params)])  # not its party
+    receive(manager, 2, p.KEYS, round=0, keys=[silos[1].keys(params)])  # not its party
     _refused(caplog, 2, "names parties [0], not its [1]")
-    _from(manager, 1, p.KEYS, round=0, keys=[silos[1].keys(params)], metrics=[])  # names the round's metrics
+    receive(
+        manager, 1, p.KEYS, round=0, keys=[silos[1].keys(params)], metrics=[]
+    )  # names the round's metrics
     _refused(caplog, 1, "unexpected fields ['metrics']")  # the server's plan names them, not a silo
     for rank, silo in silos.items():
-        _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)])
+        receive(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)])
     assert manager.state.round.phase == "share"
 
     shares = silos[1].shares()
-    _from(manager, 1, p.SHARES, round=0, shares=shares[:1])  # one neighbour left out
+    receive(manager, 1, p.SHARES, round=0, shares=shares[:1])  # one neighbour left out
     _refused(caplog, 1, "not to its neighbours")
     for rank, silo in silos.items():
-        _from(manager, rank, p.SHARES, round=0, shares=silo.shares())
+        receive(manager, rank, p.SHARES, round=0, shares=silo.shares())
     assert manager.state.round.phase == "mask"
 
     masked = silos[1].masked()
-    _from(manager, 1, p.MASKED, round=0, items=[{**masked, "vector": masked["vector"][:-1]}])
+    receive(manager, 1, p.MASKED, round=0, items=[{**masked, "vector": masked["vector"][:-1]}])
     _refused(caplog, 1, "values, not")
-    _from(manager, 1, p.MASKED, round=0, items=[{**masked, "accused": [7]}])
+    receive(manager, 1, p.MASKED, round=0, items=[{**masked, "accused": [7]}])
     _refused(caplog, 1, "names parties [7] for bad shares, but no shares of theirs were routed to it")
     for rank, silo in silos.items():
-        _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
+        receive(manager, rank, p.MASKED, round=0, items=[silo.masked()])
     assert manager.state.round.phase == "unmask"
 
-    _from(manager, 3, p.UNMASKED, round=0, items=[silos[1].unmasked()])  # party 0 is rank 1's
+    receive(manager, 3, p.UNMASKED, round=0, items=[silos[1].unmasked()])  # party 0 is rank 1's
     _refused(caplog, 3, "names parties [0], not its [2]")
     for rank, silo in silos.items():
-        _from(manager, rank, p.UNMASKED, round=0, items=[silo.unmasked()])
+        receive(manager, rank, p.UNMASKED, round=0, items=[silo.unmasked()])
 
     record = manager.rounds.recorder.records[0]
     samples = manager.rounds.samples
@@ -150,7 +96,7 @@ def test_hostile_secure_messages_are_refused_and_the_honest_round_gives_the_mean
 def test_fewer_than_t_answers_to_unmask_stop_the_run_with_nothing_revealed(tmp_path):
     """t = 2 of each neighbourhood of 3: when two of the three silos leave before unmasking, no seed
     can be rebuilt; the run stops naming the threshold, and the global model is the round's start."""
-    manager, wire = _server(tmp_path, SECURE)
+    manager, wire = server_manager(tmp_path, SECURE)
     params = manager.rounds.privacy.params(3)
     silos = {r: Silo(manager, wire, r) for r in (1, 2, 3)}
     before = dict(manager.rounds.aggregator.global_state)
@@ -158,13 +104,13 @@ def test_fewer_than_t_answers_to_unmask_stop_the_run_with_nothing_revealed(tmp_p
         for rank, silo in silos.items():
             value = step(silo, params) if step is Silo.keys else step(silo)
             extra = {}
-            _from(manager, rank, kind, round=0, **{field: [value] if kind == p.KEYS else value}, **extra)
+            receive(manager, rank, kind, round=0, **{field: [value] if kind == p.KEYS else value}, **extra)
     for rank, silo in silos.items():
-        _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
-    _from(manager, 1, p.UNMASKED, round=0, items=[silos[1].unmasked()])
+        receive(manager, rank, p.MASKED, round=0, items=[silo.masked()])
+    receive(manager, 1, p.UNMASKED, round=0, items=[silos[1].unmasked()])
     for rank in (2, 3):
-        _from(manager, rank, m.BYE)
-    _from(manager, 0, m.TICK)
+        receive(manager, rank, m.BYE)
+    receive(manager, 0, m.TICK)
     assert manager.status == "failed"
     aborts = [x.get("reason") for x in wire.sent if x.get_type() == m.ABORT]
     assert aborts and "secure aggregation cannot go on, no sum revealed" in aborts[0]
@@ -180,27 +126,27 @@ def test_garbage_to_a_neighbour_and_a_wrong_unmasking_share_leave_the_honest_sil
     its s-seed rebuilt from the 3 other holders, never asked to unmask) and the round goes on. Party
     3 returns one wrong share of a self-mask seed: 4 came back, so it is outvoted and named. The
     round records the 4 honest parties' weighted mean update, within the fixed-point bound."""
-    manager, wire = _server(tmp_path, SECURE, silos=5)
+    manager, wire = server_manager(tmp_path, SECURE, silos=5)
     params = manager.rounds.privacy.params(5)
     silos = {r: Silo(manager, wire, r) for r in range(1, 6)}
     before = dict(manager.rounds.aggregator.global_state)
     for rank, silo in silos.items():
-        _from(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)])
+        receive(manager, rank, p.KEYS, round=0, keys=[silo.keys(params)])
     garbled = [dict(item) for item in silos[1].shares()]
     garbled[0]["ct"] = os.urandom(len(garbled[0]["ct"]) // 2).hex()
     victim = garbled[0]["receiver"]
-    _from(manager, 1, p.SHARES, round=0, shares=garbled)
+    receive(manager, 1, p.SHARES, round=0, shares=garbled)
     for rank in range(2, 6):
-        _from(manager, rank, p.SHARES, round=0, shares=silos[rank].shares())
+        receive(manager, rank, p.SHARES, round=0, shares=silos[rank].shares())
     for rank, silo in silos.items():
-        _from(manager, rank, p.MASKED, round=0, items=[silo.masked()])
+        receive(manager, rank, p.MASKED, round=0, items=[silo.masked()])
     assert silos[victim + 1].masked()["accused"] == [0]
     assert "parties [0] are dropped from the round: a neighbour could not decrypt" in caplog.text
     assert not [x for x in wire.sent if x.get_type() == p.UNMASK and x.get_receiver_id() == 1]
     lie = silos[4].unmasked()
     lie["b"][0] = {**lie["b"][0], "y": f"{(int(lie['b'][0]['y'], 16) + 1) % P:032x}"}
     for rank in range(2, 6):
-        _from(manager, rank, p.UNMASKED, round=0, items=[silos[rank].unmasked()])
+        receive(manager, rank, p.UNMASKED, round=0, items=[silos[rank].unmasked()])
     assert "unmasking went on without wrong shares from parties [3]" in caplog.text
 
     record, samples = manager.rounds.recorder.records[0], manager.rounds.samples

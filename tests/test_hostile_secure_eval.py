@@ -8,7 +8,7 @@ vectors and unmasking shares out of their phase or repeated. Each changes nothin
 and the round records exactly the honest parties' summed counts. A sum that honest parties cannot
 form (a correct count outside [0, samples], a negative loss sum) gives no test figures, logged.
 
-The server manager runs in this process on a tiny real run (tests/test_server_waits.py); the silos
+The server manager runs in this process on a tiny real run (tests/support/server.py); the silos
 are played here with the plugin's own party sessions (`fedml_moon.privacy.secagg`)."""
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from fedml_moon.distributed import protocol as p
 from fedml_moon.distributed.secure_wire import keys_from_wire, keys_to_wire, shares_to_wire
 from fedml_moon.privacy.secagg import PartySession, pack
 from fedml_moon.privacy.secure_counts import counts_params
-from tests.test_hostile_secure import SECURE, Silo, _sent
-from tests.test_server_waits import _from, _server, pytestmark  # noqa: F401 (data)
+from tests.support.marks import needs_fmnist
+from tests.support.secure_silo import SECURE, Silo, sent_to
+from tests.support.server import receive, server_manager
+
+pytestmark = needs_fmnist
 
 FEDERATED = ("validation_args.evaluation=federated", "train_args.comm_round=1")
 RANKS = (1, 2, 3)
@@ -47,7 +50,7 @@ class Counter:
 
     @functools.cache  # noqa: B019 (one counter per round)
     def shares(self) -> list[dict]:
-        msg = _sent(self.wire, p.ROSTER, self.rank)
+        msg = sent_to(self.wire, p.ROSTER, self.rank)
         roster = dict(keys_from_wire(k) for k in msg.get("rosters")[0]["keys"])
         digests = {i["party"]: bytes.fromhex(i["digest"]) for i in msg.get("digests")}
         self.session.params = counts_params(self.options, len(digests))
@@ -58,14 +61,14 @@ class Counter:
 
     @functools.cache  # noqa: B019
     def masked(self) -> list[dict]:
-        task = _sent(self.wire, p.MASK, self.rank).get("tasks")[0]
+        task = sent_to(self.wire, p.MASK, self.rank).get("tasks")[0]
         inbox = {i["sender"]: bytes.fromhex(i["ct"]) for i in task["inbox"]}
         y = pack(self.session.mask(self.counts, inbox), self.session.params.encoding.k)
         return [{"party": self.party, "vector": y, "accused": list(self.session.accused)}]
 
     @functools.cache  # noqa: B019
     def unmasked(self) -> list[dict]:
-        request = _sent(self.wire, p.UNMASK, self.rank)
+        request = sent_to(self.wire, p.UNMASK, self.rank)
         answer = self.session.unmask(request.get("survivors"), request.get("dropped"))
         return [{"party": self.party, "b": shares_to_wire(answer["b"]), "s": shares_to_wire(answer["s"])}]
 
@@ -109,7 +112,7 @@ def _intrude(manager, wire, silo: Silo, own: str, after: bool) -> int:
         if kind == own and not after:
             continue
         before = _held(manager)
-        _from(manager, 1, kind, **params)
+        receive(manager, 1, kind, **params)
         assert _held(manager) == before, f"{kind} was taken in the {before[0]} phase ({before[2]})"
         sent += 1
     return sent
@@ -137,7 +140,7 @@ def _secure_round(manager, wire, counts: dict[int, list[float]], hostile: bool) 
             for rank in RANKS:
                 if hostile and rank == 1:
                     sent += _intrude(manager, wire, silos[1], kind, after=False)
-                _from(manager, rank, kind, round=0, **body(rank))
+                receive(manager, rank, kind, round=0, **body(rank))
                 if hostile and rank == 1:
                     sent += _intrude(manager, wire, silos[1], kind, after=True)
     return sent
@@ -150,7 +153,7 @@ def _counts(manager) -> dict[int, list[float]]:
 
 
 def test_only_the_secure_sum_of_counts_becomes_a_test_figure(tmp_path, caplog):
-    manager, wire = _server(tmp_path, SECURE, *FEDERATED)
+    manager, wire = server_manager(tmp_path, SECURE, *FEDERATED)
     manager.refusals.per_source = manager.refusals.total = 10**6  # every refusal in the log, in full
     counts = _counts(manager)
     sent = _secure_round(manager, wire, counts, hostile=True)
@@ -172,7 +175,7 @@ def test_only_the_secure_sum_of_counts_becomes_a_test_figure(tmp_path, caplog):
 def test_a_secure_sum_no_honest_parties_can_form_gives_no_test_figures(tmp_path, caplog, lie):
     """A party that lies inside its masked counts moves the sum; one outside the range honest
     parties' sums lie in is recorded without test figures, and the log names the count."""
-    manager, wire = _server(tmp_path, SECURE, *FEDERATED)
+    manager, wire = server_manager(tmp_path, SECURE, *FEDERATED)
     counts = _counts(manager)
     counts[0][lie[0]] += lie[1]
     caplog.set_level(logging.ERROR)

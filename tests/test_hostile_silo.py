@@ -1,5 +1,5 @@
 """A hostile silo in a real run, over gRPC (TLS, its own valid token) and over MQTT + S3: every round it
-sends well-formed messages with hostile values drawn from tests/hostile.py (another silo's party,
+sends well-formed messages with hostile values drawn from tests/support/hostile.py (another silo's party,
 wrong, negative and huge sample counts, metrics named like the server's fields, huge integers, a
 tampered model, several records, HELLOs from new processes, messages of another phase or round, types
 that are not strings) and the raw frames found on the wire (a 5,000-digit JSON integer, random bytes,
@@ -18,9 +18,12 @@ import pytest
 
 from fedml_moon import conformance
 from fedml_moon.security import make_certs
-from tests.test_deploy_failures import CONFIG, pytestmark  # noqa: F401 (slow, data)
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.server import FEDAVG_CONFIG
 
-HOSTILE = Path(__file__).resolve().parent / "hostile_silo.py"
+pytestmark = SLOW_WITH_DATA
+
+HOSTILE = Path(__file__).resolve().parent / "support" / "hostile_silo.py"
 BASE = [
     *conformance.TINY,
     "train_args.client_num_in_total=3",
@@ -53,10 +56,10 @@ def _run(
     The server and the honest silos exit 0; silo 3 with `attacker_code` (None: stopped when they end)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     out, settings = tmp_path / "out", [*BASE, *overrides]
-    cmd = conformance.cli_command("run", CONFIG, settings, out)
+    cmd = conformance.cli_command("run", FEDAVG_CONFIG, settings, out)
     base_env = conformance.process_env(tmp_path)
     procs, logs = [], [tmp_path / f"rank-{r}.log" for r in range(4)]
-    hostile = [sys.executable, str(HOSTILE), "--cf", str(CONFIG), "--rank", "3", "--mode", mode]
+    hostile = [sys.executable, str(HOSTILE), "--cf", str(FEDAVG_CONFIG), "--rank", "3", "--mode", mode]
     hostile += ["--out", str(tmp_path / "hostile")] + [x for s in settings for x in ("--set", s)]
     try:
         for rank in (0, 1, 2, 3):

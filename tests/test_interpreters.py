@@ -1,17 +1,19 @@
 """What each supported Python runs beyond the suite's own: `.ci/run` runs the whole suite on one Python
 and, from a fresh clone on each other supported Python (3.12 and 3.13 there), its install and this
-file with `test_compat.py` and the gRPC + TLS and MQTT + S3 commands of `test_readme_commands.py`
-(INTERPRETER_SET, with FEDML_MOON_INTERPRETER_SET=1). On the suite's Python these run as every other
-test does, except those the suite runs already there (`beside_the_suite`): the MPI simulation's
-command (tests/test_readme_commands.py runs it as written) and the standalone check of MOON (the
-conformance check's standalone path runs on other algorithms in tests/test_contributor_kit.py and
-tests/test_one_form.py, MOON's resume, secure sums and stacked parties in their own tests).
+file with `test_compat.py` and the gRPC + TLS and MQTT + S3 commands of `test_docs_cross_silo.py`
+and `test_docs_deployment_modes.py` (INTERPRETER_SET, with FEDML_MOON_INTERPRETER_SET=1). On the
+suite's Python these run as every other test does, except those the suite runs already there
+(`beside_the_suite`): the MPI simulation's command (tests/test_docs_deployment_modes.py runs it as
+written) and the standalone check of MOON (the conformance check's standalone path runs on other
+algorithms in tests/test_contributor_kit.py and tests/test_one_form.py, MOON's resume, secure sums
+and stacked parties in their own tests).
 
 Every test here starts the real command, as written, in its own processes: what is tested is that
 the interpreter, its libraries and the documented command run together."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shlex
@@ -20,22 +22,16 @@ import sys
 
 import pytest
 
-from tests.test_readme_commands import (
-    MPI_SIMULATION,
-    ROOT,
-    _completed,
-    _env,
-    _quiet,
-    _run_all,
-    _sets,
-    needs_fmnist,
-)
+from tests.support import ROOT
+from tests.support.doc_commands import MPI_SIMULATION
+from tests.support.doc_runs import completed, quiet, run_all, shell_env, tiny_sets
+from tests.support.marks import needs_fmnist
 
 INTERPRETER_SET = [
     "tests/test_interpreters.py",
     "tests/test_compat.py",
-    "tests/test_readme_commands.py::test_grpc_tls_commands",
-    "tests/test_readme_commands.py::test_mqtt_s3_commands",
+    "tests/test_docs_cross_silo.py::test_grpc_tls_commands",
+    "tests/test_docs_deployment_modes.py::test_mqtt_s3_commands",
 ]
 """The tests `.ci/run` runs on each supported Python besides the suite's (its fresh clone's)."""
 
@@ -47,18 +43,12 @@ MAIN = "bash run/main.sh"
 CHECK_MOON = ".venv/bin/fedml-moon check moon --cf config/fashion_mnist/moon.yaml --modes standalone"
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return tmp_path_factory.mktemp("home")
-
-
 def test_the_interpreter_set_names_tests_that_exist():
-    from tests import test_readme_commands
-
     for node in INTERPRETER_SET:
         path, _, name = node.partition("::")
         assert (ROOT / path).is_file(), node
-        assert not name or callable(getattr(test_readme_commands, name, None)), node
+        tests = {f.name for f in ast.parse((ROOT / path).read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert not name or name in tests, node
 
 
 @needs_fmnist
@@ -66,12 +56,12 @@ def test_the_interpreter_set_names_tests_that_exist():
 def test_the_main_job_as_the_readme_starts_it(tmp_path, home):
     """`bash run/main.sh` (its install current: the stamp) trains MOON and says which Python it runs."""
     out = tmp_path / "run"
-    cmd = [*shlex.split(MAIN), *_sets(MAIN), "--output-dir", str(out)]
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=900)
+    cmd = [*shlex.split(MAIN), *tiny_sets(MAIN), "--output-dir", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, env=shell_env(home), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert f"setup: done (.venv: Python {python}, torch " in done.stderr, done.stderr[:2000]
-    summary = _completed(out, 1)
+    summary = completed(out, 1)
     assert summary["config"]["train_args"]["algorithm"] == "moon" and 0 < summary["final_test_acc"] <= 1
 
 
@@ -81,10 +71,10 @@ def test_the_main_job_as_the_readme_starts_it(tmp_path, home):
 def test_the_mpi_simulation(tmp_path, home):
     """The MPI simulation under mpirun: a server and two workers (mpi4py, Open MPI)."""
     out = tmp_path / "run"
-    cmd = [*shlex.split(MPI_SIMULATION), *_sets(MPI_SIMULATION), "--output-dir", str(out)]
-    for log_path in _run_all([cmd], tmp_path / "logs", home, 600):
-        _quiet(log_path)
-    _completed(out, 1)
+    cmd = [*shlex.split(MPI_SIMULATION), *tiny_sets(MPI_SIMULATION), "--output-dir", str(out)]
+    for log_path in run_all([cmd], tmp_path / "logs", home, 600):
+        quiet(log_path)
+    completed(out, 1)
 
 
 @needs_fmnist
@@ -94,7 +84,7 @@ def test_moons_conformance_check_in_standalone(tmp_path, home):
     """`fedml-moon check moon --modes standalone`: resume in a fresh process, secure sums against the
     plain aggregate, stacked parties against sequential ones."""
     cmd = shlex.split(CHECK_MOON)  # as written: the check's own small settings
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, cwd=ROOT, env=shell_env(home), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     passed, total = map(int, last.removeprefix("moon: ").split(" checks passed")[0].split(" of "))

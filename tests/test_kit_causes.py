@@ -2,7 +2,7 @@
 on: a party that changes what it received in place, module globals and class attributes a run
 changes (named before the symptoms they cause), random numbers from the global state (party side,
 server side), party state kept on the object, float32 tensors in a float64 run; float32's rounding
-excuses nothing when another check fails. Broken plugins: tests/broken_plugins.py."""
+excuses nothing when another check fails. Broken plugins: tests/support/broken_plugins.py."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from fedml_moon.conformance.checks import Check, _kept_first, _no_excuse
 from fedml_moon.conformance.inprocess import Traced, quiet_run
 from fedml_moon.conformance.kept import KEPT, changed, fingerprint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
 ROOT = Path(__file__).resolve().parent.parent
 FEDAVG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
-BROKEN = ROOT / "tests" / "broken_plugins.py"
+BROKEN = ROOT / "tests" / "support" / "broken_plugins.py"
 NAMES = {
     "inplace": "broken_inplace",
     "randn": "broken_randn",

@@ -18,7 +18,7 @@ from fedml_moon.errors import ConfigError
 from fedml_moon.privacy.sums import SUM, UPDATE
 
 ROOT = Path(__file__).resolve().parent.parent
-PLUGINS = ROOT / "tests" / "kit_plugins.py"
+PLUGINS = ROOT / "tests" / "support" / "kit_plugins.py"
 FEDPROTO = ROOT / "examples" / "fedproto" / "fedproto.yaml"
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -26,7 +26,7 @@ needs_fmnist = pytest.mark.skipif(
 
 
 def plugin(name: str) -> list[str]:
-    """The overrides that load tests/kit_plugins.py's `name` and run it."""
+    """The overrides that load tests/support/kit_plugins.py's `name` and run it."""
     spec = {"hinge": "hinge_kinks"}.get(name, f"proto_{name}")
     return [*conformance.TINY, f"common_args.plugins=[{PLUGINS}:{name}]", f"train_args.algorithm={spec}"]
 
@@ -42,7 +42,7 @@ def test_a_module_on_the_path_or_a_file_loads_without_installing(registry_copy):
     spec = registry.load_plugin("fedml_moon_fedproto:spec", [FEDPROTO.parent])
     assert registry.get_algorithm("fedproto") is spec and spec.server.__name__ == "FedprotoServer"
     again = registry.load_plugin(f"{PLUGINS}:hinge", [])
-    assert again == registry.load_plugin("tests/kit_plugins.py:hinge", [ROOT])  # one module per file
+    assert again == registry.load_plugin("tests/support/kit_plugins.py:hinge", [ROOT])  # one module per file
     cfg = load_config(FEDPROTO, [])  # the config's own key, found beside the config
     assert cfg.common_args.plugins == ["fedml_moon_fedproto:spec"] and cfg.train_args.algorithm == "fedproto"
 

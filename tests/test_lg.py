@@ -10,7 +10,7 @@ from fedml_moon.core.aggregation import clone_state, payload_numel
 from fedml_moon.core.split import merge_states
 from fedml_moon.core.state import PartyStore
 from fedml_moon.engine.batched import train_party
-from tests.helpers import tiny_batches, tiny_factory, train_args
+from tests.support.tiny import tiny_batches, tiny_factory, train_args
 
 OPTS = LGOptions(split_preset="head")  # head.* and classifier.* global, encoder.* local
 CPU = torch.device("cpu")

@@ -24,7 +24,7 @@ from fedml_moon.core.split import split_state
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.batched import train_party
 from fedml_moon.records.recorder import RunRecorder
-from tests.helpers import tiny_batches, tiny_factory, train_args
+from tests.support.tiny import tiny_batches, tiny_factory, train_args
 
 CPU = torch.device("cpu")
 

@@ -11,28 +11,16 @@ import json
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from fedml_moon import conformance, status
-from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.test_deploy_failures import _grpc, _start, _wait_for
+from fedml_moon import conformance
+from fedml_moon.status import record as status
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.processes import HEARTBEAT_S, SLOW_STEPS, grpc_command, start_rank, wait_for_text
+from tests.support.server import FEDAVG_CONFIG
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"),
-]
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
-HEARTBEAT_S = 0.3  # dead after 3 periods: 0.9 s; a party's local round: ~8 steps of 0.5 s, 4 s
-SLOW_STEPS = [
-    f"common_args.plugins=[{ROOT / 'tests' / 'slow_plugin.py'}:slow]",
-    "train_args.algorithm=fedavg_slow",
-    "train_args.comm_round=2",
-    "data_args.max_train_samples=800",  # ~8 steps a party
-    f"comm_args.heartbeat_s={HEARTBEAT_S}",
-]
+pytestmark = SLOW_WITH_DATA
 SLOW = [*conformance.TINY, *SLOW_STEPS]
 FALSE_ALARMS = ("sent no heartbeat", "is back", "stopped sending heartbeats", "welcomed it")
 
@@ -41,9 +29,9 @@ FALSE_ALARMS = ("sent no heartbeat", "is back", "stopped sending heartbeats", "w
 def test_a_long_local_round_raises_no_alarm(mode, tmp_path):
     if mode == "mqtt-s3":
         with conformance.services(tmp_path / "services") as svc:
-            result = conformance.run_mode(mode, CONFIG, SLOW, tmp_path, svc, timeout_s=240)
+            result = conformance.run_mode(mode, FEDAVG_CONFIG, SLOW, tmp_path, svc, timeout_s=240)
     else:
-        result = conformance.run_mode(mode, CONFIG, SLOW, tmp_path, timeout_s=240)
+        result = conformance.run_mode(mode, FEDAVG_CONFIG, SLOW, tmp_path, timeout_s=240)
     assert result.ok, result.tail()
     said = "\n".join(p.read_text(errors="replace") for p in result.logs)
     assert said.count("saying hello to the server") == 3, result.tail()  # once per silo
@@ -54,11 +42,11 @@ def test_a_long_local_round_raises_no_alarm(mode, tmp_path):
 
 
 def test_a_server_that_dies_during_a_long_local_round_is_noticed(tmp_path):
-    cmd, _ = _grpc(tmp_path, 2, *SLOW_STEPS, "train_args.comm_round=20", "comm_args.timeout_s=10")
-    started = [_start(cmd, r, tmp_path) for r in range(3)]
+    cmd, _ = grpc_command(tmp_path, 2, *SLOW_STEPS, "train_args.comm_round=20", "comm_args.timeout_s=10")
+    started = [start_rank(cmd, r, tmp_path) for r in range(3)]
     procs, logs = [proc for proc, _ in started], [log for _, log in started]
     try:
-        _wait_for(logs[0], "round 0:", 120)  # the silos are in their round 1 now: 4 s of steps
+        wait_for_text(logs[0], "round 0:", 120)  # the silos are in their round 1 now: 4 s of steps
         conformance.stop(procs[0], first=signal.SIGKILL)
         killed = time.monotonic()
         codes = conformance.wait_all(procs[1:], 90)
@@ -90,7 +78,7 @@ def test_a_silo_started_before_its_server_says_that_it_waits(transport, tmp_path
         else:
             svc = stack.enter_context(conformance.services(tmp_path / "services"))
             sets += [*svc.overrides, f"comm_args.run_id=wait-{conformance.free_port()}"]
-        cmd = [*conformance.cli_command("run", CONFIG, sets, tmp_path / "out"), "--rank", "1"]
+        cmd = [*conformance.cli_command("run", FEDAVG_CONFIG, sets, tmp_path / "out"), "--rank", "1"]
         silo = conformance.spawn(cmd, log, conformance.process_env(tmp_path), tmp_path)
         started = time.monotonic()
         (code,) = conformance.wait_all([silo], 90)

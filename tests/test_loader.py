@@ -9,7 +9,7 @@ import torch
 from fedml_moon.core.partition import iid_partition
 from fedml_moon.data.datasets import DatasetTensors
 from fedml_moon.data.loader import PartyLoader, build_fedml_dataset, materialize
-from tests.helpers import cuda_only
+from tests.support.marks import cuda_only
 
 
 def _indexed(n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -179,7 +179,7 @@ def test_a_run_of_many_parties_killed_and_resumed_is_the_same_run(tmp_path):
     same final model and records as the run never stopped, though its checkpoints hold only the
     parties sampled before them."""
     from fedml_moon import conformance
-    from tests.test_resume import _assert_same_run, _kill_when
+    from tests.support.resume import assert_same_run, kill_when
 
     data = _images(tmp_path / "data", 20_000, 4_000)
     config, sets = ROOT / "config" / "fashion_mnist" / "moon.yaml", _many(data, 2_000, 8)
@@ -189,12 +189,12 @@ def test_a_run_of_many_parties_killed_and_resumed_is_the_same_run(tmp_path):
     proc = conformance.spawn(
         conformance.cli_command("simulate", config, sets, out), tmp_path / "a.log", env, tmp_path
     )
-    _kill_when(proc, out, 2, random.uniform(0.0, 0.5))
+    kill_when(proc, out, 2, random.uniform(0.0, 0.5))
     assert len(checkpoint_parties(out)) < 2_000
     again = [*conformance.cli_command("simulate", config, sets, out), "--resume", str(out)]
     proc = conformance.spawn(again, tmp_path / "b.log", env, tmp_path)
     assert conformance.wait_all([proc], 240) == [0], (tmp_path / "b.log").read_text()[-3000:]
-    _assert_same_run(ref.out_dir, out)
+    assert_same_run(ref.out_dir, out)
 
 
 @needs_fmnist

@@ -22,7 +22,7 @@ from fedml_moon import conformance
 from fedml_moon.core.schedule import sample_schedule
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.partition_file import load_partition_file
-from tests.site_data import party_folders, site_sets
+from tests.support.site_data import party_folders, site_sets
 
 pytestmark = [
     pytest.mark.slow,

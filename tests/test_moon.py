@@ -12,7 +12,7 @@ from fedml_moon.core.aggregation import clone_state
 from fedml_moon.core.state import PartyStore
 from fedml_moon.engine.batched import train_party
 from fedml_moon.engine.local import ModuleNet
-from tests.helpers import tiny_batches, tiny_factory, train_args
+from tests.support.tiny import tiny_batches, tiny_factory, train_args
 
 
 def make_moon(**opts):

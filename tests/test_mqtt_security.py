@@ -16,7 +16,7 @@ from fedml_moon import conformance
 from fedml_moon.distributed.transport.base import message_bytes
 from fedml_moon.distributed.transport.mqtt_s3 import S3_REF, MqttS3Transport, MqttSecurity, ensure_bucket
 from fedml_moon.security import make_certs
-from tests.test_codec import huge_int_frame
+from tests.support.hostile import huge_int_frame
 
 pytestmark = pytest.mark.slow
 

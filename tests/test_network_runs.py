@@ -22,7 +22,7 @@ from fedml_moon import conformance
 from fedml_moon.conformance import party_states
 from fedml_moon.conformance.inprocess import quiet_run
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.site_data import CLASSES, party_folders
+from tests.support.site_data import CLASSES, party_folders
 
 pytestmark = [
     pytest.mark.slow,
@@ -141,7 +141,7 @@ def test_lg_fedavg_keeps_the_layers_below_resnet18s_last_block_at_each_party(tmp
 
 
 def test_a_model_plugin_passes_fedml_moon_check_as_the_how_to_shows_it(tmp_path):
-    from tests.test_readme_commands import NETWORK_CHECK
+    from tests.support.doc_commands import NETWORK_CHECK
 
     command = shlex.split(NETWORK_CHECK)
     command[0] = str(ROOT / command[0])

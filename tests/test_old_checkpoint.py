@@ -3,7 +3,7 @@ fedml_moon wrote on Python 3.11 with NumPy 1.26 and FedML's 2022 pins (FedML's w
 `fedml.init` called), stopped with SIGTERM after round 1's checkpoint (its summary says "failed"; the
 plots and the model file it wrote are left out). `--resume` with this fedml_moon (NumPy 2, FedML's
 parts only) ends on the model of the same run never interrupted, bit for bit: both run here, on one
-PyTorch build, as the recorded runs (`tests/recorded_runs.py`) do."""
+PyTorch build, as the recorded runs (`tests/support/recorded_runs.py`) do."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
-from tests.helpers import restored_main
-from tests.test_readme_commands import needs_fmnist
+from tests.support.cli import restored_main
+from tests.support.marks import needs_fmnist
 
 ROOT = Path(__file__).resolve().parents[1]
 WRITTEN_BEFORE = ROOT / "tests" / "data" / "run-before-numpy2"

@@ -22,7 +22,8 @@ from fedml_moon.core.models import build_model
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.batched import PartyJob, train_parties, train_party
 from fedml_moon.registry import ALGORITHMS, AlgorithmSpec, get_algorithm
-from tests.helpers import restored_main, tiny_batches
+from tests.support.cli import restored_main
+from tests.support.tiny import tiny_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -202,7 +203,7 @@ def test_trainable_is_set_after_the_constructor_and_before_setup_as_the_tutorial
     from fedml_moon.adapters.aggregator import PluginServerAggregator
     from fedml_moon.algorithms.base import NoOptions
     from fedml_moon.config.schema import ServerArgs
-    from tests.helpers import tiny_factory, train_args
+    from tests.support.tiny import tiny_factory, train_args
 
     seen = {}
 

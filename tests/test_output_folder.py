@@ -14,7 +14,7 @@ from fedml_moon import conformance
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.records.folder import earlier_records
 from fedml_moon.results.sweep import Run
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

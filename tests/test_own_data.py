@@ -27,7 +27,14 @@ from fedml_moon.conformance import recovery
 from fedml_moon.core.evaluation import evaluate
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.security import make_certs
-from tests.site_data import CLASSES, MIXES, fashion, party_folders, site_sets, table_frame
+from tests.support.site_data import (
+    CLASSES,
+    MIXES,
+    fashion,
+    site_folders,
+    site_sets,
+    table_frame,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -67,7 +74,8 @@ EVALUATED = (
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory) -> Path:
-    return party_folders(tmp_path_factory.mktemp("sites"), per_party=60, n_test=20)
+    """Each site's folder with 60 training images a party (tests/conftest.py's have 40)."""
+    return site_folders(tmp_path_factory, per_party=60)
 
 
 @pytest.fixture(scope="module")
@@ -232,16 +240,16 @@ def _grpc_run(
     tmp_path: Path, sites: dict[int, list[str]], server: list[str], scripts: dict[int, str] | None = None
 ) -> Path:
     """A gRPC run on 127.0.0.1 (no TLS): each site with its own settings, site r run by
-    tests/`scripts[r]` where given (the plugin's own silo with one behaviour changed), the server with
-    `server`; every process must exit 0. Returns the run's folder."""
+    tests/support/`scripts[r]` where given (the plugin's own silo with one behaviour changed), the
+    server with `server`; every process must exit 0. Returns the run's folder."""
     ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 1, conformance.free_port())
     comm = [*LOCAL, "comm_args.backend=GRPC", f"comm_args.grpc_ipconfig_path={ipconfig}"]
     out, env = tmp_path / "run", conformance.process_env(tmp_path)
     cmds = {}
     for r, own in sites.items():
         cmd = [*conformance.cli_command("run", CONFIG, [*comm, *own], out), "--rank", str(r)]
-        if r in (scripts or {}):  # python tests/SCRIPT run ... in place of python -m fedml_moon run ...
-            cmd = [cmd[0], str(ROOT / "tests" / scripts[r]), *cmd[3:]]
+        if r in (scripts or {}):  # tests/support/SCRIPT run ... in place of -m fedml_moon run ...
+            cmd = [cmd[0], str(ROOT / "tests" / "support" / scripts[r]), *cmd[3:]]
         cmds[f"silo-{r}"] = cmd
     cmds["server"] = [*conformance.cli_command("run", CONFIG, [*comm, *server], out), "--rank", "0"]
     procs = [conformance.spawn(cmd, tmp_path / f"{name}.log", env, tmp_path) for name, cmd in cmds.items()]
@@ -304,7 +312,7 @@ def test_a_parquet_site_with_the_mlp_in_a_run_of_its_own(tmp_path):
 
 def test_under_secure_aggregation_the_server_learns_the_counts_summed(tmp_path, sites):
     """Secure aggregation of the updates and of the sites' test counts over gRPC, site 1 lying about
-    its counts (tests/lying_eval_silo.py): in round 0 it sends them in a clear REPORT, at once and
+    its counts (tests/support/lying_eval_silo.py): in round 0 it sends them in a clear REPORT, at once and
     after the others' keys, then its keys; in round 1 it adds 10^6 correct answers inside the secure
     sum. The same model as the standalone run of the same holdings under secure aggregation; round
     0's test figures those of its central test (only the secure sum is recorded: the REPORTs are

@@ -12,7 +12,8 @@ from fedml_moon.config.schema import ConfigError, TrainArgs
 from fedml_moon.core.batched import auto_parties
 from fedml_moon.core.models import build_model
 from fedml_moon.engine.pace import graphs_on, large, resolve_pace, together
-from tests.helpers import CUDA_ONLY, restored_main
+from tests.support.cli import restored_main
+from tests.support.marks import CUDA_ONLY
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 SIMPLE = build_model("simple-cnn", (3, 32, 32), 10, use_head=True, out_dim=256)
@@ -126,7 +127,7 @@ def test_a_checkpoint_from_another_kind_of_device_is_refused_naming_it(tmp_path,
     pytest.importorskip("fedml")  # a run: where FedML is not installed (a GPU machine's own Python), skipped
     from fedml_moon import conformance
     from fedml_moon.adapters.run import assemble
-    from tests.helpers import TINY_RUN
+    from tests.support.tiny import TINY_RUN
 
     monkeypatch.setenv("HOME", str(tmp_path))
     on_gpu = f"device_args.using_gpu={'true' if device == 'cuda' else 'false'}"

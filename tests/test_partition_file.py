@@ -20,7 +20,7 @@ from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
 from fedml_moon.data.partition_file import load_partition_file, write_partition
-from tests.helpers import restored_main
+from tests.support.cli import restored_main
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

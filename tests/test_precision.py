@@ -13,7 +13,7 @@ from fedml_moon.algorithms.base import ClientAlgorithm, Context, PartyRound
 from fedml_moon.core.models import build_model
 from fedml_moon.engine.batched import PartyJob, train_parties
 from fedml_moon.engine.precision import training_precision
-from tests.helpers import train_args
+from tests.support.tiny import train_args
 
 CPU = torch.device("cpu")
 

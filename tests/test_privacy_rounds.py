@@ -23,7 +23,7 @@ from fedml_moon.privacy.mod import PrivateAggregation, secure_sum
 from fedml_moon.privacy.options import PrivacyArgs
 from fedml_moon.privacy.party import PartyVector, Plan, PrivacyError, party_vector
 from fedml_moon.privacy.secagg import SecAggError
-from tests.helpers import SUMMING, TINY_RUN
+from tests.support.tiny import SUMMING, TINY_RUN
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 TINY = [

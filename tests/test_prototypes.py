@@ -15,7 +15,10 @@ from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError, ServerArgs, TrainArgs
 from fedml_moon.core.robust import RobustMean, RobustOptions
 from fedml_moon.distributed import managers as m
-from tests.test_server_waits import CONFIG, _from, _item, _server, pytestmark  # noqa: F401 (data)
+from tests.support.marks import needs_fmnist
+from tests.support.server import FEDAVG_CONFIG, receive, result_item, server_manager
+
+pytestmark = needs_fmnist
 
 
 def _server_algorithm(rule: str = "none", **options) -> FedSSCServer:
@@ -76,16 +79,16 @@ def test_without_a_rule_every_holder_counts_and_the_previous_value_fills_an_unhe
 def test_a_robust_rule_with_random_k_below_3_is_a_config_error():
     base = ["train_args.algorithm=fedssc", "server_args.robust_aggregation=median"]
     with pytest.raises(ConfigError, match="algorithm_args.prototype_k: a robust rule needs at least 3"):
-        load_config(CONFIG, base)
-    assert load_config(CONFIG, [*base, "algorithm_args.prototype_mode=mean"])
+        load_config(FEDAVG_CONFIG, base)
+    assert load_config(FEDAVG_CONFIG, [*base, "algorithm_args.prototype_mode=mean"])
     with pytest.raises(ConfigError, match="algorithm_args.prototype_min_holders"):
-        load_config(CONFIG, ["train_args.algorithm=fedssc", "algorithm_args.prototype_min_holders=0"])
+        load_config(FEDAVG_CONFIG, ["train_args.algorithm=fedssc", "algorithm_args.prototype_min_holders=0"])
 
 
 def test_a_silo_that_claims_classes_it_does_not_hold_is_refused_and_changes_nothing(tmp_path, caplog):
     """FedSSC over the distributed server: a RESULT whose `present` claims every class (with huge
     prototypes) is refused naming the classes; the silo's honest result then completes the round."""
-    manager, wire = _server(tmp_path, "train_args.algorithm=fedssc")
+    manager, wire = server_manager(tmp_path, "train_args.algorithm=fedssc")
     task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == 1)
     model = task.get("tasks")[0]["payload"]["model"]
     classes, dim = model["classifier.weight"].shape
@@ -96,19 +99,19 @@ def test_a_silo_that_claims_classes_it_does_not_hold_is_refused_and_changes_noth
         counts = torch.tensor(manager.rounds.aggregator.algorithm.class_counts[party])
         upload = {"prototypes": torch.ones(classes, dim), "present": counts > 10}
         if rank == 1:
-            claim = _item(manager, party, model)
+            claim = result_item(manager, party, model)
             claim["upload"].update(
                 prototypes=1e6 * torch.ones(classes, dim), present=torch.ones(classes).bool()
             )
-            _from(manager, 1, m.RESULT, round=0, results=[claim])
+            receive(manager, 1, m.RESULT, round=0, results=[claim])
             assert "upload.present differs at classes" in caplog.text and manager.state.round.pending == {
                 1,
                 2,
                 3,
             }
-        item = _item(manager, party, model)
+        item = result_item(manager, party, model)
         item["upload"].update(upload)
-        _from(manager, rank, m.RESULT, round=0, results=[item])
+        receive(manager, rank, m.RESULT, round=0, results=[item])
     record = manager.rounds.recorder.records[0]
     assert record["parties"] == 3 and "rejected_parties" not in record
     server = manager.rounds.aggregator.algorithm

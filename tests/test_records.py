@@ -2,7 +2,7 @@
 field the server writes (test_acc, best-so-far figures, epsilons, byte counts), and a party whose
 metrics diverged is left out of its round rather than stalling it.
 
-The server manager runs in this process on a tiny real run (tests/test_server_waits.py)."""
+The server manager runs in this process on a tiny real run (tests/support/server.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,11 @@ from fedml_moon.core.validate import SERVER_FIELDS, metrics_problem, terms_probl
 from fedml_moon.distributed import managers as m
 from fedml_moon.engine.batched import train_party
 from fedml_moon.registry import ALGORITHMS, AlgorithmSpec, register
-from tests.helpers import tiny_batches, tiny_factory, train_args
-from tests.test_server_waits import _from, _item, _results, _server, pytestmark  # noqa: F401 (data)
+from tests.support.marks import needs_fmnist
+from tests.support.server import answer_train, receive, result_item, server_manager
+from tests.support.tiny import tiny_batches, tiny_factory, train_args
+
+pytestmark = needs_fmnist
 
 TIMING = ("round_time_s", "wire_bytes_sent", "wire_bytes_received")
 
@@ -78,11 +81,11 @@ def test_metrics_are_checked_against_the_declared_terms_and_huge_integers_are_na
 
 def _round_0(tmp_path, attack: list[tuple[int, str, dict]]) -> tuple:
     """Round 0 of the tiny FedAvg run: `attack` first, then the three silos' honest results."""
-    manager, wire = _server(tmp_path)
+    manager, wire = server_manager(tmp_path)
     for rank, kind, fields in attack:
-        _from(manager, rank, kind, **fields)
+        receive(manager, rank, kind, **fields)
     for rank in (1, 2, 3):
-        _results(manager, wire, rank)
+        answer_train(manager, wire, rank)
     return manager, wire
 
 
@@ -100,9 +103,9 @@ def test_a_silo_cannot_write_a_server_field_and_its_result_changes_nothing(tmp_p
     """A RESULT whose metrics name a field the server writes (on a round that is not evaluated, or
     one that is) is refused, naming the field; the round's records are those of a round without it."""
     honest, _ = _round_0(tmp_path / "honest", [])
-    probe, wire = _server(tmp_path / "probe")
+    probe, wire = server_manager(tmp_path / "probe")
     model = next(t for t in wire.sent if t.get_type() == m.TRAIN).get("tasks")[0]["payload"]["model"]
-    item = _item(probe, 0, model)
+    item = result_item(probe, 0, model)
     hostile = {**item, "upload": {**item["upload"], "metrics": metrics}}
     attacked, _ = _round_0(tmp_path / "attacked", [(1, m.RESULT, {"round": 0, "results": [hostile]})])
     assert named in caplog.text
@@ -113,7 +116,9 @@ def test_a_silo_cannot_write_a_server_field_and_its_result_changes_nothing(tmp_p
 def test_the_server_records_only_declared_terms_whatever_reaches_finish_round(tmp_path):
     """Defence in depth: a metric of another name that reached the round's results (a bug, or a path
     that did not check) is not recorded, and a server field is the server's."""
-    manager, _ = _server(tmp_path, "validation_args.frequency_of_the_test=2", "train_args.comm_round=3")
+    manager, _ = server_manager(
+        tmp_path, "validation_args.frequency_of_the_test=2", "train_args.comm_round=3"
+    )
     rounds = manager.rounds
     rounds.downloads(1)
     forged = {"loss": 1.0, "ce": 0.5, "test_acc": 0.99, "local_test_acc_best_so_far": 5.0, "parties": 99}
@@ -129,13 +134,13 @@ def test_the_server_records_only_declared_terms_whatever_reaches_finish_round(tm
 def test_a_diverged_partys_metrics_leave_it_out_of_the_round_without_a_wait(tmp_path, caplog, value):
     """A RESULT whose metric is NaN, infinite or beyond 1e15 is taken (it is well formed) and the party
     is left out as a diverged one: named in rejected_parties, and the round goes on at once."""
-    manager, wire = _server(tmp_path)
+    manager, wire = server_manager(tmp_path)
     for rank in (2, 3):
-        _results(manager, wire, rank)
+        answer_train(manager, wire, rank)
     task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == 1)
-    item = _item(manager, 0, task.get("tasks")[0]["payload"]["model"])
+    item = result_item(manager, 0, task.get("tasks")[0]["payload"]["model"])
     diverged = {**item, "upload": {**item["upload"], "metrics": {"loss": value, "ce": 1.0}}}
-    _from(manager, 1, m.RESULT, round=0, results=[diverged])
+    receive(manager, 1, m.RESULT, round=0, results=[diverged])
     record = manager.rounds.recorder.records[0]  # no tick, no deadline: the round is closed
     assert record["rejected_parties"] == [0] and record["parties"] == 2
     assert record["train_loss"] is None  # the other two reported no loss: the diverged one is not in it
@@ -163,7 +168,7 @@ def test_one_partys_local_layers_cannot_set_the_new_test_under_a_robust_rule():
     is that rule, so one report of huge (finite) layers leaves the figure finite and near the honest."""
     from fedml_moon.config.schema import ServerArgs, TrainArgs
     from fedml_moon.core.models import build_model
-    from tests.helpers import tiny_batches
+    from tests.support.tiny import tiny_batches
 
     model = build_model("mlp", (1, 4, 4), 3, True, 8, "none")
     honest = [{k: v + 0.01 * i for k, v in model.state_dict().items()} for i in range(4)]

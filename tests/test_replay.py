@@ -15,8 +15,14 @@ import torch
 from fedml_moon.adapters.run import build_base, build_runner, build_server
 from fedml_moon.config.load import config_from_dict
 from fedml_moon.engine.replay import ReplayDiverged, ReplaySimulation, arrivals
-from tests.helpers import restored_main
-from tests.test_buffered import BUFFERED, _far, _run, needs_data, read_once  # noqa: F401 (fixture)
+from tests.support.buffered_runs import (
+    BUFFERED,
+    max_distance,
+    read_once,  # noqa: F401 (a fixture of this module)
+    run_standalone,
+)
+from tests.support.cli import restored_main
+from tests.support.marks import needs_fmnist
 
 STALE = [  # three parties, two buffers' worth training at once, K = 2: the slow ones come in stale
     *BUFFERED,
@@ -61,7 +67,7 @@ def stale_run(tmp_path_factory) -> Path:
     """A FedAvg buffered run with updates refused as too stale, its folder (read-only to the tests)."""
     folder = tmp_path_factory.mktemp("stale") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        _run(folder, "fedavg", STALE, patch)
+        run_standalone(folder, "fedavg", STALE, patch)
     return folder
 
 
@@ -81,7 +87,7 @@ def test_the_records_arrivals_merge_by_position():
     ]
 
 
-@needs_data
+@needs_fmnist
 def test_a_buffered_run_replays_to_its_model_and_records(stale_run, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(stale_run, run)
@@ -95,21 +101,21 @@ def test_a_buffered_run_replays_to_its_model_and_records(stale_run, tmp_path, ca
         assert main(["replay", str(run), "--overwrite", "--atol", "0"]) == 0
     replayed = _records(run / "replay")
     final = torch.load(run / "replay" / "final_model.pt", weights_only=True)
-    assert _far(final, torch.load(run / "final_model.pt", weights_only=True)) <= 1e-6
+    assert max_distance(final, torch.load(run / "final_model.pt", weights_only=True)) <= 1e-6
     for key in ("round", "updates", "left_out", "refused_stale", "sim_time_s", "train_loss"):
         assert [r[key] for r in replayed] == [r[key] for r in records], key
 
 
-@needs_data
+@needs_fmnist
 def test_moon_party_state_advances_through_the_updates_left_out(tmp_path, monkeypatch):
     """Party 0's update is refused as too stale and it trains again: its next upload depends on the
     previous model the refused round left it (MOON's l_con), and on how far its data stream went."""
-    final, records = _run(tmp_path / "run", "moon", MOON_STALE, monkeypatch)
+    final, records = run_standalone(tmp_path / "run", "moon", MOON_STALE, monkeypatch)
     events = arrivals(records)
     after = [b for i, a in enumerate(events) if not a.kept for b in events[i + 1 :] if b.party == a.party]
     assert any(b.kept for b in after)  # a party trained on after an update of its was left out
     replayed = _replay(tmp_path / "run", tmp_path / "replay")
-    assert _far(torch.load(tmp_path / "replay" / "final_model.pt", weights_only=True), final) <= 1e-6
+    assert max_distance(torch.load(tmp_path / "replay" / "final_model.pt", weights_only=True), final) <= 1e-6
     assert [r["updates"] for r in replayed] == [r["updates"] for r in records]
     assert [r["l_con"] for r in replayed] == [r["l_con"] for r in records]
     without = [{**r, "left_out": []} for r in records]  # the refused rounds not trained: another state
@@ -117,7 +123,7 @@ def test_moon_party_state_advances_through_the_updates_left_out(tmp_path, monkey
         _replay(tmp_path / "run", tmp_path / "without", without)
 
 
-@needs_data
+@needs_fmnist
 def test_an_update_moved_to_another_party_diverges(stale_run, tmp_path, capsys):
     records = _records(stale_run)
     r = next(i for i, rec in enumerate(records) if i > 0 and rec["updates"][0][1] == i)  # a fresh update
@@ -140,9 +146,9 @@ def test_an_update_moved_to_another_party_diverges(stale_run, tmp_path, capsys):
         _replay(stale_run, tmp_path / "kept", kept)
 
 
-@needs_data
+@needs_fmnist
 def test_a_synchronous_run_or_no_records_is_refused(stale_run, tmp_path, capsys, monkeypatch):
-    _run(tmp_path / "sync", "fedavg", ["train_args.comm_round=1"], monkeypatch)
+    run_standalone(tmp_path / "sync", "fedavg", ["train_args.comm_round=1"], monkeypatch)
     empty = tmp_path / "empty"
     shutil.copytree(stale_run, empty)
     (empty / "metrics.jsonl").write_text("")
@@ -157,7 +163,7 @@ def test_a_synchronous_run_or_no_records_is_refused(stale_run, tmp_path, capsys,
     assert not (tmp_path / "sync" / "replay").exists() and not (empty / "replay").exists()
 
 
-@needs_data
+@needs_fmnist
 def test_a_cross_silo_runs_records_replay_in_one_process(stale_run, tmp_path, capsys):
     """A distributed run's folder holds the same records and a cross-silo config: the replay is the
     standalone simulation's whatever the run's mode (here the standalone run's records, said to be a

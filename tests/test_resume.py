@@ -6,13 +6,10 @@ tests/test_resume_algorithms.py; a checkpoint write dying at each step: tests/te
 
 from __future__ import annotations
 
-import json
 import pickle
 import random
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +21,8 @@ from fedml_moon.core import checkpoint
 from fedml_moon.core.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.engine.resume import check_config, flat_config
-from tests.test_tensorboard import assert_curves_are_the_records
+from tests.support.records import assert_curves_are_the_records
+from tests.support.resume import assert_same_run, kill_when
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDSSC = ROOT / "config" / "fashion_mnist" / "fedssc.yaml"
@@ -41,40 +39,6 @@ RUN = [
 ]
 
 
-def _records(out: Path) -> list[dict]:
-    """metrics.jsonl without timings and the transport's own byte counts (a restarted process says
-    hello again, so its wire bytes differ; the payload bytes do not)."""
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return [
-        {k: v for k, v in json.loads(x).items() if not k.endswith("_time_s") and not k.startswith("wire_")}
-        for x in lines
-    ]
-
-
-def _kill_when(proc, out: Path, rounds_done: int, extra_s: float) -> None:
-    """SIGKILL once `rounds_done` rounds are recorded and the first checkpoint is written (a run
-    killed before any checkpoint has nothing to resume: --resume refuses it), `extra_s` later."""
-    deadline = time.monotonic() + 240
-    path = out / "metrics.jsonl"
-    while not (
-        path.exists()
-        and len(path.read_text().splitlines()) >= rounds_done
-        and checkpoint.latest(out / "checkpoint") is not None
-    ):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-        time.sleep(0.05)
-    time.sleep(extra_s)
-    conformance.stop(proc, first=signal.SIGKILL)
-
-
-def _assert_same_run(ref: Path, out: Path) -> None:
-    a = torch.load(ref / "final_model.pt", weights_only=True)
-    b = torch.load(out / "final_model.pt", weights_only=True)
-    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ends with another model"
-    assert _records(ref) == _records(out)
-    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
-
-
 @needs_fmnist
 @pytest.mark.slow
 def test_standalone_killed_at_a_random_moment_and_resumed_is_the_same_run(tmp_path):
@@ -84,7 +48,7 @@ def test_standalone_killed_at_a_random_moment_and_resumed_is_the_same_run(tmp_pa
     out, env = tmp_path / "killed", conformance.process_env(tmp_path)
     cmd = conformance.cli_command("simulate", FEDSSC, [*RUN, "train_args.state_store=disk"], out)
     proc = conformance.spawn(cmd, tmp_path / "first.log", env, tmp_path)
-    _kill_when(proc, out, rng.randint(1, 4), rng.uniform(0.0, 1.5))
+    kill_when(proc, out, rng.randint(1, 4), rng.uniform(0.0, 1.5))
     resume = [
         *conformance.cli_command("simulate", FEDSSC, [*RUN, "train_args.state_store=disk"], out),
         "--resume",
@@ -93,7 +57,7 @@ def test_standalone_killed_at_a_random_moment_and_resumed_is_the_same_run(tmp_pa
     again = conformance.spawn(resume, tmp_path / "resume.log", env, tmp_path)
     assert conformance.wait_all([again], 300) == [0], (tmp_path / "resume.log").read_text()[-3000:]
     assert "resuming after the checkpoint of round" in (tmp_path / "resume.log").read_text()
-    _assert_same_run(ref.out_dir, out)
+    assert_same_run(ref.out_dir, out)
 
 
 @needs_fmnist
@@ -108,13 +72,13 @@ def test_mpi_simulation_killed_and_resumed_is_the_same_run(tmp_path):
     sim = [*memory, "comm_args.backend=MPI", "comm_args.timeout_s=60"]
     cmd = conformance.mpirun_command(3, conformance.cli_command("simulate", FEDSSC, sim, out))
     proc = conformance.spawn(cmd, tmp_path / "first.log", env, tmp_path)
-    _kill_when(proc, out, 3, random.uniform(0.0, 1.0))
+    kill_when(proc, out, 3, random.uniform(0.0, 1.0))
     resume = conformance.mpirun_command(
         3, [*conformance.cli_command("simulate", FEDSSC, sim, out), "--resume", str(out)]
     )
     again = conformance.spawn(resume, tmp_path / "resume.log", env, tmp_path)
     assert conformance.wait_all([again], 300) == [0], (tmp_path / "resume.log").read_text()[-3000:]
-    _assert_same_run(ref.out_dir, out)
+    assert_same_run(ref.out_dir, out)
     _assert_one_layout(ref.out_dir, out, 5)
     for run in (ref.out_dir, out):
         assert_curves_are_the_records(run)

@@ -22,7 +22,7 @@ from fedml_moon import conformance
 from fedml_moon.adapters.run import assemble
 from fedml_moon.config.load import load_config
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import TINY_RUN, Stop, stop_after
+from tests.support.tiny import TINY_RUN, Stop, stop_after
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"

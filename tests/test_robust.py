@@ -28,7 +28,7 @@ from fedml_moon.core.robust import (
     trim_count,
 )
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import train_args
+from tests.support.tiny import train_args
 
 
 def mean_of(rule: str, **options) -> RobustMean:

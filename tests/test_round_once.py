@@ -9,42 +9,16 @@ upload the model they were sent, moved by 0.01 x their rank."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.server import checkpoint as server_checkpoint
 from fedml_moon.distributed.server.manager import ServerManager
-from tests.test_server_waits import Wire, _from, pytestmark  # noqa: F401 (data)
-from tests.test_server_waits import _server as server_of
+from tests.support.marks import needs_fmnist
+from tests.support.server import Wire, answer_moved, fedavgm_server, receive
 
-SETTINGS = [
-    "train_args.comm_round=3",
-    "train_args.checkpoint_every=1",
-    "server_args.server_momentum=0.9",
-    "server_args.server_momentum_style=fedavgm",
-]
-
-
-def _server(out: Path, resume: bool = False) -> tuple[ServerManager, Wire]:
-    return server_of(out, *SETTINGS, resume=resume)
-
-
-def _answer(manager: ServerManager, wire: Wire, rank: int, round_idx: int) -> None:
-    """Rank `rank`'s RESULT for its TRAIN of `round_idx`: the models it was sent, moved by 0.01 x rank."""
-    task = next(
-        t
-        for t in reversed(wire.sent)
-        if t.get_type() == m.TRAIN and t.get_receiver_id() == rank and t.get("round") == round_idx
-    )
-    results = []
-    for t in task.get("tasks"):
-        model = {k: v + 0.01 * rank if v.is_floating_point() else v for k, v in t["payload"]["model"].items()}
-        upload = {"model": model, "party_id": t["party"]}
-        results.append({"party": t["party"], "n": manager.rounds.samples[t["party"]], "upload": upload})
-    _from(manager, rank, m.RESULT, round=round_idx, results=results)
+pytestmark = needs_fmnist
 
 
 def _play(manager: ServerManager, wire: Wire, rounds: int = 3) -> None:
@@ -52,13 +26,13 @@ def _play(manager: ServerManager, wire: Wire, rounds: int = 3) -> None:
     for _ in range(4 * rounds + 2):
         if manager.state.round.phase == "train":
             for rank in sorted(manager.state.round.pending):
-                _answer(manager, wire, rank, manager.state.round.round_idx)
+                answer_moved(manager, wire, rank, manager.state.round.round_idx)
         elif manager.state.round.phase == "checkpoint":
             for rank in sorted(manager.state.round.pending):
-                _from(manager, rank, m.CHECKPOINTED, round=manager.state.round.round_idx)
+                receive(manager, rank, m.CHECKPOINTED, round=manager.state.round.round_idx)
         elif manager.state.round.phase == "finish":
             for rank in sorted(manager.state.round.pending):
-                _from(manager, rank, m.BYE)
+                receive(manager, rank, m.BYE)
         else:
             return
 
@@ -69,7 +43,7 @@ def _final(manager: ServerManager) -> dict:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
-    manager, wire = _server(tmp_path_factory.mktemp("clean"))
+    manager, wire = fedavgm_server(tmp_path_factory.mktemp("clean"))
     _play(manager, wire)
     assert manager.status == "completed" and manager.rounds.aggregator.algorithm.round_idx == 3
     return _final(manager)
@@ -102,7 +76,7 @@ def test_a_failure_after_aggregation_stops_the_run_without_applying_the_round_tw
     tmp_path, monkeypatch, uninterrupted, step
 ):
     pick, name, doing = STEPS[step]
-    manager, wire = _server(tmp_path)
+    manager, wire = fedavgm_server(tmp_path)
     target = pick(manager)
     when = (lambda *a: a[0] == 1) if step == "next round" else (lambda *a: True)
     monkeypatch.setattr(target, name, _fail_once(getattr(target, name), when))
@@ -115,12 +89,12 @@ def test_a_failure_after_aggregation_stops_the_run_without_applying_the_round_tw
     aborts = [x.get("reason") for x in wire.sent if x.get_type() == m.ABORT]
     assert len(aborts) == 3 and f"the server failed while {doing}: RuntimeError: injected" in aborts[0]
     for _ in range(3):  # whatever comes later: ticks, the silos' answers to round 0 again
-        _from(manager, 0, m.TICK)
+        receive(manager, 0, m.TICK)
         for rank in (1, 2, 3):
-            _answer(manager, wire, rank, 0)
+            answer_moved(manager, wire, rank, 0)
     assert algorithm.round_idx == 1 and len(manager.rounds.recorder.records) == len(rounds_recorded)
     if step == "next round":  # round 0's checkpoint is whole: resumed, the run ends as if never stopped
-        resumed, again = _server(tmp_path, resume=True)
+        resumed, again = fedavgm_server(tmp_path, resume=True)
         assert resumed.state.round.round_idx == 1
         _play(resumed, again)
         assert resumed.status == "completed"

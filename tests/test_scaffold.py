@@ -10,7 +10,7 @@ from fedml_moon.algorithms.scaffold import ScaffoldClient, ScaffoldOptions, Scaf
 from fedml_moon.config.schema import ConfigError, ServerArgs
 from fedml_moon.core.aggregation import clone_state, payload_nbytes
 from fedml_moon.engine.batched import train_party
-from tests.helpers import tiny_batches, tiny_factory, train_args
+from tests.support.tiny import tiny_batches, tiny_factory, train_args
 
 CPU = torch.device("cpu")
 A = (1.0, 3.0, 6.0)  # f_i(w) = a_i / 2 (w - b_i)^2, heterogeneous curvature

@@ -12,7 +12,7 @@ import pytest
 
 from fedml_moon.core.shamir import P
 from fedml_moon.privacy.secagg import SecAggError, SecAggParams
-from tests.test_secagg_protocol import Round, _assert_within_bound
+from tests.support.secagg import Round, assert_within_bound
 
 
 def _garbled(r: Round, sender: int, receiver: int) -> dict[int, dict[int, bytes]]:
@@ -33,7 +33,7 @@ def test_garbage_to_one_neighbour_drops_its_sender_and_the_honest_parties_sum(n,
     r.answers = {u: r.parties[u].unmask(survivors, dropped) for u in survivors}
     assert all(2 not in a["b"] for a in r.answers.values())  # never asked for its self-mask seed
     assert 2 not in r.answers[accuser]["s"] and sum(2 in a["s"] for a in r.answers.values()) >= t
-    _assert_within_bound(r, r.server.decode(r.server.unmask(r.answers)))
+    assert_within_bound(r, r.server.decode(r.server.unmask(r.answers)))
     assert "parties [2] are dropped from the round: a neighbour could not decrypt" in caplog.text
 
 
@@ -61,7 +61,7 @@ def test_wrong_unmasking_shares_are_outvoted_with_more_than_t_and_their_senders_
     _tamper(responses[2], "b", 0)
     _tamper(responses[1], "s", 4)
     responses[3]["b"][1] = (99, 1)  # a share with the wrong x
-    _assert_within_bound(r, r.server.decode(r.server.unmask(responses)))
+    assert_within_bound(r, r.server.decode(r.server.unmask(responses)))
     blamed = r.server.blamed
     assert sorted(blamed) == [1, 2, 3]
     assert blamed[2] == ["its share of party 0's b-seed is off the polynomial"]
@@ -116,5 +116,5 @@ def test_a_party_that_names_all_its_neighbours_is_dropped_itself_and_the_round_g
     survivors, dropped = r.server.unmask_request()
     assert survivors == list(range(1, n)) and dropped == [0]
     answers = {u: r.parties[u].unmask(survivors, dropped) for u in survivors}
-    _assert_within_bound(r, r.server.decode(r.server.unmask(answers)))  # the survivors' clipped sum
+    assert_within_bound(r, r.server.decode(r.server.unmask(answers)))  # the survivors' clipped sum
     assert "party 0 names" in caplog.text and "it is dropped itself, its accusations ignored" in caplog.text

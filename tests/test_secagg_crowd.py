@@ -19,7 +19,7 @@ from fedml_moon.core import shamir
 from fedml_moon.privacy import secagg_crypto as crypto
 from fedml_moon.privacy.secagg import SecAggError, SecAggParams
 from fedml_moon.privacy.secagg_graph import RoundGraph, neighbourhood_size, reveal_problem
-from tests.test_secagg_protocol import Round
+from tests.support.secagg import Round
 
 LENGTH = 16
 

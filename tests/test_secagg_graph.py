@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fedml_moon.privacy.secagg import SecAggError, SecAggParams
 from fedml_moon.privacy.secagg_graph import RoundGraph, graph_seed, harary, key_digest, neighbourhood_size
-from tests.test_secagg_protocol import Round
+from tests.support.secagg import Round
 
 
 def _digests(n: int, salt: int = 0) -> dict[int, bytes]:

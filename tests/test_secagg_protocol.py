@@ -10,71 +10,8 @@ import pytest
 import torch
 
 from fedml_moon.core.fixed_point import FixedPoint
-from fedml_moon.privacy.secagg import PartySession, SecAggError, SecAggParams, ServerSession, pack, unpack
-
-LENGTH = 1000
-
-
-class Round:
-    """A small driver: n parties and the server of one round, stepped through the four rounds; what the
-    server received is kept (`masked_inputs`, `answers`) for the tests that play a curious server."""
-
-    def __init__(self, n: int, params: SecAggParams, length: int = LENGTH, round_idx: int = 0) -> None:
-        self.params, self.length, self.round_idx = params, length, round_idx
-        self.parties = {u: PartySession(u, round_idx, params) for u in range(n)}
-        self.server = ServerSession(round_idx, params, length)
-        g = torch.Generator().manual_seed(round_idx)
-        self.inputs = {u: torch.randn(length, generator=g, dtype=torch.float64) * 3 for u in range(n)}
-        self.digests: dict[int, bytes] = {}
-        self.masked_inputs: dict[int, torch.Tensor] = {}
-        self.answers: dict[int, dict] = {}
-
-    def keys(self) -> dict[int, dict]:
-        rosters, self.digests = self.server.collect_keys({u: p.advertise() for u, p in self.parties.items()})
-        return rosters
-
-    def share(self, skip=()) -> dict[int, dict[int, bytes]]:
-        rosters = self.keys()
-        return {u: p.share(rosters[u], self.digests) for u, p in self.parties.items() if u not in skip}
-
-    def inboxes(self, skip_share=()) -> dict[int, dict[int, bytes]]:
-        return self.server.route(self.share(skip_share))
-
-    def masked(self, skip_share=(), skip_mask=(), inboxes=None) -> dict[int, torch.Tensor]:
-        inboxes = self.inboxes(skip_share) if inboxes is None else inboxes
-        self.masked_inputs = {
-            u: self.parties[u].mask(self.inputs[u], inbox)
-            for u, inbox in inboxes.items()
-            if u not in skip_mask
-        }
-        return self.masked_inputs
-
-    def collect(self, skip_share=(), skip_mask=(), inboxes=None) -> tuple[list[int], list[int]]:
-        masked = self.masked(skip_share, skip_mask, inboxes)
-        accused = {u: self.parties[u].accused for u in masked}
-        self.server.collect_masked(masked, accused)
-        return self.server.unmask_request()
-
-    def responses(self, skip_share=(), skip_mask=(), silent=(), inboxes=None) -> dict[int, dict]:
-        survivors, dropped = self.collect(skip_share, skip_mask, inboxes)
-        self.answers = {u: self.parties[u].unmask(survivors, dropped) for u in survivors if u not in silent}
-        return self.answers
-
-    def run(self, skip_share=(), skip_mask=(), silent=()) -> torch.Tensor:
-        total = self.server.unmask(self.responses(skip_share, skip_mask, silent))
-        return self.server.decode(total)
-
-    def exact(self) -> torch.Tensor:
-        enc = self.params.encoding
-        return sum(self.inputs[u].clamp(-enc.clip, enc.clip) for u in self.server.survivors)
-
-
-def _assert_within_bound(r: Round, decoded: torch.Tensor) -> None:
-    """The decoded sum is the sum of the clipped inputs to within n / (2 scale) per element."""
-    n, enc = len(r.server.survivors), r.params.encoding
-    assert decoded.dtype == torch.float64
-    assert enc.error_bound(n) == n / (2 * 2**enc.bits / (2 * enc.clip))
-    assert float((decoded - r.exact()).abs().max()) <= enc.error_bound(n)
+from fedml_moon.privacy.secagg import SecAggError, SecAggParams, pack, unpack
+from tests.support.secagg import LENGTH, Round, assert_within_bound
 
 
 @pytest.mark.parametrize(
@@ -95,7 +32,7 @@ def test_the_server_gets_the_sum_within_the_fixed_point_bound(n, k, t, encoding)
     assert r.server.collect_masked(masked) == (list(range(n)), [])
     survivors, dropped = r.server.unmask_request()
     decoded = r.server.decode(r.server.unmask({u: r.parties[u].unmask(survivors, dropped) for u in range(n)}))
-    _assert_within_bound(r, decoded)
+    assert_within_bound(r, decoded)
 
 
 @pytest.mark.parametrize(("n", "k", "t"), [(5, 0, 3), (10, 4, 3)])
@@ -106,14 +43,14 @@ def test_dropouts_after_sharing_and_after_masking_leave_exactly_the_survivors_su
     r = Round(n, SecAggParams(threshold=t, neighbours=k))
     decoded = r.run(skip_mask=(2,), silent=(4,))
     assert r.server.survivors == [u for u in range(n) if u != 2] and r.server.dropped == [2]
-    _assert_within_bound(r, decoded)
+    assert_within_bound(r, decoded)
 
 
 def test_a_party_that_never_shared_is_out_and_the_rest_sum():
     r = Round(6, SecAggParams(threshold=4))
     decoded = r.run(skip_share=(5,), skip_mask=(1,))
     assert r.server.survivors == [0, 2, 3, 4] and r.server.dropped == [1]
-    _assert_within_bound(r, decoded)
+    assert_within_bound(r, decoded)
 
 
 def test_fewer_than_t_answers_give_no_sum():

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 from fedml_moon import conformance
-from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.processes import grpc_command, start_rank
+
+pytestmark = SLOW_WITH_DATA
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config" / "fashion_mnist" / "fedavg.yaml"
@@ -23,12 +26,14 @@ def _summary(out: Path) -> dict:
 
 
 def _with_one_silo(tmp_path: Path, silos: int, script: str, rank: int, extra: list[str], timeout_s: float):
-    """A gRPC run of `silos` silos through the command line, silo `rank` run by tests/`script` (the
-    plugin's own silo with one behaviour changed): (return codes by rank, the server's log, out)."""
-    cmd, out = _grpc(tmp_path, silos, *extra)
-    server, log = _start(cmd, 0, tmp_path)
-    own = [sys.executable, str(ROOT / "tests" / script), *cmd[3:]]
-    procs = [server] + [_start(own if r == rank else cmd, r, tmp_path)[0] for r in range(1, silos + 1)]
+    """A gRPC run of `silos` silos through the command line, silo `rank` run by tests/support/`script`
+    (a file, then its own arguments: the plugin's own silo with one behaviour changed): (return codes by
+    rank, the server's log, out)."""
+    cmd, out = grpc_command(tmp_path, silos, *extra)
+    server, log = start_rank(cmd, 0, tmp_path)
+    name, *words = script.split()
+    own = [sys.executable, str(ROOT / "tests" / "support" / name), *words, *cmd[3:]]
+    procs = [server] + [start_rank(own if r == rank else cmd, r, tmp_path)[0] for r in range(1, silos + 1)]
     try:
         codes = conformance.wait_all(procs, timeout_s)
     finally:
@@ -63,7 +68,7 @@ def test_a_silo_dead_after_masking_leaves_a_round_with_the_survivors_sum(tmp_pat
         tmp_path,
     )
     assert ref.ok, ref.tail()
-    codes, text, out = _with_one_silo(tmp_path, 3, "dying_silo.py", 2, extra, 240)
+    codes, text, out = _with_one_silo(tmp_path, 3, "dying_silo.py unmask", 2, extra, 240)
     assert codes[0] == 0 and codes[2] == 9, f"{codes}\n{text[-3000:]}"
     assert "secure aggregation goes on without parties [1] (rank(s) [2])" in text, text[-3000:]
     summary = _summary(out)

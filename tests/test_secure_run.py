@@ -14,7 +14,11 @@ import pytest
 from fedml_moon import conformance
 from fedml_moon.distributed.transport.grpc_transport import SERVICE
 from fedml_moon.security import make_certs
-from tests.test_deploy_failures import CONFIG, _wait_for, pytestmark  # noqa: F401 (slow, data)
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.processes import wait_for_text
+from tests.support.server import FEDAVG_CONFIG
+
+pytestmark = SLOW_WITH_DATA
 
 WANDB_SECRET = "wandb-secret-4f1c9a7e2b"
 S3_SECRET = "s3-secret-8d2e6b0c"
@@ -43,7 +47,7 @@ def test_tls_token_run_survives_forged_calls_and_leaks_no_secret(tmp_path):
         f"comm_args.tls_ca={certs / 'ca.pem'}",
     ]
     out = tmp_path / "out"
-    cmd = conformance.cli_command("run", CONFIG, overrides, out)
+    cmd = conformance.cli_command("run", FEDAVG_CONFIG, overrides, out)
     base = {
         **conformance.process_env(tmp_path),
         "WANDB_API_KEY": WANDB_SECRET,
@@ -63,7 +67,7 @@ def test_tls_token_run_survives_forged_calls_and_leaks_no_secret(tmp_path):
         env = {**base, "FEDML_MOON_TOKEN": tokens[r]}
         procs.append(conformance.spawn([*cmd, "--rank", str(r)], logs[r], env, tmp_path))
     try:
-        _wait_for(logs[0], "round 1:", 150)
+        wait_for_text(logs[0], "round 1:", 150)
         address = f"127.0.0.1:{ipconfig.read_text().splitlines()[1].split(',')[3]}"
         channel = grpc.secure_channel(address, grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes()))
         send = channel.unary_unary(f"/{SERVICE}/Send")

@@ -2,109 +2,21 @@
 missing (the quorum decides), and a phase left with nothing to wait for moves on at the next tick.
 
 The server manager runs in this process on a tiny real run (data, model, ServerRounds); its transport
-keeps in memory what the server sends, and the test plays the three silos' messages."""
+keeps in memory what the server sends (tests/support/server.py), and the test plays the three silos'
+messages."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from pathlib import Path
 
 import pytest
-from fedml.core.distributed.communication.message import Message
 
-from fedml_moon import conformance
-from fedml_moon.adapters.run import build_base, build_server
-from fedml_moon.config.load import load_config
-from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.distributed import managers as m
-from fedml_moon.distributed.deploy import (
-    _resume_server,
-    buffered_rounds,
-    server_manager,
-    shared_config,
-)
-from fedml_moon.distributed.server.manager import ServerManager
-from fedml_moon.distributed.transport.base import QueueTransport, message_from_bytes
 from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
+from tests.support.marks import needs_fmnist
+from tests.support.server import answer_train, receive, result_item, server_manager
 
-pytestmark = pytest.mark.skipif(
-    not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
-)
-CONFIG = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist" / "fedavg.yaml"
-
-
-class Wire(QueueTransport):
-    """The server's side of an in-memory network: every message it sends is kept, decoded."""
-
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.sent: list[Message] = []
-
-    def send_bytes(self, receiver: int, data: bytes) -> None:
-        self.sent.append(message_from_bytes(data))
-
-
-def _server(
-    tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False, secure: bool = True
-) -> tuple[ServerManager, Wire]:
-    """The server manager of a tiny cross-silo run of `silos` silos of one party each (FedAvg, 2 rounds
-    unless `extra` says otherwise), every silo having said HELLO and READY (its claims: the server's
-    own partition's); with `resume`, from the newest checkpoint in `tmp_path`. `secure=False`: under
-    `privacy_args.secure_aggregation` the silos send their uploads and the server runs each secure sum
-    itself (the standalone simulation's SecAgg, in one process)."""
-    overrides = [
-        *conformance.TINY,
-        f"train_args.client_num_in_total={silos}",
-        f"train_args.client_num_per_round={silos}",
-        "train_args.comm_round=2",
-        "common_args.training_type=cross_silo",
-        "comm_args.backend=MQTT_S3",
-        "validation_args.local_test=false",
-        *extra,
-    ]
-    cfg = load_config(CONFIG, overrides)
-    base = build_base(cfg, tmp_path)
-    rounds = build_server(base)
-    core = buffered_rounds(cfg, rounds)  # at the parties' real pace: no clock
-    start = _resume_server(rounds, tmp_path) if resume else 0
-    wire, ranks = Wire(), list(range(1, silos + 1))
-    manager = server_manager(cfg, base.args, wire, rounds, ranks, start, core)
-    if not secure and manager.settings.secure:  # the secure sums run in the server, from the uploads
-        settings = dataclasses.replace(manager.settings, secure=False)
-        manager = ServerManager(base.args, wire, rounds, settings, core)
-    manager.register_message_receive_handlers()
-    manager.run_config = cfg  # the silos' own copy of the run's config, for tests that play them
-    for rank in ranks:
-        hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
-        _from(manager, rank, m.HELLO, parties=[rank - 1], **hello)
-        _from(manager, rank, m.READY, claims=[{"party": rank - 1, "claim": rounds.claims[rank - 1]}])
-    return manager, wire
-
-
-def _from(manager: ServerManager, rank: int, kind: str, /, **params) -> None:
-    msg = Message(kind, rank, 0)
-    for key, value in params.items():
-        msg.add_params(key, value)
-    manager.receive_message(kind, msg)
-
-
-def _results(manager: ServerManager, wire: Wire, rank: int) -> None:
-    """Rank `rank` answers its TRAIN of the current round with the model it was sent."""
-    task = next(
-        t
-        for t in wire.sent
-        if t.get_type() == m.TRAIN
-        and t.get_receiver_id() == rank
-        and t.get("round") == manager.state.round.round_idx
-    )
-    results = [_item(manager, t["party"], t["payload"]["model"]) for t in task.get("tasks")]
-    _from(manager, rank, m.RESULT, round=manager.state.round.round_idx, results=results)
-
-
-def _item(manager: ServerManager, party: int, model: dict) -> dict:
-    """An honest record of a RESULT: the party's fixed sample count, an upload as the spec says."""
-    return {"party": party, "n": manager.rounds.samples[party], "upload": {"model": model, "party_id": party}}
+pytestmark = needs_fmnist
 
 
 LEAVING = {
@@ -116,36 +28,36 @@ LEAVING = {
 
 @pytest.mark.parametrize("leaving", sorted(LEAVING))
 def test_a_silo_leaving_mid_round_counts_as_missing_and_the_run_completes(tmp_path, leaving):
-    manager, wire = _server(tmp_path)
+    manager, wire = server_manager(tmp_path)
     assert manager.state.round.phase == "train" and manager.state.round.round_idx == 0
-    _results(manager, wire, 1)
-    _results(manager, wire, 2)
-    _from(manager, 3, leaving, **LEAVING[leaving])
+    answer_train(manager, wire, 1)
+    answer_train(manager, wire, 2)
+    receive(manager, 3, leaving, **LEAVING[leaving])
     assert manager.state.round.phase == "train"  # nothing moves inside the handler ...
-    _from(manager, 0, m.TICK)  # ... the next tick ends the wait: 2 of 3 parties meet the quorum (half)
+    receive(manager, 0, m.TICK)  # ... the next tick ends the wait: 2 of 3 parties meet the quorum (half)
     records = manager.rounds.recorder.records
     assert records[0]["missing_parties"] == [2] and records[0]["parties"] == 2
     for _ in range(3):  # round 1 without rank 3, then the checkpoint, then FINISH
         if manager.state.round.phase == "train":
-            _results(manager, wire, 1)
-            _results(manager, wire, 2)
+            answer_train(manager, wire, 1)
+            answer_train(manager, wire, 2)
         for rank in (1, 2):
-            _from(manager, rank, m.CHECKPOINTED, round=manager.state.round.round_idx)
-        _from(manager, 0, m.TICK)
+            receive(manager, rank, m.CHECKPOINTED, round=manager.state.round.round_idx)
+        receive(manager, 0, m.TICK)
     for rank in (1, 2):
-        _from(manager, rank, m.BYE)
-    _from(manager, 0, m.TICK)
+        receive(manager, rank, m.BYE)
+    receive(manager, 0, m.TICK)
     assert manager.status == "completed" and manager.state.round.phase == "done"
     assert len(records) == 2 and records[1]["missing_parties"] == [2]
 
 
 def test_below_the_quorum_a_silo_that_left_ends_the_run_at_the_deadline(tmp_path):
-    manager, wire = _server(tmp_path, "comm_args.min_reports=all", "comm_args.round_timeout_s=0.01")
-    _results(manager, wire, 1)
-    _results(manager, wire, 2)
-    _from(manager, 3, m.BYE)
+    manager, wire = server_manager(tmp_path, "comm_args.min_reports=all", "comm_args.round_timeout_s=0.01")
+    answer_train(manager, wire, 1)
+    answer_train(manager, wire, 2)
+    receive(manager, 3, m.BYE)
     time.sleep(0.05)  # past the deadline
-    _from(manager, 0, m.TICK)
+    receive(manager, 0, m.TICK)
     assert manager.status == "failed" and manager.state.round.phase == "done"
     aborts = [x for x in wire.sent if x.get_type() == m.ABORT]
     assert {x.get_receiver_id() for x in aborts} == {1, 2, 3}
@@ -153,14 +65,14 @@ def test_below_the_quorum_a_silo_that_left_ends_the_run_at_the_deadline(tmp_path
 
 
 def test_an_evaluation_phase_with_no_silo_alive_moves_on(tmp_path):
-    manager, wire = _server(tmp_path, "validation_args.local_test=true", "comm_args.min_reports=1")
-    _results(manager, wire, 1)
+    manager, wire = server_manager(tmp_path, "validation_args.local_test=true", "comm_args.min_reports=1")
+    answer_train(manager, wire, 1)
     for rank in (2, 3):
-        _from(manager, rank, m.ERROR, reason="gone")
-    _from(manager, 0, m.TICK)  # the round goes on with party 0 only; its evaluation waits for 1, 2, 3
+        receive(manager, rank, m.ERROR, reason="gone")
+    receive(manager, 0, m.TICK)  # the round goes on with party 0 only; its evaluation waits for 1, 2, 3
     assert manager.state.round.phase == "eval"
-    _from(manager, 1, m.BYE)
-    _from(manager, 0, m.TICK)  # nobody left to report: the round is recorded without local test
+    receive(manager, 1, m.BYE)
+    receive(manager, 0, m.TICK)  # nobody left to report: the round is recorded without local test
     assert manager.rounds.recorder.records[0]["round"] == 0
     assert manager.state.round.phase in ("checkpoint", "train")
 
@@ -183,23 +95,23 @@ def test_a_result_for_another_silos_party_or_with_a_bad_field_is_refused_and_cha
     """Silo 1 may upload only for party 0, with the party's own sample count and an upload of the
     full model; anything else is refused whole with the field named, as if it never came: the round
     still waits for silo 1, and its valid result then completes the round with all three parties."""
-    manager, wire = _server(tmp_path)
+    manager, wire = server_manager(tmp_path)
     task = next(t for t in wire.sent if t.get_type() == m.TRAIN and t.get_receiver_id() == 1)
-    item = _item(manager, 0, task.get("tasks")[0]["payload"]["model"])
+    item = result_item(manager, 0, task.get("tasks")[0]["payload"]["model"])
     if field == "results":
-        _from(manager, 1, m.RESULT, round=0, results=value)
+        receive(manager, 1, m.RESULT, round=0, results=value)
     else:
-        _from(manager, 1, m.RESULT, round=0, results=[{**item, field: value}])
+        receive(manager, 1, m.RESULT, round=0, results=[{**item, field: value}])
     assert named in caplog.text
-    _results(manager, wire, 2)
-    _results(manager, wire, 3)
-    _from(manager, 0, m.TICK)
+    answer_train(manager, wire, 2)
+    answer_train(manager, wire, 3)
+    receive(manager, 0, m.TICK)
     assert (
         manager.state.round.phase == "train"
         and manager.state.round.pending == {1}
         and not manager.rounds.recorder.records
     )
-    _results(manager, wire, 1)
+    answer_train(manager, wire, 1)
     record = manager.rounds.recorder.records[0]
     assert "missing_parties" not in record and record["parties"] == 3
 
@@ -209,7 +121,7 @@ def test_each_phase_lets_the_ranks_it_waits_for_send_one_large_frame_and_the_spa
     send one frame over SMALL_FRAME_BYTES and SPARE_FRAMES more until the next phase, a rank it
     waits for nothing from the spare only, a rank whose work goes out again as much again
     (transport/budget.py refuses the rest undecoded)."""
-    manager, wire = _server(tmp_path, "validation_args.local_test=true", "comm_args.min_reports=1")
+    manager, wire = server_manager(tmp_path, "validation_args.local_test=true", "comm_args.min_reports=1")
 
     def allowance(rank: int) -> int:
         n = 0
@@ -219,16 +131,16 @@ def test_each_phase_lets_the_ranks_it_waits_for_send_one_large_frame_and_the_spa
 
     assert manager.state.round.phase == "train" and manager.state.round.round_idx == 0
     assert [allowance(r) for r in (1, 2, 3)] == [1 + SPARE_FRAMES] * 3
-    _results(manager, wire, 1)
+    answer_train(manager, wire, 1)
     assert allowance(1) == 0  # still the same phase: nothing more
-    _from(manager, 2, m.BYE)
-    _from(manager, 3, m.ERROR, reason="gone")
-    _from(manager, 0, m.TICK)  # round 0 goes on without them; its evaluation waits for rank 1 only
+    receive(manager, 2, m.BYE)
+    receive(manager, 3, m.ERROR, reason="gone")
+    receive(manager, 0, m.TICK)  # round 0 goes on without them; its evaluation waits for rank 1 only
     assert manager.state.round.phase == "eval" and manager.state.round.pending == {1}
     assert [allowance(r) for r in (1, 2, 3)] == [1 + SPARE_FRAMES, SPARE_FRAMES, SPARE_FRAMES]
     manager.state.sites[
         1
     ].welcomed_at = None  # rank 1 restarted: its work goes out again, and its allowance with it
     hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [0]}
-    _from(manager, 1, m.HELLO, process="p1-again", **hello)
+    receive(manager, 1, m.HELLO, process="p1-again", **hello)
     assert allowance(1) == 1 + SPARE_FRAMES and allowance(2) == 0

@@ -16,8 +16,8 @@ from PIL import Image
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.partition_file import load_partition_file
-from tests.helpers import restored_main
-from tests.site_data import (
+from tests.support.cli import restored_main
+from tests.support.site_data import (
     CLASSES,
     MIXES,
     fashion,
@@ -88,11 +88,11 @@ FORMATS = {
     "CSV table": ("table", "csv", {}),
     "Parquet table": ("table", "parquet", {}),
     "saved Hugging Face dataset": ("hf", "hf", {}),
-    "plugin": ("plugin", None, {"data_args.plugin": "tests/site_plugin.py:load"}),
+    "plugin": ("plugin", None, {"data_args.plugin": "tests/support/site_plugin.py:load"}),
     "plugin, per party": (
         "plugin",
         None,
-        {"data_args.plugin": "tests/site_plugin.py:parties", "data_args.partition_method": "natural"},
+        {"data_args.plugin": "tests/support/site_plugin.py:parties", "data_args.partition_method": "natural"},
     ),
 }
 
@@ -250,7 +250,7 @@ def test_a_party_column_makes_the_parties_of_a_table_and_of_a_hugging_face_datas
 
     from fedml_moon.config.schema import DataArgs
     from fedml_moon.data.federated import load_data
-    from tests.site_data import table_frame
+    from tests.support.site_data import table_frame
 
     x, y, xt, yt = fashion(90, 30)
     owner = [["lyon", "oslo", "kyiv"][i % 3] for i in range(90)]

@@ -17,8 +17,8 @@ from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data
-from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, site_args, table_frame, write_pngs
+from tests.support.cli import restored_main
+from tests.support.site_data import CLASSES, fashion, grey_folder, site_args, table_frame
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -26,16 +26,10 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _grey(root: Path, n: int = 40) -> Path:
-    x, y, _, _ = fashion(n, 1)
-    write_pngs(root, x, y)
-    return root
-
-
 def test_hidden_files_and_folders_are_left_out_and_val_is_the_test_split(tmp_path):
     site = tmp_path / "site"
-    _grey(site / "train")
-    _grey(site / "val", 10)
+    grey_folder(site / "train", split=False)
+    grey_folder(site / "val", 10, split=False)
     (site / "train" / ".ipynb_checkpoints").mkdir()
     (site / "train" / "__MACOSX" / "bag").mkdir(parents=True)
     (site / "train" / "bag" / "._00001.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
@@ -43,7 +37,7 @@ def test_hidden_files_and_folders_are_left_out_and_val_is_the_test_split(tmp_pat
     held = load_data(site_args(data_cache_dir=str(site)), 0)
     assert len(held.y_train) == 40 and len(held.y_test) == 10  # val/ is the test split
     (site / "test").mkdir()
-    _grey(site / "only-test" / "test", 5)
+    grey_folder(site / "only-test" / "test", 5, split=False)
     with pytest.raises(ConfigError, match="has test/ but no train/"):
         load_data(site_args(data_cache_dir=str(site / "only-test")), 0)
 
@@ -60,7 +54,7 @@ def test_sixteen_bit_grey_is_scaled_to_eight_bits_not_clipped(tmp_path):
 
 
 def test_a_broken_link_and_a_failing_plugin_are_named(tmp_path, monkeypatch):
-    site = _grey(tmp_path / "site")
+    site = grey_folder(tmp_path / "site", split=False)
     os.symlink(tmp_path / "gone.png", site / "bag" / "link.png")
     with pytest.raises(ConfigError, match=r"link.png: cannot be read"):
         load_data(site_args(data_cache_dir=str(site)), 0)

@@ -26,7 +26,7 @@ from fedml_moon.distributed.silo.refusal import (
     kind_of,
     record_digest,
 )
-from tests.test_server_waits import _from, _results, _server
+from tests.support.server import answer_train, receive, server_manager
 
 SECRET = "/srv/site-a/private-scans/train/coat/patient-0042.png"
 
@@ -111,18 +111,18 @@ def test_the_digest_tells_one_image_moved_to_another_class_with_the_same_count(t
 def test_a_site_that_refused_counts_as_missing_until_it_says_hello_again(tmp_path):
     """Its honest-looking RESULT after a valid REFUSE is dropped: the round goes on without its party
     (as after an ERROR), not with its training and without its evaluation."""
-    manager, wire = _server(tmp_path)
-    _results(manager, wire, 1)
-    _results(manager, wire, 2)
-    _from(manager, 3, REFUSE, kind="changed", key="data_args.data_cache_dir")
-    _results(manager, wire, 3)  # it goes on as if it had not refused
-    _from(manager, 0, m.TICK)
+    manager, wire = server_manager(tmp_path)
+    answer_train(manager, wire, 1)
+    answer_train(manager, wire, 2)
+    receive(manager, 3, REFUSE, kind="changed", key="data_args.data_cache_dir")
+    answer_train(manager, wire, 3)  # it goes on as if it had not refused
+    receive(manager, 0, m.TICK)
     record = manager.rounds.recorder.records[0]
     assert record["parties"] == 2 and record["missing_parties"] == [2], record
 
 
 def test_no_message_type_starts_a_line_of_the_servers_log(tmp_path, caplog):
-    manager, _ = _server(tmp_path)
-    _from(manager, 3, "refuse\n10:00 INFO ok", kind="agreement", key=None)
+    manager, _ = server_manager(tmp_path)
+    receive(manager, 3, "refuse\n10:00 INFO ok", kind="agreement", key=None)
     said = [r.getMessage() for r in caplog.records if "10:00 INFO ok" in r.getMessage()]
     assert said and all("\n" not in line for line in said), said

@@ -16,8 +16,16 @@ from PIL import Image
 from fedml_moon.config.schema import ConfigError, DataArgs
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
 from fedml_moon.data.federated import load_data, partition
-from tests.helpers import restored_main
-from tests.site_data import CLASSES, fashion, party_folders, site_args, site_sets, write_pngs, write_table
+from tests.support.cli import restored_main
+from tests.support.site_data import (
+    CLASSES,
+    fashion,
+    grey_folder,
+    party_folders,
+    site_args,
+    site_sets,
+    write_table,
+)
 
 pytestmark = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
@@ -26,22 +34,15 @@ ROOT = Path(__file__).resolve().parent.parent
 MOON = ROOT / "config" / "fashion_mnist" / "moon.yaml"
 
 
-def _grey_site(root: Path) -> Path:
-    x, y, xt, yt = fashion(60, 20)
-    write_pngs(root / "train", x, y)
-    write_pngs(root / "test", xt, yt)
-    return root
-
-
 def _extra_class(root: Path) -> tuple[Path, str]:
-    folder = _grey_site(root)
+    folder = grey_folder(root, 60)
     (folder / "train" / "jacket").mkdir()
     Image.fromarray(fashion(1, 1)[0][0], mode="L").save(folder / "train" / "jacket" / "0.png")
     return folder, "train/jacket"
 
 
 def _rgb_file(root: Path) -> tuple[Path, str]:
-    folder = _grey_site(root)
+    folder = grey_folder(root, 60)
     Image.fromarray(np.zeros((28, 28, 3), dtype=np.uint8), mode="RGB").save(
         folder / "test" / "bag" / "rgb.png"
     )
@@ -49,7 +50,7 @@ def _rgb_file(root: Path) -> tuple[Path, str]:
 
 
 def _broken_file(root: Path) -> tuple[Path, str]:
-    folder = _grey_site(root)
+    folder = grey_folder(root, 60)
     (folder / "train" / "coat" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n but then nothing")
     return folder, "train/coat/broken.png"
 
@@ -199,13 +200,13 @@ def test_a_plugin_that_breaks_the_agreement_is_refused(monkeypatch):
     with pytest.raises(
         ConfigError, match=r"wrong_shape train\[0\] has shape \(1, 32, 32\), the run agrees on"
     ):
-        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:wrong_shape"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/support/site_plugin.py:wrong_shape"), 0)
     with pytest.raises(ConfigError, match="returned a dict; give \\(train, test\\)"):
-        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:parties"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/support/site_plugin.py:parties"), 0)
     with pytest.raises(
-        ConfigError, match="data_args.plugin: 'tests/site_plugin.py:nothing'.* has no 'nothing'"
+        ConfigError, match="data_args.plugin: 'tests/support/site_plugin.py:nothing'.* has no 'nothing'"
     ):
-        load_data(site_args(dataset="plugin", plugin="tests/site_plugin.py:nothing"), 0)
+        load_data(site_args(dataset="plugin", plugin="tests/support/site_plugin.py:nothing"), 0)
 
 
 def test_a_silo_never_takes_its_data_folder_or_data_plugin_from_the_server():

@@ -18,8 +18,8 @@ import pytest
 
 from fedml_moon import conformance
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.site_data import party_folders, site_sets
-from tests.test_deploy_failures import _start, _wait_for
+from tests.support.processes import start_rank, wait_for_text
+from tests.support.site_data import party_folders, site_sets
 
 pytestmark = [
     pytest.mark.slow,
@@ -70,7 +70,7 @@ def test_a_site_refuses_its_own_data_the_run_waits_and_the_fixed_site_joins(tmp_
     broken = mine / "train" / "coat" / BROKEN
     broken.write_bytes(b"\x89PNG\r\n\x1a\n but then nothing")
     cmd, out = _command(tmp_path)
-    server, log = _start(cmd, 0, tmp_path)
+    server, log = start_rank(cmd, 0, tmp_path)
     other, other_log = _site(cmd, 2, sites / "party-b", tmp_path, "site-2.log")
     refusing, refusing_log = _site(cmd, 1, mine, tmp_path, "site-1.log")
     procs = [server, other, refusing]
@@ -79,15 +79,15 @@ def test_a_site_refuses_its_own_data_the_run_waits_and_the_fixed_site_joins(tmp_
         said = refusing_log.read_text()
         errors = [line for line in said.splitlines() if " ERROR " in line or "Traceback" in line]
         assert len(errors) == 1 and BROKEN in errors[0] and "refuses its data" in errors[0], said[-3000:]
-        _wait_for(log, "rank 1 refused its own data: a file of its data cannot be read", 60)
-        _wait_for(other_log, "is ready and waits for its first task", 60)
+        wait_for_text(log, "rank 1 refused its own data: a file of its data cannot be read", 60)
+        wait_for_text(other_log, "is ready and waits for its first task", 60)
         _wait_line(log, "waiting for rank(s) [1] to say hello", "; rank 1 refused its own data: a file of")
         assert server.poll() is None and other.poll() is None  # nobody stopped the run
 
         broken.unlink()  # fixed: the site joins
         fixed, fixed_log = _site(cmd, 1, mine, tmp_path, "site-1-fixed.log")
         procs.append(fixed)
-        _wait_for(log, "round 1:", 150)
+        wait_for_text(log, "round 1:", 150)
         conformance.stop(fixed, first=signal.SIGKILL)  # killed mid-run: the round waits for it
         moved = next((mine / "train" / "coat").glob("*.png"))
         target = mine / "train" / "shirt" / moved.name
@@ -97,7 +97,7 @@ def test_a_site_refuses_its_own_data_the_run_waits_and_the_fixed_site_joins(tmp_
         assert conformance.wait_all([changed], 120) == [2]
         assert "differ from those it read earlier in this run" in changed_log.read_text()
         assert "--overwrite" in changed_log.read_text()
-        _wait_for(log, "its data differ from those it read earlier in this run", 60)
+        wait_for_text(log, "its data differ from those it read earlier in this run", 60)
 
         target.rename(moved)  # put back as it was: the site rejoins and the run completes
         back, _ = _site(cmd, 1, mine, tmp_path, "site-1-back.log")

@@ -17,10 +17,12 @@ from pathlib import Path
 
 from fedml_moon import conformance
 from fedml_moon.security import make_certs
-from tests import monitoring
-from tests.test_dead_silo import Port
-from tests.test_deploy_failures import _grpc, _start, _wait_for, pytestmark  # noqa: F401 (slow, data)
-from tests.test_liveness import SLOW_STEPS
+from tests.support import monitoring
+from tests.support.marks import SLOW_WITH_DATA
+from tests.support.monitoring import Port
+from tests.support.processes import SLOW_STEPS, grpc_command, start_rank, wait_for_text
+
+pytestmark = SLOW_WITH_DATA
 
 ROUNDS = 30
 
@@ -36,7 +38,7 @@ def test_the_page_in_a_browser_and_prometheus_follow_a_live_run_and_a_killed_sit
     sets = [*SLOW_STEPS, f"train_args.comm_round={ROUNDS}", "data_args.max_train_samples=200"]
     sets += ["comm_args.heartbeat_s=0.5", f"tracking_args.status_port={number}"]
     sets += [f"tracking_args.status_tokens={certs / 'server-tokens.json'}"]
-    cmd, _ = _grpc(tmp_path, 2, *sets)
+    cmd, _ = grpc_command(tmp_path, 2, *sets)
     token = (certs / "operator.token").read_text()
     with contextlib.ExitStack() as stack:
         scraper = stack.enter_context(
@@ -45,18 +47,22 @@ def test_the_page_in_a_browser_and_prometheus_follow_a_live_run_and_a_killed_sit
         own = conformance.free_port()  # silo 1's own port, read with its token
         silo_1 = [*cmd, "--set", f"tracking_args.site_status_port={own}"]
         silo_1 += ["--set", f"tracking_args.site_status_token={certs / 'silo-1.token'}"]
-        started = [_start(cmd, 0, tmp_path), _start(silo_1, 1, tmp_path), _start(cmd, 2, tmp_path)]
+        started = [
+            start_rank(cmd, 0, tmp_path),
+            start_rank(silo_1, 1, tmp_path),
+            start_rank(cmd, 2, tmp_path),
+        ]
         for proc, _ in started:
             stack.callback(conformance.stop, proc)
         log = started[0][1]
-        _wait_for(log, "round 1:", 150)
+        wait_for_text(log, "round 1:", 150)
         port = Port(log, certs / "operator.token")
 
         def look() -> str:
             return monitoring.browser_dom(port.url, "operator", token, tmp_path / "browser")
 
         first = _round_shown(look())
-        _wait_for(log, f"round {first}:", 60)  # the round after the one the page showed has ended
+        wait_for_text(log, f"round {first}:", 60)  # the round after the one the page showed has ended
         assert _round_shown(look()) > first
         conformance.stop(started[2][0], first=signal.SIGKILL)
         port.until(2, connected=False)

@@ -16,7 +16,7 @@ from fedml_moon.adapters.run import assemble
 from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
-from tests.helpers import SUMMING, TINY_RUN
+from tests.support.tiny import SUMMING, TINY_RUN
 
 CONFIGS = Path(__file__).resolve().parent.parent / "config" / "fashion_mnist"
 TINY = [*conformance.TINY, *TINY_RUN, "train_args.comm_round=2", "validation_args.local_test=false"]

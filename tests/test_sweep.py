@@ -17,36 +17,19 @@ from pathlib import Path
 import pytest
 
 from fedml_moon.data.datasets import DEBIAN_FASHION_MNIST
+from tests.support.sweeps import TINY_GRID
 
 ROOT = Path(__file__).resolve().parent.parent
 FEDML_MOON = [sys.executable, "-m", "fedml_moon"]
 needs_fmnist = pytest.mark.skipif(
     not DEBIAN_FASHION_MNIST.is_dir(), reason="apt-get install dataset-fashion-mnist"
 )
-SWEEP = """
-base: {root}/config/fashion_mnist/{{algorithm}}.yaml
-output: {out}
-set:
-  data_args.max_train_samples: 600
-  data_args.max_test_samples: 200
-  train_args.client_num_in_total: 3
-  train_args.client_num_per_round: 3
-  train_args.comm_round: {rounds}
-  train_args.epochs: 1
-  train_args.batch_size: 32
-  train_args.learning_rate: 0.05
-  train_args.checkpoint_every: 1
-  tracking_args.enable_wandb: false
-grid:
-  train_args.algorithm: [moon, fedavg]
-  common_args.random_seed: [0, 1]
-"""
 
 
 def _sweep_file(tmp_path: Path, rounds: int = 4) -> tuple[Path, Path]:
     out = tmp_path / "out"
     path = tmp_path / "tiny.yaml"
-    path.write_text(SWEEP.format(root=ROOT, out=out, rounds=rounds))
+    path.write_text(TINY_GRID.format(root=ROOT, out=out, rounds=rounds))
     return path, out
 
 

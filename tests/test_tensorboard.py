@@ -6,42 +6,16 @@ killed and resumed)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fedml_moon.config.load import ConfigError, load_config
-from fedml_moon.records.layout import TENSORBOARD
 from fedml_moon.records.recorder import RunRecorder
 from fedml_moon.records.tracking import TensorBoardRun, scalars
+from tests.support.records import assert_curves_are_the_records, curves
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def curves(out_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Each scalar's (step, value) pairs as TensorBoard shows them (its EventAccumulator, which
-    applies a resumed writer's purge)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(out_dir / TENSORBOARD))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def assert_curves_are_the_records(out_dir: Path) -> None:
-    """Every number of every metrics.jsonl record is its tag's value at its round (float32, as
-    TensorBoard stores a scalar), and nothing else is there."""
-    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    want: dict[str, list[tuple[int, float]]] = {}
-    for record in records:
-        for tag, value in scalars(record).items():
-            want.setdefault(tag, []).append((record["round"], float(np.float32(value))))
-    got = curves(out_dir)
-    assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
-    for tag in want:
-        assert got[tag] == want[tag], tag
 
 
 def _record(round_idx: int, acc: float) -> dict:

@@ -17,7 +17,7 @@ from fedml_moon.algorithms.base import NoOptions, PartyRound, ServerAlgorithm
 from fedml_moon.algorithms.baselines import FedAvgClient
 from fedml_moon.config.schema import ServerArgs
 from fedml_moon.core.batched import vmapped
-from tests.helpers import tiny_factory, train_args
+from tests.support.tiny import tiny_factory, train_args
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorials" / "write-algorithm.md"
 K, B, C = 3, 4, 5

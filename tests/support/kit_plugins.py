@@ -1,4 +1,4 @@
-"""Plugins for the contributor kit's tests, loaded as `common_args.plugins` (`tests.kit_plugins:NAME`)
+"""Plugins for the contributor kit's tests, loaded as `common_args.plugins` (`tests.support.kit_plugins:NAME`)
 by every process a check starts: the tutorial's FedProto broken the ways contributors break
 algorithms (one refusing buffered aggregation with a reason of its own), a correct algorithm
 whose loss is full of ReLU kinks, and one whose option declares its allowed values."""
@@ -18,7 +18,7 @@ from fedml_moon.errors import require
 from fedml_moon.privacy.sums import UPDATE, Sums
 from fedml_moon.registry import AlgorithmSpec
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fedproto"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fedproto"
 if str(EXAMPLE) not in sys.path:
     sys.path.append(str(EXAMPLE))
 

@@ -1,12 +1,9 @@
-"""Small shared builders for the tests."""
+"""Tiny in-process runs: a few seconds' settings, a small model and batches of noise, the training
+settings around them, and a standalone loop stopped as a killed process stops."""
 
-import contextlib
-import logging
-import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
 
 from fedml_moon.config.schema import TrainArgs
@@ -29,14 +26,19 @@ SUMMING = {  # every algorithm with a sum form (privacy, streamed uploads): name
 }
 
 
-def tiny_factory(num_classes: int = 3):
-    def factory():
+def tiny_factory(num_classes: int = 3) -> Callable[[], torch.nn.Module]:
+    """A builder of a small MLP (with a projection head) on 1x4x4 inputs, as an algorithm is given one."""
+
+    def factory() -> torch.nn.Module:
         return build_model("mlp", (1, 4, 4), num_classes, use_head=True, out_dim=8)
 
     return factory
 
 
-def tiny_batches(n_batches: int = 3, batch: int = 8, seed: int = 0, num_classes: int = 3):
+def tiny_batches(
+    n_batches: int = 3, batch: int = 8, seed: int = 0, num_classes: int = 3
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Seeded batches of noise for `tiny_factory`'s model, with random labels."""
     g = torch.Generator().manual_seed(seed)
     return [
         (torch.randn(batch, 1, 4, 4, generator=g), torch.randint(0, num_classes, (batch,), generator=g))
@@ -44,38 +46,11 @@ def tiny_batches(n_batches: int = 3, batch: int = 8, seed: int = 0, num_classes:
     ]
 
 
-def train_args(**kw) -> TrainArgs:
+def train_args(**kw: Any) -> TrainArgs:
+    """Training settings of one epoch of batches of 8 at learning rate 0.05; `kw` replaces any."""
     base = dict(epochs=1, batch_size=8, learning_rate=0.05)
     base.update(kw)
     return TrainArgs(**base)
-
-
-@contextlib.contextmanager
-def restored_main() -> Iterator[Callable[[list[str]], int]]:
-    """`fedml_moon.cli.main`, with what it sets process-wide (root logger, SIGTERM handler) put back
-    afterwards."""
-    from fedml_moon.cli import main
-
-    root = logging.getLogger()
-    handlers, level, sigterm = root.handlers[:], root.level, signal.getsignal(signal.SIGTERM)
-    try:
-        yield main
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        signal.signal(signal.SIGTERM, sigterm)
-
-
-# A test of what only a CUDA device runs: skipped without one, and selected by `pytest -m cuda`
-# (benchmarks/gpu_check.sh runs these on a GPU machine). For a parameter: pytest.param(..., marks=CUDA_ONLY).
-CUDA_ONLY = (pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))
-
-
-def cuda_only(test: Callable) -> Callable:
-    """Mark `test` as needing a CUDA device (both marks of `CUDA_ONLY`)."""
-    for mark in CUDA_ONLY:
-        test = mark(test)
-    return test
 
 
 class Stop(Exception):

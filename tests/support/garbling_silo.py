@@ -1,7 +1,7 @@
 """A real silo with valid credentials whose party sends its first neighbour random bytes in place of
 its encrypted shares, and is otherwise the plugin's own silo (tests/test_secure_modes.py).
 
-    python tests/garbling_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
+    python tests/support/garbling_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fedml_moon.cli import main  # noqa: E402
 from fedml_moon.privacy.secagg import PartySession  # noqa: E402

@@ -2,7 +2,7 @@
 it garbles, in its own inbox, the ciphertext of its lowest-numbered sender, so it does not mask with
 it and names it, and is otherwise the plugin's own silo (tests/test_secure_modes.py).
 
-    python tests/accusing_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
+    python tests/support/accusing_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fedml_moon.cli import main  # noqa: E402
 from fedml_moon.privacy.secagg import PartySession  # noqa: E402

@@ -1,9 +1,9 @@
 """A silo of a real run that holds valid credentials and attacks its server (tests/test_hostile_silo.py).
 
-    python tests/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|churn|honest
+    python tests/support/hostile_silo.py --cf CONFIG --set KEY=VALUE ... --rank R --mode attack|churn|honest
 
 Every round it answers TRAIN with its honest result (the model it was sent, back), preceded in
-`attack` mode by hostile messages drawn from tests/hostile.py (seeded by the round) and the raw frames
+`attack` mode by hostile messages drawn from tests/support/hostile.py (seeded by the round) and the raw frames
 found on the wire (a 5,000-digit JSON integer, random bytes, a pickle); in `churn` mode (gRPC) a
 thread of its own opens Subscribe calls for its rank's frames on a second connection without pause,
 each cancelled at once, from its READY (once it is in the run) to its end. It answers CHECKPOINT and
@@ -23,15 +23,14 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fedml_moon.adapters.run import build_base, partition_claims  # noqa: E402
 from fedml_moon.config.load import load_config  # noqa: E402
 from fedml_moon.distributed import managers as m  # noqa: E402
 from fedml_moon.distributed.deploy import make_transport, shared_config, worker_count  # noqa: E402
 from fedml_moon.registry import get_algorithm  # noqa: E402
-from tests.hostile import Target, honest_item, hostile_messages  # noqa: E402
-from tests.test_codec import huge_int_frame  # noqa: E402
+from tests.support.hostile import Target, honest_item, hostile_messages, huge_int_frame  # noqa: E402
 
 log = logging.getLogger("hostile")
 

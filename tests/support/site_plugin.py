@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from tests.site_data import CLASSES, MIXES, fashion
+from tests.support.site_data import CLASSES, MIXES, fashion
 
 
 class Pictures(Dataset):

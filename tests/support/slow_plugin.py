@@ -1,4 +1,4 @@
-"""FedAvg whose every local step takes STEP_S longer (`common_args.plugins: tests.slow_plugin:slow`):
+"""FedAvg whose every local step takes STEP_S longer (`common_args.plugins: tests.support.slow_plugin:slow`):
 a local round many heartbeat periods long, as the papers' CIFAR rounds are on a busy machine."""
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ simulation, one cross-silo gRPC run and one run killed and resumed. Each run's f
 metrics (timings and wire bytes aside) go to a JSON file; checking re-runs the set and compares, so a
 change that must not change results (a refactoring) can show that it did not.
 
-    .venv/bin/python tests/recorded_runs.py --record tests/recorded_runs.json
-    .venv/bin/python tests/recorded_runs.py --check tests/recorded_runs.json [--only moon-batched ...]
+    .venv/bin/python tests/support/recorded_runs.py --record tests/support/recorded_runs.json
+    .venv/bin/python tests/support/recorded_runs.py --check tests/support/recorded_runs.json
+    .venv/bin/python tests/support/recorded_runs.py --check FILE --only moon-batched ...
 
 Digests are bitwise: record and check on the same machine, PyTorch build and thread count.
 """
@@ -20,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedml_moon import conformance  # noqa: E402

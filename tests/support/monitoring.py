@@ -1,11 +1,14 @@
 """A server's status port as its operator's tools see it, for the tests: Debian's `chromium`
 (headless: the page's DOM after it loaded) and a real Prometheus (Debian's `prometheus`) on 127.0.0.1,
 scraping the port with `examples/monitoring/prometheus.yml`'s settings. Each starts real processes
-and stops them: the browser per look, Prometheus when its `with` block ends."""
+and stops them: the browser per look, Prometheus when its `with` block ends. And the port read
+as its operator reads it over plain HTTP (`Port`)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -18,8 +21,9 @@ from pathlib import Path
 import yaml
 
 from fedml_moon import conformance
+from tests.support import ROOT
+from tests.support.processes import wait_for_text
 
-ROOT = Path(__file__).resolve().parent.parent
 NEEDED = "apt-get install chromium prometheus (bash run/setup.sh --tests installs them)"
 
 
@@ -97,3 +101,38 @@ def prometheus(port_url: str, token_file: Path, folder: Path) -> Iterator[Promet
         yield Prometheus(f"http://{listen}/")
     finally:
         conformance.stop(proc)
+
+
+class Port:
+    """The server's status port as its operator reads it (the address its log names)."""
+
+    def __init__(self, log: Path, token_file: Path) -> None:
+        wait_for_text(log, "status port: http://127.0.0.1:", 30)
+        self.url = re.search(r"status port: (http://127\.0\.0\.1:\d+/)", log.read_text()).group(1)
+        self.auth = "Basic " + base64.b64encode(f"operator:{token_file.read_text()}".encode()).decode()
+
+    def get(self, path: str) -> str:
+        request = urllib.request.Request(self.url + path.lstrip("/"), headers={"Authorization": self.auth})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.read().decode()
+
+    def until(self, rank: int, connected: bool, within_s: float = 30.0) -> None:
+        """Once the page, the JSON and the metrics all say site `rank` is (not) connected."""
+        state, value = ("connected", "1.0") if connected else ("gone", "0.0")
+        deadline = time.monotonic() + within_s
+        while True:
+            sites = json.loads(self.get("/status.json"))["sites"]
+            said = [
+                site_entry({"sites": sites}, rank)["connected"] is connected,
+                f'class="site {state}" id="site-{rank}"' in self.get("/"),
+                f'fedml_moon_site_connected{{site="{rank}"}} {value}' in self.get("/metrics"),
+            ]
+            if all(said):
+                return
+            assert time.monotonic() < deadline, (said, sites)
+            time.sleep(1.0)
+
+
+def site_entry(status: dict, rank: int) -> dict:
+    """Site `rank`'s entry of a run's status."""
+    return next(site for site in status["sites"] if site["rank"] == rank)

@@ -6,11 +6,13 @@ over gRPC or MQTT + S3 (seeded) draw from the same generator.
 
 Every message drawn here is one the server's design refuses: a run that receives it must end with the
 model and records of the same run without it (tests/test_hostile_rounds.py, tests/test_hostile_silo.py).
+A raw frame the codec must refuse with its own error (`huge_int_frame`) goes beside them.
 """
 
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -172,3 +174,10 @@ def hostile_messages(rng: random.Random, t: Target, count: int) -> list[tuple[ob
     rng.shuffle(kinds)
     chosen = (kinds + [rng.choice(kinds) for _ in range(count)])[:count]
     return [KINDS[kind](rng, t) for kind in chosen]
+
+
+def huge_int_frame(digits: int = 5000) -> bytes:
+    """A well-framed message whose JSON sender is an integer of `digits` digits (Python refuses to
+    convert more than 4,300 with a ValueError of its own)."""
+    body = b'{"v": 1, "tree": {"msg_type": "result", "sender": ' + b"7" * digits + b', "receiver": 0}}'
+    return struct.pack("<4sQ", b"FMC1", len(body)) + body

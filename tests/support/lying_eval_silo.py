@@ -6,7 +6,7 @@ is otherwise the plugin's own silo (tests/test_own_data.py):
 - every later round: it adds 10^6 to each correct count inside its masked vector, which the server
   cannot see, so the sum's correct count exceeds the test samples.
 
-    python tests/lying_eval_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
+    python tests/support/lying_eval_silo.py run --cf CONFIG --set KEY=VALUE ... --rank R
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from fedml_moon.cli import main  # noqa: E402
 from fedml_moon.distributed.protocol import REPORT  # noqa: E402

@@ -1,5 +1,5 @@
 """FedAvg broken the ways a contributor breaks an algorithm without noticing, for `fedml-moon check`
-(`common_args.plugins: tests/broken_plugins.py:NAME`): each runs, and each must fail a check that
+(`common_args.plugins: tests/support/broken_plugins.py:NAME`): each runs, and each must fail a check that
 names its cause. The module's constants (ALPHA, SCALE) are read and never changed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How a section of the config (a dataclass of `config_schema`, or an algorithm's options) is declared
+"""How a section of the config (a dataclass of `config/schema.py`, or an algorithm's options) is declared
 and built: `choice` declares a field's allowed values, which the config reference reads
 (`fedml-moon config`); `build_section` builds a section from its YAML mapping, unknown keys refused
 with the closest valid one, each value checked against its field's type. Apart from

@@ -1,7 +1,7 @@
 """The config reference: every key of every section and of each algorithm's options, with its type,
 its default as YAML writes it, its allowed values and a one-line description.
 
-All of it is read from the code: the fields of the section dataclasses (`config_schema.SECTIONS`) and
+All of it is read from the code: the fields of the section dataclasses (`config/schema.py`'s `SECTIONS`) and
 of each registered algorithm's options, and each field's description from the attribute docstring
 under it (PEP 257; read here with `ast`, by mkdocstrings with griffe). Allowed values are those each
 field declares (`config.fields.choice`, the constants its section's `check()` uses), and for
@@ -201,7 +201,7 @@ def _wrapped(text: str, indent: int) -> list[str]:
 
 
 def _passthrough(section: str) -> str:
-    """FedML's own keys of `section` that a config may carry (`config_schema.FEDML_PASSTHROUGH`)."""
+    """FedML's own keys of `section` that a config may carry (`config/schema.py`'s `FEDML_PASSTHROUGH`)."""
     names = ", ".join(sorted(schema.FEDML_PASSTHROUGH.get(section, ())))
     return f"Also accepted, and handed to FedML as they are (FedML's own keys): {names}." if names else ""
 

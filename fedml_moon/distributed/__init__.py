@@ -1,3 +1,3 @@
-"""The distributed layer: the protocol (protocol.py), the FedML managers of the server and the workers
-(managers.py, server_manager.py, client_manager.py), deployment (deploy.py) and the transports
-(transport/: MPI, gRPC, MQTT + S3)."""
+"""The distributed layer: the protocol (protocol.py), the FedML managers' common base (managers.py), the
+server (server/: one state, its phases) and a silo (silo/: its state and members), deployment
+(deploy.py) and the transports (transport/: MPI, gRPC, MQTT + S3)."""

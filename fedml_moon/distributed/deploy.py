@@ -4,7 +4,7 @@ Modes (`common_args.training_type` x `comm_args.backend`):
   simulation + MPI       MPI simulation: W = size - 1 workers simulate N parties, party p on rank
                          1 + p % W (a fixed map: a party's state and data never leave its worker)
   cross_silo + MPI       one process per silo: party p is rank p + 1 (W = N); hierarchical silos:
-                         P processes each, the leaders ranked as silos (mpi_silos)
+                         P processes each, the leaders ranked as silos (silo/mpi_groups.py)
   cross_silo + GRPC      the same over gRPC; the server's address from the ipconfig CSV (its rank-0 row)
   cross_silo + MQTT_S3   the same over an MQTT broker and an S3-compatible store
 The run's config is the server's: a worker builds its data and parties from the shared settings the
@@ -236,7 +236,7 @@ class DistributedProcess:
     def _finish(self, status: str) -> None:
         """The server's records of the run's end; a run that never began (no round of a new run ran:
         its sites never all ready) records nothing, so that the same command starts it again."""
-        if getattr(self.manager, "round_idx", 0) < 0 and getattr(self.manager, "start", 0) == 0:
+        if self.manager.state.round.round_idx < 0 and self.manager.settings.start == 0:
             log.warning(
                 "the run never began (%s before its first round): nothing is recorded, so the same command "
                 "starts it again",
@@ -262,7 +262,7 @@ def build_process(
     worker its own files to `out_dir/rank-<rank>`). With `resume` the server goes on from its newest
     checkpoint and tells the workers which of theirs to load. `explicit`: the shared settings this
     process was given with --set (a worker's must agree with the server's). `group`: a hierarchical
-    silo's leader (`silo_group`)."""
+    silo's leader (`silo/group.py`)."""
     workers = worker_count(cfg, size)
     folder = out_dir if rank == 0 else RunFolder(out_dir).rank(rank).root
     if rank != 0:

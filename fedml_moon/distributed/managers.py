@@ -4,7 +4,7 @@ silo/manager.py), one for every distributed mode: MPI simulation, cross-silo ove
     worker/silo -> server   HELLO {parties, config, explicit, fresh_parties, process}   (until WELCOME)
     server -> worker        WELCOME {config, config_sha256, session, resume_from}
     worker -> server        READY {claims: [{party, claim}]}  (its data built: what each party holds)
-                            or REFUSE {kind, key}  (it refuses its own data: site_refusal.py; it stops)
+                            or REFUSE {kind, key}  (it refuses its own data: silo/refusal.py; it stops)
     server -> worker        TRAIN {round, tasks: [{party, payload}]}
     worker -> server        RESULT {round, results: [{party, n, upload}]}
     server -> worker        EVAL {round, payload}           (evaluation rounds that need the parties)

@@ -304,7 +304,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
     TRAIN: {"round": ROUND, "tasks": list_of(record({"party": PARTY, "payload": payload}))},
     EVAL: {"round": ROUND, "payload": payload},
     CHECKPOINT: {"round": ROUND},
-    FINISH: {"model": payload},  # the final global model: each site keeps it (client_manager.on_finish)
+    FINISH: {"model": payload},  # the final global model: each site keeps it (silo/manager.py's on_finish)
     ABORT: {"reason": text(MAX_TEXT)},
     REJOIN: {},
     # a process's own timer

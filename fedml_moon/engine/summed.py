@@ -4,7 +4,7 @@ the new global state from the round's sums, never from the uploads one by one.
 Two users: `privacy_args` (each party's vector, summed securely or plainly: `aggregate_private`), and
 `train_args.stream_uploads` (`fold` each chunk of uploads into running float64 sums as soon as it is
 trained, then `close_stream`), so that a round of many parties holds one chunk's uploads at a time,
-not the round's. A mixin of `engine.rounds.ServerRounds`; pure PyTorch.
+not the round's. A member of `engine.rounds.ServerRounds`; pure PyTorch.
 """
 
 from __future__ import annotations

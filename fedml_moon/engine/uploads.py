@@ -2,7 +2,7 @@
 `upload_spec`), its training metrics (the algorithm's declared `terms`), its buffers by meaning
 (`core.validate.buffer_problem`: BatchNorm variances, counters within the round's local steps) and
 what the server algorithm knows of the party (`ServerAlgorithm.upload_problem`: FedSSC's `present`
-against the party's labels). A mixin of `engine.rounds.ServerRounds`; pure PyTorch.
+against the party's labels). A member of `engine.rounds.ServerRounds`; pure PyTorch.
 
 Two moments: at receipt (a silo's RESULT, `upload_problem(..., finite=False)`), where a mismatch is
 refused as if the message never came, and before aggregation (`check_uploads`), where an upload that

@@ -56,13 +56,14 @@ class SiloWire(QueueTransport):
 
 
 def server_manager(
-    tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False, secure: bool = True
+    tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False, secure: bool = True, ready: bool = True
 ) -> tuple[ServerManager, Wire]:
     """The server manager of a tiny cross-silo run of `silos` silos of one party each (FedAvg, 2 rounds
     unless `extra` says otherwise), every silo having said HELLO and READY (its claims: the server's
     own partition's); with `resume`, from the newest checkpoint in `tmp_path`. `secure=False`: under
     `privacy_args.secure_aggregation` the silos send their uploads and the server runs each secure sum
-    itself (the standalone simulation's SecAgg, in one process)."""
+    itself (the standalone simulation's SecAgg, in one process). `ready=False`: the silos said HELLO
+    only, and the run waits for their READY."""
     overrides = [
         *conformance.TINY,
         f"train_args.client_num_in_total={silos}",
@@ -88,7 +89,8 @@ def server_manager(
     for rank in ranks:
         hello = {"config": shared_config(cfg), "explicit": [], "process": f"p{rank}", "fresh_parties": []}
         receive(manager, rank, m.HELLO, parties=[rank - 1], **hello)
-        receive(manager, rank, m.READY, claims=[{"party": rank - 1, "claim": rounds.claims[rank - 1]}])
+        if ready:
+            receive(manager, rank, m.READY, claims=[{"party": rank - 1, "claim": rounds.claims[rank - 1]}])
     return manager, wire
 
 

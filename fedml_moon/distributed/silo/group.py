@@ -1,6 +1,6 @@
 """A silo made of several processes (FedML's hierarchical cross-silo, `common_args.scenario:
 hierarchical`): `torchrun` starts the group on one or more hosts (or mpirun starts the whole job:
-`mpi_silos`), its processes form one torch.distributed process group (gloo on CPUs, nccl on GPUs),
+`silo/mpi_groups.py`), its processes form one torch.distributed process group (gloo on CPUs, nccl on GPUs),
 and only the group's rank 0, the leader, talks to the server. The leader hands the group every
 piece of work that changes a party (the run's config once, each round's training, a party state to
 load) through `Channel`, a broadcast of the codec's bytes (safetensors + JSON: nothing is
@@ -55,7 +55,7 @@ class Group:
 
 def join(cfg: Config, silo_rank: int, placed: Placement | None = None) -> Group | None:
     """Form the silo's process group when `common_args.scenario` is hierarchical and this process is
-    a silo (rank >= 1); None otherwise. `placed`: where mpirun put this process (`mpi_silos.split`);
+    a silo (rank >= 1); None otherwise. `placed`: where mpirun put this process (`mpi_groups.split`);
     else torchrun's environment, refused, naming the keys, when torchrun did not start the group or
     its size is not `device_args.n_node_in_silo` x `n_proc_per_node`, and a server or one-process
     silo that torchrun started several times (each would act as the whole rank)."""

@@ -5,8 +5,8 @@ so the job has 1 + N x P ranks (N = `train_args.client_num_in_total` silos). Wor
 server; world ranks 1 + (s - 1) P ... s P are silo s's processes, the first of them its leader.
 The server and the leaders talk over a communicator of their own (the server its rank 0, silo s its
 rank s: the plugin's MPI transport, unchanged); each silo's processes form a torch.distributed
-group (`silo_group.group_backend`) whose address the leader hands its group over MPI, as bytes
-(nothing is un-pickled). The rest is the torchrun silo's (`silo_group`).
+group (`silo/group.py`'s `group_backend`) whose address the leader hands its group over MPI, as bytes
+(nothing is un-pickled). The rest is the torchrun silo's (`silo/group.py`).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class Welcome:
 
     def refuse_data(self, err: Exception) -> None:
         """Refuse its own data: the whole reason in its own log, the kind of problem to the server
-        (nothing of its paths: `site_refusal`), then stop with status `refused` (exit code 2)."""
+        (nothing of its paths: `silo/refusal.py`), then stop with status `refused` (exit code 2)."""
         kind, key = kind_of(err)
         self.state.reason = f"it refuses its data: {err}"
         log.error(

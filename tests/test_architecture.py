@@ -55,13 +55,13 @@ def test_the_import_contracts_are_kept(capsys):
 def test_every_room_has_its_place_in_the_layers():
     """A room added to the package is placed in the layers contract, so its imports are checked: every
     package and root module but `__main__` (the command line's entry) and `losses` (core's losses,
-    re-exported for users), and each module of `config` and `records`, whose parts sit at several
-    floors (the config's schema low and its loading high; the run folder's layout, which every room
-    may name files by, at the bottom)."""
+    re-exported for users), and each module of `config`, whose parts sit at several floors (its schema
+    low, where the data's readers read it, and its loading high, where it is checked against the
+    registered algorithms)."""
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     (rooms,) = [c for c in contracts if c["type"] == "layers"]
     named = {m.strip() for layer in rooms["layers"] for m in layer.replace(":", "|").split("|")}
-    split = ("config", "records")
+    split = ("config",)
     parts = {
         f"fedml_moon.{room}.{p.stem}"
         for room in split

@@ -1,4 +1,4 @@
-"""One module owns a run's output folder (`fedml_moon.records.layout`): no other module of the package
+"""One module owns a run's output folder (`fedml_moon.run_folder`): no other module of the package
 spells one of its file or folder names; its atomic write leaves the old file or the new one, never a
 part, and no temporary file; its records reader leaves out a line being written."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon.records import layout
-from fedml_moon.records.layout import RunFolder, read_json, read_records, replacing, write_json, write_text
+from fedml_moon import run_folder as layout
+from fedml_moon.run_folder import RunFolder, read_json, read_records, replacing, write_json, write_text
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fedml_moon"
 OTHER_MEANINGS = {  # the same word, not a name in a run's folder
@@ -56,13 +56,13 @@ def test_no_module_but_the_layout_spells_a_name_of_the_run_folder():
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
         module = path.relative_to(PACKAGE).as_posix()
-        if module == "records/layout.py":
+        if module == "run_folder.py":
             continue
         for line, text in _spelt(ast.parse(path.read_text())):
             allowed = (module, text) in OTHER_MEANINGS
             if text in named and not allowed:
                 offenders.append(f"fedml_moon/{module}:{line}: {text!r}")
-    assert offenders == [], "spell these through fedml_moon.records.layout:\n" + "\n".join(offenders)
+    assert offenders == [], "spell these through fedml_moon.run_folder:\n" + "\n".join(offenders)
 
 
 def test_the_allow_lists_name_literals_that_are_there():
@@ -75,7 +75,7 @@ def test_the_allow_lists_name_literals_that_are_there():
 def test_the_layout_imports_only_the_standard_library():
     """So that `core` may take its names from it, and the commands that only read a folder import no
     PyTorch."""
-    nodes = list(ast.walk(ast.parse((PACKAGE / "records" / "layout.py").read_text())))
+    nodes = list(ast.walk(ast.parse((PACKAGE / "run_folder.py").read_text())))
     imported = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
     assert {name.split(".")[0] for name in imported} <= set(sys.stdlib_module_names) | {"__future__"}

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fedml_moon.records.layout import FEDML_HOME
+from fedml_moon.run_folder import FEDML_HOME
 
 log = logging.getLogger(__name__)
 

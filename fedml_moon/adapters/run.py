@@ -28,10 +28,10 @@ from fedml_moon.data.precheck import server_hint
 from fedml_moon.engine.claim_table import ClaimTable, Rows
 from fedml_moon.engine.pace import Pace, resolve_pace
 from fedml_moon.engine.precision import default_dtype
-from fedml_moon.records.layout import RunFolder
 from fedml_moon.records.recorder import RunRecorder
 from fedml_moon.records.tracking import TensorBoardRun, WandbRun
 from fedml_moon.registry import get_algorithm
+from fedml_moon.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 

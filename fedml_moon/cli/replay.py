@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.errors import ConfigError
-from fedml_moon.records.layout import FINAL_MODEL, RunFolder, read_json, read_records
+from fedml_moon.run_folder import FINAL_MODEL, RunFolder, read_json, read_records
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from fedml_moon.cli.common import add_run_options, add_verbose, setup_logging
 from fedml_moon.errors import ConfigError
 from fedml_moon.records.folder import claim_folder, running
-from fedml_moon.records.layout import OUTPUTS
+from fedml_moon.run_folder import OUTPUTS
 
 if TYPE_CHECKING:
     from fedml_moon.config.load import Config

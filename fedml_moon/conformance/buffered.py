@@ -26,7 +26,7 @@ from fedml_moon.conformance.inprocess import quiet_run
 from fedml_moon.conformance.paths import Outcome
 from fedml_moon.conformance.snapshot import differences, snapshot
 from fedml_moon.errors import ConfigError
-from fedml_moon.records.layout import read_records
+from fedml_moon.run_folder import read_records
 
 BUFFERED_ATOL = 1e-5  # the buffered round against the synchronous one (float64 sums, float32 means)
 NAMES = ("synchronous", "buffered")

@@ -45,7 +45,7 @@ from fedml_moon.conformance.processes import (
     wait_all,
 )
 from fedml_moon.conformance.snapshot import differences, snapshot
-from fedml_moon.records.layout import PARTY_FILE, PARTY_STATE, RunFolder
+from fedml_moon.run_folder import PARTY_FILE, PARTY_STATE, RunFolder
 
 STOP_AFTER = 1  # the round after whose checkpoint the resume check stops its run
 RESUMED = ("uninterrupted", "resumed")

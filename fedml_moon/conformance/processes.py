@@ -28,7 +28,7 @@ from fedml_moon.conformance.preloaded import enabled as preload_enabled
 from fedml_moon.conformance.preloaded import forkable
 from fedml_moon.conformance.preloaded import start as fork
 from fedml_moon.modes import MODES  # noqa: F401 (the conformance suite's name for them)
-from fedml_moon.records.layout import RunFolder, read_records
+from fedml_moon.run_folder import RunFolder, read_records
 
 log = logging.getLogger(__name__)
 TINY = [

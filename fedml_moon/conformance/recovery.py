@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fedml_moon.conformance.processes import cli_command, process_env, spawn, stop, wait_all
 from fedml_moon.core.checkpoint import latest
-from fedml_moon.records.layout import RunFolder, read_records
+from fedml_moon.run_folder import RunFolder, read_records
 
 
 @dataclass

@@ -17,7 +17,7 @@ remains.
 
 The names inside `<root>` are this module's own (`round-<r>`, `.tmp-<r>`, `.old-<r>`, `.del-*`), but
 `LATEST`, which says to others that a run folder holds a checkpoint, is the run folder's layout's
-(`fedml_moon.records.layout`, standard library only); the caller names `<root>`.
+(`fedml_moon.run_folder`, standard library only); the caller names `<root>`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from fedml_moon.core.codec import CodecError, decode, encode
 from fedml_moon.errors import CheckpointError  # noqa: F401 (raised here, caught by the command line)
-from fedml_moon.records.layout import LATEST  # the run folder's names (standard library only)
+from fedml_moon.run_folder import LATEST  # the run folder's names (standard library only)
 
 
 def _fsync_dir(path: Path) -> None:

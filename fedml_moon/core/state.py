@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fedml_moon.records.layout import PARTY_FILE, replacing  # standard library only
+from fedml_moon.run_folder import PARTY_FILE, replacing  # standard library only
 
 AUTO_MEMORY_BYTES = 2 * 2**30  # `state_store: auto` moves the parties' states to disk past this
 AHEAD = 2  # party states a disk store reads ahead of the one asked for

@@ -39,7 +39,7 @@ import numpy as np
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.parts import Parts
 from fedml_moon.data.holdings import Holdings
-from fedml_moon.records.layout import PARTITION_ARRAYS, RunFolder
+from fedml_moon.run_folder import PARTITION_ARRAYS, RunFolder
 
 log = logging.getLogger(__name__)
 KEY = "data_args.partition_path"

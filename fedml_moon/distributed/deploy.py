@@ -39,7 +39,7 @@ from fedml_moon.distributed.silo.group import (
 )
 from fedml_moon.distributed.silo.mpi_groups import Placement
 from fedml_moon.engine.resume import Holding, check_resumable, flat_config, restore, resume_round
-from fedml_moon.records.layout import RunFolder
+from fedml_moon.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 PARTY_KEYS = (

@@ -27,7 +27,7 @@ from fedml_moon.config.load import Config, config_to_dict
 from fedml_moon.config.schema import SECTIONS, ConfigError
 from fedml_moon.core.checkpoint import latest, read_checkpoint, write_checkpoint
 from fedml_moon.core.personal import PartyFigures
-from fedml_moon.records.layout import RunFolder
+from fedml_moon.run_folder import RunFolder
 
 if TYPE_CHECKING:
     from fedml_moon.engine.parties import PartyRunner

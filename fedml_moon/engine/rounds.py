@@ -27,8 +27,8 @@ from fedml_moon.engine.summed import Result, SummedRounds
 from fedml_moon.engine.uploads import UploadChecks
 from fedml_moon.errors import ConfigError
 from fedml_moon.privacy.mod import PrivateAggregation
-from fedml_moon.records.layout import replacing
 from fedml_moon.records.recorder import RunRecorder
+from fedml_moon.run_folder import replacing
 
 if TYPE_CHECKING:  # the FedML adapter it drives; the engine itself imports no fedml
     from fedml_moon.adapters.aggregator import PluginServerAggregator

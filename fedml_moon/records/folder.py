@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedml_moon.config.schema import ConfigError
-from fedml_moon.records.layout import CHECKPOINT, RECORDS, WANDB, RunFolder
+from fedml_moon.run_folder import CHECKPOINT, RECORDS, WANDB, RunFolder
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.records.folder import replace_earlier
-from fedml_moon.records.layout import RunFolder, write_text
 from fedml_moon.records.tracking import TensorBoardRun, WandbRun
+from fedml_moon.run_folder import RunFolder, write_text
 from fedml_moon.status import record as run_status
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.records.layout import RunFolder
+from fedml_moon.run_folder import RunFolder
 
 log = logging.getLogger(__name__)
 

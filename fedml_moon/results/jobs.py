@@ -32,8 +32,8 @@ from typing import Any
 
 from fedml_moon.errors import SchedulerError  # noqa: F401 (raised here, caught by the command line)
 from fedml_moon.records.folder import held, in_progress
-from fedml_moon.records.layout import JOBS_LOCK, RunFolder, read_json, read_records, write_json
 from fedml_moon.results.sweep import Run
+from fedml_moon.run_folder import JOBS_LOCK, RunFolder, read_json, read_records, write_json
 
 WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 ENDED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY"}

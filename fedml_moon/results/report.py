@@ -27,7 +27,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.records.layout import SUMMARY, RunFolder, read_json, read_records
 from fedml_moon.results.report_text import markdown, summary_lines
 from fedml_moon.results.tables import (
     EPSILON,
@@ -41,6 +40,7 @@ from fedml_moon.results.tables import (
     rounds_to_target,
     speedup,
 )
+from fedml_moon.run_folder import SUMMARY, RunFolder, read_json, read_records
 
 log = logging.getLogger(__name__)
 NOT_SETTINGS = (

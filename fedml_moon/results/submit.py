@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.errors import ConfigError
-from fedml_moon.records.layout import SUBMITIT, RunFolder
 from fedml_moon.results import jobs
 from fedml_moon.results.cluster import SlurmArgs, executor
 from fedml_moon.results.jobs import Known, RunState
 from fedml_moon.results.sweep import Run, threads_per_run
 from fedml_moon.results.sweep_job import SweepJob
+from fedml_moon.run_folder import SUBMITIT, RunFolder
 
 log = logging.getLogger(__name__)
 ARRAY_SIZE = 1000  # runs of one array job

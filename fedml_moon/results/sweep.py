@@ -40,8 +40,8 @@ import yaml
 
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.records.folder import earlier_records
-from fedml_moon.records.layout import OUTPUTS, SWEEPS, RunFolder, read_json
 from fedml_moon.results.cluster import slurm_args
+from fedml_moon.run_folder import OUTPUTS, SWEEPS, RunFolder, read_json
 
 log = logging.getLogger(__name__)
 SWEEP_KEYS = {"base", "output", "set", "grid", "slurm"}

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.records.layout import RunFolder, write_json
 from fedml_moon.results.sweep import Run
+from fedml_moon.run_folder import RunFolder, write_json
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.models import build_model
 from fedml_moon.data.federated import load_data
 from fedml_moon.data.loader import build_fedml_dataset
-from fedml_moon.records.layout import FINAL_MODEL, RunFolder, read_json
+from fedml_moon.run_folder import FINAL_MODEL, RunFolder, read_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

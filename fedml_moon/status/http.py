@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.records.layout import read_records
+from fedml_moon.run_folder import read_records
 from fedml_moon.security import OPERATOR, check_token, rank_of_common_name, token_digest
 from fedml_moon.status import record as run_status
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.records.layout import RunFolder, read_json, read_records, write_json
+from fedml_moon.run_folder import RunFolder, read_json, read_records, write_json
 
 PUBLISH_EVERY_S = 1.0
 """A server or silo rewrites its status.json at most this often, but at once when its phase changes."""

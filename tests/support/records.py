@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedml_moon.records.layout import TENSORBOARD
 from fedml_moon.records.tracking import scalars
+from fedml_moon.run_folder import TENSORBOARD
 
 
 def curves(out_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -30,7 +30,7 @@ from fedml_moon.distributed.managers import (
 from fedml_moon.distributed.protocol import refusal_text
 from fedml_moon.distributed.refusals import bounded
 from fedml_moon.engine.claims import claim_problem, differs
-from fedml_moon.records.layout import write_json
+from fedml_moon.run_folder import write_json
 
 log = logging.getLogger(__name__)
 WELCOME_EVERY_S = 1.0

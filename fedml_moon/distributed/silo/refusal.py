@@ -32,7 +32,7 @@ from fedml_moon.core.split import SplitError
 from fedml_moon.data.datasets import DataNotFoundError
 from fedml_moon.data.formats import DataFileError
 from fedml_moon.distributed.protocol import refusal_text as described  # noqa: F401 (a silo's name)
-from fedml_moon.records.layout import RunFolder, read_json, write_text
+from fedml_moon.run_folder import RunFolder, read_json, write_text
 
 log = logging.getLogger(__name__)
 KEY = re.compile(r"\b([a-z]+_args\.[a-z_]+)\b")  # a setting named in a message

@@ -14,7 +14,7 @@ import torch
 
 from fedml_moon.core.digest import state_dict_sha256
 from fedml_moon.engine.federated_eval import summed
-from fedml_moon.records.layout import RunFolder, replacing
+from fedml_moon.run_folder import RunFolder, replacing
 
 log = logging.getLogger(__name__)
 

@@ -112,13 +112,20 @@ GITIGNORE = "# Written by fedml-moon certs: private keys and tokens never belong
 
 
 def make_certs(
-    folder: Path, silos: int, hosts: list[str], days: int = 825, caps: dict[int, int] | None = None
+    folder: Path,
+    silos: int,
+    hosts: list[str],
+    days: int = 825,
+    caps: dict[int, int] | None = None,
+    force: bool = False,
 ) -> list[Path]:
     """Write ca.pem / ca.key, server.pem / server.key (valid for `hosts`), silo-<r>.pem / .key /
     .token for r = 1..silos, operator.token (reads the status port), server-tokens.json (the tokens'
     digests), mosquitto.acl, and a .gitignore that keeps git from
     adding any of them. `caps`: rank -> the most samples its party may
-    claim, signed into its certificate and kept beside its token's digest. Returns the files written."""
+    claim, signed into its certificate and kept beside its token's digest. Returns the files written.
+    A folder that holds credentials already (a CA, keys, tokens) is refused, naming them, unless
+    `force`: a new CA would leave every certificate and token issued from the old one worthless."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
@@ -128,6 +135,7 @@ def make_certs(
     if any(not 1 <= r <= silos or n < 1 for r, n in caps.items()):
         raise ValueError(f"--max-samples: RANK=N with RANK in 1..{silos} and N >= 1; got {caps}")
     folder = Path(folder)
+    _refuse_earlier(folder, force)
     folder.mkdir(parents=True, exist_ok=True)
     pem = serialization.Encoding.PEM
     ca_key = _key()
@@ -174,6 +182,25 @@ def make_certs(
         _write(folder / name, data, private=name.endswith((".key", ".token")))
         written.append(folder / name)
     return written
+
+
+def _refuse_earlier(folder: Path, force: bool) -> None:
+    """Refuse a folder that holds credentials an earlier `fedml-moon certs` wrote, unless `force`."""
+    if force or not folder.is_dir():
+        return
+    earlier = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name in ("ca.pem", "ca.key", "server-tokens.json", "mosquitto.acl")
+        or p.suffix in (".pem", ".key", ".token")
+    )
+    if earlier:
+        raise FileExistsError(
+            f"{folder} holds credentials already ({', '.join(earlier[:8])}"
+            f"{f' and {len(earlier) - 8} more' if len(earlier) > 8 else ''}): a new CA would leave every "
+            "certificate and token issued from them worthless; give another folder, or --force to replace "
+            "them"
+        )
 
 
 def mosquitto_acl(silos: int) -> str:

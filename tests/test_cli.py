@@ -47,6 +47,27 @@ def test_certs_through_main(cli, tmp_path):
     assert "server-tokens.json" in names
 
 
+def test_certs_refuses_a_folder_that_holds_credentials_unless_forced(cli, tmp_path, capsys):
+    """Following the tutorials in order writes `certs` twice: the second call names what the folder
+    holds and changes nothing of it; with --force it replaces the CA (the old one's files differ)."""
+    folder = tmp_path / "certs"
+    assert cli(["certs", str(folder), "--silos", "2"]) == 0
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    capsys.readouterr()
+    assert cli(["certs", str(folder), "--silos", "3"]) == 2
+    said = capsys.readouterr().err
+    assert "holds credentials already (ca.key, ca.pem, mosquitto.acl, operator.token" in said
+    assert "--force to replace them" in said
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # not a file touched
+    assert cli(["certs", str(folder), "--silos", "3", "--force"]) == 0
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert after["ca.pem"] != before["ca.pem"] and "silo-3.token" in after
+    assert cli(["certs", str(tmp_path / "empty-before"), "--silos", "1"]) == 0  # a new folder is fine
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "README").write_text("not credentials\n")
+    assert cli(["certs", str(tmp_path / "notes"), "--silos", "1"]) == 0  # nor one without credentials
+
+
 @pytest.mark.slow
 def test_certs_are_never_added_to_a_repository(cli, tmp_path):
     """`git add -A` in a repository holding the command's folder (anywhere in it) adds no key."""

@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="RANK=N",
         help="the most samples silo RANK's party may claim, signed into its certificate (repeatable)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the credentials the folder holds (without it such a folder is refused, naming them)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +38,9 @@ def run(args: argparse.Namespace) -> int:
     hosts = args.host or ["127.0.0.1", "localhost"]
     try:
         caps = {int(r): int(n) for r, n in (item.split("=", 1) for item in args.max_samples)}
-        written = make_certs(Path(args.folder), args.silos, hosts, args.days, caps)
+        written = make_certs(Path(args.folder), args.silos, hosts, args.days, caps, force=args.force)
+    except FileExistsError as err:
+        raise ConfigError(f"fedml-moon certs: {err}") from None
     except ValueError as err:
         raise ConfigError(f"fedml-moon certs: {err} (--max-samples takes RANK=N, e.g. 2=50000)") from None
     log.info(

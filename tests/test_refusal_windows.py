@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import time
 
-from fedml_moon.distributed.refusals import RefusalLog
 from fedml_moon.distributed.transport.base import QueueTransport
+from fedml_moon.status.refusals import RefusalLog
 
 
 class Clock:

@@ -102,7 +102,7 @@ def test_a_sites_refused_count_is_its_refused_messages_only_and_its_sources_are_
     COUNTED_SOURCES keys (the rest under "other sources")."""
     import logging
 
-    from fedml_moon.distributed import refusals
+    from fedml_moon.status import refusals
 
     log = refusals.RefusalLog(logging.getLogger("fedml_moon.test.status"), per_source=1)
     for _ in range(3):  # the first logged in full, the others only counted

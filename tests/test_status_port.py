@@ -8,7 +8,6 @@ JSON and in the metrics: tests/test_dead_silo.py."""
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import re
@@ -20,19 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from fedml_moon.records.recorder import RunRecorder
 from fedml_moon.security import make_certs
+from fedml_moon.status import app as status_app
 from fedml_moon.status import http as status_http
 from fedml_moon.status import record as run_status
-from fedml_moon.status.http import StatusApp, StatusPort, load_viewers
+from fedml_moon.status.app import StatusApp, load_viewers
+from fedml_moon.status.http import StatusPort
+from tests.support.status_port import SITES, Client, serve, token_of, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
-SITES = [
-    {"rank": 1, "connected": True, "heard_at": 0.0, "rounds": 3, "refused": 0, "messages": 40,
-     "bytes_received": 9000, "bytes_sent": 8000},
-    {"rank": 2, "connected": False, "heard_at": -40.0, "rounds": 1, "refused": 7, "messages": 12,
-     "bytes_received": 3000, "bytes_sent": 2500},
-]  # heard_at: seconds from the fixture's moment  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -44,54 +39,13 @@ def certs(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def run(tmp_path) -> Path:
-    """A run folder in round 3 of 10, as a distributed run's server writes it."""
-    recorder = RunRecorder(tmp_path / "run", {"train_args": {"algorithm": "moon", "comm_round": 10}})
-    for r in range(3):
-        recorder.log_round(
-            {"round": r, "parties": 2, "test_acc": 0.5 + r / 10, "test_loss": 1.0 - r / 10,
-             "round_time_s": 2.0, "party_test": {"0": 0.9, "1": 0.1}, "wire_bytes_sent": 100,
-             "wire_bytes_received": 50, "dp_epsilon": 0.25 * (r + 1),
-             **({"missing_parties": [1]} if r == 1 else {})}
-        )  # fmt: skip
-    now = time.time()
-    sites = [{**s, "heard_at": now + s["heard_at"]} for s in SITES]
-    recorder.publish(round=3, phase="training", sites=sites, refused={"a malformed message": 2, "too big": 5})
-    return tmp_path / "run"
-
-
-def _token(certs: Path, who: str) -> str:
-    return (certs / f"{who}.token").read_text()
-
-
-class Client:
-    def __init__(self, port: StatusPort, context: ssl.SSLContext | None = None) -> None:
-        self.port, self.context = port, context
-
-    def get(self, path: str, who: str | None = None, token: str | None = None, method="GET", body=None):
-        if self.context is not None:
-            conn = http.client.HTTPSConnection("127.0.0.1", self.port.port, timeout=10, context=self.context)
-        else:
-            conn = http.client.HTTPConnection("127.0.0.1", self.port.port, timeout=10)
-        headers = {}
-        if who is not None:
-            headers["Authorization"] = "Basic " + base64.b64encode(f"{who}:{token}".encode()).decode()
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            reply = conn.getresponse()
-            return reply.status, dict(reply.getheaders()), reply.read()
-        finally:
-            conn.close()
-
-
-def _served(run: Path, certs: Path, rate: int):
-    port = StatusPort(StatusApp(run, load_viewers(certs / "server-tokens.json"), rate=rate), "127.0.0.1", 0)
-    return Client(port.start())
+    return write_run(tmp_path / "run")
 
 
 @pytest.fixture
 def served(run, certs):
     """The port, its rate bound out of the way (its own test has it)."""
-    client = _served(run, certs, 1000)
+    client = serve(run, certs, 1000)
     yield client
     client.port.stop()
 
@@ -100,24 +54,24 @@ def test_without_credentials_a_client_gets_a_refusal_and_nothing_else(served, ce
     wrong = [
         (None, None),
         ("operator", "not-the-token"),
-        ("operator", _token(certs, "silo-1")),  # a site's token is not the operator's
-        ("silo-2", _token(certs, "silo-1")),  # nor another site's
-        ("silo-9", _token(certs, "silo-1")),  # a site the run does not have
-        ("silo-1:x", _token(certs, "silo-1")),
+        ("operator", token_of(certs, "silo-1")),  # a site's token is not the operator's
+        ("silo-2", token_of(certs, "silo-1")),  # nor another site's
+        ("silo-9", token_of(certs, "silo-1")),  # a site the run does not have
+        ("silo-1:x", token_of(certs, "silo-1")),
     ]
     for path in ("/", "/status.json", "/metrics", "/nothing"):
         for who, token in wrong:
             code, headers, body = served.get(path, who, token)
             assert (code, body) == (401, b""), (path, who)
             assert headers["WWW-Authenticate"].startswith("Basic")
-    code, _, body = served.get("/status.json", "operator", _token(certs, "operator"))
+    code, _, body = served.get("/status.json", "operator", token_of(certs, "operator"))
     assert code == 200 and json.loads(body)["round"] == 3
 
 
 def test_the_operator_sees_every_site_and_the_metrics(served, certs):
     from prometheus_client.parser import text_string_to_metric_families
 
-    token = _token(certs, "operator")
+    token = token_of(certs, "operator")
     status = json.loads(served.get("/status.json", "operator", token)[2])
     assert [s["rank"] for s in status["sites"]] == [1, 2]
     assert status["latest"]["test_acc"] == pytest.approx(0.7)
@@ -149,7 +103,7 @@ def test_the_operator_sees_every_site_and_the_metrics(served, certs):
 def test_the_example_dashboard_asks_only_for_metrics_the_port_serves(served, certs):
     from prometheus_client.parser import text_string_to_metric_families
 
-    body = served.get("/metrics", "operator", _token(certs, "operator"))[2].decode()
+    body = served.get("/metrics", "operator", token_of(certs, "operator"))[2].decode()
     served_names = {s.name for f in text_string_to_metric_families(body) for s in f.samples}
     dashboard = json.loads((ROOT / "examples" / "monitoring" / "grafana-dashboard.json").read_text())
     asked = {
@@ -162,7 +116,7 @@ def test_the_example_dashboard_asks_only_for_metrics_the_port_serves(served, cer
 
 
 def test_a_site_sees_the_runs_shared_figures_and_its_own_entry_only(served, certs):
-    token = _token(certs, "silo-1")
+    token = token_of(certs, "silo-1")
     status = json.loads(served.get("/status.json", "silo-1", token)[2])
     (mine,) = status["sites"]
     assert {k: mine[k] for k in ("rank", "connected", "rounds", "refused")} == {
@@ -184,7 +138,7 @@ def test_the_operators_config_may_show_a_site_every_site(run, certs):
 
 
 def test_only_get_and_head_without_a_body_and_the_three_paths(served, certs):
-    token = _token(certs, "operator")
+    token = token_of(certs, "operator")
     for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
         assert served.get("/status.json", "operator", token, method=method)[0] == 405
     assert served.get("/status.json", "operator", token, body=b"x" * 10)[0] == 413
@@ -194,12 +148,12 @@ def test_only_get_and_head_without_a_body_and_the_three_paths(served, certs):
 
 
 def test_a_client_past_its_rate_is_told_to_wait_and_others_are_not(run, certs):
-    served, token, n = _served(run, certs, status_http.RATE), _token(certs, "operator"), status_http.RATE
+    served, token, n = serve(run, certs, status_app.RATE), token_of(certs, "operator"), status_app.RATE
     try:
         codes = [served.get("/status.json", "operator", token)[0] for _ in range(n)]
         codes += [served.get("/status.json", "operator", token)[0] for _ in range(3)]
         assert codes == [200] * n + [429] * 3
-        assert served.get("/status.json", "silo-1", _token(certs, "silo-1"))[0] == 200  # another user
+        assert served.get("/status.json", "silo-1", token_of(certs, "silo-1"))[0] == 200  # another user
         anonymous = [served.get("/", None, None)[0] for _ in range(n + 2)]  # no credentials: one budget
         assert anonymous == [401] * n + [429] * 2
         assert served.port.server.app.allowed("127.0.0.2 operator")  # another address is not held back
@@ -208,7 +162,7 @@ def test_a_client_past_its_rate_is_told_to_wait_and_others_are_not(run, certs):
 
 
 def test_stalled_clients_neither_block_others_nor_pile_up(served, certs):
-    token = _token(certs, "operator")
+    token = token_of(certs, "operator")
     idle = [socket.create_connection(("127.0.0.1", served.port.port)) for _ in range(2)]
     try:
         assert served.get("/status.json", "operator", token)[0] == 200  # served beside them
@@ -218,7 +172,7 @@ def test_stalled_clients_neither_block_others_nor_pile_up(served, certs):
     crowd = [socket.create_connection(("127.0.0.1", served.port.port)) for _ in range(status_http.MAX_OPEN)]
     try:
         deadline = time.monotonic() + 30
-        while served.port.server.open._value > 0:  # the crowd's requests are all being served
+        while served.port.server.open < status_http.MAX_OPEN:  # the crowd's requests are all being served
             assert time.monotonic() < deadline
             time.sleep(0.05)
         with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
@@ -227,7 +181,7 @@ def test_stalled_clients_neither_block_others_nor_pile_up(served, certs):
         for s in crowd:
             s.close()
     deadline = time.monotonic() + 30
-    while served.port.server.open._value < status_http.MAX_OPEN:  # the closed clients' threads end
+    while served.port.server.open > 0:  # the closed clients' threads end
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert served.get("/status.json", "operator", token)[0] == 200
@@ -239,14 +193,14 @@ def test_readers_read_the_run_at_most_twice_a_second(served, certs, monkeypatch)
     monkeypatch.setattr(
         run_status, "read", lambda folder, *rows: reads.append(time.monotonic()) or real(folder, *rows)
     )
-    token = _token(certs, "operator")
+    token = token_of(certs, "operator")
     started = time.monotonic()
     threads = [threading.Thread(target=served.get, args=("/", "operator", token)) for _ in range(15)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert 1 <= len(reads) <= (time.monotonic() - started) / status_http.FRESH_S + 1
+    assert 1 <= len(reads) <= (time.monotonic() - started) / status_app.FRESH_S + 1
 
 
 def test_over_tls_with_the_runs_certificates(run, certs):
@@ -256,13 +210,13 @@ def test_over_tls_with_the_runs_certificates(run, certs):
         assert port.url.startswith("https://")
         trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
         trusted.verify_flags |= ssl.VERIFY_X509_STRICT  # Python 3.13's default: RFC 5280's key ids, usage
-        code, _, body = Client(port, trusted).get("/status.json", "operator", _token(certs, "operator"))
+        code, _, body = Client(port, trusted).get("/status.json", "operator", token_of(certs, "operator"))
         assert code == 200 and json.loads(body)["run"] == "run"
         with pytest.raises(ssl.SSLError):
             Client(port, ssl.create_default_context()).get("/status.json")  # not the run's CA
         plain = Client(port).get  # plain HTTP to the TLS port gets no status
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
-            plain("/status.json", "operator", _token(certs, "operator"))
+            plain("/status.json", "operator", token_of(certs, "operator"))
     finally:
         port.stop()
 
@@ -308,7 +262,7 @@ def test_fedml_moon_status_reads_a_live_port_as_the_operator_or_a_site(run, cert
 def test_hostile_requests_get_an_error_and_leave_the_port_serving(served, certs):
     """A header too long, too many headers, a request line that is no HTTP, a client killed half way
     through its request: each gets an error or nothing, and the next honest request is answered."""
-    token = _token(certs, "operator")
+    token = token_of(certs, "operator")
     sends = [
         b"GET /status.json HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",
         b"GET /status.json HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
@@ -349,10 +303,10 @@ def test_a_silos_own_port_shows_its_view_to_its_own_token_only(tmp_path, certs):
     try:
         client = Client(port)
         for who in ("operator", "silo-2"):
-            assert client.get("/status.json", who, _token(certs, who))[0] == 401
-        status = json.loads(client.get("/status.json", "silo-1", _token(certs, "silo-1"))[2])
+            assert client.get("/status.json", who, token_of(certs, who))[0] == 401
+        status = json.loads(client.get("/status.json", "silo-1", token_of(certs, "silo-1"))[2])
         assert status["site"] == {"rank": 1, "rounds": 4, "samples": 640} and status["server"]["connected"]
-        body = client.get("/metrics", "silo-1", _token(certs, "silo-1"))[2].decode()
+        body = client.get("/metrics", "silo-1", token_of(certs, "silo-1"))[2].decode()
         samples = {s.name: s.value for f in text_string_to_metric_families(body) for s in f.samples}
         assert samples["fedml_moon_rounds_trained_total"] == 4 and samples["fedml_moon_server_connected"] == 1
         assert samples["fedml_moon_round_seconds"] == 3.0 and samples["fedml_moon_eta_seconds"] == 18.0

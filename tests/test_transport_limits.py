@@ -21,7 +21,6 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
 from fedml_moon.config.load import ConfigError, load_config
-from fedml_moon.distributed.refusals import RefusalLog
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes
 from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES, FrameBudget
 from fedml_moon.distributed.transport.grpc_common import BUSY_HEADER, peer_host
@@ -33,6 +32,7 @@ from fedml_moon.distributed.transport.grpc_transport import (
 )
 from fedml_moon.distributed.transport.inflight import MAX_MESSAGES, InFlight
 from fedml_moon.security import load_token_table, make_certs
+from fedml_moon.status.refusals import RefusalLog
 
 pytestmark = pytest.mark.slow
 RANK = struct.Struct("<q")

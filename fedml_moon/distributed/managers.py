@@ -67,8 +67,8 @@ from fedml_moon.distributed.protocol import (  # noqa: F401 (the protocol's name
     WELCOME,
     message_problem,
 )
-from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.transport.base import QueueTransport
+from fedml_moon.status.refusals import RefusalLog, bounded
 
 log = logging.getLogger(__name__)
 DEAD_AFTER_BEATS = 3  # a peer silent for this many heartbeat periods is taken for dead

@@ -12,138 +12,43 @@ Off the training path: the port runs in threads of its own and reads the run's f
 metrics.jsonl, summary.json: what `fedml-moon status` reads), at most twice a second whatever the
 number of readers; it never touches the server's objects. Each user from each client address (and
 all requests without valid credentials from an address together) may make RATE requests in
-RATE_WINDOW_S (then 429), at most MAX_OPEN requests are served at once (another is closed
-unanswered), only GET and HEAD are answered, a request with a body is refused (413), and a client that
-stalls is dropped after TIMEOUT_S: no reader can slow a round, and a killed one leaves nothing behind."""
+RATE_WINDOW_S (then 429), at most MAX_OPEN connections are served at once (another is closed
+unanswered), and RESERVED of them only to an address whose credentials the port took within KNOWN_S
+(the operator's browser or Prometheus, a site's monitor): connections of strangers cannot hold every
+slot. A connection's whole head (its TLS handshake, request line and headers) must arrive within
+HEAD_DEADLINE_S, and a client that stalls after it is dropped after TIMEOUT_S. Only GET and HEAD are
+answered, a request with a body (a Content-Length above 0, or Transfer-Encoding) is refused (413), one
+whose Content-Length is not a count is refused (400), and what is refused is logged bounded (one line
+per client a window, then counted: `status.refusals`): no reader can slow a round, flood its log, or
+keep another reader out, and a killed one leaves nothing behind."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
+import re
+import socket
 import ssl
+import sys
 import threading
-import time
-from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from fedml_moon.run_folder import read_records
-from fedml_moon.security import OPERATOR, check_token, rank_of_common_name, token_digest
-from fedml_moon.status import record as run_status
+from fedml_moon.security import token_digest
+from fedml_moon.status.app import RATE_WINDOW_S, StatusApp, load_viewers
 
 log = logging.getLogger(__name__)
 
-RATE, RATE_WINDOW_S = 60, 10.0
 MAX_OPEN = 8
+RESERVED = 2  # slots only an address that gave valid credentials within app.KNOWN_S may take
+HEAD_DEADLINE_S = 5.0  # the TLS handshake, request line and headers together
 TIMEOUT_S = 5.0
-FRESH_S = 0.5  # the status is read from the files at most this often
+COUNT = re.compile(r"\d{1,18}")
 SECURITY_HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'",
 }
-
-
-def load_viewers(path: Path) -> dict[str, str]:
-    """Who may read the status: user name (`operator`, `silo-<r>`) -> the SHA-256 hex digest of its
-    token, from server-tokens.json (a rank's entry: its digest or {"sha256": ...})."""
-    raw = json.loads(Path(path).read_text())
-    out = {}
-    for key, value in raw.items():
-        digest = str(value["sha256"] if isinstance(value, dict) else value)
-        out[OPERATOR if key == OPERATOR else f"silo-{key}"] = digest
-    return out
-
-
-class StatusApp:
-    """What the port answers, for the run in `out_dir`."""
-
-    def __init__(
-        self,
-        out_dir: Path,
-        viewers: dict[str, str],
-        sites_visible: bool = False,
-        rate: int = RATE,
-        owner: str = OPERATOR,
-    ) -> None:
-        self.out_dir = Path(out_dir)
-        self.rate, self.owner = rate, owner  # owner: who sees all and the metrics
-        self.viewers = viewers
-        self.sites_visible = sites_visible
-        self._lock = threading.Lock()
-        self._read_at = -1e9
-        self._snapshot: tuple[dict[str, Any], list[dict[str, Any]]] = ({}, [])
-        self._seen: dict[str, deque] = {}
-
-    def viewer(self, header: str | None) -> str | None:
-        """The user an `Authorization: Basic ...` header proves, or None."""
-        if not header or not header.startswith("Basic "):
-            return None
-        try:
-            user, _, token = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return user if check_token(self.viewers, user, token) else None
-
-    def allowed(self, client: str) -> bool:
-        """Whether `client` is within `rate` requests in the last RATE_WINDOW_S (this one counted)."""
-        now = time.monotonic()
-        with self._lock:
-            seen = self._seen.setdefault(client, deque())
-            while seen and now - seen[0] > RATE_WINDOW_S:
-                seen.popleft()
-            if len(seen) >= self.rate:
-                return False
-            seen.append(now)
-            if len(self._seen) > 10_000:  # forget idle clients
-                self._seen = {c: q for c, q in self._seen.items() if q and now - q[-1] <= RATE_WINDOW_S}
-            return True
-
-    def snapshot(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The run's status and records, read again when older than FRESH_S."""
-        with self._lock:
-            if time.monotonic() - self._read_at >= FRESH_S:
-                try:
-                    rows = read_records(self.out_dir)  # metrics.jsonl read once for both
-                    self._snapshot = (run_status.read(self.out_dir, rows), rows)
-                except FileNotFoundError:  # the server has written nothing yet
-                    self._snapshot = (run_status.starting(self.out_dir), [])
-                self._read_at = time.monotonic()
-            return self._snapshot
-
-    def view(self, user: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The status and records as `user` may see them (module docstring)."""
-        status, records = self.snapshot()
-        if user == self.owner or self.sites_visible:
-            return status, records
-        rank = rank_of_common_name(user)
-        mine = [s for s in status.get("sites", []) if s.get("rank") == rank]
-        fields = ("round", "test_acc", "test_loss", "round_time_s", "parties")
-        shared = [{k: r[k] for k in fields if k in r} for r in records]
-        return {**status, "sites": mine}, shared
-
-    def answer(self, path: str, user: str) -> tuple[int, str, bytes]:
-        """(HTTP status, content type, body) for GET `path` by `user`."""
-        from fedml_moon.status.page import render_html
-
-        status, records = self.view(user)
-        route = path.split("?", 1)[0]
-        if route == "/":
-            return 200, "text/html; charset=utf-8", render_html(status, records).encode()
-        if route == "/status.json":
-            return 200, "application/json", json.dumps(status, allow_nan=False, default=str).encode()
-        if route == "/metrics":
-            if user != self.owner:
-                return 403, "text/plain", f"the metrics are {self.owner}'s\n".encode()
-            from prometheus_client import CONTENT_TYPE_LATEST
-
-            from fedml_moon.status.metrics import exposition
-
-            return 200, CONTENT_TYPE_LATEST, exposition(status, records)
-        return 404, "text/plain", b"not found: /, /status.json or /metrics\n"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -152,15 +57,34 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = TIMEOUT_S
 
     def setup(self) -> None:
+        # the whole head within HEAD_DEADLINE_S: past it the connection is shut, whatever it sends
+        self._deadline = threading.Timer(HEAD_DEADLINE_S, self._drop)
+        self._deadline.daemon = True
+        self._deadline.start()
         super().setup()  # the socket's timeout set: a TLS handshake that stalls is dropped too
         if isinstance(self.request, ssl.SSLSocket):
             self.request.do_handshake()
+
+    def _drop(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed already
+            pass
+
+    def parse_request(self) -> bool:
+        """The request line and headers are in: the head's deadline is met."""
+        self._deadline.cancel()
+        return super().parse_request()
 
     def handle(self) -> None:
         try:
             super().handle()
         except (OSError, ssl.SSLError) as err:  # a client that stalls, or speaks no TLS
             log.debug("status port: %s dropped: %s", self.client_address[0], err)
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
 
     def _send(
         self, code: int, kind: str = "text/plain", body: bytes = b"", extra: dict | None = None
@@ -173,15 +97,32 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    def _body_problem(self) -> tuple[int, str] | None:
+        """(status, why) for a request that carries a body or says its length in another way."""
+        length, chunked = self.headers.get("Content-Length"), self.headers.get("Transfer-Encoding")
+        if length is not None and not COUNT.fullmatch(length.strip()):
+            return 400, f"a Content-Length that is not a count ({length[:40]!r})"
+        if chunked is not None or int(length or 0) > 0:
+            return 413, "a request with a body"
+        return None
+
+    def _refuse_request(self, code: int, why: str) -> None:
+        app: StatusApp = self.server.app  # type: ignore[attr-defined]
+        client = self.client_address[0]
+        app.refusals.refused(f"status port client {client}", f"status port: refused {client}: {why}", why)
+        self._send(code, body=f"{why}: GET and HEAD carry none\n".encode())
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         app: StatusApp = self.server.app  # type: ignore[attr-defined]
         user = app.viewer(self.headers.get("Authorization"))
         if not app.allowed(f"{self.client_address[0]} {user}"):  # each user its own; no user: one
             return self._send(429, extra={"Retry-After": str(int(RATE_WINDOW_S))})
-        if int(self.headers.get("Content-Length") or 0) > 0:
-            return self._send(413)
+        problem = self._body_problem()
+        if problem is not None:
+            return self._refuse_request(*problem)
         if user is None:
             return self._send(401, extra={"WWW-Authenticate": 'Basic realm="fedml-moon status"'})
+        app.vouch(self.client_address[0])
         self._send(*app.answer(self.path, user))
 
     do_HEAD = do_GET
@@ -196,16 +137,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class _Server(ThreadingHTTPServer):
+    """At most MAX_OPEN connections at once, RESERVED of them for addresses the port knows."""
+
     daemon_threads = True
     request_queue_size = MAX_OPEN
 
     def __init__(self, address: tuple[str, int], app: StatusApp) -> None:
         super().__init__(address, _Handler)
         self.app = app
-        self.open = threading.BoundedSemaphore(MAX_OPEN)
+        self.open = 0
+        self.slots = threading.Lock()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.open.acquire(blocking=False):  # too many at once: closed at once, unanswered
+        known = self.app.known(client_address[0])
+        with self.slots:
+            room = self.open < (MAX_OPEN if known else MAX_OPEN - RESERVED)
+            self.open += room
+        if not room:  # too many at once: closed at once, unanswered
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -214,7 +162,16 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.open.release()
+            with self.slots:
+                self.open -= 1
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """What a request made fail is one bounded line of the log, never a traceback a client can
+        repeat at will (its reason counted past the window's lines)."""
+        err = sys.exc_info()[1]
+        client = client_address[0] if client_address else "?"
+        why = f"{type(err).__name__}: {str(err)[:80]}"
+        self.app.refusals.refused(f"status port client {client}", f"status port: {client}: {why}", why)
 
 
 class StatusPort:

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedml.core.distributed.communication.message import Message
 
-from fedml_moon.distributed.refusals import bounded
+from fedml_moon.status.refusals import bounded
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 What waits in the queue is counted per sender and bounded (`inflight`), and so are the large frames a
 sender may have decoded in each phase of the run (`budget`); refusals are logged in
-bounded size and rate-limited per source (`fedml_moon.distributed.refusals.RefusalLog`), with a
+bounded size and rate-limited per source (`fedml_moon.status.refusals.RefusalLog`), with a
 summary of what was only counted once its window closes.
 """
 
@@ -19,9 +19,9 @@ from fedml.core.distributed.communication.base_com_manager import BaseCommunicat
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.core.codec import CodecError, decode, encode
-from fedml_moon.distributed.refusals import RefusalLog
 from fedml_moon.distributed.transport.budget import FrameBudget
 from fedml_moon.distributed.transport.inflight import OWN, QUEUED, REFUSED, InFlight, Waiting, coalesced_kind
+from fedml_moon.status.refusals import RefusalLog
 
 log = logging.getLogger(__name__)
 _STOP = object()

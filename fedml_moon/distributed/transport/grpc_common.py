@@ -9,8 +9,8 @@ from urllib.parse import unquote
 
 import grpc
 
-from fedml_moon.distributed.refusals import bounded
 from fedml_moon.security import check_token
+from fedml_moon.status.refusals import bounded
 
 SERVICE = "fedml_moon.Transport"
 RANK_HEADER = "x-fedml-moon-rank"

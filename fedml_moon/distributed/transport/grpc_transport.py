@@ -40,7 +40,6 @@ from typing import Any
 
 import grpc
 
-from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes
 from fedml_moon.distributed.transport.grpc_client import GrpcClientTransport
 from fedml_moon.distributed.transport.grpc_common import (
@@ -59,6 +58,7 @@ from fedml_moon.distributed.transport.heap import HeapLimits
 from fedml_moon.distributed.transport.inflight import coalesced_kind
 from fedml_moon.distributed.transport.slots import Lease, Outbox, Slots, Watchdog, pool_size, slot_caps
 from fedml_moon.security import cert_cap, rank_of_common_name
+from fedml_moon.status.refusals import RefusalLog, bounded
 
 __all__ = [
     "RANK_HEADER",

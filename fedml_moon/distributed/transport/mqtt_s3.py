@@ -36,9 +36,9 @@ from typing import Any
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.core.codec import CodecError
-from fedml_moon.distributed.refusals import RefusalLog, bounded
 from fedml_moon.distributed.transport.base import QueueTransport, TransportError, message_from_bytes
 from fedml_moon.distributed.transport.inflight import QUEUED, REFUSED, Waiting, coalesced_kind
+from fedml_moon.status.refusals import RefusalLog, bounded
 
 log = logging.getLogger(__name__)
 S3_REF = b"FMS3:"

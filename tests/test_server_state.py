@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 
 from fedml_moon.distributed import managers as m
+from fedml_moon.run_folder import RunFolder, read_json
+from tests.support.buffered_silos import BUFFERED_FEDAVGM, Silos, finish
 from tests.support.marks import needs_fmnist
 from tests.support.server import answer_train, receive, server_manager
 
@@ -51,9 +53,12 @@ def test_a_refuse_before_the_run_makes_a_rank_as_if_it_never_said_hello(tmp_path
     manager, _ = server_manager(tmp_path, ready=False)
     site = manager.state.sites[2]
     assert site.seen and not site.ready and manager.state.round.phase == "hello"
+    welcomed = site.welcomed_at
     receive(manager, 2, m.REFUSE, kind="changed", key="data_args.data_cache_dir")
-    assert not site.seen and not site.ready and site.welcomed_at is None and site.process is None
+    assert not site.seen and not site.ready and site.process is None and site.welcomed_at == welcomed
     assert site.data_refused is not None and not site.gone
+    _hello(manager, 2, "p2-again")  # within a second of its WELCOME: not welcomed again yet
+    assert not site.seen and site.welcomed_at == welcomed
     time.sleep(WELCOME_GAP_S)
     _hello(manager, 2, "p2-again")
     assert site.seen and site.process == "p2-again" and site.data_refused is not None
@@ -71,3 +76,25 @@ def test_took_part_counts_the_train_phases_whose_answers_were_taken_and_nothing_
     time.sleep(WELCOME_GAP_S)
     _hello(manager, 2, "p2-again")
     assert sites[2].took_part == 1
+
+
+def test_the_rounds_a_site_took_part_in_are_rounds_whatever_the_checkpoints(tmp_path):
+    """Six rounds with a checkpoint every third: each site took part in six (it used to count the
+    train phases left for a checkpoint: two)."""
+    manager, wire = server_manager(tmp_path, "train_args.comm_round=6", "train_args.checkpoint_every=3")
+    silos = Silos(manager, wire)
+    finish(manager, silos)
+    assert [s.took_part for s in manager.state.sites.values()] == [6, 6, 6]
+    published = read_json(RunFolder(tmp_path).status)["sites"]
+    assert [s["rounds"] for s in published] == [6, 6, 6]
+
+
+def test_in_a_buffered_run_a_site_took_part_in_the_buffers_that_held_its_updates(tmp_path):
+    manager, wire = server_manager(tmp_path, *BUFFERED_FEDAVGM)
+    finish(manager, Silos(manager, wire))
+    held = {rank: 0 for rank in (1, 2, 3)}
+    for record in manager.rounds.recorder.records:
+        for rank in {party + 1 for party, _ in record["updates"]}:
+            held[rank] += 1
+    assert [s.took_part for s in manager.state.sites.values()] == [held[1], held[2], held[3]]
+    assert sum(held.values()) >= len(manager.rounds.recorder.records) == 6

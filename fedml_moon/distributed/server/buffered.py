@@ -264,6 +264,7 @@ class BufferedFlow:
         r = self.state.round
         r.round_idx, r.ordered, self.state.buffer.extra = applied
         r.aggregated = r.round_idx
+        self.server.status_board.took_part([party for party, _ in applied[2].get("updates", [])])
         if self.rounds.evaluation.needs_party_eval(r.round_idx):
             self.sync.after_aggregate()  # EVAL to the silos; no task is sent before the record
             return

@@ -97,9 +97,10 @@ class BufferedCheckpoints:
             cut.held.append(batch)
 
     def ask_again(self, rank: int) -> None:
-        """A restarted silo lost the CHECKPOINT it owes an answer to: it is sent again (once a restart)."""
+        """A restarted silo lost the CHECKPOINT it owes an answer to: it is sent again, once a cut."""
         cut = self.state.buffer.cut
-        if cut is not None and rank in cut.awaiting:
+        if cut is not None and rank in cut.awaiting and rank not in cut.asked_again:
+            cut.asked_again.add(rank)
             self.server.send(CHECKPOINT, rank, round=cut.round)
 
     def on_checkpointed(self, msg: Any) -> None:

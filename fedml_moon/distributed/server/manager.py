@@ -225,7 +225,6 @@ class ServerManager(_Manager):
     def enter(self, phase: str, pending: set[int]) -> None:
         """Wait for `pending`, each owing one message (the flow may say more): past what it owes (and a
         spare) a rank's large frames are refused undecoded until the next phase (transport/budget.py)."""
-        self.status_board.leaving(phase)
         self.declare(self.flow.owed(phase, pending))
         r = self.state.round
         r.phase, r.pending = phase, set(pending)

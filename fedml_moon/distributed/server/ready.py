@@ -28,9 +28,9 @@ from fedml_moon.distributed.managers import (
     described_differences,
 )
 from fedml_moon.distributed.protocol import refusal_text
-from fedml_moon.distributed.refusals import bounded
 from fedml_moon.engine.claims import claim_problem, differs
 from fedml_moon.run_folder import write_json
+from fedml_moon.status.refusals import bounded
 
 log = logging.getLogger(__name__)
 WELCOME_EVERY_S = 1.0
@@ -72,9 +72,14 @@ class ReadyPhase:
                 self.server.flow.send_work_again(rank)
         if not site.seen:
             site.seen = True
-            log.info(
-                "rank %d is ready (%d of %d)", rank, len(self.state.sites.seen()), len(self.settings.workers)
-            )
+            ready = f"rank {rank} is ready ({len(self.state.sites.seen())} of {len(self.settings.workers)})"
+            if site.announced:  # again, after a REFUSE: bounded, as refusals are
+                self.server.note(
+                    rank, f"{ready} again", reason="ready again", level=logging.INFO, counted=False
+                )
+            else:
+                log.info("%s", ready)
+            site.announced = True
         if not started:
             self.maybe_start()
 

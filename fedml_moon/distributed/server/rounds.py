@@ -129,6 +129,7 @@ class RoundPhases:
             log.error("round %d was aggregated already; it is not aggregated again", r.round_idx)
             return
         r.doing = f"aggregating round {r.round_idx}"
+        self.server.status_board.took_part(sorted(r.results))  # uploads in, or (secure) keys
         if self.settings.secure:
             self.server.secure.guard(self.server.secure.after_keys)
             return

@@ -3,23 +3,27 @@ a secure sum's (`SecureState`) and a buffered run's (`BufferState`), held by one
 the manager hands to each of its phases. No phase keeps a fact of the run in a field of its own that
 another phase reads: what two phases share is here.
 
-A rank's record lives as long as the server process. What each of a site's messages changes in it
-(nothing else changes a record, and `took_part`, `refused` and `heard_at` are never reset):
+A rank's record lives as long as the server process. What each of a site's messages changes in it;
+nothing else changes a record, and no sequence of messages resets the rank's limits: `welcomed_at`
+(a WELCOME at most once a second), `resent` (a phase's work sent again at most once), `announced`
+(its "is ready" line logged once, later ones bounded with the refusals), nor `took_part`, `refused`
+and `heard_at`:
 
 - HELLO (from a worker of this run whose own settings agree): `gone` cleared; if it is welcomed (at
   most once a second), `welcomed_at`, `process` and `seen`; a new process in the run gets its work
   of the phase again, once per (round, phase) (`resent`).
 - READY (its claims taken): `ready` set, `data_refused` cleared.
-- REFUSE before the run started: `seen`, `ready`, `welcomed_at` and `process` cleared, `data_refused`
-  set (it is waited for as one that never said HELLO). In the run: `gone` set, `resent` cleared.
+- REFUSE before the run started: `seen`, `ready` and `process` cleared, `data_refused` set (it is
+  waited for as one that never said HELLO, and welcomed again within the WELCOME's rate). In the
+  run: `gone` set.
 - BYE or ERROR in the run: `gone` set (a BYE only while the rank owes the phase's answer, or holds
   tasks of a buffered run).
 - Any message handled: `heard_at`; any message refused (by the protocol or a phase): `refused`.
 
 The phase's facts of a rank (`work`, `owed`) are set when the server sends it the phase's work
-(`ServerManager.assign`, `ServerManager.enter`) and replaced at the next phase; `resent` keeps each
-(round, phase) whose work went out again, so a phase's work is sent again at most once per rank.
-`took_part` counts the train phases whose answers the server took from the rank's parties.
+(`ServerManager.assign`, `ServerManager.enter`) and replaced at the next phase; `owed` is what its
+large frames' allowance is made of (transport/budget.py: what it owes and a spare), one more when
+its work is sent again. `took_part` counts the rounds aggregated with its parties' answers.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ class Site:
     work: tuple[str, dict] | None = None  # its work of the current phase: (message type, fields)
     owed: int = 0  # the messages it owes in this phase (its large frames' allowance: transport/budget.py)
     resent: set[tuple[int, str]] = field(default_factory=set)  # (round, phase) whose work went out again
-    took_part: int = 0  # rounds whose train phase took its parties' answers
+    announced: bool = False  # its "is ready" line was logged
+    took_part: int = 0  # rounds aggregated with its parties' answers
     refused: int = 0  # its messages refused
 
 
@@ -67,14 +72,14 @@ class Sites(dict[int, Site]):
         return {rank for rank, site in self.items() if site.ready}
 
     def refused_data(self, rank: int, why: str, started: bool) -> None:
-        """A REFUSE: before the run, the rank is as if it never said HELLO; in the run, it is gone."""
+        """A REFUSE: before the run, the rank is as if it never said HELLO; in the run, it is gone.
+        Its limits stay (module docstring)."""
         site = self[rank]
         if started:
             site.gone = True
-            site.resent.clear()
             return
         site.seen = site.ready = False
-        site.welcomed_at = site.process = None
+        site.process = None
         site.data_refused = why
 
 
@@ -185,6 +190,7 @@ class Cut:
     awaiting: set[int]
     started: float = field(default_factory=time.monotonic)
     held: list[list[list[Any]]] = field(default_factory=list)
+    asked_again: set[int] = field(default_factory=set)  # ranks sent its CHECKPOINT again (once each)
 
 
 @dataclass

@@ -25,14 +25,12 @@ class StatusBoard:
         )
         self.published_at = 0.0
 
-    def leaving(self, phase: str) -> None:
-        """Called as the server enters `phase`, before its fields change: a train phase left counts
-        a round for each rank whose parties' answers it took (their uploads, or under secure
-        aggregation their keys)."""
-        r = self.state.round
-        if r.phase == "train" and phase != "train":
-            for rank in {self.settings.placement[p] for p in r.results if p in self.settings.placement}:
-                self.state.sites[rank].took_part += 1
+    def took_part(self, parties: list[int]) -> None:
+        """A round was aggregated with `parties`' answers (their uploads, under secure aggregation their
+        keys, in a buffered run the buffer's updates): it counts once for each rank that holds some."""
+        placement = self.settings.placement
+        for rank in {placement[p] for p in parties if p in placement}:
+            self.state.sites[rank].took_part += 1
 
     def publish(self, force: bool = False) -> None:
         """Rewrite status.json (at most once every PUBLISH_EVERY_S unless `force`)."""

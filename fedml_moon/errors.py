@@ -24,3 +24,8 @@ class BadUpload(RuntimeError):
 
 class SchedulerError(RuntimeError):
     """The scheduler cannot be asked, refused a submission, or another process is submitting."""
+
+
+class Unreachable(RuntimeError):
+    """Another process the command asks (a live run's status port) did not answer, or asked it to wait;
+    the message names the address and why."""

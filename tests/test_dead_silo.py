@@ -83,7 +83,7 @@ def test_a_killed_silo_with_default_settings_is_left_out_within_seconds_and_rest
         assert site["messages"] > 40 and site["bytes_received"] > 0 and site["bytes_sent"] > 0, site
     assert main(["status", str(out / "rank-1")]) == 0  # what a site sees of the run: its own view
     said = capsys.readouterr().out
-    assert "round 40 of 40, finished (status written" in said, said
+    assert "round 39 of 40 (from 0), finished (status written" in said, said
     assert "site rank 1: trained 40 rounds; the server: connected" in said, said
     own = json.loads((out / "rank-1" / "status.json").read_text())  # nothing of another site
     fields = {"run", "algorithm", "rounds", "round", "phase", "site", "server", "round_time_s", "eta_s"}

@@ -83,10 +83,13 @@ def test_grpc_tls_commands(tmp_path, home, capsys):
             while True:  # the port answers from its opening; the run's status once the server has one
                 assert main(placed(WATCH_STATUS)[1:]) == 0
                 said = capsys.readouterr().out
-                if "round 1 of 1, waiting for sites" in said or time.monotonic() > deadline:
+                if "round 0 of 1 (from 0), waiting for sites" in said or time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
-            assert "round 1 of 1, waiting for sites" in said and "site rank 3: gone" in said, said
+            assert (
+                "round 0 of 1 (from 0), waiting for sites" in said
+                and "site rank 3: not yet connected" in said
+            ), said
             site = [w.replace("operator.token", "silo-1.token") for w in placed(WATCH_STATUS)[1:]]
             assert main([*site, "--json"]) == 0
             assert [s["rank"] for s in json.loads(capsys.readouterr().out)["sites"]] == [1]

@@ -6,6 +6,7 @@ in a real gRPC run, a killed silo shown as gone and back: tests/test_dead_silo.p
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from fedml_moon.cli import main
 from fedml_moon.records.recorder import RunRecorder
 from fedml_moon.status import record as status
+from fedml_moon.status.record import render as status_text
 
 
 def _records(folder: Path, times: list[float], accs: dict[int, float]) -> None:
@@ -47,7 +49,7 @@ def test_a_live_run_says_its_round_phase_sites_figures_and_end(tmp_path, capsys)
 
     assert main(["status", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "run r: moon, round 4 of 10, training (3 rounds recorded" in text
+    assert "run r: moon, round 3 of 10 (from 0), training (3 rounds recorded" in text
     assert "test accuracy 0.5000, loss 1.5000 (round 2)" in text
     assert "test accuracy 0.250 ▁█ 0.500" in text
     assert "round time 3.0 s, done in about 21 s" in text
@@ -135,3 +137,33 @@ def test_a_status_file_alone_never_blocks_a_new_run_in_its_folder(tmp_path):
     (tmp_path / "summary.json").write_text("{}")
     with pytest.raises(ConfigError, match="summary.json"):
         claim_folder(tmp_path, overwrite=False)
+
+
+def test_the_pages_curves_stand_on_a_scale_from_zero_with_their_rounds():
+    """A drop from 3 parties to 2 shows as a third of the way down, not as a fall to the bottom; the
+    scale (0, its middle, its top) and the first and last rounds are written on the axes."""
+    from fedml_moon.status.page import CHART, MARGIN, chart
+
+    svg = chart("parties per round", [(4, 3), (5, 2), (6, 3)])
+    line = re.search(r'points="([^"]+)"', svg).group(1)
+    points = [tuple(map(float, p.split(","))) for p in line.split()]
+    bottom = CHART[1] - MARGIN[3]
+    (_, top), (_, two) = points[0], points[1]
+    assert (two - top) / (bottom - top) == pytest.approx(1 / 3, abs=0.005)  # drawn to a tenth of a pixel
+    labels = re.findall(r">([^<>]+)</text>", svg)
+    assert labels[:3] == ["0", "1.5", "3"] and {"4", "6", "round"} <= set(labels)
+    accuracy = chart("test accuracy", [(0, 0.2), (1, 0.4)], top=1.0)
+    assert re.findall(r">([^<>]+)</text>", accuracy)[:3] == ["0", "0.5", "1"]
+
+
+def test_a_site_never_heard_is_not_yet_connected_not_gone():
+    from fedml_moon.status.page import render_html
+
+    never = {"rank": 1, "connected": False, "heard_at": None, "rounds": 0, "refused": 0}
+    sites = [never, {**never, "rank": 2, "heard_at": time.time() - 9, "rounds": 2}]
+    status = {"run": "r", "rounds": 5, "round": 0, "phase": "waiting for sites", "sites": sites}
+    status = {**status, "rounds_completed": 0, "latest": None, "curve": []}
+    text = status_text(status)
+    assert "site rank 1: not yet connected, 0 rounds" in text and "site rank 2: gone, last heard" in text
+    page = render_html(status, [])
+    assert 'class="site not-yet-connected" id="site-1"' in page and 'class="site gone" id="site-2"' in page

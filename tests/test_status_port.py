@@ -95,7 +95,7 @@ def test_the_operator_sees_every_site_and_the_metrics(served, certs):
     assert samples[("fedml_moon_site_bytes_sent_total", (("site", "2"),))] == 2500
     assert samples[("fedml_moon_phase", (("phase", "training"),))] == 1
     page = served.get("/", "operator", token)[2].decode()
-    assert "round 4 of 10, training" in page and 'class="site gone" id="site-2"' in page
+    assert "round 3 of 10 (from 0), training" in page and 'class="site gone" id="site-2"' in page
     everything = b"".join(served.get(p, "operator", token)[2] for p in ("/", "/status.json", "/metrics"))
     assert b"party_test" not in everything  # no per-site test figure on the port, for anyone
 
@@ -247,16 +247,20 @@ def test_fedml_moon_status_reads_a_live_port_as_the_operator_or_a_site(run, cert
         ca = ["--ca", str(certs / "ca.pem")]
         assert main(["status", port.url, "--token", str(certs / "operator.token"), *ca]) == 0
         said = capsys.readouterr().out
-        assert "round 4 of 10, training" in said and "site rank 2: gone" in said, said
+        assert "round 3 of 10 (from 0), training" in said and "site rank 2: gone" in said, said
         assert main(["status", port.url, "--token", str(certs / "silo-1.token"), *ca, "--json"]) == 0
         assert [s["rank"] for s in json.loads(capsys.readouterr().out)["sites"]] == [1]
         (tmp_path / "silo-2.token").write_text("not-its-token")
         assert main(["status", port.url, "--token", str(tmp_path / "silo-2.token"), *ca]) == 2
         assert "refused silo-2's credentials" in capsys.readouterr().err
         assert main(["status", port.url, "--token", str(certs / "operator.token")]) == 2  # not the run's CA
-        assert "no status from there" in capsys.readouterr().err
+        assert "is not one the --ca (the system store) issued" in capsys.readouterr().err
     finally:
         port.stop()
+    closed = port.url  # nothing listens there now: no config error, the address and what to check
+    assert main(["status", closed, "--token", str(certs / "operator.token"), *ca]) == 1
+    said = capsys.readouterr().err
+    assert "no status from there" in said and "config error" not in said and "status_port" in said
 
 
 def test_hostile_requests_get_an_error_and_leave_the_port_serving(served, certs):

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 
 from fedml_moon.cli.common import add_verbose, setup_logging
-from fedml_moon.errors import BadUpload, CheckpointError, ConfigError, SchedulerError
+from fedml_moon.errors import BadUpload, CheckpointError, ConfigError, SchedulerError, Unreachable
 
 log = logging.getLogger("fedml_moon")
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         log.error("config error: %s", err)
         return 2
-    except SchedulerError as err:
+    except (SchedulerError, Unreachable) as err:
         log.error("%s", err)
         return 1
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedml_moon.errors import ConfigError
+from fedml_moon.errors import ConfigError, Unreachable
 from fedml_moon.status.record import read, render
 
 FINAL = ("finished", "failed", "stopped", "interrupted")
@@ -86,7 +86,20 @@ def fetch(url: str, token_file: str | None, ca: str | None = None) -> dict:
         with urllib.request.urlopen(request, timeout=30, context=context) as reply:
             return json.loads(reply.read())
     except urllib.error.HTTPError as err:
-        why = {401: f"the port refused {user}'s credentials", 429: "too many requests; look less often"}
-        raise ConfigError(f"{url}: {why.get(err.code, f'HTTP {err.code}')}") from None
+        if err.code == 401:  # the command's own argument is wrong
+            raise ConfigError(
+                f"{url}: the port refused {user}'s credentials (--token {token_file})"
+            ) from None
+        why = "too many requests; look less often" if err.code == 429 else f"HTTP {err.code}"
+        raise Unreachable(f"{url}: {why}") from None
     except (urllib.error.URLError, OSError, ValueError) as err:
-        raise ConfigError(f"{url}: no status from there ({err}); is the server's status port on?") from None
+        reason = getattr(err, "reason", err)
+        if isinstance(reason, ssl.SSLCertVerificationError):  # the command's own --ca
+            raise ConfigError(
+                f"{url}: its certificate is not one the --ca ({ca or 'the system store'}) issued: {reason}; "
+                "give the run's ca.pem"
+            ) from None
+        raise Unreachable(
+            f"{url}: no status from there ({reason}); is the run's server up, with its status port on "
+            "(tracking_args.status_port) at that address?"
+        ) from None

@@ -8,46 +8,72 @@ import html
 import math
 from typing import Any
 
-from fedml_moon.status.record import ago, round_of
+from fedml_moon.status.record import ago, round_of, site_state
 
 REFRESH_S = 2
-CHART = (320, 90)  # an SVG chart's width and height, in pixels
+CHART = (360, 130)  # an SVG chart's width and height, in pixels
+MARGIN = (48, 10, 8, 24)  # left (the scale), right, top, bottom (the rounds)
 
 
-def chart(title: str, points: list[tuple[float, float]], unit: str = "") -> str:
-    """A polyline of (x, y) points, with the title and the last value; `—` where there is none."""
+def chart(title: str, points: list[tuple[float, float]], unit: str = "", top: float | None = None) -> str:
+    """A line of (round, value) points on axes: the rounds below, a scale from 0 on the left (to `top`,
+    or the largest value), so that a fall shows as far as it goes; the title and the last value."""
     points = [(x, y) for x, y in points if isinstance(y, (int, float)) and math.isfinite(y)]
     width, height = CHART
+    left, right, up, down = MARGIN
     if not points:
         return f"<figure><figcaption>{html.escape(title)}: —</figcaption></figure>"
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    x0, x1, y0 = min(xs), max(xs), min(0.0, min(ys))
+    y1 = top if top is not None else max(ys)
+    y1 = y1 if y1 > y0 else y0 + 1.0
 
-    def at(x: float, y: float) -> str:
-        px = 4 + (width - 8) * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
-        py = height - 4 - (height - 8) * ((y - y0) / (y1 - y0) if y1 > y0 else 0.5)
-        return f"{px:.1f},{py:.1f}"
+    def px(x: float) -> float:
+        return left + (width - left - right) * ((x - x0) / (x1 - x0) if x1 > x0 else 0.5)
 
-    line = " ".join(at(x, y) for x, y in points)
-    last = f"{ys[-1]:.4g}{unit} (round {int(xs[-1])})"
+    def py(y: float) -> float:
+        return height - down - (height - up - down) * (y - y0) / (y1 - y0)
+
+    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+    dots = "".join(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5"/>' for x, y in points[-40:])
+    scale = "".join(
+        f'<text x="{left - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{_number(v)}{html.escape(unit)}</text>'
+        f'<line x1="{left}" x2="{width - right}" y1="{py(v):.1f}" y2="{py(v):.1f}" class="grid"/>'
+        for v in (y0, (y0 + y1) / 2, y1)
+    )
+    rounds = "".join(
+        f'<text x="{px(x):.1f}" y="{height - 6}" text-anchor="middle">{int(x)}</text>'
+        for x in sorted({x0, x1})
+    )
+    axes = (
+        f'<line x1="{left}" x2="{left}" y1="{up}" y2="{height - down}" class="axis"/>'
+        f'<line x1="{left}" x2="{width - right}" y1="{height - down}" y2="{height - down}" class="axis"/>'
+        f'<text x="{(left + width - right) / 2:.0f}" y="{height - 6}" text-anchor="middle">round</text>'
+    )
+    last = f"{_number(ys[-1])}{unit} (round {int(xs[-1])})"
     return (
         f'<figure><figcaption>{html.escape(title)}: <b class="value">{html.escape(last)}</b></figcaption>'
-        f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">'
-        f'<polyline fill="none" stroke="#1f6feb" stroke-width="2" points="{line}"/></svg></figure>'
+        f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)} per round">'
+        f'{scale}{axes}{rounds}<polyline fill="none" stroke="#1f6feb" stroke-width="2" points="{line}"/>'
+        f'<g fill="#1f6feb">{dots}</g></svg></figure>'
     )
 
 
+def _number(value: float) -> str:
+    return f"{value:.4g}"
+
+
 def _site_row(site: dict[str, Any]) -> str:
-    state = "connected" if site.get("connected") else "gone"
+    state = site_state(site)
     cells = [
         str(site.get("rank")),
         state,
-        ago(site.get("last_heard_s")),
+        "—" if state == "not yet connected" else ago(site.get("last_heard_s")),
         str(site.get("rounds", 0)),
         str(site.get("refused", 0)),
     ]
     body = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
-    return f'<tr class="site {state}" id="site-{site.get("rank")}">{body}</tr>'
+    return f'<tr class="site {state.replace(" ", "-")}" id="site-{site.get("rank")}">{body}</tr>'
 
 
 def render_html(status: dict[str, Any], records: list[dict[str, Any]]) -> str:
@@ -67,7 +93,7 @@ def render_html(status: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"status written {ago(status['written_s_ago'])}" if status.get("written_s_ago") is not None else "",
     ]
     charts = [
-        chart("test accuracy", [(i, r.get("test_acc")) for i, r in rows]),
+        chart("test accuracy", [(i, r.get("test_acc")) for i, r in rows], top=1.0),
         chart("test loss", [(i, r.get("test_loss")) for i, r in rows]),
         chart("round time", [(i, r.get("round_time_s")) for i, r in rows], " s"),
         chart("parties per round", [(i, r.get("parties")) for i, r in rows]),
@@ -84,7 +110,9 @@ def render_html(status: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f'<meta http-equiv="refresh" content="{REFRESH_S}">'
         f"<title>{esc(str(status.get('run')))}: {esc(head)}</title>"
         "<style>body{font:14px system-ui,sans-serif;margin:1.5em}figure{display:inline-block;margin:.5em}"
-        "td,th{padding:.2em .8em;text-align:left}.gone{color:#b00}svg{background:#f6f8fa}</style></head>"
+        "td,th{padding:.2em .8em;text-align:left}.gone{color:#b00}.not-yet-connected{color:#666}"
+        "svg{background:#f6f8fa;font:11px system-ui,sans-serif}svg text{fill:#444}"
+        ".axis{stroke:#444}.grid{stroke:#d0d7de;stroke-dasharray:2 3}</style></head>"
         f'<body><h1>run {esc(str(status.get("run")))}</h1><p id="state">{esc(head)}</p>'
         f"<p>{'<br>'.join(esc(f) for f in facts if f)}</p>{''.join(charts)}{table}</body></html>"
     )

@@ -135,10 +135,18 @@ def ago(seconds: float | None) -> str:
 
 
 def round_of(status: dict[str, Any]) -> str:
-    """`round r of R` as a person counts (from 1; metrics.jsonl's round index + 1, at most R)."""
+    """`round r of R (from 0)`: numbered from 0, as metrics.jsonl, the metrics, TensorBoard and W&B
+    number them (at most R - 1)."""
     rounds, index = status.get("rounds"), status.get("round") or 0
-    shown = min(index + 1, rounds) if rounds else index + 1
-    return f"round {shown}" + (f" of {rounds}" if rounds else "")
+    shown = min(index, rounds - 1) if rounds else index
+    return f"round {shown}" + (f" of {rounds}" if rounds else "") + " (from 0)"
+
+
+def site_state(site: dict[str, Any]) -> str:
+    """`connected`, `gone` (heard, then no more), or `not yet connected` (never heard)."""
+    if site.get("connected"):
+        return "connected"
+    return "gone" if site.get("heard_at") is not None else "not yet connected"
 
 
 def render(status: dict[str, Any]) -> str:
@@ -169,9 +177,10 @@ def render(status: dict[str, Any]) -> str:
             f"last heard {ago(server.get('last_heard_s'))}"
         )
     for site in status.get("sites", []):
-        state = "connected" if site.get("connected") else "gone"
+        state = site_state(site)
+        heard = "" if state == "not yet connected" else f", last heard {ago(site.get('last_heard_s'))}"
         lines.append(
-            f"site rank {site['rank']}: {state}, last heard {ago(site.get('last_heard_s'))}, "
-            f"{site.get('rounds', 0)} rounds taken part in, {site.get('refused', 0)} messages refused"
+            f"site rank {site['rank']}: {state}{heard}, {site.get('rounds', 0)} rounds taken part in, "
+            f"{site.get('refused', 0)} messages refused"
         )
     return "\n".join(lines) + "\n"

@@ -278,6 +278,8 @@ def test_every_refusal_of_the_run_is_found_by_the_data_command_first(name, tmp_p
     assert rc == 1, said[-2000:]
     assert "problems (" in said and f"\n  the run refuses it: {refusal}\n" in said, said[-2000:]
     assert "  refused: the first problem below" in said
+    problems = said[said.index("problems (") :].splitlines()[1:]
+    assert sum(named in line for line in problems) == 1, problems  # said once, in the run's words
 
 
 def test_a_good_site_passes_and_is_shown_in_the_runs_class_order(tmp_path, capsys):
@@ -285,8 +287,10 @@ def test_a_good_site_passes_and_is_shown_in_the_runs_class_order(tmp_path, capsy
     rc, said = _data([str(folder / "party-c"), "--cf", str(SILOS)], capsys)
     assert rc == 0 and "problems: none" in said and "\n  passed\n" in said, said[-2000:]
     assert f"classes: {str(CLASSES).replace(chr(39), chr(34))}" in said  # the run's order, not sorted
-    assert said.count("silo rank") == 1 and "silo rank 1 (party 0, party-c)" in said
-    assert said.count("fedml_moon.data.silo: party ") == 1  # one site's folder: read once, as rank 1
+    assert "silo rank" not in said and "the silo whose folder it is (party-c; --rank R reads" in said
+    assert said.count("fedml_moon.data.silo: party ") == 1  # one site's folder: read once, as any rank's
+    rc, said = _data([str(folder / "party-c"), "--cf", str(SILOS), "--rank", "3"], capsys)
+    assert rc == 0 and "silo rank 3 (party 2, party-c)" in said  # the rank it is, once named
     rc, said = _data([str(folder), "--cf", str(SILOS)], capsys)  # a per-party folder: every silo's party
     assert rc == 0 and all(
         f"silo rank {r} (party {r - 1}, party-{p})" in said for r, p in zip((1, 2, 3), "abc", strict=True)

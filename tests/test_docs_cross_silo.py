@@ -97,13 +97,17 @@ def test_grpc_tls_commands(tmp_path, home, capsys):
         assert copy == "cp" and target == "prometheus.yml"
         config = work / target
         config.write_text((ROOT / source).read_text().replace("8891", str(port)))
-        listen = f"127.0.0.1:{conformance.free_port()}"  # not Prometheus's own 0.0.0.0:9090
-        prometheus = [*shlex.split(SCRAPE), f"--web.listen-address={listen}"]
-        prometheus += [f"--storage.tsdb.path={tmp_path / 'tsdb'}"]
+        listen = f"127.0.0.1:{conformance.free_port()}"  # the command's loopback address, on a free port
+        prometheus = [w.replace("127.0.0.1:9090", listen) for w in shlex.split(SCRAPE)]
+        assert (
+            f"--web.listen-address={listen}" in prometheus
+            and "--storage.tsdb.path=outputs/prometheus" in prometheus
+        )
         procs.append(
             conformance.spawn(prometheus, tmp_path / "logs" / "prometheus.log", shell_env(home), work)
         )
         monitoring.Prometheus(f"http://{listen}/").until("fedml_moon_rounds_planned", 1)
+        assert (work / "outputs" / "prometheus").is_dir() and not (work / "data").exists()  # its store
         for cmd, log_path in zip(silos, logs, strict=False):
             procs.append(conformance.spawn(cmd, log_path, shell_env(home), ROOT))
         codes = conformance.wait_all([procs[0], *procs[2:]], 420)

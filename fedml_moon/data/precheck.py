@@ -32,9 +32,11 @@ def _described(fed: FederatedData, who: str) -> str:
     return f"{who}: {len(data.y_train)} train / {len(data.y_test)} test samples of shape {shape}"
 
 
-def _silos(cfg: Config, ranks: list[int], verdict: Verdict) -> None:
+def _silos(cfg: Config, ranks: list[int], verdict: Verdict, asked: bool = True) -> None:
     """Each silo rank's reading, as `fedml-moon run --rank R` reads; data that are one site's (a
-    plugin's, say) give every rank the same party, so the reading stops at the first party repeated."""
+    plugin's, say) give every rank the same party, so the reading stops at the first party repeated.
+    A site's own folder read without `asked` for a rank is the folder of whichever silo runs it: it
+    is named so, not as rank 1's."""
     from fedml_moon.data.federated import prepare_own
 
     seed = cfg.common_args.random_seed
@@ -44,7 +46,10 @@ def _silos(cfg: Config, ranks: list[int], verdict: Verdict) -> None:
         if name in verdict.parties:  # one site's folder: every rank reads it
             return
         verdict.parties.append(name)
-        verdict.read.append(_described(fed, f"silo rank {rank} (party {rank - 1}, {name})"))
+        who = f"silo rank {rank} (party {rank - 1}, {name})"
+        if not asked and len(ranks) == 1:
+            who = f"the silo whose folder it is ({name}; --rank R reads it as silo R)"
+        verdict.read.append(_described(fed, who))
 
 
 def server_hint(cfg: Config) -> str:
@@ -97,7 +102,7 @@ def check_site(cfg: Config, rank: int | None = None) -> Verdict:
                 else "the server: reads no data (each silo tests on its own split)"
             )
         else:
-            _silos(cfg, [rank] if rank else _ranks(cfg), verdict)
+            _silos(cfg, [rank] if rank else _ranks(cfg), verdict, asked=rank is not None)
     except ConfigError as err:
         verdict.refusal = str(err) + (server_hint(cfg) if rank == 0 else "")
     return verdict
@@ -144,7 +149,8 @@ def inspect_with_config(cfg: Config, cf: str, rank: int | None = None) -> tuple[
     root = Path(cfg.data_args.data_cache_dir or ".")
     verdict = check_site(cfg, rank)
     natural, survey = _survey(cfg, root) or (None, Survey())
-    if verdict.refusal:
+    if verdict.refusal:  # a problem the survey found too is said once, in the run's words
+        survey.problems = [p for p in survey.problems if not _same_file(p, verdict.refusal)]
         survey.problems.insert(0, f"the run refuses it: {verdict.refusal}")
     who = {None: "", 0: ", as the server reads"}.get(rank, f", as silo rank {rank} reads")
     checked = [f"the run's start-up reading ({cf}{who}):"] + [f"  {line}" for line in verdict.read]
@@ -154,3 +160,9 @@ def inspect_with_config(cfg: Config, cf: str, rank: int | None = None) -> tuple[
     if natural is None:  # nothing surveyed (a plugin's data, or no folder named): the reading alone
         text = text[text.index(checked[0]) :]
     return text, len(survey.problems)
+
+
+def _same_file(problem: str, refusal: str) -> bool:
+    """Whether the survey's `problem` (`<what>: <file> (<why>)`) names the file the run's `refusal` names."""
+    named = problem.partition(": ")[2].partition(" (")[0].strip()
+    return bool(named) and ("/" in named or "." in named) and named in refusal

@@ -77,7 +77,10 @@ WATCHED_SERVER = (
     "--set tracking_args.status_tokens=certs/server-tokens.json"
 )
 SCRAPE_CONFIG = "cp examples/monitoring/prometheus.yml prometheus.yml"
-SCRAPE = "prometheus --config.file=prometheus.yml"
+SCRAPE = (
+    "prometheus --config.file=prometheus.yml --web.listen-address=127.0.0.1:9090 "
+    "--storage.tsdb.path=outputs/prometheus"
+)
 WATCH_STATUS = (
     ".venv/bin/fedml-moon status https://127.0.0.1:8891/ --token certs/operator.token --ca certs/ca.pem"
 )

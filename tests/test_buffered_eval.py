@@ -15,7 +15,7 @@ import pytest
 from fedml_moon.distributed import managers as m
 from tests.support.buffered_silos import EVALUATED, Silos
 from tests.support.marks import needs_fmnist
-from tests.support.server import receive, server_manager
+from tests.support.server import receive, restart, server_manager
 
 pytestmark = needs_fmnist
 
@@ -67,8 +67,7 @@ def test_a_silo_restarted_in_an_evaluation_round_gets_its_tasks_then_its_eval_ag
     outstanding = set(manager.state.buffer.tasks[rank].values())
     seen = len(wire.sent)
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
-    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [rank - 1]}
-    receive(manager, rank, m.HELLO, process="restarted", **hello)
+    restart(manager, rank, "restarted", [rank - 1])
     again = [(q.get_type(), q.get("round")) for q in wire.sent[seen:] if q.get_receiver_id() == rank]
     trains = [v for kind, v in again if kind == m.TRAIN]
     assert set(trains) == outstanding and len(trains) == len(outstanding)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from fedml_moon.distributed import managers as m
 from tests.support.hostile import Target, hostile_messages
 from tests.support.marks import needs_fmnist
-from tests.support.server import TIMING, receive, same_tree, server_manager
+from tests.support.server import TIMING, receive, restart, same_tree, server_manager
 
 pytestmark = needs_fmnist
 
@@ -135,7 +135,7 @@ def test_a_restarted_silo_gets_its_tasks_again_once_and_a_silo_gone_then_back_ta
     assert len(_trains(wire, 1)) == 1 and manager.state.buffer.tasks[1] == {0: 0}
     for i in range(2):
         time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
-        receive(manager, 1, m.HELLO, parties=[0], process=f"restarted-{i}", **hello)
+        restart(manager, 1, f"restarted-{i}", [0])
     assert [t.get("round") for t in _trains(wire, 1)] == [0, 0]
     receive(manager, 2, m.BYE)
     receive(manager, 0, m.TICK)

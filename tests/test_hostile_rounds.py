@@ -146,8 +146,11 @@ def test_hellos_from_new_processes_bring_one_welcome_a_second_and_the_work_once(
     assert len(sent(m.WELCOME)) == welcomes and len(sent(m.TRAIN)) == trains
     time.sleep(1.1)
     receive(manager, 1, m.HELLO, parties=[0], process="restarted", **hello)
-    assert len(sent(m.WELCOME)) == welcomes + 1 and len(sent(m.TRAIN)) == trains + 1
+    assert len(sent(m.WELCOME)) == welcomes + 1 and len(sent(m.TRAIN)) == trains  # once its data are built:
+    receive(manager, 1, m.READY, claims=[{"party": 0, "claim": manager.rounds.claims[0]}])
+    assert len(sent(m.TRAIN)) == trains + 1
     assert "rank 1 restarted during the train phase of round 0; sent its work again" in caplog.text
     time.sleep(1.1)
     receive(manager, 1, m.HELLO, parties=[0], process="again", **hello)
+    receive(manager, 1, m.READY, claims=[{"party": 0, "claim": manager.rounds.claims[0]}])
     assert len(sent(m.TRAIN)) == trains + 1  # its work of this phase goes out again once

@@ -1,5 +1,5 @@
-"""A rank's limits hold across any sequence of REFUSE, BYE, ERROR and HELLO (each HELLO from a new
-process, as a site restarted again and again), in every phase of a synchronous and a buffered run:
+"""A rank's limits hold across any sequence of REFUSE, BYE, ERROR, HELLO and READY (each HELLO from a
+new process, as a site restarted again and again), in every phase of a synchronous and a buffered run:
 the phase's work goes out again at most once, a WELCOME at most once a second, the rank's large
 frames' allowance grows by at most one message, and its "is ready" line is logged once and then
 bounded (distributed/server/state.py). The server manager runs in this process on a tiny real run
@@ -57,9 +57,10 @@ def _in_phase(tmp_path, phase: str):
 
 
 def _play(manager, seed: int, clock: Clock, phase: str) -> None:
-    """MESSAGES of REFUSE, BYE, ERROR and HELLO from rank 1 in an order drawn from `seed` (no ERROR
+    """MESSAGES of REFUSE, BYE, ERROR, HELLO and READY from rank 1 in an order drawn from `seed` (no ERROR
     before the run: it stops the run, as the docs say)."""
-    kinds = ["HELLO", "HELLO", "REFUSE", "BYE"] + ([] if phase == "hello" else ["ERROR"])
+    kinds = ["HELLO", "HELLO", "READY", "READY", "REFUSE", "BYE"] + ([] if phase == "hello" else ["ERROR"])
+    claims = [{"party": 0, "claim": manager.rounds.claims[0]}]
     rng = random.Random(seed)
     hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [0]}
     for i in range(MESSAGES):
@@ -67,6 +68,8 @@ def _play(manager, seed: int, clock: Clock, phase: str) -> None:
         kind = rng.choice(kinds)
         if kind == "HELLO":
             receive(manager, 1, m.HELLO, process=f"restart-{seed}-{i}", **hello)
+        elif kind == "READY":
+            receive(manager, 1, m.READY, claims=claims)
         elif kind == "REFUSE":
             receive(manager, 1, m.REFUSE, kind="changed", key="data_args.data_cache_dir")
         elif kind == "ERROR":
@@ -94,6 +97,7 @@ def test_no_sequence_of_refuse_bye_error_and_hello_resets_a_ranks_limits(
         work = [x for x in sent if x.get_type() == WORK[phase]]
         versions = [x.get("round") for x in work]
         assert len(versions) == len(set(versions)) and len(work) <= 1 + (phase == "buffered"), versions
+        assert work, "a restarted rank's READY brings it its work again"  # the limit is met, not avoided
     if phase != "buffered":  # a buffered run's refill grants a new task its own answer
         assert _allowance(wire, 1) <= allowance + 1 + SPARE_FRAMES, (allowance, _allowance(wire, 1))
     lines = [r for r in caplog.records if "rank 1 is ready" in r.getMessage()]

@@ -164,7 +164,7 @@ def test_single_process_commands(tmp_path, home, root_cli, capsys, monkeypatch):
     assert words[-1] == "outputs/moon-mu5"  # the run just made, in this test's folder
     capsys.readouterr()
     assert root_cli([*words[:-1], str(tmp_path / "mu5")]) == 0
-    assert "run mu5: moon, round 1 of 1, finished (1 rounds recorded" in capsys.readouterr().out
+    assert "run mu5: moon, round 0 of 1 (from 0), finished (1 rounds recorded" in capsys.readouterr().out
     done.add(STATUS)
     words = shlex.split(PYTHON_M)
     assert words[:3] == [".venv/bin/python", "-m", "fedml_moon"] and words[-1] == "outputs/moon-mu5-again"

@@ -14,7 +14,7 @@ import pytest
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed.transport.budget import SMALL_FRAME_BYTES, SPARE_FRAMES
 from tests.support.marks import needs_fmnist
-from tests.support.server import answer_train, receive, result_item, server_manager
+from tests.support.server import answer_train, receive, restart, result_item, server_manager
 
 pytestmark = needs_fmnist
 
@@ -141,6 +141,5 @@ def test_each_phase_lets_the_ranks_it_waits_for_send_one_large_frame_and_the_spa
     manager.state.sites[
         1
     ].welcomed_at = None  # rank 1 restarted: its work goes out again, and its allowance with it
-    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [0]}
-    receive(manager, 1, m.HELLO, process="p1-again", **hello)
+    restart(manager, 1, "p1-again", [0])
     assert allowance(1) == 1 + SPARE_FRAMES and allowance(2) == 0

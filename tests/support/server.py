@@ -107,6 +107,15 @@ def receive(manager: ServerManager, rank: int, kind: str, /, **params) -> None:
     manager.receive_message(kind, msg)
 
 
+def restart(manager: ServerManager, rank: int, process: str, parties: list[int]) -> None:
+    """Rank `rank` started again as process `process`: its HELLO, then (welcomed, its data built)
+    its READY with its parties' claims, as a restarted silo says them."""
+    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": parties}
+    receive(manager, rank, m.HELLO, process=process, **hello)
+    claims = [{"party": p, "claim": manager.rounds.claims[p]} for p in parties]
+    receive(manager, rank, m.READY, claims=claims)
+
+
 def answer_train(manager: ServerManager, wire: Wire, rank: int) -> None:
     """Rank `rank` answers its TRAIN of the current round with the model it was sent."""
     task = next(

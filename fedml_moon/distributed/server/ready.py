@@ -69,7 +69,7 @@ class ReadyPhase:
                 if self.settings.placement.get(party) == rank:
                     self.rounds.aggregator.algorithm.party_reset(party)
             if before is not None and process != before:
-                self.server.flow.send_work_again(rank)
+                site.restarted = True  # its work goes out again at its READY, once its data are built
         if not site.seen:
             site.seen = True
             ready = f"rank {rank} is ready ({len(self.state.sites.seen())} of {len(self.settings.workers)})"
@@ -152,6 +152,9 @@ class ReadyPhase:
             if int(item["party"]) not in self.rounds.claims:
                 self.state.round.offered[int(item["party"])] = dict(item["claim"])
         site.ready, site.data_refused = True, None
+        if site.restarted and self.state.round.phase != "hello":
+            site.restarted = False
+            self.server.flow.send_work_again(rank)
         self.maybe_start()
 
     def on_refuse(self, msg: Any) -> None:

@@ -10,9 +10,10 @@ nothing else changes a record, and no sequence of messages resets the rank's lim
 and `heard_at`:
 
 - HELLO (from a worker of this run whose own settings agree): `gone` cleared; if it is welcomed (at
-  most once a second), `welcomed_at`, `process` and `seen`; a new process in the run gets its work
-  of the phase again, once per (round, phase) (`resent`).
-- READY (its claims taken): `ready` set, `data_refused` cleared.
+  most once a second), `welcomed_at`, `process` and `seen`; a new process in the run is `restarted`.
+- READY (its claims taken): `ready` set, `data_refused` cleared; a `restarted` rank (cleared then) gets
+  its work of the phase again, once per (round, phase) (`resent`): at its READY, when it has built its
+  parties from its data, so a restart that refuses its data spends nothing.
 - REFUSE before the run started: `seen`, `ready` and `process` cleared, `data_refused` set (it is
   waited for as one that never said HELLO, and welcomed again within the WELCOME's rate). In the
   run: `gone` set.
@@ -50,6 +51,7 @@ class Site:
     work: tuple[str, dict] | None = None  # its work of the current phase: (message type, fields)
     owed: int = 0  # the messages it owes in this phase (its large frames' allowance: transport/budget.py)
     resent: set[tuple[int, str]] = field(default_factory=set)  # (round, phase) whose work went out again
+    restarted: bool = False  # a new process said HELLO in the run: its work goes out again at its READY
     announced: bool = False  # its "is ready" line was logged
     took_part: int = 0  # rounds aggregated with its parties' answers
     refused: int = 0  # its messages refused

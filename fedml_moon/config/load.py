@@ -111,6 +111,12 @@ def _mode_checks(cfg: Config) -> None:
             "needs every party's model beside every party's test split, which only the standalone "
             "simulation has; use comm_args.backend: sp, or turn it off",
         )
+    require(
+        backend != "sp" or not cfg.device_args.delay_per_round_s,
+        "device_args.delay_per_round_s",
+        "slows a silo of a distributed run; the standalone simulation keeps time on its simulated clock "
+        "(train_args.party_speed): set it to 0",
+    )
     reports = cfg.comm_args.min_reports
     require(
         isinstance(reports, str) or reports <= cfg.train_args.client_num_per_round,

@@ -437,8 +437,17 @@ class DeviceArgs:
     """hierarchical silos: the group's port, as torchrun's --master-port (mpirun: silo s takes it + s - 1)"""
     sync_batchnorm: bool = True
     """hierarchical silos: BatchNorm over the whole batch (all-reduced); false: each process's slice"""
+    delay_per_round_s: float = 0.0
+    """a silo's own: seconds it waits after each local round it trains, as a slower machine would; >= 0"""
 
     def check(self) -> None:
+        require(
+            isinstance(self.delay_per_round_s, (int, float))
+            and not isinstance(self.delay_per_round_s, bool)
+            and 0 <= self.delay_per_round_s < 86400,
+            "device_args.delay_per_round_s",
+            f"seconds in [0, 86400); got {self.delay_per_round_s!r}",
+        )
         require(
             self.using_gpu in SWITCHES,
             "device_args.using_gpu",

@@ -234,17 +234,20 @@ class SiloManager(_Manager):
         if self.state.built is None:
             log.warning("rank %d dropped a task sent before its WELCOME", self.rank)
             return
-        if (
-            not self.state.data_recorded and self.state.built.data_sha256
-        ):  # its data are this run's from its first task on
-            record_digest(self.folder, self.state.built.data_sha256)
+        built = self.state.built
+        if not self.state.data_recorded and built.data_sha256:  # its data are this run's from its first task
+            record_digest(self.folder, built.data_sha256)
             self.state.data_recorded = True
         self.state.welcomed, self.state.trained_since_welcome = True, True
         round_idx, tasks = int(msg.get("round")), msg.get("tasks")
         self.status_board.trains(round_idx)
         trained = self.runner.train_many([(int(t["party"]), t["payload"]) for t in tasks], round_idx)
         self.state.trained += 1
-        config = self.state.built.run_config
+        config = built.run_config
+        if config.device_args.delay_per_round_s:  # its own setting: a slower machine's pace, each round
+            delay = config.device_args.delay_per_round_s * len(tasks)
+            log.info("rank %d waits %g s before it answers (device_args.delay_per_round_s)", self.rank, delay)
+            time.sleep(delay)
         if config.privacy_args.secure_aggregation and config.server_args.aggregation == "buffered":
             self.secure.secure_hold(round_idx, tasks, trained)  # until the buffer's session (buffered_secure)
         elif config.privacy_args.secure_aggregation:

@@ -131,14 +131,14 @@ def test_grpc_tls_commands(tmp_path, home, capsys):
 def test_own_data_tutorial_commands(tmp_path, home):
     """Cross-silo with your own data: certificates with a cap per site, the server with no data and
     three sites each with its own folder (mutual TLS), run as written with the sites' folders and
-    `certs/` in a scratch folder, one tiny round; the server says it holds no data, the sites'
+    `site-certs/` in a scratch folder, one tiny round; the server says it holds no data, the sites'
     counts make the record."""
     started = time.monotonic()
     work = tmp_path / "work"
     sites = party_folders(work / "data" / "site" / "parties", per_party=40, n_test=10)
-    certs = work / "certs"
+    certs = work / "site-certs"
     with restored_main() as main:
-        assert main([str(certs) if w == "certs/" else w for w in entry_point(OWN_CERTS)]) == 0
+        assert main([str(certs) if w == "site-certs/" else w for w in entry_point(OWN_CERTS)]) == 0
         check = [str(sites / "party-a") if w.startswith("data/") else w for w in entry_point(OWN_CHECK)]
         assert main(check) == 0  # the site's folder passes the silo's start-up reading
     out = tmp_path / "run"
@@ -149,7 +149,7 @@ def test_own_data_tutorial_commands(tmp_path, home):
     def placed(command: str) -> list[str]:
         words = shlex.split(command)
         return [
-            w.replace("=certs/", f"={certs}/").replace("=data/site/parties/", f"={sites}/") for w in words
+            w.replace("=site-certs/", f"={certs}/").replace("=data/site/parties/", f"={sites}/") for w in words
         ]
 
     silos = [[*placed(c), *comm, "--set", "device_args.torch_threads=1"] for c in OWN_SILOS]

@@ -85,20 +85,20 @@ WATCH_STATUS = (
     ".venv/bin/fedml-moon status https://127.0.0.1:8891/ --token certs/operator.token --ca certs/ca.pem"
 )
 OWN_CERTS = (
-    ".venv/bin/fedml-moon certs certs/ --silos 3 --host 127.0.0.1 "
+    ".venv/bin/fedml-moon certs site-certs/ --silos 3 --host 127.0.0.1 "
     "--max-samples 1=20000 --max-samples 2=20000 --max-samples 3=20000"
 )
 OWN_SERVER = (
     "bash run/run_server.sh config/site/cross_silo.yaml "
-    "--set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
-    "--set comm_args.tls_cert=certs/server.pem --set comm_args.tls_key=certs/server.key"
+    "--set comm_args.tls=on --set comm_args.tls_ca=site-certs/ca.pem "
+    "--set comm_args.tls_cert=site-certs/server.pem --set comm_args.tls_key=site-certs/server.key"
 )
 OWN_CHECK = ".venv/bin/fedml-moon data data/site/parties/party-a --cf config/site/cross_silo.yaml"
 OWN_SILOS = [
     f"bash run/run_client.sh {r} config/site/cross_silo.yaml "
     f"--set data_args.data_cache_dir=data/site/parties/{name} "
-    "--set comm_args.tls=on --set comm_args.tls_ca=certs/ca.pem "
-    f"--set comm_args.tls_cert=certs/silo-{r}.pem --set comm_args.tls_key=certs/silo-{r}.key"
+    "--set comm_args.tls=on --set comm_args.tls_ca=site-certs/ca.pem "
+    f"--set comm_args.tls_cert=site-certs/silo-{r}.pem --set comm_args.tls_key=site-certs/silo-{r}.key"
     for r, name in ((1, "party-a"), (2, "party-b"), (3, "party-c"))
 ]
 CONFIG_ALL = ".venv/bin/fedml-moon config"

@@ -47,6 +47,8 @@ FEDML_HOME = ".fedml"  # FedML's `~/.fedml`, kept in the run's folder
 RANK = "rank-{}"
 PROCESS = "process-{}"
 DATA_DIGEST = "data_digest.json"
+RUN = "run.json"  # the run whose files a folder holds: its identity, as the server's WELCOME names it
+EARLIER = "earlier"  # in a silo's folder: earlier runs' files, one folder each (`earlier/<run>/`)
 # what commands write from a finished run's records
 REPORT = "report"
 REPLAY = "replay"
@@ -185,6 +187,14 @@ class RunFolder:
     @property
     def fedml_home(self) -> Path:
         return self.root / FEDML_HOME
+
+    @property
+    def run(self) -> Path:
+        return self.root / RUN
+
+    def earlier(self, run: str) -> Path:
+        """Where a silo keeps the files of run `run` once another run has its folder."""
+        return self.root / EARLIER / run
 
     @property
     def data_digest(self) -> Path:

@@ -4,7 +4,9 @@ organisations). A site whose folder holds a file that does not decode refuses it
 line with exit code 2; the server names the rank and the kind of problem (no path), keeps waiting,
 the other site says what it waits for, and the site, fixed and started again, joins. Killed mid-run
 and started again with one image moved to another class (the same count), the site refuses itself;
-with its data put back it rejoins and the run completes. No string of the site's folder's path ever
+with its data put back it rejoins and the run completes. A second run, its server in another folder,
+needs nothing new on the sites' command lines, even where a site's data changed since the first: the
+site keeps the first run's files apart (`earlier/<run>/`). No string of the site's folder's path ever
 reaches the server, the other site, or the server's records."""
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ SECRET = "site-folder-qx7"  # a part of site 1's path: it must never leave site 
 BROKEN = "scan-0042-broken.png"
 
 
-def _command(tmp_path: Path) -> tuple[list[str], Path]:
+def _command(tmp_path: Path, rounds: int = 40) -> tuple[list[str], Path]:
     ipconfig = conformance.write_ipconfig(tmp_path / "ip.csv", 3, conformance.free_port())
     (tmp_path / "server-data").mkdir()
     run = [
@@ -40,7 +42,7 @@ def _command(tmp_path: Path) -> tuple[list[str], Path]:
         f"data_args.data_cache_dir={tmp_path / 'server-data'}",
         "train_args.client_num_in_total=2",
         "train_args.client_num_per_round=2",
-        "train_args.comm_round=40",  # the killed site is killed mid-run: rounds of a few tenths of a second
+        f"train_args.comm_round={rounds}",  # 40: the site killed mid-run, rounds of a few tenths of a second
         "train_args.batch_size=32",
         "train_args.epochs=1",
         "common_args.training_type=cross_silo",
@@ -109,6 +111,39 @@ def test_a_site_refuses_its_own_data_the_run_waits_and_the_fixed_site_joins(tmp_
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["rounds_completed"] == 40
     _nothing_of_the_path_left(mine, [log, other_log, *out.glob("*.json*"), *out.glob("rank-2/**/*.json*")])
+
+
+def test_a_second_run_needs_nothing_new_on_the_sites_command_lines(tmp_path):
+    """Run 1 completes; the server's next run goes to another folder (as a server refusing the first
+    one's folder suggests), the sites start with the same commands, site 1 with one image moved to
+    another class: run 2 completes, and each site's folder holds run 2's files and, under
+    `earlier/<run 1>/`, run 1's, its final model among them."""
+    sites = party_folders(tmp_path / "sites", per_party=40, n_test=10)
+    cmd, out = _command(tmp_path, rounds=2)
+    second = tmp_path / "second-run"
+    for server_out in (out, second):
+        procs = [start_rank([*cmd, "--output-dir", str(server_out)], 0, tmp_path)[0]]
+        procs += [_site(cmd, r, sites / f"party-{'ab'[r - 1]}", tmp_path, f"site-{r}.log")[0] for r in (1, 2)]
+        try:
+            assert conformance.wait_all(procs, 240) == [0, 0, 0], (tmp_path / "site-1.log").read_text()[
+                -3000:
+            ]
+        finally:
+            for proc in procs:
+                conformance.stop(proc)
+        if server_out == out:
+            first = json.loads((out / "run.json").read_text())["run"]
+            final = (out / "rank-1" / "final_model.pt").read_bytes()
+            moved = next((sites / "party-a" / "train" / "coat").glob("*.png"))
+            moved.rename(sites / "party-a" / "train" / "shirt" / moved.name)  # its data changed
+    run = json.loads((second / "run.json").read_text())["run"]
+    assert run != first and json.loads((second / "summary.json").read_text())["status"] == "completed"
+    for rank in (1, 2):
+        site = out / f"rank-{rank}"
+        assert json.loads((site / "run.json").read_text())["run"] == run
+        assert (site / "final_model.pt").is_file() and (site / "earlier" / first / "final_model.pt").is_file()
+    assert (out / "rank-1" / "earlier" / first / "final_model.pt").read_bytes() == final
+    assert f"the files of run {first} are kept in" in (tmp_path / "site-1.log").read_text()
 
 
 def _wait_line(log: Path, *parts: str) -> None:

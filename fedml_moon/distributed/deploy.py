@@ -27,6 +27,7 @@ from fedml_moon.config.load import Config, config_from_dict, config_to_dict, par
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.state import make_store
 from fedml_moon.distributed.managers import config_differences
+from fedml_moon.distributed.run_identity import server_run
 from fedml_moon.distributed.silo.group import (
     Channel,
     Group,
@@ -282,16 +283,24 @@ def build_process(
 
     port = open_port(cfg, folder)  # refused (taken, no credentials) before the transport listens
     transport = make_transport(cfg, rank, workers, comm, frame_limit(cfg, base.model))
-    manager = server_manager(cfg, base.args, transport, rounds, list(range(1, workers + 1)), start, core)
+    ranks, run = list(range(1, workers + 1)), server_run(folder, resume)  # the run's identity, in WELCOMEs
+    manager = server_manager(cfg, base.args, transport, rounds, ranks, start, core, run)
     return DistributedProcess(manager, rank, rounds, port=port)
 
 
 def server_manager(
-    cfg: Config, args: Any, transport: Any, rounds: Any, ranks: list[int], start: int = 0, core: Any = None
+    cfg: Config,
+    args: Any,
+    transport: Any,
+    rounds: Any,
+    ranks: list[int],
+    start: int = 0,
+    core: Any = None,
+    run: str | None = None,
 ) -> Any:
     """The server's manager of `cfg`'s run over `transport`: its workers `ranks`, the first round of
     this process `start` (a resumed run's), `core` the buffered rounds of `server_args.aggregation:
-    buffered` (`buffered_rounds`)."""
+    buffered` (`buffered_rounds`), `run` the run's identity (`run_identity.server_run`)."""
     from fedml_moon.distributed.server.manager import ServerManager
     from fedml_moon.distributed.server.state import RunSettings
 
@@ -304,6 +313,7 @@ def server_manager(
         full_config=flat_config(cfg),
         start=start,
         secure=bool(rounds.secure),  # privacy_args.secure_aggregation
+        run=run,
     )
     return ServerManager(args, transport, rounds, settings, core)
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from fedml_moon.distributed.run_identity import RUN_KEY
+
 HELLO, WELCOME, TRAIN, RESULT, EVAL, REPORT = "hello", "welcome", "train", "result", "eval", "report"
 FINISH, ABORT, BYE, ERROR, TICK = "finish", "abort", "bye", "error", "tick"
 CHECKPOINT, CHECKPOINTED, HEARTBEAT = "checkpoint", "checkpointed", "heartbeat"
@@ -197,6 +199,14 @@ SAMPLES = integer(1, 2**53)  # the server's own count for the party is checked w
 SESSION = text(64)
 
 
+def run_key(value: Any) -> str | None:
+    """A run's identity as the server names it (`run_identity.RUN_KEY`: 8 to 32 lowercase hex digits),
+    the name of a folder at each site: nothing else passes."""
+    if isinstance(value, str) and RUN_KEY.fullmatch(value):
+        return None
+    return " is not a run's key (8 to 32 lowercase hex digits)"
+
+
 def one_of(choices: Mapping[str, Any]) -> Check:
     """One of the keys of `choices`."""
     return lambda value: (
@@ -300,6 +310,7 @@ SCHEMAS: dict[str, dict[str, Check]] = {
         "config": settings,
         "config_sha256": text(64),
         "session": SESSION,
+        "run": optional(run_key),
     },
     TRAIN: {"round": ROUND, "tasks": list_of(record({"party": PARTY, "payload": payload}))},
     EVAL: {"round": ROUND, "payload": payload},

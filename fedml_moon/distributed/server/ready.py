@@ -124,6 +124,7 @@ class ReadyPhase:
             config=self.settings.config,
             config_sha256=self.server.digest,
             session=self.server.session,
+            run=self.settings.run,
         )
         return True
 

@@ -118,7 +118,8 @@ class RunSettings:
     its workers' ranks, the settings it hands every worker (`config`: `deploy.shared_config`), its
     comm_args, how long a phase waits (`deadline_s`), its checkpoints (`checkpoint_every`, the whole
     config they record), the first round of this server process and the round its workers resume
-    from, and whether its sums are secure (`privacy_args.secure_aggregation`)."""
+    from, whether its sums are secure (`privacy_args.secure_aggregation`), and the run's identity
+    (`run`, named in every WELCOME: `distributed/run_identity.py`)."""
 
     placement: dict[int, int]
     workers: list[int]
@@ -128,6 +129,7 @@ class RunSettings:
     full_config: dict = field(default_factory=dict)
     start: int = 0
     secure: bool = False
+    run: str | None = None
 
     @property
     def deadline_s(self) -> float:

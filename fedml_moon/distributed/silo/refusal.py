@@ -82,7 +82,8 @@ def check_digest(folder: Path, digest: str, overwrite: bool) -> None:
         raise DataChanged(
             f"data_args.data_cache_dir: the site's data differ from those it read earlier in this run "
             f"({path}: sha256 {str(recorded)[:12]}, now {digest[:12]}); put them back as they were to "
-            "rejoin this run, or start a new run (the server and this site with --overwrite)"
+            "rejoin this run. A new run takes other data: start the server afresh (--overwrite, or "
+            "another --output-dir), and this site with the same command; it keeps this run's files apart"
         )
 
 

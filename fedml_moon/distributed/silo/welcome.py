@@ -1,5 +1,6 @@
-"""A silo welcomed by a server: it builds its data and parties from the run's config the WELCOME
-hands it (the first time; its own data checked against what it read earlier in the run), says
+"""A silo welcomed by a server: it keeps its folder to the run the WELCOME names (another run's files
+moved aside: `distributed/run_identity.py`), builds its data and parties from the run's config the
+WELCOME hands it (the first time; its own data checked against what it read earlier in the run), says
 READY with its parties' claims to each new server session, and follows that session: one that
 resumes from round r restores the silo's checkpoint of round r, one that starts the run anew starts
 its parties afresh. A site whose own data cannot be read refuses them (REFUSE, the kind of problem
@@ -15,6 +16,7 @@ from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.config.files import DIGEST_KEYS, digest_problem, setting_of
 from fedml_moon.distributed.managers import READY, REFUSE, config_differences, config_digest
+from fedml_moon.distributed.run_identity import enter_run
 from fedml_moon.distributed.silo.refusal import DATA_ERRORS, check_digest, described, kind_of
 from fedml_moon.engine.resume import check_config, restore
 from fedml_moon.errors import ConfigError
@@ -34,6 +36,8 @@ class Welcome:
         config, digest, session = msg.get("config"), msg.get("config_sha256"), msg.get("session")
         if not isinstance(config, dict) or config_digest(config) != digest:
             raise ValueError("the server's WELCOME carries a config that does not match its SHA-256")
+        if msg.get("run") is not None and enter_run(self.silo.folder, msg.get("run"), self.silo.rank):
+            self.state.data_recorded = False  # another run's files moved aside: this run binds its data anew
         if self.state.built is None:
             try:
                 self.build_from(config)

@@ -113,6 +113,9 @@ def test_the_example_dashboard_asks_only_for_metrics_the_port_serves(served, cer
         for name in re.findall(r"fedml_moon_\w+", target["expr"])
     }
     assert len(asked) >= 12 and asked <= served_names, sorted(asked - served_names)
+    charts = [p for p in dashboard["panels"] if p["type"] == "timeseries"]
+    assert len(charts) >= 8  # each on a scale from 0, as the page's: 3 parties to 2 is a third down
+    assert all(p["fieldConfig"]["defaults"]["min"] == 0 for p in charts), [p["title"] for p in charts]
 
 
 def test_a_site_sees_the_runs_shared_figures_and_its_own_entry_only(served, certs):

@@ -149,7 +149,8 @@ def test_own_data_tutorial_commands(tmp_path, home):
     def placed(command: str) -> list[str]:
         words = shlex.split(command)
         return [
-            w.replace("=site-certs/", f"={certs}/").replace("=data/site/parties/", f"={sites}/") for w in words
+            w.replace("=site-certs/", f"={certs}/").replace("=data/site/parties/", f"={sites}/")
+            for w in words
         ]
 
     silos = [[*placed(c), *comm, "--set", "device_args.torch_threads=1"] for c in OWN_SILOS]

@@ -1,7 +1,7 @@
 """The frames that come in on the gRPC server's Send calls (a mixin of `GrpcServerTransport`): a call's
 one request read under the watchdog's deadline, then refused by its sender's bounds before it is
-decoded (what waits, `inflight`; the large frames its phase takes, `budget`), counted, decoded and
-queued; the heap trimmed after a large one (`heap`)."""
+decoded (what waits, `inflight`; the large frames its phase takes, `budget`), counted, decoded one at a
+time, least-served rank first (`fair`), and queued; the heap trimmed after a large one (`heap`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import grpc
 
 from fedml_moon.core.codec import CodecError
 from fedml_moon.distributed.transport.base import message_from_bytes
+from fedml_moon.distributed.transport.fair import FairTurns
 from fedml_moon.distributed.transport.grpc_common import Refused
 from fedml_moon.distributed.transport.inflight import REFUSED
 from fedml_moon.distributed.transport.slots import Lease
@@ -25,6 +26,13 @@ class _Ended(Exception):
 
 class FramesIn:
     """`GrpcServerTransport`'s reading and taking of the frames its Send calls bring."""
+
+    turns: FairTurns  # decoding, one frame at a time, least-served rank first
+
+    def expect(self, owed: dict[int, int]) -> None:
+        """A new phase (see `QueueTransport.expect`): every rank's decoding time counts from zero."""
+        super().expect(owed)
+        self.turns.reset()
 
     def _read(self, requests: Iterator[bytes], lease: Lease, source: str, method: str) -> bytes:
         """The call's one request message; the call is cut if it has not arrived in time."""
@@ -78,9 +86,17 @@ class FramesIn:
         """Queue the message in `data` from a caller authenticated as `rank`; Refused if it is not a
         message of that rank to the server, or its rank is over its in-flight bound or past the
         large frames its phase takes (by its size before it is decoded; the bound again as it is
-        queued)."""
+        queued) or past its decoding time (`fair`)."""
         self._room(rank, len(data))
         if rank is not None:
+            if not self.turns.within(rank):
+                raise Refused(
+                    RESOURCE_EXHAUSTED,
+                    self.turns.describe(rank),
+                    "decoding past its share",
+                    busy=True,
+                    frame="undecoded",
+                )
             if not self.budget.take(rank, len(data)):
                 raise Refused(
                     RESOURCE_EXHAUSTED,
@@ -91,7 +107,8 @@ class FramesIn:
                 )
             self.count_frame(rank, "decoded")
         try:
-            msg = message_from_bytes(data)
+            with self.turns.turn(rank if rank is not None else "unauthenticated"):
+                msg = message_from_bytes(data)
         except CodecError as err:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"not a message ({len(data)} bytes): {err}", frame=""

@@ -24,7 +24,10 @@ message has not fully arrived `receive_timeout_s` after it started is cut by a w
 messages and 2 x the frame limit + 1 MiB of one silo wait for the main thread (`inflight`); a Send
 past that is refused RESOURCE_EXHAUSTED, which the silo retries with its back-off, as is a frame over
 256 KiB past what the silo's phase takes of them (`budget`), before it is decoded; the C heap keeps
-little of the frames read (`heap`). Reading and taking frames: `grpc_frames`. With `auth: none`
+little of the frames read (`heap`). What one rank can cost the others' rounds: frames are decoded one
+at a time, the least-served waiting rank first (`fair`), so while n ranks have frames waiting each
+gets at least 1/n of the decoding, and an honest rank's frame waits for at most the one decode in
+progress (`benchmarks/honest_pace.py`). Reading and taking frames: `grpc_frames`. With `auth: none`
 (loopback development only) a caller has no identity before its request is read, so slots are kept
 per peer host with larger caps (2 x workers + 2 Sends, workers + 1 Subscribes). Refusals are logged
 bounded and rate-limited per rank or peer host (`RefusalLog`).
@@ -41,6 +44,7 @@ from typing import Any
 import grpc
 
 from fedml_moon.distributed.transport.base import QueueTransport, message_bytes
+from fedml_moon.distributed.transport.fair import FairTurns
 from fedml_moon.distributed.transport.grpc_client import GrpcClientTransport
 from fedml_moon.distributed.transport.grpc_common import (
     BUSY_HEADER,
@@ -128,6 +132,7 @@ class GrpcServerTransport(FramesIn, QueueTransport):
         self.notices = RefusalLog(log, verb="noted")  # "rank r subscribed": a caller that churns is counted
         self.watchdog = Watchdog()
         self.heap = HeapLimits(self.budget.small_bytes)  # what the C heap keeps of the frames read
+        self.turns = FairTurns()  # decoding: one frame at a time, the least-served rank first
         handlers = {
             "Send": grpc.stream_unary_rpc_method_handler(self._on_send),
             "Subscribe": grpc.stream_stream_rpc_method_handler(self._on_subscribe),

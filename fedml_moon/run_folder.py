@@ -47,6 +47,7 @@ FEDML_HOME = ".fedml"  # FedML's `~/.fedml`, kept in the run's folder
 RANK = "rank-{}"
 PROCESS = "process-{}"
 DATA_DIGEST = "data_digest.json"
+SECURE_SUMS = "secure_sums.json"  # a silo's: the survivors each of its parties' shares unmasked, per round
 RUN = "run.json"  # the run whose files a folder holds: its identity, as the server's WELCOME names it
 EARLIER = "earlier"  # in a silo's folder: earlier runs' files, one folder each (`earlier/<run>/`)
 # what commands write from a finished run's records
@@ -187,6 +188,10 @@ class RunFolder:
     @property
     def fedml_home(self) -> Path:
         return self.root / FEDML_HOME
+
+    @property
+    def secure_sums(self) -> Path:
+        return self.root / SECURE_SUMS
 
     @property
     def run(self) -> Path:

@@ -25,7 +25,7 @@ from fedml_moon.privacy.secagg import key_digest
 class _Worker(SecureWorker):
     """The worker side's handlers, on a silo holding parties 0, 1 and 2 (what its manager would hold)."""
 
-    def __init__(self, privacy) -> None:
+    def __init__(self, privacy, folder=None) -> None:
         train = SimpleNamespace(client_num_per_round=3, algorithm="fedavg")
         server = SimpleNamespace(aggregation="sync", buffer_weights="uniform", party_weights="samples")
         config = SimpleNamespace(privacy_args=privacy, train_args=train, server_args=server)
@@ -34,7 +34,8 @@ class _Worker(SecureWorker):
         built = SimpleNamespace(
             run_config=config, runner=SimpleNamespace(trainer=SimpleNamespace(model=model))
         )
-        super().__init__(SimpleNamespace(rank=1, state=SimpleNamespace(built=built)))  # its silo, rank 1
+        silo = SimpleNamespace(rank=1, state=SimpleNamespace(built=built), folder=folder)  # its silo, rank 1
+        super().__init__(silo)
         self.sent = []
 
     def send(self, kind: str, receiver: int, **params) -> None:
@@ -55,10 +56,12 @@ def _msg(kind: str, **params) -> Message:
     return msg
 
 
-def _worker_with_keys(privacy, values=(math.nan, 0.5, -0.5)) -> tuple[_Worker, list[dict], list[dict]]:
+def _worker_with_keys(
+    privacy, values=(math.nan, 0.5, -0.5), folder=None
+) -> tuple[_Worker, list[dict], list[dict]]:
     """A worker whose 3 parties trained and advertised; the ROSTER fields an honest server sends it
     (every party's keys: the complete graph of 3) and their digests."""
-    worker = _Worker(privacy)
+    worker = _Worker(privacy, folder)
     received = {"model": {"w": torch.zeros(3)}}
     tasks = [{"party": q, "payload": received} for q in (0, 1, 2)]
     uploads = [
@@ -108,8 +111,8 @@ def test_a_worker_checks_the_rosters_participants_against_its_own_config(caplog,
     assert said in caplog.text and "refusing to share" in caplog.text
 
 
-def _masked_with(privacy, plan: dict) -> _Worker:
-    worker, roster, digests = _worker_with_keys(privacy, values=(0.5, 0.25, -0.5))
+def _masked_with(privacy, plan: dict, folder=None) -> _Worker:
+    worker, roster, digests = _worker_with_keys(privacy, values=(0.5, 0.25, -0.5), folder=folder)
     worker.on_sa_roster(_msg(p.ROSTER, round=0, participants=3, digests=digests, rosters=roster))
     shares = worker.sent[-1][1]["shares"]
     inbox = {
@@ -135,6 +138,25 @@ def test_under_dp_a_party_unmasks_no_sum_of_fewer_than_its_noise_was_sized_for(c
     assert all(held["session"].params.min_group == 3 for held in worker.sa_parties.values())
     worker.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[1, 2], dropped=[0], parties=[1, 2]))
     assert worker.sent[-1][1]["items"] == [] and "fewer than" in caplog.text
+
+
+def test_without_dp_a_party_reveals_a_rounds_shares_for_one_set_of_survivors_only(tmp_path, caplog):
+    """A curious server kills itself after round 0's sum of parties 0, 1, 2 and resumes: the silo's
+    parties, restored, train the same updates and mask them anew. Asked to unmask the sum of 1 and 2
+    (0 "dropped"), which with the first sum would tell party 0's update, they refuse, revealing nothing;
+    the same survivors as before (the same sum) they unmask. The record is the silo's folder's, so a new
+    silo process keeps it."""
+    privacy = PrivacyArgs(secure_aggregation=True, secagg_min_group=2)
+    plan = _aggregation(privacy).plan(0).to_dict()
+    first = _masked_with(privacy, plan, tmp_path)
+    first.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[0, 1, 2], dropped=[], parties=[0, 1, 2]))
+    assert [i["party"] for i in first.sent[-1][1]["items"]] == [0, 1, 2]
+    again = _masked_with(privacy, plan, tmp_path)  # the resumed round: a new session, the same updates
+    again.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[1, 2], dropped=[0], parties=[1, 2]))
+    assert again.sent[-1][1]["items"] == []
+    assert "a sum of other survivors [1, 2] would tell the difference" in caplog.text
+    again.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[0, 1, 2], dropped=[], parties=[0, 1, 2]))
+    assert [i["party"] for i in again.sent[-1][1]["items"]] == [0, 1, 2]  # the same sum: nothing more
 
 
 def test_a_party_refuses_to_mask_under_a_plan_that_is_not_its_runs(caplog):

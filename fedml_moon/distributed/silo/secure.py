@@ -18,6 +18,7 @@ from fedml_moon.core.buffering import buffer_shape
 from fedml_moon.core.fedbuff import discount
 from fedml_moon.distributed.protocol import HELD, KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.secure_wire import keys_from_wire, keys_to_wire, shares_to_wire
+from fedml_moon.distributed.silo.unmasked import reveal_once
 from fedml_moon.privacy.mod import secagg_params
 from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, plan_problem, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, pack
@@ -217,7 +218,11 @@ class SecureWorker:
         survivors, dropped = list(msg.get("survivors")), list(msg.get("dropped"))
 
         def unmask(held: dict, request: dict) -> dict:
-            return held["session"].unmask(survivors, dropped)
+            shares = lambda: held["session"].unmask(survivors, dropped)  # noqa: E731 (it checks the lists)
+            if "version" in held or self.built.run_config.privacy_args.dp:  # masked once; fresh noise
+                return shares()
+            what, party = "counts" if "counts" in held else "update", int(request["party"])
+            return reveal_once(self.silo.folder, party, what, int(msg.get("round")), survivors, shares)
 
         asked = [{"party": int(p)} for p in msg.get("parties")]
         items = [

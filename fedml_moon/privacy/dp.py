@@ -7,10 +7,13 @@ updates and divides by m, the (public, fixed) number of parties sampled:
 
     Delta = (sum_k ClipFn(Delta_k, C) + N(0, sigma^2 C^2 I)) / m.
 
-Under secure aggregation the server never sees a noiseless sum, so each of the m parties adds its own
-share N(0, sigma^2 C^2 / m) (`noise_std(C, sigma, m)`): the sum carries N(0, sigma^2 C^2) only when all
-m report. If k < m report, the sum carries sigma^2 C^2 k / m, an effective multiplier sigma sqrt(k / m),
-and the epsilon that `privacy.accountant.PrivacyAccountant` reports for sigma overstates the protection.
+Under secure aggregation the server never sees a noiseless sum, so each sampled party adds its own
+share N(0, sigma^2 C^2 / q) (`noise_std(C, sigma, q)`), q the fewest parties a round may complete
+with (the quorum of `comm_args.min_reports`; a buffer's K), and no sum of fewer than q is unmasked:
+every released sum carries at least N(0, sigma^2 C^2). A sum of k >= q parties carries
+sigma^2 C^2 k / q, an effective multiplier sigma sqrt(k / q), and is accounted as such
+(`privacy.mod.PrivateAggregation.finish`). Sized for all m sampled, a round where some dropped would
+carry less noise than accounted.
 
 The paper samples parties independently (probability q) and tracks the loss with the moments
 accountant. Here a round draws a fixed number m of the n parties without replacement, so the privacy
@@ -79,8 +82,8 @@ def noise_std(clip: float, noise_multiplier: float, shares: int = 1) -> float:
     """Standard deviation each of `shares` noise sources adds so that their sum has std sigma * C:
     sigma * C / sqrt(shares) (shares = 1: the server adds all of it).
 
-    Under secure aggregation shares = m, the parties sampled: the sum has std sigma * C only when all m
-    report; with k < m it has sigma * C * sqrt(k / m), less noise than the accounted sigma.
+    Under secure aggregation shares = q, the fewest parties a round may complete with: a sum of
+    k >= q parties has std sigma * C * sqrt(k / q), at least the accounted sigma * C.
     """
     if not (math.isfinite(clip) and clip > 0):
         raise ValueError(f"privacy_args.dp_clip_norm must be a finite number > 0; got {clip!r}")

@@ -119,7 +119,10 @@ def test_dp_fedavg_divides_by_the_parties_sampled_and_reports_the_accountants_ep
     expected = PrivacyAccountant(1e-9, 8, 4, 1e-5)
     expected.record([0, 1])
     # the record carries the release's epsilon; DP alone holds nothing against the server, which sees uploads
-    assert privacy.record_fields() == {"dp_epsilon_release": pytest.approx(expected.epsilon_release())}
+    assert privacy.record_fields() == {  # DP alone: no figure against the server, which sees every upload
+        "dp_epsilon_release": pytest.approx(expected.epsilon_release()),
+        "dp_epsilon_sample_known": pytest.approx(expected.epsilon_server()),  # each party's own rounds
+    }
     assert privacy.plan(3).ratio == 1.0 and privacy.plan(3).noise_std == 0.0  # the server adds it all
 
 
@@ -139,8 +142,8 @@ def test_under_secure_aggregation_each_party_adds_its_share_of_the_noise_for_the
     privacy.finish(total, [("model", "w", (2,))], [], parties=[0, 1, 2, 3, 4, 5, 6])  # 7 of 9: more noise
     assert privacy.accountant.history == [(pytest.approx(1.5 * (7 / 5) ** 0.5), (0, 1, 2, 3, 4, 5, 6))]
     fields = privacy.record_fields()
-    assert set(fields) == {"dp_epsilon_release", "dp_epsilon_server"}
-    assert fields["dp_epsilon_release"] <= fields["dp_epsilon_server"]
+    assert set(fields) == {"dp_epsilon_release", "dp_epsilon_sample_known", "dp_epsilon_server"}
+    assert fields["dp_epsilon_release"] <= fields["dp_epsilon_server"] == fields["dp_epsilon_sample_known"]
 
 
 @needs_data

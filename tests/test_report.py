@@ -156,7 +156,8 @@ def test_a_key_only_newer_runs_have_is_no_setting(runs: Path):
 
 def _privacy(folder: Path, epsilon: float | None) -> None:
     """Gives a run privacy_args as a run writes them: DP (C 1, sigma 0.5) with its final epsilon in
-    summary.json and each round's in metrics.jsonl, or none (no dp_epsilon anywhere)."""
+    summary.json and each round's in metrics.jsonl (with the sample secret, and twice that with it
+    known), or none (no epsilon anywhere)."""
     summary = json.loads((folder / "summary.json").read_text())
     dp = epsilon is not None
     summary["config"]["privacy_args"] = {
@@ -165,10 +166,11 @@ def _privacy(folder: Path, epsilon: float | None) -> None:
         "dp_delta": 1e-5,
     }
     if dp:
-        summary.update(dp_epsilon=epsilon, dp_delta=1e-5)
+        summary.update(dp_epsilon_release=epsilon, dp_epsilon_sample_known=2 * epsilon, dp_delta=1e-5)
         records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
         for r in records:
-            r["dp_epsilon"] = epsilon * (r["round"] + 1) / len(records)
+            r["dp_epsilon_release"] = epsilon * (r["round"] + 1) / len(records)
+            r["dp_epsilon_sample_known"] = 2 * r["dp_epsilon_release"]
         (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (folder / "summary.json").write_text(json.dumps(summary))
 
@@ -185,10 +187,11 @@ def test_dp_runs_show_their_final_epsilon_and_runs_without_dp_none(tmp_path: Pat
     text = (out / "report.md").read_text()
     off, on = "dp_clip_norm=None, dp_noise_multiplier=0.0", "dp_clip_norm=1.0, dp_noise_multiplier=0.5"
     final = text.split("## Final test accuracy")[1].split("## Best test accuracy")[0]
-    assert f"| method | {off} | {off}: epsilon | {on} | {on}: epsilon |" in final
-    # epsilon 2 and 3 over the two seeds: mean 2.5; accuracy 55 and 65: 60 ± sqrt(50)
-    assert "| fedavg | 80.00 ± 0.00 (n=2) | - | 60.00 ± 7.07 (n=2) | 2.50 |" in final
-    assert "| moon | 80.00 ± 0.00 (n=2) | - | 60.00 ± 7.07 (n=2) | 2.50 |" in final
+    eps = "epsilon (sample secret / known)"
+    assert f"| method | {off} | {off}: {eps} | {on} | {on}: {eps} |" in final
+    # epsilon 2 and 3 over the two seeds: mean 2.5, known 5; accuracy 55 and 65: 60 ± sqrt(50)
+    assert "| fedavg | 80.00 ± 0.00 (n=2) | - | 60.00 ± 7.07 (n=2) | 2.50 / 5.00 |" in final
+    assert "| moon | 80.00 ± 0.00 (n=2) | - | 60.00 ± 7.07 (n=2) | 2.50 / 5.00 |" in final
     assert "delta = 1e-05" in final
     best = text.split("## Best test accuracy")[1].split("##")[0]
     assert "epsilon" not in best

@@ -323,6 +323,7 @@ def privacy_factory(base: Base, aggregator: Any) -> Any:
     before any file is written where the server computed the partition)."""
     from fedml_moon.core.buffering import buffer_shape
     from fedml_moon.privacy.mod import PrivateAggregation
+    from fedml_moon.privacy.scope import dp_scope
 
     cfg, train, server_algo = base.cfg, base.cfg.train_args, aggregator.algorithm
 
@@ -341,6 +342,7 @@ def privacy_factory(base: Base, aggregator: Any) -> Any:
         )  # fmt: skip
         privacy.set_model(server_algo.trainable, aggregator.global_state)
         privacy.set_ledger(base.folder.privacy_ledger)
+        privacy.scope = dp_scope(cfg, server_algo.summed, evaluation(cfg) == "federated")
         return privacy
 
     return make

@@ -58,6 +58,7 @@ SERVER_FIELDS = frozenset(
         "dp_epsilon",
         "dp_epsilon_server",
         "dp_epsilon_release",
+        "dp_epsilon_sample_known",
         "dp_delta",
         "eval_parties",
         "sim_time_s",

@@ -131,6 +131,8 @@ class ServerRounds:
         if self.make_privacy is not None and self.privacy is None:
             self.privacy = self.make_privacy({p: self.weight(p) for p in self.claims})
             self.rounds = self.first_rounds_allowed()
+            if self.privacy.scope is not None:  # the status (page, `fedml-moon status`) says it too
+                self.recorder.publish(dp_scope=self.privacy.scope)
 
     @property
     def claimed(self) -> bool:

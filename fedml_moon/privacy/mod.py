@@ -62,6 +62,7 @@ class PrivateAggregation:
         algorithm's terms); `buffered`: the rounds are buffers (FedBuff), whose parties are the first to
         finish, not a uniform sample: the accountant claims no amplification by sampling for them."""
         self.options, self.summed, self.per_round = options, dict(summed), per_round
+        self.scope: dict | None = None  # what the epsilons cover and against whom (`privacy/scope.py`)
         self.buffered = buffered
         self.metrics = tuple(sorted(set(metrics)))
         self.quorum = min(per_round, quorum or per_round)
@@ -191,10 +192,15 @@ class PrivateAggregation:
     def record_fields(self) -> dict:
         """What the server writes into the round's record of the run's privacy (the parties' metrics
         never carry it): with DP, epsilon for delta so far for the release and, under secure
-        aggregation, against the server (DP alone holds nothing against a server that sees uploads)."""
+        aggregation, against the server (DP alone holds nothing against a server that sees uploads);
+        `dp_epsilon_sample_known`, each party's loss composed over the rounds it was summed in, holds
+        against anyone who knows the sample (`privacy/scope.py`)."""
         if self.accountant is None:
             return {}
-        out = {"dp_epsilon_release": self.accountant.epsilon_release()}
+        out = {
+            "dp_epsilon_release": self.accountant.epsilon_release(),
+            "dp_epsilon_sample_known": self.accountant.epsilon_server(),  # no amplification by sampling
+        }
         if self.options.secure_aggregation:
             out["dp_epsilon_server"] = self.accountant.epsilon_server()
         return out
@@ -208,12 +214,13 @@ class PrivateAggregation:
 
     def summary(self) -> dict:
         """What summary.json says of the run's privacy: the epsilons for delta after the rounds trained
-        (`dp_epsilon_server` null under DP alone: the server sees every upload)."""
+        (`dp_epsilon_server` null under DP alone: the server sees every upload) and, with DP, what they
+        cover and against whom (`dp_scope`, `privacy/scope.py`)."""
         out: dict = {"secure_aggregation": self.options.secure_aggregation}
         if self.accountant is not None:
-            server = self.accountant.epsilon_server() if self.options.secure_aggregation else None
-            release = self.accountant.epsilon_release()
-            out.update(dp_epsilon_release=release, dp_epsilon_server=server, dp_delta=self.options.dp_delta)
+            out.update(self.record_fields(), dp_delta=self.options.dp_delta)
+            out.setdefault("dp_epsilon_server", None)
+            out["dp_scope"] = self.scope
         return out
 
     def state(self) -> dict:

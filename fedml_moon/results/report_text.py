@@ -8,11 +8,13 @@ from pathlib import Path
 
 from fedml_moon.results.tables import (
     EPSILON,
+    EPSILON_KNOWN,
     PERSONAL,
     Cell,
     Reach,
     baseline,
     dp_deltas,
+    dp_scopes,
     has_dp,
     has_sim_time,
     is_personalised,
@@ -49,10 +51,30 @@ def _accuracy(field: str, per_round: bool = False) -> Callable[[Cell], str]:
 
 
 def _epsilon(cell: Cell) -> str:
-    """The runs' final DP epsilon of the release (summary.json's dp_epsilon_release), mean over seeds;
-    - without DP."""
+    """The runs' final DP epsilons, mean over seeds: with the sample secret (summary.json's
+    dp_epsilon_release) / known (dp_epsilon_sample_known; ? for a run that did not record it); -
+    without DP."""
     mean, _ = cell.stat(EPSILON, scale=1.0)
-    return "-" if math.isnan(mean) else f"{mean:.2f}"
+    known, _ = cell.stat(EPSILON_KNOWN, scale=1.0)
+    if math.isnan(mean):
+        return "-"
+    return f"{mean:.2f} / {'?' if math.isnan(known) else f'{known:.2f}'}"
+
+
+def _scope(table: dict[str, dict[str, Cell]]) -> list[str]:
+    """What the DP runs' epsilons cover and what they do not (summary.json's dp_scope), once each."""
+    lines: list[str] = []
+    for scope in dp_scopes(table):
+        against = scope.get("epsilon_against", {})
+        lines += [
+            f"What the epsilon covers (summary.json's dp_scope): the unit is {scope.get('unit')}; "
+            f"adjacency: {scope.get('adjacency')}; {scope.get('accountant')}.",
+            "",
+            *(f"- {name}: against {who}" for name, who in against.items()),
+            *(f"- not covered: {what}" for what in scope.get("not_covered", [])),
+            "",
+        ]
+    return lines
 
 
 def _table1(table: dict[str, dict[str, Cell]], field: str, epsilon: bool = False) -> list[str]:
@@ -63,7 +85,8 @@ def _table1(table: dict[str, dict[str, Cell]], field: str, epsilon: bool = False
         [
             col
             for s in table
-            for col in [(s, s, _accuracy(field))] + ([(s, f"{s}: epsilon", _epsilon)] if eps else [])
+            for col in [(s, s, _accuracy(field))]
+            + ([(s, f"{s}: epsilon (sample secret / known)", _epsilon)] if eps else [])
         ],
     )
 
@@ -163,10 +186,13 @@ def markdown(
     if has_dp(table):
         deltas = ", ".join(f"{d:g}" for d in dp_deltas(table))
         text += [
-            f"epsilon: the runs' final DP epsilon{f' for delta = {deltas}' if deltas else ''} (privacy_args; "
-            "summary.json's dp_epsilon_release, what an observer of the released models faces), mean over "
-            "seeds; -: runs without DP.",
+            f"epsilon: the runs' final DP epsilons{f' for delta = {deltas}' if deltas else ''} "
+            "(privacy_args), mean over seeds: against an observer of the released models who does not know "
+            "which parties each round summed (summary.json's dp_epsilon_release) / against anyone who "
+            "knows it, every site and every reader of the records among them (dp_epsilon_sample_known); "
+            "-: runs without DP.",
             "",
+            *_scope(table),
         ]
     text += [*_table1(table, "final_test_acc", epsilon=True), ""]
     text += ["## Best test accuracy", "", *_table1(table, "best_test_acc"), ""]

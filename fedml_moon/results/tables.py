@@ -56,12 +56,24 @@ def is_personalised(table: dict[str, dict[str, Cell]]) -> bool:
 
 
 EPSILON = "dp_epsilon_release"  # summary.json's epsilon of the released models (privacy_args' DP-FedAvg)
+EPSILON_KNOWN = "dp_epsilon_sample_known"  # the same against anyone who knows the sample (privacy/scope.py)
 
 
 def has_dp(table: dict[str, dict[str, Cell]]) -> bool:
     """Whether any run reports a DP epsilon (summary.json's `dp_epsilon_release`)."""
     cells = (cell for rows in table.values() for cell in rows.values())
     return any(run.summary.get(EPSILON) is not None for cell in cells for run in cell.runs)
+
+
+def dp_scopes(table: dict[str, dict[str, Cell]]) -> list[dict]:
+    """The distinct `dp_scope` statements of the runs (summary.json), in the order first met."""
+    runs = (run for rows in table.values() for cell in rows.values() for run in cell.runs)
+    out: list[dict] = []
+    for run in runs:
+        scope = run.summary.get("dp_scope")
+        if isinstance(scope, dict) and scope not in out:
+            out.append(scope)
+    return out
 
 
 def dp_deltas(table: dict[str, dict[str, Cell]]) -> list[float]:

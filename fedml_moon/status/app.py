@@ -24,6 +24,8 @@ log = logging.getLogger("fedml_moon.status.http")
 RATE, RATE_WINDOW_S = 60, 10.0
 KNOWN_S = 600.0  # an address that gave valid credentials may take a reserved slot this long
 FRESH_S = 0.5  # the status is read from the files at most this often
+SHARED = ("round", "test_acc", "test_loss", "round_time_s", "parties", *run_status.EPSILONS)  # a site sees
+LINE = ("rank", "connected", "heard_at", "last_heard_s", "rounds", "refused")  # another site's, if visible
 
 
 def load_viewers(path: Path) -> dict[str, str]:
@@ -112,13 +114,16 @@ class StatusApp:
     def view(self, user: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The status and records as `user` may see them (module docstring)."""
         status, records = self.snapshot()
-        if user == self.owner or self.sites_visible:
+        if user == self.owner:
             return status, records
         rank = rank_of_common_name(user)
-        mine = [s for s in status.get("sites", []) if s.get("rank") == rank]
-        fields = ("round", "test_acc", "test_loss", "round_time_s", "parties")
-        shared = [{k: r[k] for k in fields if k in r} for r in records]
-        return {**status, "sites": mine}, shared
+        sites = [
+            s if s.get("rank") == rank else {k: s[k] for k in LINE if k in s}
+            for s in status.get("sites", [])
+            if s.get("rank") == rank or self.sites_visible
+        ]
+        shared = [{k: r[k] for k in SHARED if k in r} for r in records]
+        return {**status, "sites": sites}, shared
 
     def answer(self, path: str, user: str) -> tuple[int, str, bytes]:
         """(HTTP status, content type, body) for GET `path` by `user`."""

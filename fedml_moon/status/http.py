@@ -5,8 +5,9 @@ Who sees what: every request needs credentials, HTTP Basic over the run's TLS: `
 operator's token, or `silo-<r>` with site r's token (the tokens `fedml-moon certs` writes; the server
 holds their SHA-256 digests in server-tokens.json). Without them a client gets 401 and nothing else.
 The operator sees every site and the metrics; a site sees what the run tells every site (round,
-phase, the global test figures and curves, the pace) and its own entry among the sites, the others'
-only where `tracking_args.status_sites_visible` says so; `/metrics` is the operator's (403).
+phase, the global test figures and curves, the pace, a DP run's epsilons) and its own entry among the
+sites; where `tracking_args.status_sites_visible` says so, the others' lines too (state, last heard,
+rounds, refusals: never their bytes or messages); `/metrics` is the operator's (403).
 
 Off the training path: the port runs in threads of its own and reads the run's files (status.json,
 metrics.jsonl, summary.json: what `fedml-moon status` reads), at most twice a second whatever the

@@ -20,7 +20,16 @@ GAUGES = (  # name, what it is, where it is read: ("status" | "latest" | "last",
     ("test_accuracy", "the latest test accuracy", "latest", "test_acc"),
     ("test_loss", "the latest test loss", "latest", "test_loss"),
     ("parties_last_round", "parties whose updates the last round aggregated", "last", "parties"),
-    ("dp_epsilon", "the DP epsilon spent so far (privacy_args)", "last", "dp_epsilon"),
+)
+EPSILONS = (  # the label `against` of fedml_moon_dp_epsilon, and the record field it reads
+    ("release", "dp_epsilon_release"),
+    ("sample_known", "dp_epsilon_sample_known"),
+    ("server", "dp_epsilon_server"),
+)
+EPSILON_DOC = (
+    "the DP epsilon spent so far (privacy_args, for dp_delta), by whom it holds against: release, an "
+    "observer of the models who does not know the sample; sample_known, anyone who knows it (every site, "
+    "a reader of the records); server, the server under secure aggregation"
 )
 TOTALS = (
     ("wire_bytes_sent", "bytes the server sent over the recorded rounds"),
@@ -40,6 +49,11 @@ def _families(status: dict[str, Any], records: list[dict[str, Any]]) -> Iterator
         value = where[source].get(field)
         if _number(value):
             yield GaugeMetricFamily(PREFIX + name, doc, value=float(value))
+    epsilon = GaugeMetricFamily(PREFIX + "dp_epsilon", EPSILON_DOC, labels=["against"])
+    for label, field in EPSILONS:
+        if _number(where["last"].get(field)):
+            epsilon.add_metric([label], float(where["last"][field]))
+    yield from [epsilon] if epsilon.samples else []
     done = CounterMetricFamily(PREFIX + "rounds_completed", "rounds recorded in metrics.jsonl")
     done.add_metric([], float(status.get("rounds_completed") or 0))
     yield done

@@ -8,7 +8,7 @@ import html
 import math
 from typing import Any
 
-from fedml_moon.status.record import ago, round_of, site_state
+from fedml_moon.status.record import ago, privacy_lines, round_of, site_state
 
 REFRESH_S = 2
 CHART = (360, 130)  # an SVG chart's width and height, in pixels
@@ -91,6 +91,7 @@ def render_html(status: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"round time {status['round_time_s']:.1f} s" if status.get("round_time_s") else "round time —",
         f"done in about {eta:.0f} s" if eta else "",
         f"status written {ago(status['written_s_ago'])}" if status.get("written_s_ago") is not None else "",
+        *privacy_lines(status),
     ]
     charts = [
         chart("test accuracy", [(i, r.get("test_acc")) for i, r in rows], top=1.0),

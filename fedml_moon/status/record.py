@@ -103,6 +103,9 @@ def read(run_dir: Path, rows: list[dict[str, Any]] | None = None) -> dict[str, A
         {k: evaluated[-1].get(k) for k in ("round", "test_acc", "test_loss")} if evaluated else None
     )
     status["curve"] = [[r["round"], r["test_acc"]] for r in evaluated]
+    spent = [r for r in rows if r.get("dp_epsilon_release") is not None]
+    status["dp_epsilon"] = {k: spent[-1].get(k) for k in EPSILONS} if spent else None
+    status.setdefault("dp_scope", (summary or {}).get("dp_scope"))
     running = status["phase"] not in ("finished", "failed", "stopped", "interrupted")
     if rows:  # a silo's folder holds none: its own pace and estimate are in status.json
         times = [r["round_time_s"] for r in rows[-10:] if isinstance(r.get("round_time_s"), (int, float))]
@@ -142,6 +145,26 @@ def round_of(status: dict[str, Any]) -> str:
     return f"round {shown}" + (f" of {rounds}" if rounds else "") + " (from 0)"
 
 
+EPSILONS = ("dp_epsilon_release", "dp_epsilon_sample_known", "dp_epsilon_server")
+
+
+def privacy_lines(status: dict[str, Any]) -> list[str]:
+    """A DP run's epsilons, each with the observers it holds against, and what they do not cover
+    (summary.json's `dp_scope`, `privacy/scope.py`); none without DP."""
+    spent, scope = status.get("dp_epsilon") or {}, status.get("dp_scope") or {}
+    if not spent and not scope:
+        return []
+    against = scope.get("epsilon_against") or {}
+    lines = []
+    for key in EPSILONS:
+        value = spent.get(key)
+        figure = f"{value:.2f}" if isinstance(value, (int, float)) else "none" if key in spent else "-"
+        lines.append(f"DP {key.removeprefix('dp_')} {figure}: against {against.get(key, '?')}")
+    if scope.get("not_covered"):
+        lines.append("not covered by epsilon: " + "; ".join(scope["not_covered"]))
+    return lines
+
+
 def site_state(site: dict[str, Any]) -> str:
     """`connected`, `gone` (heard, then no more), or `not yet connected` (never heard)."""
     if site.get("connected"):
@@ -169,6 +192,7 @@ def render(status: dict[str, Any]) -> str:
     if status.get("round_time_s") is not None:
         end = f", done in about {status['eta_s']:.0f} s" if status.get("eta_s") else ""
         lines.append(f"round time {status['round_time_s']:.1f} s{end}")
+    lines += privacy_lines(status)
     server, site = status.get("server"), status.get("site")
     if isinstance(server, dict) and isinstance(site, dict):  # a silo's own status
         state = "connected" if server.get("connected") else "not connected"

@@ -28,7 +28,7 @@ def write_run(folder: Path) -> Path:
         recorder.log_round(
             {"round": r, "parties": 2, "test_acc": 0.5 + r / 10, "test_loss": 1.0 - r / 10,
              "round_time_s": 2.0, "party_test": {"0": 0.9, "1": 0.1}, "wire_bytes_sent": 100,
-             "wire_bytes_received": 50, "dp_epsilon": 0.25 * (r + 1),
+             "wire_bytes_received": 50,
              **({"missing_parties": [1]} if r == 1 else {})}
         )  # fmt: skip
     now = time.time()

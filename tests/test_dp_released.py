@@ -32,7 +32,7 @@ SECURE = ["privacy_args.secure_aggregation=true", "validation_args.local_test=fa
 RUNS = {  # name: (config, settings beside TINY and DP)
     "fedavg-dp": ("fedavg.yaml", []),
     "moon-dp-secure": ("moon.yaml", [*SECURE, "train_args.client_num_in_total=4", "train_args.client_num_per_round=3"]),  # noqa: E501
-    "lg-dp": ("lg.yaml", ["algorithm_args.warmup_rounds=1", "train_args.client_num_in_total=5"]),
+    "lg-dp": ("lg.yaml", ["algorithm_args.warmup_rounds=1", "train_args.client_num_in_total=5", "algorithm_args.report_best=true"]),  # noqa: E501
     "fedavg-dp-buffered": ("fedavg.yaml", ["server_args.aggregation=buffered", "server_args.buffer_size=2"]),
 }  # fmt: skip
 
@@ -76,7 +76,7 @@ def test_every_field_a_dp_run_writes_has_a_row_in_the_privacy_pages_table(runs):
     written -= {"round"}  # the record's index
     missing = sorted(f for f in written if not _has_row(f, names))
     assert not missing, f"fields a DP run writes that the privacy page's table does not name: {missing}"
-    assert {"dp_epsilon_release", "dp_epsilon_sample_known", "dp_scope", "new_test_acc", "updates"} <= written
+    assert {"dp_epsilon_release", "dp_scope", "new_test_acc", "updates", "reported_new_test_acc"} <= written
 
 
 def test_summary_states_the_guarantee_and_both_epsilons(runs):
@@ -86,6 +86,9 @@ def test_summary_states_the_guarantee_and_both_epsilons(runs):
         assert set(scope) == {"unit", "adjacency", "released", "accountant", "epsilon_against", "not_covered"}
         assert summary["dp_epsilon_sample_known"] >= summary["dp_epsilon_release"] > 0, name
         assert "every site" in scope["epsilon_against"]["dp_epsilon_sample_known"]
+        assert ("its own parties' noise shares" in scope["epsilon_against"]["dp_epsilon_sample_known"]) == (
+            name.endswith("secure")
+        )
         secure = name.endswith("secure")
         if secure:
             assert summary["dp_epsilon_server"] == summary["dp_epsilon_sample_known"]

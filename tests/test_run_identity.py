@@ -33,6 +33,7 @@ def _site_files(site, run: str | None) -> None:
     (site / "data_digest.json").write_text('{"sha256": "aa"}')
     (site / "party_state").mkdir()
     (site / "party_state" / "party_0.pt").write_bytes(b"state")
+    (site / "secure_sums.json").write_text("{}")
     (site / "process-1").mkdir()
     (site / "process-1" / "partition.json").write_text("{}")
 
@@ -52,7 +53,13 @@ def test_another_runs_welcome_moves_the_sites_files_apart_and_the_same_runs_move
         "run.json",
     ]
     assert (moved / "party_state" / "party_0.pt").read_bytes() == b"state"
-    assert sorted(p.name for p in site.iterdir()) == ["earlier", "party_state", "process-1", "run.json"]
+    assert sorted(p.name for p in site.iterdir()) == [  # what the site's shares revealed stays for every run
+        "earlier",
+        "party_state",
+        "process-1",
+        "run.json",
+        "secure_sums.json",
+    ]
     assert not any((site / "party_state").iterdir()) and recorded_run(site) == "bbbbbbbb0002"
 
     (site / "final_model.pt").write_bytes(b"second")

@@ -32,7 +32,10 @@ class _Worker(SecureWorker):
         model = torch.nn.Module()
         model.w = torch.nn.Parameter(torch.zeros(3))  # the silo's model: what a plan may name
         built = SimpleNamespace(
-            run_config=config, runner=SimpleNamespace(trainer=SimpleNamespace(model=model))
+            run_config=config,
+            runner=SimpleNamespace(trainer=SimpleNamespace(model=model)),
+            config={"train_args.algorithm": "fedavg"},  # the run's shared settings (their digest keys a sum)
+            data_sha256="",
         )
         silo = SimpleNamespace(rank=1, state=SimpleNamespace(built=built), folder=folder)  # its silo, rank 1
         super().__init__(silo)
@@ -124,7 +127,7 @@ def _masked_with(privacy, plan: dict, folder=None) -> _Worker:
     return worker
 
 
-def test_under_dp_a_party_unmasks_no_sum_of_fewer_than_its_noise_was_sized_for(caplog):
+def test_under_dp_a_party_unmasks_no_sum_of_fewer_than_its_noise_was_sized_for(tmp_path, caplog):
     """DP with secure aggregation: the plan sizes each party's noise for a sum of 3 (min_sum); the
     parties raise their crowd (secagg_min_group 2) to 3, so an unmasking request that keeps 2 of them
     is refused, revealing nothing (their 2 shares of noise would fall short of the accounted sigma)."""
@@ -133,20 +136,22 @@ def test_under_dp_a_party_unmasks_no_sum_of_fewer_than_its_noise_was_sized_for(c
     )
     plan = _aggregation(privacy).plan(0)
     assert plan.min_sum == 3
-    worker = _masked_with(privacy, plan.to_dict())
+    worker = _masked_with(privacy, plan.to_dict(), tmp_path)
     assert [i["party"] for i in worker.sent[-1][1]["items"]] == [0, 1, 2]
     assert all(held["session"].params.min_group == 3 for held in worker.sa_parties.values())
     worker.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[1, 2], dropped=[0], parties=[1, 2]))
     assert worker.sent[-1][1]["items"] == [] and "fewer than" in caplog.text
 
 
-def test_without_dp_a_party_reveals_a_rounds_shares_for_one_set_of_survivors_only(tmp_path, caplog):
+@pytest.mark.parametrize("dp", [False, True])
+def test_a_party_reveals_a_rounds_shares_for_one_set_of_survivors_only(tmp_path, caplog, dp):
     """A curious server kills itself after round 0's sum of parties 0, 1, 2 and resumes: the silo's
     parties, restored, train the same updates and mask them anew. Asked to unmask the sum of 1 and 2
-    (0 "dropped"), which with the first sum would tell party 0's update, they refuse, revealing nothing;
-    the same survivors as before (the same sum) they unmask. The record is the silo's folder's, so a new
-    silo process keeps it."""
-    privacy = PrivacyArgs(secure_aggregation=True, secagg_min_group=2)
+    (0 "dropped"), which with the first sum would tell party 0's update (under DP its training metrics,
+    which no noise covers), they refuse, revealing nothing; the same survivors as before (the same sum)
+    they unmask. The record is the silo's folder's, so a new silo process keeps it."""
+    noise = {"dp_clip_norm": 1.0, "dp_noise_multiplier": 0.5} if dp else {}
+    privacy = PrivacyArgs(secure_aggregation=True, secagg_min_group=2, **noise)
     plan = _aggregation(privacy).plan(0).to_dict()
     first = _masked_with(privacy, plan, tmp_path)
     first.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[0, 1, 2], dropped=[], parties=[0, 1, 2]))
@@ -154,9 +159,18 @@ def test_without_dp_a_party_reveals_a_rounds_shares_for_one_set_of_survivors_onl
     again = _masked_with(privacy, plan, tmp_path)  # the resumed round: a new session, the same updates
     again.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[1, 2], dropped=[0], parties=[1, 2]))
     assert again.sent[-1][1]["items"] == []
+    assert "party 1's update of round 0 was revealed for the survivors [0, 1, 2]" in caplog.text
     assert "a sum of other survivors [1, 2] would tell the difference" in caplog.text
     again.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[0, 1, 2], dropped=[], parties=[0, 1, 2]))
     assert [i["party"] for i in again.sent[-1][1]["items"]] == [0, 1, 2]  # the same sum: nothing more
+
+
+def test_a_record_of_revealed_sums_that_cannot_be_read_refuses_every_reveal(tmp_path, caplog):
+    (tmp_path / "secure_sums.json").write_text("{not json")
+    privacy = PrivacyArgs(secure_aggregation=True)
+    worker = _masked_with(privacy, _aggregation(privacy).plan(0).to_dict(), tmp_path)
+    worker.on_sa_unmask(_msg(p.UNMASK, round=0, survivors=[0, 1, 2], dropped=[], parties=[0, 1, 2]))
+    assert worker.sent[-1][1]["items"] == [] and "cannot be read" in caplog.text
 
 
 def test_a_party_refuses_to_mask_under_a_plan_that_is_not_its_runs(caplog):

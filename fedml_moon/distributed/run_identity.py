@@ -8,7 +8,8 @@ of the new run is read or written, so a new run needs nothing new on the sites' 
 what a site checks within a run (its data are those it read earlier in the run) is checked against
 that run's files only. A restarted site of the same run, or a resumed run, finds its files where
 they were. A hierarchical silo's other processes keep their own folders (`process-<k>/`), which
-the new run's first task writes over. Nothing here imports PyTorch or FedML.
+the new run's first task writes over, and the record of what the site's unmasking shares revealed
+(`secure_sums.json`) stays for every run. Nothing here imports PyTorch or FedML.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import secrets
 import shutil
 from pathlib import Path
 
-from fedml_moon.run_folder import EARLIER, PROCESS, RunFolder, read_json, write_json
+from fedml_moon.run_folder import EARLIER, PROCESS, SECURE_SUMS, RunFolder, read_json, write_json
 
 log = logging.getLogger(__name__)
 RUN_KEY = re.compile(r"[0-9a-f]{8,32}")
-KEPT = (EARLIER, PROCESS.format(""))  # never moved: earlier runs, a hierarchical silo's processes
+KEPT = (EARLIER, PROCESS.format(""), SECURE_SUMS)  # never moved: earlier runs, a group's processes, and
+# what the site's shares revealed (silo/unmasked.py: a new run with the same settings sums the same values)
 
 
 def server_run(folder: Path, resume: bool) -> str:

@@ -11,9 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 SAMPLE_KNOWN = (
-    "anyone who knows which parties each round summed: every site (the run's seed and the schedule "
-    "drawn from it reach each site with the run's settings), a reader of summary.json (its config holds "
-    "the seed), of privacy_ledger.jsonl (each release's parties) or of the W&B run's config"
+    "anyone who knows which parties each round summed: a reader of summary.json (its config holds the "
+    "seed the schedule is drawn from), of privacy_ledger.jsonl (each release's parties) or of the W&B "
+    "run's config, and every site (it is sent the seed with the run's settings)"
+)
+SITES_UNDER_SECAGG = (
+    "; under secure aggregation a site also knows its own parties' noise shares: against a site holding "
+    "c of a sum's k parties that sum carries sigma sqrt((k - c) / q), no figure reported"
 )
 
 
@@ -39,7 +43,7 @@ def dp_scope(cfg: Any, summed: dict[str, str], federated: bool) -> dict[str, Any
                     else ""
                 )
             ),
-            "dp_epsilon_sample_known": SAMPLE_KNOWN,
+            "dp_epsilon_sample_known": SAMPLE_KNOWN + (SITES_UNDER_SECAGG if p.secure_aggregation else ""),
             "dp_epsilon_server": (
                 "the server, if no party colludes with it (it knows the sample)"
                 if p.secure_aggregation

@@ -123,7 +123,8 @@ class StatusApp:
             if s.get("rank") == rank or self.sites_visible
         ]
         shared = [{k: r[k] for k in SHARED if k in r} for r in records]
-        return {**status, "sites": sites}, shared
+        view = {k: v for k, v in status.items() if k != "refused"}  # the server's refusals: the operator's
+        return {**view, "sites": sites}, shared
 
     def answer(self, path: str, user: str) -> tuple[int, str, bytes]:
         """(HTTP status, content type, body) for GET `path` by `user`."""

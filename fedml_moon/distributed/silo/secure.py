@@ -16,9 +16,10 @@ import torch
 
 from fedml_moon.core.buffering import buffer_shape
 from fedml_moon.core.fedbuff import discount
+from fedml_moon.distributed.managers import config_digest
 from fedml_moon.distributed.protocol import HELD, KEYS, MASKED, SHARES, UNMASKED
 from fedml_moon.distributed.secure_wire import keys_from_wire, keys_to_wire, shares_to_wire
-from fedml_moon.distributed.silo.unmasked import reveal_once
+from fedml_moon.distributed.silo.unmasked import counts_key, reveal_once, update_key
 from fedml_moon.privacy.mod import secagg_params
 from fedml_moon.privacy.party import Plan, PrivacyError, party_vector, plan_problem, warn_out_of_range
 from fedml_moon.privacy.secagg import PartySession, SecAggError, pack
@@ -219,10 +220,16 @@ class SecureWorker:
 
         def unmask(held: dict, request: dict) -> dict:
             shares = lambda: held["session"].unmask(survivors, dropped)  # noqa: E731 (it checks the lists)
-            if "version" in held or self.built.run_config.privacy_args.dp:  # masked once; fresh noise
+            if "version" in held:  # a buffered run's held update: masked once (`_masked`)
                 return shares()
-            what, party = "counts" if "counts" in held else "update", int(request["party"])
-            return reveal_once(self.silo.folder, party, what, int(msg.get("round")), survivors, shares)
+            party, round_idx = int(request["party"]), int(msg.get("round"))
+            if "counts" in held:
+                key, what = counts_key(party, held["counts"]), f"party {party}'s test counts"
+            else:
+                settings = config_digest(self.built.config)
+                key = update_key(settings, self.built.data_sha256, round_idx, party, held["received"])
+                what = f"party {party}'s update of round {round_idx}"
+            return reveal_once(self.silo.folder, key, what, survivors, shares)  # silo/unmasked.py
 
         asked = [{"party": int(p)} for p in msg.get("parties")]
         items = [

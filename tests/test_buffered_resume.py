@@ -27,7 +27,7 @@ from fedml_moon.distributed import managers as m
 from fedml_moon.engine.resume import checkpoint_root
 from tests.support.buffered_silos import BUFFERED_FEDAVGM, CLOCK, EVALUATED, Silos, finish, outcome
 from tests.support.marks import needs_fmnist
-from tests.support.server import TIMING, receive, same_tree, server_manager
+from tests.support.server import TIMING, receive, restart, same_tree, server_manager
 
 pytestmark = needs_fmnist
 
@@ -80,11 +80,8 @@ def test_a_checkpoint_waits_for_every_silo_and_holds_what_arrived_before_each_an
     assert sorted(r for r, q in silos.queues.items() if q and q[-1].get_type() == m.CHECKPOINT) == [1, 2, 3]
     receive(manager, 1, m.CHECKPOINTED, round=5)
     assert manager.state.buffer.cut is not None and manager.state.buffer.cut.awaiting == {1, 2, 3}
-    hello = {"config": manager.settings.config, "explicit": [], "fresh_parties": [], "parties": [1]}
     time.sleep(1.1)  # a silo is welcomed at most once a second (server_manager.WELCOME_EVERY_S)
-    receive(
-        manager, 2, m.HELLO, process="restarted", **hello
-    )  # rank 2 restarts: asked again, after its tasks
+    restart(manager, 2, "restarted", [1])  # rank 2 restarts (HELLO, READY): asked again, after its tasks
     again = [t.get_type() for t in wire.sent[silos.seen :] if t.get_receiver_id() == 2]
     assert again[-1] == m.CHECKPOINT and m.TRAIN in again
     silos.queues[2].clear()  # what the old process had not answered is lost with it

@@ -73,7 +73,10 @@ def _forge(port: int, run_id: str, stop: threading.Event) -> None:
     forged = [
         (p.ABORT, {"reason": "stop, says rank 2"}),
         (p.REJOIN, {}),
-        (p.WELCOME, {"resume_from": None, "config": {}, "config_sha256": "0" * 64, "session": "forged"}),
+        (
+            p.WELCOME,
+            {"resume_from": None, "config": {}, "config_sha256": "0" * 64, "session": "forged", "run": None},
+        ),
     ]
     deadline = time.monotonic() + 60
     try:

@@ -127,6 +127,7 @@ COMMANDS: dict[str, str] = {
     "--modes graphs streams sequential-graphs": "benchmark",
     ".venv/bin/python benchmarks/party_memory.py": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py": "benchmark",
+    ".venv/bin/python benchmarks/honest_pace.py": "benchmark",
     ".venv/bin/python benchmarks/many_parties.py": "benchmark",
     ".venv/bin/python benchmarks/many_parties.py --parties 100 1000000 --per-party 1 --rounds 3": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --connections 4": "benchmark",

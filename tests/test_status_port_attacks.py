@@ -19,7 +19,7 @@ from fedml_moon.security import make_certs
 from fedml_moon.status import http as status_http
 from tests.support.status_port import serve, token_of, write_run
 
-ATTACKERS = [f"127.0.0.{i}" for i in range(2, 10)]  # eight addresses, as the red team had
+ATTACKERS = [f"127.0.0.{i}" for i in range(2, 10)]  # eight addresses: as many as the port has slots
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,24 @@ from fedml_moon.cli.train import mpi_ranks
 from fedml_moon.config.load import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_help_imports_no_commands_module_and_a_commands_help_its_own(monkeypatch, capsys):
+    from fedml_moon.cli import main
+
+    def commands() -> list[str]:
+        return sorted(
+            m for m in sys.modules if m.startswith("fedml_moon.cli.") and m != "fedml_moon.cli.common"
+        )
+
+    for name in commands():
+        monkeypatch.delitem(sys.modules, name)  # put back after the test
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "replay" in capsys.readouterr().out and commands() == []  # every command listed, none imported
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    assert "--watch" in capsys.readouterr().out and commands() == ["fedml_moon.cli.status"]
 
 
 def test_every_subcommand_takes_verbose():

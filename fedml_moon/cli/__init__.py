@@ -77,12 +77,16 @@ def _module(command: Command):
     return importlib.import_module(f"fedml_moon.cli.{command.module}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given the command line `argv`, every command's name and help but the
+    arguments of its own command only, so `fedml-moon --help` imports no command's module."""
+    named = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     parser = argparse.ArgumentParser(prog="fedml-moon", description="MOON and baselines on FedML.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
         child = sub.add_parser(name, help=command.help)
-        getattr(_module(command), command.add)(child)
+        if argv is None or name == named:
+            getattr(_module(command), command.add)(child)
         if name != "run" and name != "simulate":  # theirs comes with the run's options
             add_verbose(child)
     return parser
@@ -96,7 +100,8 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     setup_logging(args.verbose)
     signal.signal(signal.SIGTERM, _on_sigterm)
     command = COMMANDS[args.command]

@@ -15,17 +15,15 @@ import torch
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon.adapters import run as run_module
-from fedml_moon.adapters.run import build_base, build_runner, build_server, held_claims
+from fedml_moon.adapters.run import build_base, build_server, held_claims
 from fedml_moon.algorithms.fedssc import FedSSCOptions, FedSSCServer
 from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError, ServerArgs, TrainArgs
 from fedml_moon.distributed import managers as m
 from fedml_moon.distributed import protocol
 from fedml_moon.distributed.deploy import server_manager, shared_config
-from fedml_moon.distributed.silo.manager import SiloManager
-from fedml_moon.distributed.silo.state import Built, Local
 from tests.support.marks import needs_fmnist
-from tests.support.server import SiloWire, Wire, receive
+from tests.support.server import Wire, real_silo, receive
 from tests.support.site_data import MIXES, site_sets
 
 pytestmark = needs_fmnist
@@ -310,13 +308,7 @@ def test_under_secure_aggregation_a_site_gives_its_counts_only_to_a_secure_sum(t
     (its keys), and no REPORT ever leaves it."""
     secure = ["privacy_args.secure_aggregation=true", "train_args.client_num_per_round=3"]
     cfg = load_config(CONFIG, [*RUN, *secure, f"data_args.data_cache_dir={sites / sorted(MIXES)[0]}"])
-    folder = tmp_path / "silo"
-    base = build_base(cfg, folder, 1, role="silo")
-    built = Built(build_runner(base), [0], shared_config(cfg), cfg, held_claims(base))
-    wire = SiloWire()
-    local = Local(shared_config(cfg), [], [0], lambda: [])
-    silo = SiloManager(base.args, wire, local, lambda shared: built, 1, cfg.comm_args, folder)
-    silo.state.built = built
+    silo, wire, base = real_silo(cfg, tmp_path / "silo")
     model = base.model.state_dict()
     asks = [
         {"model": model, "local": True},

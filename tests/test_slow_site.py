@@ -12,15 +12,14 @@ import pytest
 from fedml.core.distributed.communication.message import Message
 
 from fedml_moon import conformance
-from fedml_moon.adapters.run import build_base, build_runner, build_server, held_claims
+from fedml_moon.adapters.run import build_base, build_server
 from fedml_moon.config.load import ConfigError, load_config
 from fedml_moon.distributed import protocol
 from fedml_moon.distributed.deploy import shared_config
 from fedml_moon.distributed.silo.manager import SiloManager
-from fedml_moon.distributed.silo.state import Built, Local
 from tests.support.marks import needs_fmnist
 from tests.support.processes import grpc_command, start_rank
-from tests.support.server import FEDAVG_CONFIG, SiloWire
+from tests.support.server import FEDAVG_CONFIG, SiloWire, real_silo
 
 RUN = [*conformance.TINY, "common_args.training_type=cross_silo", "comm_args.backend=MQTT_S3"]
 DELAY_S = 0.6
@@ -40,13 +39,7 @@ def test_the_delay_is_a_sites_own_and_checked():
 def _silo(tmp_path, delay: float) -> tuple[SiloManager, SiloWire, dict]:
     """A real silo of party 0 (its data, model and parties built), and a TRAIN's task for it."""
     cfg = load_config(FEDAVG_CONFIG, [*RUN, f"device_args.delay_per_round_s={delay}"])
-    folder = tmp_path / f"silo-{delay}"
-    base = build_base(cfg, folder, 1, role="silo")
-    built = Built(build_runner(base), [0], shared_config(cfg), cfg, held_claims(base))
-    wire = SiloWire()
-    local = Local(shared_config(cfg), [], [0], lambda: [])
-    silo = SiloManager(base.args, wire, local, lambda shared: built, 1, cfg.comm_args, folder)
-    silo.state.built = built
+    silo, wire, _ = real_silo(cfg, tmp_path / f"silo-{delay}")
     task = {
         "party": 0,
         "payload": next(

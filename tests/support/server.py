@@ -55,6 +55,23 @@ class SiloWire(QueueTransport):
         self.sent.append((time.monotonic(), message_from_bytes(data)))
 
 
+def real_silo(cfg, folder: Path):
+    """A real silo manager of rank 1 holding party 0 under `cfg` (its data, model and parties built,
+    as its WELCOME would build them), on an in-memory wire that keeps what it sends: (silo, wire, its
+    build's base)."""
+    from fedml_moon.adapters.run import build_runner, held_claims
+    from fedml_moon.distributed.silo.manager import SiloManager
+    from fedml_moon.distributed.silo.state import Built, Local
+
+    base = build_base(cfg, folder, 1, role="silo")
+    built = Built(build_runner(base), [0], shared_config(cfg), cfg, held_claims(base))
+    wire = SiloWire()
+    local = Local(shared_config(cfg), [], [0], lambda: [])
+    silo = SiloManager(base.args, wire, local, lambda shared: built, 1, cfg.comm_args, folder)
+    silo.state.built = built
+    return silo, wire, base
+
+
 def server_manager(
     tmp_path: Path, *extra: str, silos: int = 3, resume: bool = False, secure: bool = True, ready: bool = True
 ) -> tuple[ServerManager, Wire]:

@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedml_moon import conformance
 from fedml_moon.conformance import recovery
 from fedml_moon.conformance.checks import run_differences
 from fedml_moon.conformance.inprocess import quiet_run
+from tests.support.bn_cnn import REF as BN_NETWORK
 from tests.support.cli import restored_main
 from tests.support.marks import SLOW_WITH_DATA
 from tests.support.processes import grpc_command, start_rank
@@ -113,6 +115,29 @@ def test_the_mpi_simulation_sums_each_buffer_securely_to_the_standalone_model(tm
     want, got = _standalone_and_mpi(CONFIG, sets, tmp_path)
     assert [r.get("test_acc") for r in got] == pytest.approx([r.get("test_acc") for r in want], abs=1e-4)
     assert [r["round"] for r in got if "test_acc" in r] == [0, 2, 3]
+
+
+def test_a_batchnorm_network_buffers_securely_in_the_mpi_simulation_as_standalone(tmp_path):
+    """A BatchNorm network (tests/support/bn_cnn.py), secure buffers of K = 3 among 4 parties at
+    lognormal speeds: the silos sum their statistics' changes from the stale models they were sent,
+    the server restates them against its current model (engine.buffer_rounds), and the MPI
+    simulation ends with the standalone run's model, every variance >= 0."""
+    sets = [
+        *conformance.TINY,
+        "server_args.aggregation=buffered",
+        "server_args.buffer_size=3",
+        "train_args.client_num_in_total=4",
+        "train_args.client_num_per_round=4",
+        "privacy_args.secure_aggregation=true",
+        "validation_args.local_test=false",
+        "train_args.party_speed=lognormal",
+        "train_args.comm_round=4",
+        f"model_args.model={BN_NETWORK}",
+    ]
+    _standalone_and_mpi(CONFIG, sets, tmp_path)
+    final = torch.load(tmp_path / "standalone" / "final_model.pt", weights_only=True)
+    variances = [v for k, v in final.items() if k.endswith("running_var")]
+    assert variances and all(bool((v >= 0).all()) for v in variances)
 
 
 def test_a_grpc_run_at_the_parties_pace_replays_to_its_model(tmp_path):

@@ -143,6 +143,29 @@ class SimClock:
         return when, sorted(parties)
 
 
+def stat_shift(sent: dict, current: dict, keys: list[str], scale: float) -> dict:
+    """scale * (sent - current) for the running statistics `keys` (float64): added to a party's
+    r s (stat - sent), it measures the party's statistics against the current global model instead
+    (`restate`)."""
+    return {k: (sent[k].double() - current[k].double()) * scale for k in keys if k in sent}
+
+
+def restate(model_sum: dict, weight: float, shifts: list[tuple[int, float, dict]]) -> None:
+    """Running statistics (BatchNorm's) of a buffer's model sum, measured against the current global
+    model x rather than each party's x_sent: with R = sum r_i, adds weight / R * sum r_i s_i (x_sent_i -
+    x) to `model_sum` (whose entries / `weight` are sum r_i s_i (stat_i - x_sent_i) / R), so that the
+    applied statistic is x + sum r_i s_i (stat_i - x) / R = (1 - sum r_i s_i / R) x + sum r_i s_i
+    stat_i / R: a convex combination, a variance stays >= 0 however stale. With every tau = 0
+    (x_sent = x) it is Algorithm 1's step itself."""
+    total = sum(r for _, r, _ in shifts)
+    if total <= 0:
+        return
+    for _, _, tree in shifts:
+        for key, value in tree.items():
+            if key in model_sum:
+                model_sum[key] = model_sum[key] + value * (weight / total)
+
+
 def add_tree(total: Any, part: Any, scale: float = 1.0) -> Any:
     """total + scale * part for trees (dicts) of float64 tensors; `total` None starts one."""
     if isinstance(part, dict):
@@ -160,6 +183,7 @@ class Buffer:
     weight: float = 0.0
     staleness: list[int] = field(default_factory=list)
     kept: list[tuple[int, Any]] = field(default_factory=list)  # (party, what the record keeps of it)
+    shifts: list[tuple[int, float, dict]] = field(default_factory=list)  # (party, r_i, its `stat_shift`)
 
     def add(
         self, addends: dict[str, Any], ratio: float, staleness: int, keep: Any = None, party: int = 0
@@ -175,17 +199,28 @@ class Buffer:
         i = next(i for i, (q, _) in enumerate(self.kept) if q == party)
         del self.kept[i], self.staleness[i]
         self.weight -= ratio
+        self.shifts = [shift for shift in self.shifts if shift[0] != party]
 
     def __len__(self) -> int:
         return len(self.staleness)
 
     def state(self) -> dict[str, Any]:
-        return {"fields": self.fields, "weight": self.weight, "staleness": self.staleness, "kept": self.kept}
+        shifts = [list(shift) for shift in self.shifts]
+        return {
+            "fields": self.fields,
+            "weight": self.weight,
+            "staleness": self.staleness,
+            "kept": self.kept,
+            "shifts": shifts,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Buffer:
         kept = [(int(p), keep) for p, keep in state["kept"]]
-        return cls(state["fields"], float(state["weight"]), [int(s) for s in state["staleness"]], kept)
+        shifts = [(int(p), float(r), tree) for p, r, tree in state.get("shifts", [])]
+        return cls(
+            state["fields"], float(state["weight"]), [int(s) for s in state["staleness"]], kept, shifts
+        )
 
     def stats(self) -> dict[str, float]:
         """The buffer's staleness: mean and max over its updates."""

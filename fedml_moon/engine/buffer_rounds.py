@@ -28,14 +28,14 @@ from fedml_moon.algorithms.base import Payload
 from fedml_moon.config.load import Config
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.buffering import buffer_shape
-from fedml_moon.core.fedbuff import Buffer, SimClock, discount
+from fedml_moon.core.fedbuff import Buffer, SimClock, discount, restate, stat_shift
 from fedml_moon.core.seeds import rng
 from fedml_moon.core.validate import spec_shapes
 from fedml_moon.engine.rounds import ServerRounds
 from fedml_moon.engine.summed import Result
 from fedml_moon.errors import BadUpload
 from fedml_moon.privacy.party import PartyVector, party_vector
-from fedml_moon.privacy.sums import Sums, contribution
+from fedml_moon.privacy.sums import UPDATE, Sums, contribution
 
 log = logging.getLogger(__name__)
 LEFT_OUT_LIMIT = 10  # x max(K, concurrency) updates left out in a row stop the run (no buffer fills)
@@ -184,10 +184,12 @@ class BufferedRounds:
         if self.remote:  # its silo holds it: the party's plan, for the buffer's secure sum
             self.plans[party] = [job.start, s]
             self.buffer.add({}, 1.0, tau, keep, party)
+            self.shift(party, job, self.server.privacy.ratios[party], s)
             return
         if self.server.privacy is not None:  # the party's side: its clipped, discounted vector
             self.vectors[party] = party_vector(upload, job.payload, self.server.privacy.plan(party, s))
             self.buffer.add({}, 1.0, tau, keep, party)
+            self.shift(party, job, self.server.privacy.ratios[party], s)
             return
         self.server.totals["bytes_up"] += payload_nbytes(upload)
         self.server.totals["params_up"] += payload_numel(upload)
@@ -197,6 +199,27 @@ class BufferedRounds:
         ratio = float(algorithm.sum_weight(samples)) if self.options.buffer_weights == "samples" else 1.0
         addends = contribution(upload, job.payload, algorithm.summed, ratio * s)
         self.buffer.add(addends, ratio, tau, keep, party)
+        self.shift(party, job, ratio, s)
+
+    def stat_keys(self) -> list[str]:
+        """The model's running statistics (floating-point entries that are not trainable: BatchNorm's
+        running_mean and running_var) where the algorithm sums its model as an update; none where the
+        trainable entries are not known."""
+        algorithm = self.aggregator.algorithm
+        if algorithm.summed.get("model") != UPDATE or not algorithm.trainable:
+            return []
+        state, trainable = self.aggregator.global_state, set(algorithm.trainable)
+        return [k for k, v in state.items() if v.is_floating_point() and k not in trainable]
+
+    def shift(self, party: int, job: Job, ratio: float, s: float) -> None:
+        """Keep r s (x_sent - x) of the party's running statistics, for `core.fedbuff.restate`: its
+        statistics are mixed into the current model's rather than applied as a change from a stale one
+        (a stale change can take a variance below zero)."""
+        keys, sent = self.stat_keys(), job.payload.get("model")
+        if keys and isinstance(sent, dict):
+            current = self.aggregator.global_state
+            shift = stat_shift(sent, current, keys, float(ratio) * s)
+            self.buffer.shifts.append((party, float(ratio), shift))
 
     def unbuffer(self, parties: list[int], why: str) -> None:
         """`remote`: take `parties`' updates out of the buffer before its secure sum (their silos
@@ -248,6 +271,13 @@ class BufferedRounds:
             raise BadUpload(f"round {self.version}: {self.rejected} (train_args.on_bad_upload: stop)")
         return "unusable"
 
+    def restate(self, sums: Sums, parties: list[int] | None) -> None:
+        """The buffer's running statistics in `sums` measured against the current model (`shift`)."""
+        model = sums.fields.get("model") if sums.fields else None
+        if self.buffer.shifts and isinstance(model, dict):
+            held = [x for x in self.buffer.shifts if parties is None or x[0] in parties]
+            restate(model, sums.weight, held)
+
     def releasable(self) -> bool:
         """Whether the full buffer's sum may be released: not when it would pass
         `privacy_args.dp_target_epsilon` (logged; the run stops before it)."""
@@ -262,22 +292,28 @@ class BufferedRounds:
         )
         return False
 
-    def apply(self, summed: Sums | None = None) -> tuple[int, list[Result], dict[str, Any]] | None:
+    def apply(
+        self, summed: Sums | None = None, parties: list[int] | None = None
+    ) -> tuple[int, list[Result], dict[str, Any]] | None:
         """Apply the full buffer (one round): (its round, what its record keeps of the parties, the
         record's buffered fields); the caller evaluates and records it. Under privacy_args its
         parties' vectors are summed (securely, with DP's noise and accounting), or, `remote`, their
         sum is `summed` (its parties' secure sum over the network), unless the release would pass
-        `dp_target_epsilon` (`releasable`): then None, the buffer unreleased (the run stops)."""
+        `dp_target_epsilon` (`releasable`): then None, the buffer unreleased (the run stops).
+        `parties`: those `summed` holds (a secure sum's survivors; None: the whole buffer). Running
+        statistics are restated against the current model (`core.fedbuff.restate`)."""
         buffer, round_idx, privacy = self.buffer, self.version, self.server.privacy
         self.server.rejected = dict(self.rejected)
         if summed is None and not self.releasable():
             return None
         if privacy is not None:
             sums = summed if summed is not None else self.server.summing.private_sum(round_idx, self.vectors)
+            self.restate(sums, parties)
             self.vectors, self.plans = {}, {}
             ordered = self.server.summing.apply_sums(sums)
         else:
             sums = Sums(buffer.weight, len(buffer), buffer.fields)
+            self.restate(sums, None)
             ordered = self.server.summing.apply_sums(sums, [keep for _, keep in buffer.kept])
         extra: dict[str, Any] = {**buffer.stats(), "refused_stale": self.refused_stale}
         if self.clock is not None:

@@ -122,7 +122,7 @@ class BufferSum(TrainSum):
         """The buffer's secure sum is in: apply it, then its record (and evaluation)."""
         sums: Sums = self.server.secure.sums(total, survivors)
         self.server.secure.end()
-        applied = self.core.apply(sums)
+        applied = self.core.apply(sums, survivors)
         if self.state.round.missing:
             applied[2]["not_summed"] = list(self.state.round.missing)
         self.flow.buffer_applied(applied)

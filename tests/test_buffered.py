@@ -19,6 +19,7 @@ from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError, ServerArgs
 from fedml_moon.core.fedbuff import Buffer, SimClock, discount, party_durations, read_times
 from fedml_moon.privacy.sums import Sums, contribution
+from tests.support.bn_cnn import REF as BN_NETWORK
 from tests.support.buffered_runs import (
     BUFFERED,
     CONFIGS,
@@ -359,18 +360,27 @@ def test_a_plugin_whose_sums_drop_a_field_is_refused_before_any_round(tmp_path):
 
 
 @needs_fmnist
-@pytest.mark.parametrize(("speed", "stop_in"), [("lognormal", 3), ("constant", 1)])
-def test_a_buffered_run_stopped_and_resumed_is_the_same_run(speed, stop_in, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("speed", "stop_in", "extra"),
+    [
+        ("lognormal", 3, ["server_args.server_optimizer=yogi", "server_args.server_lr=0.05"]),
+        ("constant", 1, []),
+        ("constant", 1, [f"model_args.model={BN_NETWORK}"]),
+    ],
+    ids=["yogi", "part-filled", "batchnorm"],
+)
+def test_a_buffered_run_stopped_and_resumed_is_the_same_run(speed, stop_in, extra, tmp_path, monkeypatch):
     """MOON (each party's previous model in the store), 3 of 4 parties training at once, K = 2, a
     checkpoint after every round: stopped abruptly once round `stop_in` is recorded, resumed with
     `assemble(..., resume=True)`: bit for bit the model and the records of the run never stopped. The
     checkpoints hold jobs in flight, some trained; at constant speed the three updates of an instant
-    fill a buffer and begin the next, so they hold a part-filled buffer too."""
+    fill a buffer and begin the next, so they hold a part-filled buffer too (with a BatchNorm network,
+    its running statistics' shifts); FedYogi's moments come back with the server's state."""
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
     monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     sets = [*TINY, *BUFFERED, "train_args.client_num_in_total=4", "train_args.client_num_per_round=3"]
     sets += ["server_args.buffer_size=2", f"train_args.party_speed={speed}", "train_args.comm_round=5"]
-    cfg = load_config(CONFIGS / "moon.yaml", [*sets, "train_args.checkpoint_every=1"])
+    cfg = load_config(CONFIGS / "moon.yaml", [*sets, *extra, "train_args.checkpoint_every=1"])
     ref, out = tmp_path / "ref", tmp_path / "stopped"
     assemble(cfg, ref).loop.run()
     first = assemble(cfg, out)

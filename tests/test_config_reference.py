@@ -43,7 +43,8 @@ from fedml_moon.config.schema import (
     Config,
     ConfigError,
 )
-from fedml_moon.core.buffering import AGGREGATIONS, BUFFER_WEIGHTS, PARTY_SPEEDS, STALENESS
+from fedml_moon.core.buffering import AGGREGATIONS, BUFFER_WEIGHTS, BUFFERED_RULES, PARTY_SPEEDS, STALENESS
+from fedml_moon.core.choices import SERVER_OPTIMIZERS
 from fedml_moon.core.models import ENCODERS, OUTPUT_ACTIVATIONS
 from fedml_moon.core.robust import RULES
 from fedml_moon.core.split import PRESETS
@@ -82,6 +83,8 @@ ALLOWED = {  # key (algorithm options: algorithm name, key) -> the constant its 
     "server_args.aggregation": AGGREGATIONS,
     "server_args.staleness": STALENESS,
     "server_args.buffer_weights": BUFFER_WEIGHTS,
+    "server_args.buffered_rule": BUFFERED_RULES,
+    "server_args.server_optimizer": SERVER_OPTIMIZERS,
     "train_args.party_speed": PARTY_SPEEDS,
     "privacy_args.dp_accountant": ACCOUNTANTS,
     "privacy_args.dp_buffers": DP_BUFFERS,

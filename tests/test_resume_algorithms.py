@@ -6,8 +6,8 @@ and the disk state store hold progress the checkpoint does not); resumed with `a
 resume=True)` and run to the end. The resumed run must end with the same model, bit for bit, and the
 same records (timings aside) as the one never interrupted. The cases cover the memory state store,
 SCAFFOLD's control variates, SOLO's models, LG-FedAvg across warm-up and local phases, FedAvgM's
-server momentum, MOON's model pools of different lengths, and batched training. The SIGKILL tests in
-tests/test_resume.py do the same across processes (FedSSC).
+server momentum, FedAdam's moments, MOON's model pools of different lengths, and batched training.
+The SIGKILL tests in tests/test_resume.py do the same across processes (FedSSC).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ CASES = {
     ),
     "lg-stopped-after-warmup": ("lg", [*LG, "algorithm_args.report_best=true"], 3),
     "fedavgm": ("fedavg", ["server_args.server_momentum=0.9"], 2),
+    "fedadam": ("fedavg", ["server_args.server_optimizer=adam", "server_args.server_lr=0.05"], 2),
     "moon-pool-3": ("moon", ["algorithm_args.pool_size=3", "train_args.state_store=memory"], 3),
     "moon-pool-2-batched": ("moon", ["algorithm_args.pool_size=2", "train_args.parties_in_parallel=2"], 2),
 }

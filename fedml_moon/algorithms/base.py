@@ -23,6 +23,7 @@ from fedml_moon.core.optim import EagerSGD
 from fedml_moon.core.personal import PartyFigures, new_test
 from fedml_moon.core.robust import RobustMean, RobustOptions
 from fedml_moon.core.seeds import torch_seed
+from fedml_moon.core.server_opt import AdaptiveServer, server_step
 from fedml_moon.core.split import merge_states
 from fedml_moon.privacy.sums import UPDATE, Sums, apply_mean_update
 
@@ -234,11 +235,7 @@ class ServerAlgorithm:
         # the model's trainable parameters by state-dict name: set by the aggregator after __init__,
         # before `setup`
         self.trainable: list[str] = []
-        self.momentum = (
-            ServerMomentum(server.server_momentum, server.server_momentum_style, server.server_lr)
-            if server.server_momentum > 0 or server.server_lr != 1.0
-            else None
-        )
+        self.optimizer = server_step(server)  # server momentum and rate, or FedAdam / FedYogi / FedAdagrad
         self.mean = robust_mean(server)
         self.class_counts: dict[int, list[int]] = {}  # party -> its training samples per class
         self.classes_held: dict[int, list[int]] = {}  # party -> the classes it claims (engine.claims)
@@ -294,23 +291,29 @@ class ServerAlgorithm:
         return self.step(global_state, merge_states(global_state, moved))
 
     def step(self, global_state: OrderedDict, averaged: OrderedDict) -> OrderedDict:
-        """The round's last move: server momentum (when configured) from the averaged state."""
+        """The round's last move from the averaged state: the server's optimiser (`core.server_opt`:
+        server momentum and rate, or FedAdam / FedYogi / FedAdagrad) when configured."""
         self.round_idx += 1
-        if self.momentum is None:
+        if self.optimizer is None:
             return averaged
-        return self.momentum.step(global_state, averaged, self.trainable or None)  # None: not known
+        return self.optimizer.step(global_state, averaged, self.trainable or None)  # None: not known
 
     def state(self) -> dict:
-        """What the server keeps across rounds, for checkpoints (tensors and JSON values).
-        Subclasses that keep more extend it and `load_state`."""
-        velocity = self.momentum.velocity if self.momentum is not None else {}
-        return {"round_idx": self.round_idx, "velocity": dict(velocity)}
+        """What the server keeps across rounds, for checkpoints (tensors and JSON values): server
+        momentum's velocity, an adaptive optimiser's moments. Subclasses that keep more extend it and
+        `load_state`."""
+        opt = self.optimizer
+        velocity = opt.velocity if isinstance(opt, ServerMomentum) else {}
+        moments = {"server_optimizer": opt.state()} if isinstance(opt, AdaptiveServer) else {}
+        return {"round_idx": self.round_idx, "velocity": dict(velocity), **moments}
 
     def load_state(self, state: dict) -> None:
         """Restore what `state()` returned (after `setup`)."""
         self.round_idx = int(state["round_idx"])
-        if self.momentum is not None:
-            self.momentum.velocity = dict(state["velocity"])
+        if isinstance(self.optimizer, ServerMomentum):
+            self.optimizer.velocity = dict(state["velocity"])
+        if isinstance(self.optimizer, AdaptiveServer):
+            self.optimizer.load_state(state["server_optimizer"])
 
     def party_reset(self, party_id: int) -> None:
         """A party came back without its state (its silo lost it): forget what was sent to it only once."""

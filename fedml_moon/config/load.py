@@ -133,6 +133,17 @@ def _mode_checks(cfg: Config) -> None:
         )
 
 
+def _optimizer_checks(cfg: Config) -> None:
+    """server_args.server_optimizer against the algorithm: an adaptive step needs an average to move."""
+    server, algorithm = cfg.server_args, cfg.train_args.algorithm
+    require(
+        server.server_optimizer == "sgd" or get_algorithm(algorithm).server.averages,
+        "server_args.server_optimizer",
+        f"{algorithm} averages nothing (each party keeps its own model), so there is no mean update for "
+        f"{server.server_optimizer} to step on; set sgd",
+    )
+
+
 def _robust_checks(cfg: Config) -> None:
     """server_args.robust_aggregation against the algorithm and the parties sampled per round."""
     server, algorithm = cfg.server_args, cfg.train_args.algorithm
@@ -213,6 +224,7 @@ def _cross_checks(cfg: Config) -> None:
     )
     _mode_checks(cfg)
     _robust_checks(cfg)
+    _optimizer_checks(cfg)
     server = get_algorithm(cfg.train_args.algorithm).server
     privacy_checks(cfg, server, server.summed)
     _stream_checks(cfg, server.summed)

@@ -13,12 +13,13 @@ from fedml_moon.config.fields import choice
 from fedml_moon.core.buffering import (
     AGGREGATIONS,
     BUFFER_WEIGHTS,
+    BUFFERED_RULES,
     PARTY_SPEEDS,
     STALENESS,
     buffer_value_checks,
     speed_value_checks,
 )
-from fedml_moon.core.choices import BUILT_IN, OUTPUT_ACTIVATIONS, RULES
+from fedml_moon.core.choices import BUILT_IN, OUTPUT_ACTIVATIONS, RULES, SERVER_OPTIMIZERS
 from fedml_moon.errors import ConfigError, require  # noqa: F401  (ConfigError: imported from here too)
 from fedml_moon.privacy.options import PrivacyArgs
 
@@ -653,7 +654,15 @@ class ServerArgs:
     server_momentum_style: str = choice("moon", MOMENTUM_STYLES)
     """moon: v = beta v + (1 - beta) (w_old - w_avg), the MOON code; fedavgm: v = beta v + (w_old - w_avg)"""
     server_lr: float = 1.0
-    """the server's step size on the averaged update (SCAFFOLD's eta_g); 1: the average itself; > 0"""
+    """the server's step size on the averaged update (SCAFFOLD's eta_g, FedOpt's eta); 1: the average; > 0"""
+    server_optimizer: str = choice("sgd", SERVER_OPTIMIZERS)
+    """sgd (x + server_lr * mean update; FedAvgM with server_momentum) or adam, yogi, adagrad (FedOpt)"""
+    server_beta1: float = 0.9
+    """adam, yogi, adagrad: beta1 of the first moment m; in [0, 1)"""
+    server_beta2: float = 0.99
+    """adam, yogi: beta2 of the second moment v; in [0, 1)"""
+    server_tau: float = 1.0e-3
+    """adam, yogi, adagrad: tau, the adaptivity (v starts at tau^2; the step is m / (sqrt(v) + tau)); > 0"""
     robust_aggregation: str = choice("none", RULES)
     """the rule that combines uploads: none (the sample-weighted average) or a Byzantine-robust one"""
     trim_ratio: float = 0.1
@@ -680,6 +689,26 @@ class ServerArgs:
     """buffered: an update more than this many rounds stale is refused (counted, logged); null: none; >= 0"""
     buffer_weights: str = choice("uniform", BUFFER_WEIGHTS)
     """buffered: uniform (the paper: the buffer's mean, 1/K) or samples (each update by its party's weight)"""
+    buffered_rule: str = choice("fedbuff", BUFFERED_RULES)
+    """buffered: fedbuff (changes from the model sent, K a buffer) or fedasync (each model mixed in, K 1)"""
+    fedasync_alpha: float = 0.6
+    """buffered_rule fedasync: alpha, the mixing weight: x <- x + alpha s(t) (x_party - x); in (0, 1]"""
+
+    def check_optimizer(self) -> None:
+        """server_optimizer and its beta, tau settings."""
+        require(
+            self.server_optimizer in SERVER_OPTIMIZERS,
+            "server_args.server_optimizer",
+            f"{self.server_optimizer!r} is unknown; choose one of {', '.join(SERVER_OPTIMIZERS)}",
+        )
+        require(0 <= self.server_beta1 < 1, "server_args.server_beta1", "must be in [0, 1)")
+        require(0 <= self.server_beta2 < 1, "server_args.server_beta2", "must be in [0, 1)")
+        require(self.server_tau > 0, "server_args.server_tau", "must be > 0")
+        require(
+            self.server_optimizer == "sgd" or self.server_momentum == 0,
+            "server_args.server_momentum",
+            f"{self.server_optimizer} keeps its own first moment (server_beta1); set server_momentum: 0",
+        )
 
     def check(self) -> None:
         require(
@@ -691,6 +720,7 @@ class ServerArgs:
             f"choose one of {', '.join(MOMENTUM_STYLES)}",
         )
         require(self.server_lr > 0, "server_args.server_lr", "must be > 0")
+        self.check_optimizer()
         require(
             self.party_weights in PARTY_WEIGHTS,
             "server_args.party_weights",

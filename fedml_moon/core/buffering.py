@@ -11,16 +11,17 @@ from fedml_moon.errors import require
 
 AGGREGATIONS = ("sync", "buffered")
 BUFFER_WEIGHTS = ("uniform", "samples")
+BUFFERED_RULES = ("fedbuff", "fedasync")  # engine.buffer_rounds: what an update is measured against
 STALENESS = ("sqrt", "polynomial", "constant")  # core.fedbuff.discount
 PARTY_SPEEDS = ("constant", "lognormal", "halfnormal", "file")  # core.fedbuff.party_durations
 
 
 def buffer_shape(cfg: Any) -> tuple[int, int]:
     """(concurrency, K) of a buffered run, their nulls resolved: concurrency defaults to
-    `train_args.client_num_per_round`, K (`buffer_size`) to the concurrency."""
+    `train_args.client_num_per_round`, K (`buffer_size`) to the concurrency (FedAsync's to 1)."""
     s = cfg.server_args
     concurrency = s.concurrency or cfg.train_args.client_num_per_round
-    return concurrency, s.buffer_size or concurrency
+    return concurrency, s.buffer_size or (1 if s.buffered_rule == "fedasync" else concurrency)
 
 
 def speed_value_checks(train: Any) -> None:
@@ -53,6 +54,17 @@ def buffer_value_checks(s: Any) -> None:
         f"{s.buffer_weights!r}: choose uniform (the paper's 1/K) or samples",
     )
     require(s.buffer_size is None or s.buffer_size >= 1, "server_args.buffer_size", "must be >= 1 (or null)")
+    require(
+        s.buffered_rule in BUFFERED_RULES,
+        "server_args.buffered_rule",
+        f"{s.buffered_rule!r}: choose fedbuff (Nguyen et al. 2022) or fedasync (Xie et al. 2019)",
+    )
+    require(0 < s.fedasync_alpha <= 1, "server_args.fedasync_alpha", "must be in (0, 1]")
+    require(
+        s.buffered_rule != "fedasync" or s.buffer_size in (None, 1),
+        "server_args.buffer_size",
+        f"fedasync mixes each update in as it arrives: set 1 or null; got {s.buffer_size}",
+    )
     require(
         s.max_staleness is None or s.max_staleness >= 0, "server_args.max_staleness", "must be >= 0 (or null)"
     )

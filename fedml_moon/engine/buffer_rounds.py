@@ -7,7 +7,9 @@ with the newest global model; `take` is one party's update arriving: refused whe
 unusable, else added, discounted by its staleness, to the buffer in the server algorithm's sum form
 (`privacy.sums.contribution`: r * (model - model it was sent) per "update" field, "sum" fields as
 they are; under `privacy_args` the party's clipped, discounted vector); `apply` applies a full buffer
-with the algorithm's `aggregate_sums` (server_lr and momentum in its `step`): one round. Each round's
+with the algorithm's `aggregate_sums` (the server's optimiser in its `step`): one round. FedAsync
+(`server_args.buffered_rule: fedasync`, Xie et al. 2019) measures each update against the current
+model instead, times alpha: x <- x + alpha s(tau) (x_party - x), K = 1. Each round's
 record names its updates (`updates`: [party, the version it started from], in arrival order) and the
 updates left out since the round before (`left_out`: [party, version, why, how many of `updates`
 had arrived before it]), so that the run can be replayed. Under secure aggregation in the distributed
@@ -197,6 +199,11 @@ class BufferedRounds:
             self.server.save_uploads({party: upload})
         algorithm = self.aggregator.algorithm
         ratio = float(algorithm.sum_weight(samples)) if self.options.buffer_weights == "samples" else 1.0
+        if self.options.buffered_rule == "fedasync":  # Xie et al.: mixed into the current model, alpha s
+            current = self.aggregator.get_model_params_for(party)
+            addends = contribution(upload, current, algorithm.summed, ratio * s * self.options.fedasync_alpha)
+            self.buffer.add(addends, ratio, tau, keep, party)
+            return
         addends = contribution(upload, job.payload, algorithm.summed, ratio * s)
         self.buffer.add(addends, ratio, tau, keep, party)
         self.shift(party, job, ratio, s)

@@ -82,6 +82,9 @@ def test_party_speeds_are_seeded_and_a_bad_file_is_named(tmp_path):
     for kind in ("lognormal", "halfnormal"):
         assert party_durations(kind, 5, 1) == party_durations(kind, 5, 1) != party_durations(kind, 5, 2)
     assert party_durations("constant", 2, 0) == [[1.0], [1.0]]
+    noted = tmp_path / "noted.csv"  # comments, then a header, then the times
+    noted.write_text("# measured on 2 sites\nparty,seconds\n0,1.0\n# party 1\n1,2.5\n")
+    assert read_times(noted, 2) == [[1.0], [2.5]]
     bad = tmp_path / "bad.csv"
     bad.write_text("0,1.0\n1,fast\n")
     with pytest.raises(ValueError, match=r"bad.csv, line 2: write party,seconds"):

@@ -38,12 +38,17 @@ def discount(kind: str, staleness: int, exponent: float = 0.5) -> float:
 
 
 def read_times(path: str | Path, n_parties: int) -> list[list[float]]:
-    """A file of measured local-round times: CSV rows `party,seconds` (a header row is allowed); a
+    """A file of measured local-round times: CSV rows `party,seconds` (lines starting with # and a
+    header row before the first time are allowed); a
     party's successive rounds take its listed times in order, cycling. Every party 0..n-1 needs one."""
     times: list[list[float]] = [[] for _ in range(n_parties)]
+    first = True  # the first row that is not a comment may be a header
     with open(path, newline="") as f:
         for line, row in enumerate(csv.reader(f), start=1):
-            if not row or row[0].strip().startswith("#") or (line == 1 and not row[0].strip().isdigit()):
+            if not row or row[0].strip().startswith("#"):
+                continue
+            header, first = first and not row[0].strip().isdigit(), False
+            if header:
                 continue
             try:
                 party, seconds = int(row[0]), float(row[1])

@@ -13,7 +13,10 @@ the server aggregates (server_args.aggregation and the buffered keys) is a row's
 and a synchronous run of the same setting are rows side by side (`fedavg` and `fedavg
 (aggregation=buffered, buffer_size=5)`), the synchronous one named as before, so it stays the target's
 reference. Where runs record simulated seconds (`sim_time_s`), the rounds-to-target table adds the
-simulated time to the target and the curves accuracy against it.
+simulated time to the target, the curves accuracy against it, and a table of time to target in
+simulated seconds and client updates with their spread over seeds, against the synchronous run of
+the same algorithm, first reach on both sides (`time_to_target.py`, time_to_target.csv). Where
+synchronous and buffered runs are compared, the rounds they ran and tested (`RUN_LENGTH`) are no setting.
 The std is the sample standard deviation over seeds (n - 1 in the denominator; 0 for one seed).
 """
 
@@ -40,6 +43,7 @@ from fedml_moon.results.tables import (
     rounds_to_target,
     speedup,
 )
+from fedml_moon.results.time_to_target import write_time_csv
 from fedml_moon.run_folder import SUMMARY, RunFolder, read_json, read_records
 
 log = logging.getLogger(__name__)
@@ -70,8 +74,13 @@ BUFFERED_KEYS = (
     "server_args.staleness_exponent",
     "server_args.max_staleness",
     "server_args.buffer_weights",
+    "server_args.buffered_rule",
+    "server_args.fedasync_alpha",
 )
 """How the server aggregates: part of a row's name, not a setting; a synchronous run ignores them."""
+RUN_LENGTH = ("train_args.comm_round", "validation_args.frequency_of_the_test")
+"""Where synchronous and buffered runs are compared, a round means another thing on each side (a
+buffer of K updates, one update), so the rounds run and tested are neither a setting nor a row."""
 
 
 def flatten(config: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +133,8 @@ def group(runs: list[RunData]) -> dict[str, dict[str, Cell]]:
     common = set.intersection(*(set(r.config) for r in runs))  # a key a newer release added is no setting
     keys = sorted(k for k in common if not k.startswith(NOT_SETTINGS) and k not in NOT_SETTINGS_KEYS)
     varying = _varying_within_algorithm(runs, keys)
-    setting_keys = [k for k in varying if not k.startswith("algorithm_args.") and k not in BUFFERED_KEYS]
+    apart = BUFFERED_KEYS + (RUN_LENGTH if any(_buffered(r) for r in runs) else ())
+    setting_keys = [k for k in varying if not k.startswith("algorithm_args.") and k not in apart]
     options = sorted({k for r in runs for k in r.config if k.startswith("algorithm_args.")})
     row_keys = _varying_within_algorithm(runs, options)  # each algorithm's own options
     row_keys += _varying_within_algorithm(runs, list(BUFFERED_KEYS))
@@ -206,6 +216,7 @@ def write_report(folders: list[Path], out: Path | None, target: float | None, la
     out.mkdir(parents=True, exist_ok=True)
     goals = targets(table, target)
     write_csv(table, goals, out)
+    write_time_csv(table, goals, out)
     pictures = curves(table, out)
     text = markdown(table, goals, pictures, len(runs), latex, out)
     (out / "report.md").write_text(text)

@@ -21,6 +21,7 @@ from fedml_moon.results.tables import (
     rounds_to_target,
     speedup,
 )
+from fedml_moon.results.time_to_target import time_table
 
 
 def _pm(mean: float, std: float) -> str:
@@ -172,6 +173,29 @@ def _latex(table: dict[str, dict[str, Cell]]) -> str:
     return "\n".join([*lines, "\\end{tabular}", ""])
 
 
+def _time_section(table: dict[str, dict[str, Cell]], goals: dict[str, float | None]) -> list[str]:
+    """Time to target in simulated seconds and client updates, first reach on both sides."""
+    timed = [(s, rows) for s, rows in table.items() if goals[s] is not None and has_sim_time(rows)]
+    if not timed:
+        return []
+    text = [
+        "## Time to target (simulated)",
+        "",
+        "The simulated second and the client updates (local rounds trained, those left out included) at "
+        "which each seed first reaches the target, mean ± std over the seeds that reach it; the ratios "
+        "are the synchronous run's of the same algorithm over the row's, each side's first reach.",
+        "",
+    ]
+    for setting, rows in timed:
+        text += [
+            f"### {setting} (target {100 * goals[setting]:.2f}%)",
+            "",
+            *time_table(rows, goals[setting]),
+            "",
+        ]
+    return text
+
+
 def markdown(
     table: dict[str, dict[str, Cell]],
     goals: dict[str, float | None],
@@ -218,6 +242,7 @@ def markdown(
             text += [f"{setting}: no FedAvg run and no --target, so no target.", ""]
             continue
         text += [f"### {setting} (target {100 * goal:.2f}%)", "", *_table2(rows, goal), ""]
+    text += _time_section(table, goals)
     text += ["## Summary", "", *(f"- {line}" for line in summary_lines(table)), ""]
     text += ["## Curves", ""]
     if any(name.startswith("time_") for files in pictures.values() for name in files):

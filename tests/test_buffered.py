@@ -17,7 +17,8 @@ from fedml_moon.adapters.run import assemble
 from fedml_moon.algorithms.base import ServerAlgorithm
 from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError, ServerArgs
-from fedml_moon.core.fedbuff import Buffer, SimClock, discount, party_durations, read_times
+from fedml_moon.core.fedbuff import Buffer, discount
+from fedml_moon.core.sim_clock import SimClock, party_durations, read_times
 from fedml_moon.privacy.sums import Sums, contribution
 from tests.support.bn_cnn import REF as BN_NETWORK
 from tests.support.buffered_runs import (
@@ -313,16 +314,30 @@ def test_unusable_updates_are_left_out_and_a_buffer_that_cannot_fill_stops_the_r
 
 
 @needs_fmnist
-def test_a_resumed_synchronous_run_keeps_its_simulated_clock(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "clock",
+    [
+        ["train_args.party_speed=lognormal"],
+        [
+            "train_args.party_speed=exponential",
+            "train_args.party_speed_draw=round",
+            "train_args.party_speed_per_example=true",
+            "train_args.bandwidth_mbps=10",
+        ],
+    ],
+    ids=["per-party", "per-round-example-bandwidth"],
+)
+def test_a_resumed_synchronous_run_keeps_its_simulated_clock(clock, tmp_path, monkeypatch):
     """A synchronous run with party_speed, stopped in round 2 and resumed from its round-1
-    checkpoint, records the uninterrupted run's sim_time_s: the clock is replayed to where it stopped."""
+    checkpoint, records the uninterrupted run's sim_time_s: the clock comes back with the checkpoint
+    (fresh draws per round, per example, with the bytes' cost, too)."""
     monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
     monkeypatch.setattr("fedml_moon.records.recorder.RunRecorder.plot", lambda *a: None)
     sets = [
         *TINY,
         "train_args.comm_round=3",
         "train_args.checkpoint_every=1",
-        "train_args.party_speed=lognormal",
+        *clock,
     ]
     _, whole = run_standalone(tmp_path / "whole", "fedavg", sets[len(TINY) :], monkeypatch)
     cfg = load_config(CONFIGS / "fedavg.yaml", sets)

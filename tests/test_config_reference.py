@@ -43,7 +43,14 @@ from fedml_moon.config.schema import (
     Config,
     ConfigError,
 )
-from fedml_moon.core.buffering import AGGREGATIONS, BUFFER_WEIGHTS, BUFFERED_RULES, PARTY_SPEEDS, STALENESS
+from fedml_moon.core.buffering import (
+    AGGREGATIONS,
+    BUFFER_WEIGHTS,
+    BUFFERED_RULES,
+    PARTY_SPEEDS,
+    SPEED_DRAWS,
+    STALENESS,
+)
 from fedml_moon.core.choices import SERVER_OPTIMIZERS
 from fedml_moon.core.models import ENCODERS, OUTPUT_ACTIVATIONS
 from fedml_moon.core.robust import RULES
@@ -86,6 +93,7 @@ ALLOWED = {  # key (algorithm options: algorithm name, key) -> the constant its 
     "server_args.buffered_rule": BUFFERED_RULES,
     "server_args.server_optimizer": SERVER_OPTIMIZERS,
     "train_args.party_speed": PARTY_SPEEDS,
+    "train_args.party_speed_draw": SPEED_DRAWS,
     "privacy_args.dp_accountant": ACCOUNTANTS,
     "privacy_args.dp_buffers": DP_BUFFERS,
     **{(a, "unseen_party_prev"): UNSEEN_CHOICES for a in ("moon", "fedssc")},

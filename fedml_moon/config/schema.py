@@ -15,6 +15,7 @@ from fedml_moon.core.buffering import (
     BUFFER_WEIGHTS,
     BUFFERED_RULES,
     PARTY_SPEEDS,
+    SPEED_DRAWS,
     STALENESS,
     buffer_value_checks,
     speed_value_checks,
@@ -303,11 +304,21 @@ class TrainArgs:
     stream_uploads: bool = False
     """sum the uploads a chunk of parties at a time instead of holding the round's (standalone only)"""
     party_speed: str | None = choice(None, PARTY_SPEEDS)
-    """simulated seconds of a party's local round: constant, lognormal, halfnormal or file; null: no clock"""
+    """a local round's simulated seconds: constant, lognormal, halfnormal, exponential, uniform, file; null"""
     party_speed_sigma: float = 1.0
-    """sigma of party_speed lognormal (exp(sigma z)) and halfnormal (sigma |z|), drawn per party; > 0"""
+    """sigma of party_speed lognormal (mean x exp(sigma z)) and halfnormal (min + sigma |z|); > 0"""
+    party_speed_mean: float = 1.0
+    """constant: the seconds; lognormal: the median; exponential, uniform: the mean; > 0"""
+    party_speed_min: float = 0.0
+    """halfnormal: its least value; uniform: the low end of [min, 2 mean - min]; >= 0, below the mean"""
+    party_speed_draw: str = choice("party", SPEED_DRAWS)
+    """party: drawn once per party for the run; round: drawn afresh for every local round (FLSim)"""
+    party_speed_per_example: bool = False
+    """the drawn seconds are per training example, times the party's examples (FLSim's per-example law)"""
     party_speed_file: str | None = None
     """party_speed file: a CSV of party,seconds rows (a party's rounds take its times in turn)"""
+    bandwidth_mbps: float | None = None
+    """the simulated clock charges the bytes down and up of a local round at this many Mbit/s; null: free"""
 
     def check(self) -> None:
         require(self.client_num_in_total >= 1, "train_args.client_num_in_total", "must be >= 1")

@@ -1,7 +1,7 @@
 """FedBuff's constants (the choices of `server_args.aggregation`, `buffer_weights`, `staleness` and
 `train_args.party_speed`), a buffered run's shape and the checks of each key on its own; the math is
-`core/fedbuff.py`, the checks against the rest of the config `config/buffered.py`, the loop
-`engine/buffered.py`. Importing it costs nothing (no torch)."""
+`core/fedbuff.py` and the clock `core/sim_clock.py`, the checks against the rest of the config
+`config/buffered.py`, the loop `engine/buffered.py`. Importing it costs nothing (no torch)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ AGGREGATIONS = ("sync", "buffered")
 BUFFER_WEIGHTS = ("uniform", "samples")
 BUFFERED_RULES = ("fedbuff", "fedasync")  # engine.buffer_rounds: what an update is measured against
 STALENESS = ("sqrt", "polynomial", "constant")  # core.fedbuff.discount
-PARTY_SPEEDS = ("constant", "lognormal", "halfnormal", "file")  # core.fedbuff.party_durations
+PARTY_SPEEDS = ("constant", "lognormal", "halfnormal", "exponential", "uniform", "file")  # core.sim_clock
+SPEED_DRAWS = ("party", "round")
 
 
 def buffer_shape(cfg: Any) -> tuple[int, int]:
@@ -25,7 +26,7 @@ def buffer_shape(cfg: Any) -> tuple[int, int]:
 
 
 def speed_value_checks(train: Any) -> None:
-    """`train_args.party_speed` and its sigma (`TrainArgs.check`)."""
+    """`train_args.party_speed` and its keys (`TrainArgs.check`)."""
     speed = train.party_speed
     require(
         speed is None or speed in PARTY_SPEEDS,
@@ -33,6 +34,24 @@ def speed_value_checks(train: Any) -> None:
         f"{speed!r} is unknown; choose one of {', '.join(PARTY_SPEEDS)}, or null (no simulated clock)",
     )
     require(train.party_speed_sigma > 0, "train_args.party_speed_sigma", "must be > 0")
+    require(train.party_speed_mean > 0, "train_args.party_speed_mean", "must be > 0")
+    require(train.party_speed_min >= 0, "train_args.party_speed_min", "must be >= 0")
+    require(
+        speed != "uniform" or train.party_speed_min < train.party_speed_mean,
+        "train_args.party_speed_min",
+        f"uniform draws from [min, 2 mean - min]: the min ({train.party_speed_min}) must be below the mean "
+        f"({train.party_speed_mean})",
+    )
+    require(
+        train.party_speed_draw in SPEED_DRAWS,
+        "train_args.party_speed_draw",
+        f"{train.party_speed_draw!r}: choose party (once per party) or round (afresh each local round)",
+    )
+    require(
+        train.bandwidth_mbps is None or train.bandwidth_mbps > 0,
+        "train_args.bandwidth_mbps",
+        "must be > 0 (or null: transfers cost no simulated time)",
+    )
 
 
 def buffer_value_checks(s: Any) -> None:

@@ -1,11 +1,8 @@
 """Buffered asynchronous aggregation (FedBuff, Nguyen et al., AISTATS 2022, Algorithm 1), pure.
 
-Three pieces, none of which knows a model or a transport:
+The server's side, knowing no model or transport (the simulated clock that says when updates arrive
+is `core/sim_clock.py`):
 
-- `party_durations`: each party's simulated seconds per local round (`train_args.party_speed`),
-  drawn once per party from the run's seed, or read from a file of measured times;
-- `SimClock`: an event queue in simulated time; events at the same instant come out together,
-  in party-id order, so a run is deterministic for its seed;
 - `discount` and `Buffer`: the staleness discount s(tau) and the buffer of discounted updates. The
   server applies x <- x + eta_g * sum_i r_i s(tau_i) Delta_i / sum_i r_i once it holds K updates,
   r_i = 1 (the paper's 1/K) or the party's sample weight (`server_args.buffer_weights`).
@@ -13,15 +10,11 @@ Three pieces, none of which knows a model or a transport:
 
 from __future__ import annotations
 
-import csv
-import heapq
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from fedml_moon.core.buffering import PARTY_SPEEDS, STALENESS
-from fedml_moon.core.seeds import rng
+from fedml_moon.core.buffering import STALENESS
 
 
 def discount(kind: str, staleness: int, exponent: float = 0.5) -> float:
@@ -35,117 +28,6 @@ def discount(kind: str, staleness: int, exponent: float = 0.5) -> float:
     if kind == "constant":
         return 1.0
     raise ValueError(f"unknown staleness discount {kind!r}; choose one of {', '.join(STALENESS)}")
-
-
-def read_times(path: str | Path, n_parties: int) -> list[list[float]]:
-    """A file of measured local-round times: CSV rows `party,seconds` (lines starting with # and a
-    header row before the first time are allowed); a
-    party's successive rounds take its listed times in order, cycling. Every party 0..n-1 needs one."""
-    times: list[list[float]] = [[] for _ in range(n_parties)]
-    first = True  # the first row that is not a comment may be a header
-    with open(path, newline="") as f:
-        for line, row in enumerate(csv.reader(f), start=1):
-            if not row or row[0].strip().startswith("#"):
-                continue
-            header, first = first and not row[0].strip().isdigit(), False
-            if header:
-                continue
-            try:
-                party, seconds = int(row[0]), float(row[1])
-            except (ValueError, IndexError):
-                raise ValueError(
-                    f"{path}, line {line}: write party,seconds (e.g. 3,1.5); got {row}"
-                ) from None
-            if not 0 <= party < n_parties or not seconds >= 0 or math.isinf(seconds):
-                raise ValueError(
-                    f"{path}, line {line}: party in [0, {n_parties}) and seconds >= 0; got {row}"
-                )
-            times[party].append(seconds)
-    missing = [p for p, t in enumerate(times) if not t]
-    if missing:
-        raise ValueError(f"{path}: no time for parties {missing[:10]} (each of the {n_parties} needs one)")
-    return times
-
-
-def party_durations(
-    kind: str, n_parties: int, seed: int, sigma: float = 1.0, path: str | Path | None = None
-) -> list[list[float]]:
-    """Each party's simulated seconds per local round (a list, cycled over its rounds): constant 1;
-    lognormal exp(sigma z); halfnormal sigma |z| (the paper's delays), z ~ N(0, 1) drawn once per
-    party on the run seed's "party_speed" stream; file: `read_times(path)`."""
-    if kind == "file":
-        if path is None:
-            raise ValueError("party_speed file needs train_args.party_speed_file")
-        return read_times(path, n_parties)
-    z = rng(seed, "party_speed").standard_normal(n_parties)
-    if kind == "constant":
-        return [[1.0] for _ in range(n_parties)]
-    if kind == "lognormal":
-        return [[math.exp(sigma * float(v))] for v in z]
-    if kind == "halfnormal":
-        return [[sigma * abs(float(v))] for v in z]
-    raise ValueError(f"unknown party_speed {kind!r}; choose one of {', '.join(PARTY_SPEEDS)}")
-
-
-class SimClock:
-    """Simulated time: `start(party, now)` schedules the end of the party's next local round,
-    `next_instant()` pops every event of the earliest time (party-id order)."""
-
-    def __init__(self, durations: list[list[float]]) -> None:
-        self.durations = durations
-        self.jobs = [0] * len(durations)  # rounds started per party (a file's times cycle)
-        self.events: list[tuple[float, int]] = []
-        self.now = 0.0
-
-    def duration(self, party: int) -> float:
-        """The seconds `party`'s next local round takes (advances its count)."""
-        times = self.durations[party]
-        seconds = times[self.jobs[party] % len(times)]
-        self.jobs[party] += 1
-        return seconds
-
-    def sync_round(self, parties: list[int]) -> float:
-        """A synchronous round of `parties`: it ends when the slowest ends; returns the new time."""
-        self.now += max((self.duration(p) for p in parties), default=0.0)
-        return self.now
-
-    def start(self, party: int) -> float:
-        """Schedule `party`'s round from now; returns when it ends."""
-        end = self.now + self.duration(party)
-        heapq.heappush(self.events, (end, party))
-        return end
-
-    def state(self) -> dict[str, Any]:
-        """The clock as JSON values: the time, each party's rounds begun, the events to come."""
-        return {"now": self.now, "jobs": list(self.jobs), "events": [list(e) for e in sorted(self.events)]}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.now, self.jobs = float(state["now"]), [int(j) for j in state["jobs"]]
-        self.events = [(float(t), int(p)) for t, p in state["events"]]
-        heapq.heapify(self.events)
-
-    def peek(self) -> tuple[float, list[int]] | None:
-        """(time, parties) of the earliest events without taking them; None when none is scheduled."""
-        if not self.events:
-            return None
-        when = self.events[0][0]
-        return when, sorted(p for t, p in self.events if t == when)
-
-    def cancel(self, parties: set[int]) -> None:
-        """Drop the scheduled ends of `parties` (their silo is gone: their updates never come)."""
-        self.events = [e for e in self.events if e[1] not in parties]
-        heapq.heapify(self.events)
-
-    def next_instant(self) -> tuple[float, list[int]]:
-        """(time, parties) of the earliest events, parties sorted by id; the clock moves to it."""
-        if not self.events:
-            raise RuntimeError("no party is training: the simulated clock has nothing to wait for")
-        when = self.events[0][0]
-        parties = []
-        while self.events and self.events[0][0] == when:
-            parties.append(heapq.heappop(self.events)[1])
-        self.now = when
-        return when, sorted(parties)
 
 
 def stat_shift(sent: dict, current: dict, keys: list[str], scale: float) -> dict:

@@ -30,8 +30,9 @@ from fedml_moon.algorithms.base import Payload
 from fedml_moon.config.load import Config
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
 from fedml_moon.core.buffering import buffer_shape
-from fedml_moon.core.fedbuff import Buffer, SimClock, discount, restate, stat_shift
+from fedml_moon.core.fedbuff import Buffer, discount, restate, stat_shift
 from fedml_moon.core.seeds import rng
+from fedml_moon.core.sim_clock import SimClock
 from fedml_moon.core.validate import spec_shapes
 from fedml_moon.engine.rounds import ServerRounds
 from fedml_moon.engine.summed import Result
@@ -152,7 +153,7 @@ class BufferedRounds:
             spec = spec_shapes(self.server.uploads.upload_spec(party))
             self.inflight[party] = Job(self.version, payload, spec=spec)
             if self.clock is not None:
-                self.clock.start(party)
+                self.clock.start(party, *self.server.local_round_cost(party, payload))
             out[party] = payload
         return out
 

@@ -18,7 +18,7 @@ import time
 from tqdm import tqdm
 
 from fedml_moon.config.load import Config
-from fedml_moon.core.fedbuff import SimClock, party_durations
+from fedml_moon.core.sim_clock import Costs, Law, SimClock, party_durations
 from fedml_moon.engine.buffer_rounds import BufferedRounds, Job
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import due
@@ -31,22 +31,28 @@ log = logging.getLogger(__name__)
 
 
 def make_clock(cfg: Config, buffered: bool) -> SimClock | None:
-    """The run's simulated clock (`train_args.party_speed`; a buffered run's default is constant),
-    or None for a synchronous run without one."""
+    """The run's simulated clock (`train_args.party_speed` and its keys; a buffered run's default is
+    constant), or None for a synchronous run without one."""
     train = cfg.train_args
     speed = train.party_speed or ("constant" if buffered else None)
     if speed is None:
         return None
     n, seed = train.client_num_in_total, cfg.common_args.random_seed
+    law = Law(speed, train.party_speed_sigma, train.party_speed_mean, train.party_speed_min)
+    bandwidth = None if train.bandwidth_mbps is None else train.bandwidth_mbps * 1e6
+    per_round = train.party_speed_draw == "round" and speed != "file"
+    costs = Costs(law, per_round, train.party_speed_per_example, bandwidth, seed)
     try:
-        return SimClock(party_durations(speed, n, seed, train.party_speed_sigma, train.party_speed_file))
+        durations = party_durations(speed, n, seed, law.sigma, train.party_speed_file, law.mean, law.low)
     except ValueError as err:
         raise ConfigError(f"train_args.party_speed_file: {err}") from None
+    return SimClock(durations, costs)
 
 
 def make_loop(cfg: Config, server: ServerRounds, runner: PartyRunner, resume: bool) -> StandaloneSimulation:
     """The standalone loop `cfg` asks for: buffered (`server_args.aggregation`) or synchronous, with
-    its simulated clock; a resumed synchronous run's clock is replayed to where it stopped."""
+    its simulated clock (a synchronous run's is kept in its checkpoints; one from before they kept it
+    is replayed to where the run stopped)."""
     train, buffered = cfg.train_args, cfg.server_args.aggregation == "buffered"
     clock = make_clock(cfg, buffered)
     if buffered:
@@ -55,10 +61,11 @@ def make_loop(cfg: Config, server: ServerRounds, runner: PartyRunner, resume: bo
             loop.resume(cfg)
         return loop
     loop = StandaloneSimulation(server, runner, train.checkpoint_every, train.stream_uploads)
-    loop.clock = clock
+    loop.clock = server.clock = clock
     if resume:
         loop.resume(cfg)
-        for round_idx in range(loop.start_round if clock is not None else 0):
+        replay = clock is not None and not any(clock.jobs)
+        for round_idx in range(loop.start_round if replay else 0):
             clock.sync_round(server.parties(round_idx))
     return loop
 

@@ -101,6 +101,7 @@ class ServerRounds:
         self.summary: dict[str, Any] = {}
         self.privacy: PrivateAggregation | None = None  # privacy_args: the server learns sums only
         self.buffered: Any = None  # server_args.aggregation: buffered: its BufferedRounds
+        self.clock: Any = None  # a synchronous run's simulated clock (core.sim_clock), kept in checkpoints
         self.make_privacy = make_privacy
         self.secure = False  # privacy_args.secure_aggregation (build_server sets it)
         self.sent: dict[int, Payload] = {}  # this round's downloads, by party
@@ -265,6 +266,7 @@ class ServerRounds:
             }
             | ({} if self.privacy is None else {"privacy": self.privacy.state()})
             | ({} if self.buffered is None else {"buffered": self.buffered.state()})
+            | ({} if self.clock is None else {"clock": self.clock.state()})
         )
 
     def load_state(self, state: dict[str, Any]) -> int:
@@ -287,10 +289,18 @@ class ServerRounds:
         start = int(state["round"]) + 1
         if self.buffered is not None:  # server_args.aggregation: buffered (engine.buffer_rounds)
             self.buffered.load_state(state["buffered"])
+        if self.clock is not None and "clock" in state:  # older checkpoints: replayed (engine.buffered)
+            self.clock.load_state(state["clock"])
         if self.privacy is not None:
             self.privacy.load_state(state.get("privacy") or {})
             self.rounds = self._rounds_allowed(start)
         return start
+
+    def local_round_cost(self, party: int, payload: Payload) -> tuple[float, int]:
+        """What the simulated clock charges `party`'s local round for, besides its law: its training
+        examples (a per-example law) and the bytes it moves: `payload` down, its upload's up."""
+        spec = self.uploads.upload_spec(party)
+        return float(self.samples.get(party, 1)), payload_nbytes(payload) + payload_nbytes(spec)
 
     def save_uploads(self, uploads: dict[int, Payload]) -> None:
         """`train_args.save_party_models`: each party's latest uploaded model, written as it arrives

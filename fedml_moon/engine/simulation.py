@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from fedml_moon.config.files import file_digests
 from fedml_moon.config.load import Config
-from fedml_moon.core.fedbuff import SimClock
+from fedml_moon.core.sim_clock import SimClock
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.resume import Holding, check_resumable, due, flatten, restore, save
 from fedml_moon.engine.rounds import ServerRounds
@@ -89,8 +89,13 @@ class StandaloneSimulation:
         else:
             trained = runner.train_many(list(downloads.items()), round_idx)
             ordered = server.aggregate(round_idx, dict(zip(downloads, trained, strict=True)))
-        extra = None if self.clock is None else {"sim_time_s": self.clock.sync_round(list(downloads))}
+        extra = None if self.clock is None else {"sim_time_s": self.clock_round(downloads)}
         return self.close_round(round_idx, ordered, extra)
+
+    def clock_round(self, downloads: Mapping[int, Any]) -> float:
+        """The synchronous round on the simulated clock: its parties' local rounds, with what each costs."""
+        costs = {p: self.server.local_round_cost(p, payload) for p, payload in downloads.items()}
+        return self.clock.sync_round(list(downloads), costs)
 
     def close_round(
         self, round_idx: int, ordered: list, extra: dict[str, Any] | None = None

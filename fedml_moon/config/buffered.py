@@ -30,6 +30,19 @@ def buffered_checks(cfg: Any, server: type) -> None:
             "train_args.party_speed_file",
             f"{path!r} is not a file; give a CSV of party,seconds rows (party_speed: file reads it)",
         )
+    path = train.availability_file
+    require(
+        path is None or Path(path).expanduser().is_file(),
+        "train_args.availability_file",
+        f"{path!r} is not a file; give a CSV of party,start,end rows (each party's online windows)",
+    )
+    for key, value in (("train_args.availability_file", path), ("server_args.arrival_rate", s.arrival_rate)):
+        require(
+            value is None or (s.aggregation == "buffered" and cfg.common_args.training_type == "simulation"),
+            key,
+            "the simulated clock gives work by it in buffered runs of the simulations (standalone, MPI) "
+            "only: set server_args.aggregation: buffered, or set it to null",
+        )
     n = train.client_num_in_total
     require(
         s.concurrency is None or 1 <= s.concurrency <= n,

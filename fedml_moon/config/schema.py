@@ -317,6 +317,8 @@ class TrainArgs:
     """the drawn seconds are per training example, times the party's examples (FLSim's per-example law)"""
     party_speed_file: str | None = None
     """party_speed file: a CSV of party,seconds rows (a party's rounds take its times in turn)"""
+    availability_file: str | None = None
+    """buffered: a CSV of party,start,end online windows (simulated s): work only while online; null"""
     bandwidth_mbps: float | None = None
     """the simulated clock charges the bytes down and up of a local round at this many Mbit/s; null: free"""
 
@@ -702,6 +704,8 @@ class ServerArgs:
     """buffered: uniform (the paper: the buffer's mean, 1/K) or samples (each update by its party's weight)"""
     buffered_rule: str = choice("fedbuff", BUFFERED_RULES)
     """buffered: fedbuff (changes from the model sent, K a buffer) or fedasync (each model mixed in, K 1)"""
+    arrival_rate: float | None = None
+    """buffered: parties arrive as a Poisson process of this rate a simulated s, each may take a slot; null"""
     fedasync_alpha: float = 0.6
     """buffered_rule fedasync: alpha, the mixing weight: x <- x + alpha s(t) (x_party - x); in (0, 1]"""
 

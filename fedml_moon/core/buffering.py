@@ -80,6 +80,11 @@ def buffer_value_checks(s: Any) -> None:
     )
     require(0 < s.fedasync_alpha <= 1, "server_args.fedasync_alpha", "must be in (0, 1]")
     require(
+        s.arrival_rate is None or s.arrival_rate > 0,
+        "server_args.arrival_rate",
+        "must be > 0 (parties a simulated second), or null (a freed slot is filled at once)",
+    )
+    require(
         s.buffered_rule != "fedasync" or s.buffer_size in (None, 1),
         "server_args.buffer_size",
         f"fedasync mixes each update in as it arrives: set 1 or null; got {s.buffer_size}",

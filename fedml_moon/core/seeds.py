@@ -33,6 +33,7 @@ STREAMS: dict[str, int] = {
     "network": 9,  # a network's own draws (dropout, stochastic depth) in a party's local round
     "party_speed": 10,  # train_args.party_speed: each party's simulated seconds per local round
     "buffered": 11,  # server_args.aggregation: buffered: the party that takes each freed slot
+    "arrivals": 12,  # server_args.arrival_rate: the gaps between parties arriving (core.presence)
 }
 
 

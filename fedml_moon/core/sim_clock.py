@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.core.buffering import PARTY_SPEEDS
+from fedml_moon.core.presence import Arrivals, Presence
 from fedml_moon.core.seeds import rng
 
 
@@ -123,16 +124,30 @@ class Costs:
     seed: int = 0
 
 
+ARRIVAL, WAKE = -1, -2  # the clock's own events, beside the parties' ends
+
+
 class SimClock:
     """Simulated time: `start(party)` schedules the end of the party's next local round,
     `next_instant()` pops every event of the earliest time (party-id order)."""
 
-    def __init__(self, durations: list[list[float]], costs: Costs | None = None) -> None:
+    def __init__(
+        self,
+        durations: list[list[float]],
+        costs: Costs | None = None,
+        presence: Presence | None = None,
+        arrivals: Arrivals | None = None,
+    ) -> None:
         self.durations = durations
         self.costs = costs or Costs()
+        self.presence, self.arrivals = presence, arrivals
         self.jobs = [0] * len(durations)  # rounds started per party (a file's times cycle)
         self.events: list[tuple[float, int]] = []
         self.now = 0.0
+        self.lost: set[int] = set()  # parties whose round in flight ends when they go offline
+        self.due = 0  # arrivals come, not yet given a slot (`take_arrivals`)
+        if arrivals is not None:
+            heapq.heappush(self.events, (arrivals.next_after(0.0), ARRIVAL))
 
     def duration(self, party: int, examples: float = 1.0, nbytes: int = 0) -> float:
         """The seconds `party`'s next local round takes (advances its count): its duration (or, per
@@ -159,19 +174,55 @@ class SimClock:
         return self.now
 
     def start(self, party: int, examples: float = 1.0, nbytes: int = 0) -> float:
-        """Schedule `party`'s round from now; returns when it ends."""
+        """Schedule `party`'s round from now; returns when it ends (when the party goes offline, if
+        sooner: then its round is `lost`)."""
         end = self.now + self.duration(party, examples, nbytes)
+        leaves = None if self.presence is None else self.presence.leaves(party, self.now)
+        self.lost.discard(party)
+        if leaves is not None and end > leaves:
+            end = leaves
+            self.lost.add(party)
         heapq.heappush(self.events, (end, party))
         return end
 
+    def online(self, party: int) -> bool:
+        """Whether `party` may be given work now (always, without an availability trace)."""
+        return self.presence is None or self.presence.leaves(party, self.now) is not None
+
+    def wake_for(self, parties: list[int]) -> None:
+        """A WAKE event when the first of `parties` (offline now) comes online, unless one is due by then."""
+        assert self.presence is not None
+        opens = [t for t in (self.presence.opens(p, self.now) for p in parties) if t is not None]
+        if opens and not any(p == WAKE and t <= min(opens) for t, p in self.events):
+            heapq.heappush(self.events, (min(opens), WAKE))
+
+    def take_arrivals(self) -> int | None:
+        """The arrivals come since last asked (each may start one party; None: no arrival process,
+        every free slot is filled at once)."""
+        if self.arrivals is None:
+            return None
+        due, self.due = self.due, 0
+        return due
+
     def state(self) -> dict[str, Any]:
-        """The clock as JSON values: the time, each party's rounds begun, the events to come."""
-        return {"now": self.now, "jobs": list(self.jobs), "events": [list(e) for e in sorted(self.events)]}
+        """The clock as JSON values: the time, each party's rounds begun, the events to come, the
+        rounds that will be lost, the arrivals drawn and not yet given a slot."""
+        return {
+            "now": self.now,
+            "jobs": list(self.jobs),
+            "events": [list(e) for e in sorted(self.events)],
+            "lost": sorted(self.lost),
+            "due": self.due,
+            "arrivals": None if self.arrivals is None else self.arrivals.count,
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.now, self.jobs = float(state["now"]), [int(j) for j in state["jobs"]]
         self.events = [(float(t), int(p)) for t, p in state["events"]]
         heapq.heapify(self.events)
+        self.lost, self.due = {int(p) for p in state.get("lost", [])}, int(state.get("due", 0))
+        if self.arrivals is not None:
+            self.arrivals.count = int(state["arrivals"])
 
     def peek(self) -> tuple[float, list[int]] | None:
         """(time, parties) of the earliest events without taking them; None when none is scheduled."""
@@ -186,12 +237,19 @@ class SimClock:
         heapq.heapify(self.events)
 
     def next_instant(self) -> tuple[float, list[int]]:
-        """(time, parties) of the earliest events, parties sorted by id; the clock moves to it."""
+        """(time, ids) of the earliest events, sorted (the clock's own first); the clock moves to it.
+        An ARRIVAL counts one arrival due and schedules the next."""
         if not self.events:
-            raise RuntimeError("no party is training: the simulated clock has nothing to wait for")
+            raise RuntimeError(
+                "no party is training and none comes online again: the simulated clock has nothing to "
+                "wait for (train_args.availability_file)"
+            )
         when = self.events[0][0]
-        parties = []
+        ids = []
         while self.events and self.events[0][0] == when:
-            parties.append(heapq.heappop(self.events)[1])
+            ids.append(heapq.heappop(self.events)[1])
         self.now = when
-        return when, sorted(parties)
+        if ARRIVAL in ids:
+            self.due += 1
+            heapq.heappush(self.events, (self.arrivals.next_after(when), ARRIVAL))
+        return when, sorted(ids)

@@ -141,6 +141,8 @@ class BufferedRounds:
             for p in range(self.server.n_parties)
             if p not in self.inflight and p not in waiting and p not in busy
         ]
+        if self.clock is not None:
+            count, idle = self.on_the_clock(count, idle)
         if count <= 0 or not idle:
             return {}
         chosen = sorted(int(p) for p in self.gen.choice(idle, min(count, len(idle)), replace=False))
@@ -157,6 +159,20 @@ class BufferedRounds:
             out[party] = payload
         return out
 
+    def on_the_clock(self, count: int, idle: list[int]) -> tuple[int, list[int]]:
+        """The slots the simulated clock lets fill now, and the idle parties it lets take them: under
+        `server_args.arrival_rate` one slot per arrival come since (one finding no free slot or no party
+        is lost); under `train_args.availability_file` only parties online now, and a free slot left
+        for want of one waits for the next to come online."""
+        clock = self.clock
+        online = [p for p in idle if clock.online(p)]
+        arrivals = clock.take_arrivals()
+        if arrivals is not None:
+            return min(count, arrivals), online
+        if count > len(online) and len(online) < len(idle):
+            clock.wake_for([p for p in idle if p not in online])
+        return count, online
+
     # --- the server's side ----------------------------------------------------------------------
     def take(self, party: int, upload: Payload) -> bool:
         """`party`'s update arrives: refused when too stale or unusable, else into the buffer; returns
@@ -165,7 +181,7 @@ class BufferedRounds:
         job = self.inflight.pop(party)
         samples = self.server.weight(party)
         tau = self.version - job.start
-        why = self.too_stale(party, tau) or self.unusable(party, job, upload)
+        why = self.went_offline(party) or self.too_stale(party, tau) or self.unusable(party, job, upload)
         if why:
             self.left.append([party, job.start, why, len(self.updates)])
             self.left_out += 1
@@ -245,6 +261,13 @@ class BufferedRounds:
             start, _ = self.plans.pop(party)
             self.updates.remove([party, start])
             self.left.append([party, start, why, len(self.updates)])
+
+    def went_offline(self, party: int) -> str | None:
+        """`train_args.availability_file`: a round its party could not finish online is lost."""
+        if self.clock is None or party not in self.clock.lost:
+            return None
+        self.clock.lost.discard(party)
+        return "went offline"
 
     def too_stale(self, party: int, tau: int) -> str | None:
         """`server_args.max_staleness`: an update staler is refused, counted and logged."""

@@ -18,6 +18,7 @@ import time
 from tqdm import tqdm
 
 from fedml_moon.config.load import Config
+from fedml_moon.core.presence import Arrivals, Presence, read_windows
 from fedml_moon.core.sim_clock import Costs, Law, SimClock, party_durations
 from fedml_moon.engine.buffer_rounds import BufferedRounds, Job
 from fedml_moon.engine.parties import PartyRunner
@@ -46,7 +47,12 @@ def make_clock(cfg: Config, buffered: bool) -> SimClock | None:
         durations = party_durations(speed, n, seed, law.sigma, train.party_speed_file, law.mean, law.low)
     except ValueError as err:
         raise ConfigError(f"train_args.party_speed_file: {err}") from None
-    return SimClock(durations, costs)
+    try:
+        trace = train.availability_file and Presence(read_windows(train.availability_file, n))
+    except ValueError as err:
+        raise ConfigError(f"train_args.availability_file: {err}") from None
+    rate = cfg.server_args.arrival_rate
+    return SimClock(durations, costs, trace or None, None if rate is None else Arrivals(rate, seed))
 
 
 def make_loop(cfg: Config, server: ServerRounds, runner: PartyRunner, resume: bool) -> StandaloneSimulation:
@@ -120,7 +126,7 @@ class BufferedSimulation(StandaloneSimulation):
         core = self.core
         _, parties = self.clock.next_instant()
         for party in parties:
-            if core.version < self.rounds:
+            if party >= 0 and core.version < self.rounds:  # < 0: the clock's own (arrival, wake)
                 self.arrive(party)
         if core.version < self.rounds:
             core.dispatch()

@@ -89,6 +89,8 @@ class BufferedFlow:
         self.rounds.started = time.perf_counter()
         if round_idx == 0:
             self.refill()
+            if self.core.clock is not None:  # the clock's own events (arrivals, wakes) wait for no one
+                self.server.advance(self.take_arrived)
             return
         self.checkpoints.resume()  # a resumed run
 
@@ -218,10 +220,10 @@ class BufferedFlow:
                 self.take(party, arrived.pop(party))
                 continue
             if b.instant is None:
-                first = clock.peek()
-                if first is None or not set(first[1]) <= set(arrived):
+                first = clock.peek()  # its ids < 0 are the clock's own (arrival, wake): none to wait for
+                if first is None or not {p for p in first[1] if p >= 0} <= set(arrived):
                     break
-                b.instant = list(clock.next_instant()[1])
+                b.instant = [p for p in clock.next_instant()[1] if p >= 0]
             while b.instant and r.phase == BUFFERED and not self.finished():
                 party = b.instant.pop(0)
                 self.take(party, arrived.pop(party))
@@ -287,7 +289,8 @@ class BufferedFlow:
             if away and set(away) != r.pending:
                 self.give_up_on(away, away, time.monotonic() - r.phase_started)
             if not self.core.inflight and not self.core.arrived and not self.finished():
-                self.server.advance(self.idle)
+                clocked = self.core.clock is not None and bool(self.core.clock.events)
+                self.server.advance(self.take_arrived if clocked else self.idle)
         self.checkpoints.overdue()
 
     def idle(self) -> None:

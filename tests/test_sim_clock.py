@@ -138,3 +138,29 @@ def test_the_mpi_simulation_on_this_clock_is_the_standalone_run(tmp_path):
     )
     assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
     assert any(r["staleness_max"] > 0 for r in got)
+
+
+@needs_fmnist
+@pytest.mark.parametrize(
+    ("shape", "want"),
+    [
+        (["train_args.comm_round=2"], [1.5, 3.0]),
+        (
+            ["server_args.aggregation=buffered", "server_args.buffer_size=3", "train_args.comm_round=2"],
+            [1.5, 3.0],
+        ),
+    ],
+    ids=["sync", "buffered"],
+)
+def test_a_secure_sums_session_is_charged_after_each_upload(shape, want, tmp_path, monkeypatch):
+    """Secure aggregation, 1 s a round and a 0.5 s session: a synchronous round of 3 parties ends at
+    1.5 s, the next at 3; 3 parties buffered by 3 (all training at once) fill each buffer at 1 + 0.5."""
+    monkeypatch.setattr("fedml_moon.data.federated.save_partition_heatmap", lambda *a: None)
+    sets = [*TINY, "privacy_args.secure_aggregation=true", "train_args.party_speed=constant"]
+    sets += ["train_args.client_num_in_total=3", "train_args.client_num_per_round=3"]
+    sets += ["train_args.secure_session_s=0.5", *shape]
+    assemble(load_config(CONFIGS / "fedavg.yaml", sets), tmp_path).loop.run()
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["sim_time_s"] for r in records] == want
+    with pytest.raises(ConfigError, match="train_args.secure_session_s"):
+        load_config(CONFIGS / "fedavg.yaml", ["train_args.secure_session_s=1"])

@@ -43,6 +43,11 @@ def buffered_checks(cfg: Any, server: type) -> None:
             "the simulated clock gives work by it in buffered runs of the simulations (standalone, MPI) "
             "only: set server_args.aggregation: buffered, or set it to null",
         )
+    require(
+        train.secure_session_s == 0 or cfg.privacy_args.secure_aggregation,
+        "train_args.secure_session_s",
+        "charges a secure sum's session: set privacy_args.secure_aggregation: true, or set it to 0",
+    )
     n = train.client_num_in_total
     require(
         s.concurrency is None or 1 <= s.concurrency <= n,

@@ -319,6 +319,8 @@ class TrainArgs:
     """party_speed file: a CSV of party,seconds rows (a party's rounds take its times in turn)"""
     availability_file: str | None = None
     """buffered: a CSV of party,start,end online windows (simulated s): work only while online; null"""
+    secure_session_s: float = 0.0
+    """secure aggregation, simulated clock: the seconds of the secure sum's session after each upload"""
     bandwidth_mbps: float | None = None
     """the simulated clock charges the bytes down and up of a local round at this many Mbit/s; null: free"""
 

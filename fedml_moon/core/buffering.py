@@ -47,6 +47,7 @@ def speed_value_checks(train: Any) -> None:
         "train_args.party_speed_draw",
         f"{train.party_speed_draw!r}: choose party (once per party) or round (afresh each local round)",
     )
+    require(train.secure_session_s >= 0, "train_args.secure_session_s", "must be >= 0")
     require(
         train.bandwidth_mbps is None or train.bandwidth_mbps > 0,
         "train_args.bandwidth_mbps",

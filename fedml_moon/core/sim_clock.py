@@ -114,14 +114,16 @@ def party_durations(
 @dataclass(frozen=True)
 class Costs:
     """What a local round costs besides its drawn seconds: `per_example` (the draw is per training
-    example), `bandwidth_bps` (bits a second each way; None: free), and with `per_round` a fresh draw
-    of `law` for every local round instead of the party's fixed durations."""
+    example), `bandwidth_bps` (bits a second each way; None: free), `session_s` (a secure sum's
+    session, which the party stays in after its upload), and with `per_round` a fresh draw of `law`
+    for every local round instead of the party's fixed durations."""
 
     law: Law | None = None
     per_round: bool = False
     per_example: bool = False
     bandwidth_bps: float | None = None
     seed: int = 0
+    session_s: float = 0.0  # secure aggregation: the seconds of the session a party takes part in
 
 
 ARRIVAL, WAKE = -1, -2  # the clock's own events, beside the parties' ends
@@ -164,7 +166,7 @@ class SimClock:
             seconds *= examples
         if costs.bandwidth_bps:
             seconds += 8.0 * nbytes / costs.bandwidth_bps
-        return seconds
+        return seconds + costs.session_s
 
     def sync_round(self, parties: list[int], costs: dict[int, tuple[float, int]] | None = None) -> float:
         """A synchronous round of `parties` (`costs`: each one's examples and bytes, as `duration`

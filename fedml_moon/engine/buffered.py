@@ -42,7 +42,8 @@ def make_clock(cfg: Config, buffered: bool) -> SimClock | None:
     law = Law(speed, train.party_speed_sigma, train.party_speed_mean, train.party_speed_min)
     bandwidth = None if train.bandwidth_mbps is None else train.bandwidth_mbps * 1e6
     per_round = train.party_speed_draw == "round" and speed != "file"
-    costs = Costs(law, per_round, train.party_speed_per_example, bandwidth, seed)
+    session = train.secure_session_s if cfg.privacy_args.secure_aggregation else 0.0
+    costs = Costs(law, per_round, train.party_speed_per_example, bandwidth, seed, session)
     try:
         durations = party_durations(speed, n, seed, law.sigma, train.party_speed_file, law.mean, law.low)
     except ValueError as err:

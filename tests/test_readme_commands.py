@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from fedml_moon.config.load import config_to_dict, load_config
-from fedml_moon.results.sweep import load_sweep
+from fedml_moon.results.sweep import load_sweep, read_sweep_file
 from tests.support import ROOT
 from tests.support.doc_commands import (
     BUFFERED,
@@ -52,6 +52,7 @@ from tests.support.doc_commands import (
     REPORT_DP,
     REPORT_LG,
     REPORT_PRECISION,
+    REPORT_STRAGGLERS,
     SECURE,
     SPLIT_RUNS,
     STANDALONE,
@@ -62,12 +63,13 @@ from tests.support.doc_commands import (
     SWEEP_LIST,
     SWEEP_LIST_SET,
     SWEEP_PRECISION,
+    SWEEP_STRAGGLERS,
     SYNOPSIS,
     TSNE,
     TSNE_PAIR,
     TSNE_RUNS,
 )
-from tests.support.doc_runs import completed, entry_point, quiet, run_all, tiny_sets
+from tests.support.doc_runs import TINY, completed, entry_point, quiet, run_all, tiny_sets
 from tests.support.doc_table import COMMANDS, shown_commands
 from tests.support.marks import needs_fmnist
 
@@ -268,17 +270,22 @@ def test_single_process_commands(tmp_path, home, root_cli, capsys, monkeypatch):
     # the sweeps, all but `real` of their runs already complete (copies of the main job's tiny run),
     # then their reports and a t-SNE picture of a real run
     shards = ["train_args.client_num_in_total=5", "train_args.client_num_per_round=5"]  # 10 classes
+    # the speeds file names 100 parties; Dir(0.5) over them needs some thousand images
+    stragglers = ["train_args.client_num_in_total=100", "data_args.max_train_samples=3000"]
     sweeps = (
         (SWEEP, REPORT, (0, 3), []),
         (SWEEP_LG, REPORT_LG, (0,), shards),
         (SWEEP_DP, REPORT_DP, (3,), []),
         (SWEEP_PRECISION, REPORT_PRECISION, (3,), []),  # run 3: FedAvg in bf16
+        (SWEEP_STRAGGLERS, REPORT_STRAGGLERS, (0,), stragglers),  # run 0: sync FedAvg, seed 0 (200 rounds)
     )
     for sweep, report, real, extra in sweeps:
         words = entry_point(sweep)
         output = tmp_path / "sweeps" / Path(words[1]).stem
         extra = [*extra, "train_args.save_party_models=true"]
-        sets = [*tiny_sets(sweep), *(a for item in extra for a in ("--set", item))]
+        grid = {k for entry in read_sweep_file(ROOT / words[1])["grid"].get("run", []) for k in entry}
+        tiny = [item for item in TINY if item.split("=", 1)[0] not in grid]  # the grid's own: not overridden
+        sets = [*(a for item in [*tiny, *extra] for a in ("--set", item))]
         runs = load_sweep(words[1], output, sets[1::2])
         for i, run in enumerate(runs):
             if i not in real:
@@ -292,7 +299,7 @@ def test_single_process_commands(tmp_path, home, root_cli, capsys, monkeypatch):
             completed(runs[i].folder, 1)
         report_words = entry_point(report)
         assert report_words[1] == f"outputs/sweeps/{output.name}"  # the sweep's own output folder
-        assert root_cli([report_words[0], str(output)]) == 0
+        assert root_cli([report_words[0], str(output), *report_words[2:]]) == 0
         assert (output / "report" / "report.md").is_file()
         done |= {sweep, report}
         if sweep == SWEEP:

@@ -182,3 +182,21 @@ def test_a_cross_silo_runs_records_replay_in_one_process(stale_run, tmp_path, ca
         (run / "summary.json").write_text(json.dumps(summary))
         assert main(["replay", str(run), "--output-dir", str(tmp_path / "own")]) == 2
     assert "the sites' own data" in capsys.readouterr().err
+
+
+@needs_fmnist
+def test_a_run_with_an_availability_trace_and_arrivals_replays_to_its_model(tmp_path, monkeypatch):
+    """The rounds the trace cut off are left out in the records ("went offline"); the replay, which
+    keeps no clock, leaves them out as the record says and ends with the run's model."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("party,start,end\n0,0,2.2\n1,0,inf\n2,1.5,inf\n")
+    sets = ["server_args.aggregation=buffered", "server_args.buffer_size=1", "train_args.comm_round=6"]
+    sets += ["train_args.client_num_in_total=3", "train_args.client_num_per_round=3"]
+    sets += [f"train_args.availability_file={trace}", "server_args.arrival_rate=3"]
+    final, records = run_standalone(tmp_path / "run", "fedavg", sets, monkeypatch)
+    assert any(why == "went offline" for r in records for _, _, why, _ in r["left_out"])
+    replayed = _replay(tmp_path / "run", tmp_path / "replay")
+    assert max_distance(torch.load(tmp_path / "replay" / "final_model.pt", weights_only=True), final) <= 1e-6
+    assert [(r["updates"], r["left_out"]) for r in replayed] == [
+        (r["updates"], r["left_out"]) for r in records
+    ]

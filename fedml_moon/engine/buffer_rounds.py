@@ -41,6 +41,7 @@ from fedml_moon.privacy.party import PartyVector, party_vector
 from fedml_moon.privacy.sums import UPDATE, Sums, contribution
 
 log = logging.getLogger(__name__)
+OFFLINE = "went offline"  # why a round cut off by its party's availability window is left out
 LEFT_OUT_LIMIT = 10  # x max(K, concurrency) updates left out in a row stop the run (no buffer fills)
 
 
@@ -174,14 +175,16 @@ class BufferedRounds:
         return count, online
 
     # --- the server's side ----------------------------------------------------------------------
-    def take(self, party: int, upload: Payload) -> bool:
-        """`party`'s update arrives: refused when too stale or unusable, else into the buffer; returns
-        whether the buffer is full. So many updates left out in a row that no buffer could fill stop
-        the run (BadUpload)."""
+    def take(self, party: int, upload: Payload, offline: bool = False) -> bool:
+        """`party`'s update arrives: lost when its party went offline before it ended (the clock's
+        `lost`, or `offline`: a replay's record says so), refused when too stale or unusable, else
+        into the buffer; returns whether the buffer is full. So many updates left out in a row that no
+        buffer could fill stop the run (BadUpload)."""
         job = self.inflight.pop(party)
         samples = self.server.weight(party)
         tau = self.version - job.start
-        why = self.went_offline(party) or self.too_stale(party, tau) or self.unusable(party, job, upload)
+        lost = self.went_offline(party) or (OFFLINE if offline else None)
+        why = lost or self.too_stale(party, tau) or self.unusable(party, job, upload)
         if why:
             self.left.append([party, job.start, why, len(self.updates)])
             self.left_out += 1
@@ -267,7 +270,7 @@ class BufferedRounds:
         if self.clock is None or party not in self.clock.lost:
             return None
         self.clock.lost.discard(party)
-        return "went offline"
+        return OFFLINE
 
     def too_stale(self, party: int, tau: int) -> str | None:
         """`server_args.max_staleness`: an update staler is refused, counted and logged."""

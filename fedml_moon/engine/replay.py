@@ -31,7 +31,7 @@ from typing import Any
 from fedml_moon.algorithms.base import Payload
 from fedml_moon.config.load import Config
 from fedml_moon.core.aggregation import payload_nbytes, payload_numel
-from fedml_moon.engine.buffer_rounds import BufferedRounds, Job
+from fedml_moon.engine.buffer_rounds import OFFLINE, BufferedRounds, Job
 from fedml_moon.engine.parties import PartyRunner
 from fedml_moon.engine.rounds import ServerRounds
 from fedml_moon.engine.simulation import StandaloneSimulation
@@ -153,7 +153,7 @@ class ReplaySimulation(StandaloneSimulation):
         _, upload = self.result(i)
         core.inflight[a.party] = Job(a.start, self.sent.pop(i))
         kept = len(core.updates)
-        full = core.take(a.party, upload)
+        full = core.take(a.party, upload, offline=a.why == OFFLINE)  # the trace's, as the clock's
         if (len(core.updates) > kept) != a.kept:
             said = "kept" if a.kept else f"left out ({a.why})"
             raise ReplayDiverged(

@@ -58,6 +58,8 @@ SWEEP_DP = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_dp.yaml --job
 REPORT_DP = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_dp"
 SWEEP_PRECISION = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_precision.yaml --jobs 1"
 REPORT_PRECISION = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_precision"
+SWEEP_STRAGGLERS = ".venv/bin/fedml-moon sweep config/sweeps/fashion_mnist_stragglers.yaml --jobs 2"
+REPORT_STRAGGLERS = ".venv/bin/fedml-moon report outputs/sweeps/fashion_mnist_stragglers --target 0.8"
 SECURE = (
     ".venv/bin/fedml-moon simulate --cf config/fashion_mnist/moon.yaml "
     "--set privacy_args.secure_aggregation=true"

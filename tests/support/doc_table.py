@@ -56,6 +56,8 @@ COMMANDS: dict[str, str] = {
     cmd.REPORT_LG: "single",
     cmd.SWEEP_DP: "single",
     cmd.REPORT_DP: "single",
+    cmd.SWEEP_STRAGGLERS: "single",
+    cmd.REPORT_STRAGGLERS: "single",
     cmd.SWEEP_PRECISION: "single",
     cmd.REPORT_PRECISION: "single",
     cmd.SECURE: "single",
@@ -135,8 +137,6 @@ COMMANDS: dict[str, str] = {
     ".venv/bin/python benchmarks/server_memory.py --token wrong": "benchmark",
     ".venv/bin/python benchmarks/server_memory.py --window-kb 0": "benchmark",
     ".venv/bin/python benchmarks/modes.py": "benchmark",
-    ".venv/bin/python benchmarks/buffered.py": "benchmark",
-    ".venv/bin/python benchmarks/buffered.py --lr 0.05 --epochs 2": "benchmark",
     ".venv/bin/python benchmarks/startup.py --repeats 5": "benchmark",
     ".venv/bin/python benchmarks/shared_cpu.py --repeats 3": "benchmark",
     ".venv/bin/python benchmarks/recovery.py": "benchmark",  # its drills run in tests/test_own_data.py

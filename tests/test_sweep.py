@@ -111,6 +111,7 @@ SHIPPED = {
     "fashion_mnist_lg": 6,
     "fashion_mnist_dp": 18,
     "fashion_mnist_precision": 12,
+    "fashion_mnist_stragglers": 15,
     "moon_table1": 45,
     "moon_local_epochs": 60,
     "moon_parties_50": 15,

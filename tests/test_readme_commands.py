@@ -270,8 +270,9 @@ def test_single_process_commands(tmp_path, home, root_cli, capsys, monkeypatch):
     # the sweeps, all but `real` of their runs already complete (copies of the main job's tiny run),
     # then their reports and a t-SNE picture of a real run
     shards = ["train_args.client_num_in_total=5", "train_args.client_num_per_round=5"]  # 10 classes
-    # the speeds file names 100 parties; Dir(0.5) over them needs some thousand images
+    # the speeds file names 100 parties; Dir(0.5) over them needs some thousand images, test too
     stragglers = ["train_args.client_num_in_total=100", "data_args.max_train_samples=3000"]
+    stragglers += ["data_args.max_test_samples=1000"]
     sweeps = (
         (SWEEP, REPORT, (0, 3), []),
         (SWEEP_LG, REPORT_LG, (0,), shards),
@@ -296,7 +297,8 @@ def test_single_process_commands(tmp_path, home, root_cli, capsys, monkeypatch):
         assert ran == sorted(runs[i].name for i in real)
         for i in real:
             quiet(runs[i].folder / "run.log")
-            completed(runs[i].folder, 1)
+            own = [o.split("=", 1)[1] for o in runs[i].overrides if o.startswith("train_args.comm_round=")]
+            completed(runs[i].folder, int(own[-1]) if own else 1)  # the grid's rounds, else TINY's one
         report_words = entry_point(report)
         assert report_words[1] == f"outputs/sweeps/{output.name}"  # the sweep's own output folder
         assert root_cli([report_words[0], str(output), *report_words[2:]]) == 0

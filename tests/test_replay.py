@@ -98,6 +98,8 @@ def test_a_buffered_run_replays_to_its_model_and_records(stale_run, tmp_path, ca
         said = capsys.readouterr().out
         assert "largest difference" in said and "the same model" in said
         assert main(["replay", str(run)]) == 2  # the replay's folder holds its records now
+        refused = capsys.readouterr()
+        assert "--overwrite" in refused.err + refused.out and "--resume" not in refused.err + refused.out
         assert main(["replay", str(run), "--overwrite", "--atol", "0"]) == 0
     replayed = _records(run / "replay")
     final = torch.load(run / "replay" / "final_model.pt", weights_only=True)

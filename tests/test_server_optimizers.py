@@ -102,6 +102,11 @@ def test_the_server_algorithm_steps_with_it_and_keeps_its_moments():
             ],
             "server_args.buffered_rule",
         ),
+        (
+            "fedavg",
+            [*BUFFERED, "server_args.buffered_rule=fedasync", "privacy_args.secure_aggregation=true"],
+            "server_args.buffered_rule",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(config, sets, key):

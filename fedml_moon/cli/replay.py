@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir) if args.output_dir else RunFolder(run_dir).replay
     try:
         with running(out_dir):
-            claim_folder(out_dir, args.overwrite)
+            claim_folder(out_dir, args.overwrite, resumable=False)  # a replay has no --resume
             replay_run(summary, records, out_dir)
     except ReplayDiverged as err:
         log.error("%s", err)

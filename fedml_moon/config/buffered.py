@@ -86,12 +86,6 @@ def buffered_checks(cfg: Any, server: type) -> None:
             f"buffered cannot run with this {key}: {why}; set aggregation: sync",
         )
     require(
-        s.buffered_rule != "fedasync" or not cfg.privacy_args.on,
-        "server_args.buffered_rule",
-        "fedasync mixes each party's model in alone, measured against the current model the party never "
-        "saw, so no sum hides it and no party can clip its own change: set privacy_args off, or use fedbuff",
-    )
-    require(
         not cfg.privacy_args.on or buffer_shape(cfg)[1] <= n,
         "server_args.buffer_size",
         f"under privacy_args a buffer holds at most one update per party, so it cannot hold more than "

@@ -135,6 +135,12 @@ def privacy_checks(cfg: Any, server_cls: type, summed: dict[str, str]) -> None:
     )
     train, buffered = cfg.train_args, cfg.server_args.aggregation == "buffered"
     require(
+        not buffered or cfg.server_args.buffered_rule != "fedasync",
+        "server_args.buffered_rule",
+        "fedasync mixes each party's model in alone, measured against the current model the party never "
+        "saw, so no sum hides it and no party can clip its own change: set privacy_args off, or use fedbuff",
+    )
+    require(
         not p.dp
         or p.dp_accountant != "pld"
         or buffered

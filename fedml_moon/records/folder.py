@@ -37,19 +37,20 @@ _PENDING: dict[Path, set[str]] = {}  # folders whose earlier records this proces
 # and what their wandb/ held then: this run's W&B files go there before its first record
 
 
-def claim_folder(out_dir: Path, overwrite: bool) -> None:
-    """Let a new run write its records in `out_dir`: refused (a ConfigError naming the three ways on)
-    where an earlier run's are there, unless `overwrite`: then they are removed when this run first
-    writes its own (`replace_earlier`, from the run's recorder), so that a run refused before it
-    starts (its data, its config) still leaves them as they were."""
+def claim_folder(out_dir: Path, overwrite: bool, resumable: bool = True) -> None:
+    """Let a new run write its records in `out_dir`: refused (a ConfigError naming the ways on: with
+    `resumable`, going on with it by --resume too) where an earlier run's are there, unless
+    `overwrite`: then they are removed when this run first writes its own (`replace_earlier`, from the
+    run's recorder), so that a run refused before it starts (its data, its config) still leaves them as
+    they were."""
     found = earlier_records(out_dir)
     if not found:
         return
     if not overwrite:
+        resume = f"go on with that run with --resume {out_dir}, " if resumable else ""
         raise ConfigError(
-            f"--output-dir {out_dir} holds an earlier run's records ({', '.join(found)}); go on with that "
-            f"run with --resume {out_dir}, keep it and give this run another --output-dir, or replace its "
-            "records with --overwrite"
+            f"--output-dir {out_dir} holds an earlier run's records ({', '.join(found)}); {resume}keep it "
+            "and give this run another --output-dir, or replace its records with --overwrite"
         )
     key = Path(out_dir).resolve()
     _PENDING[key] = {p.name for p in RunFolder(key).wandb.glob("*") if not p.is_symlink()}  # runs, not links

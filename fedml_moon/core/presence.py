@@ -8,18 +8,21 @@ from __future__ import annotations
 import bisect
 import csv
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedml_moon.core.seeds import rng
 
 
-def read_windows(path: str | Path, n_parties: int) -> list[list[tuple[float, float]]]:
-    """A trace of CSV rows `party,start,end` (simulated seconds, end may be inf; lines starting with #
-    and a header row before the first are allowed): each party's online windows, sorted and merged.
-    Every party 0..n-1 needs one."""
-    windows: list[list[tuple[float, float]]] = [[] for _ in range(n_parties)]
-    first = True
+def party_rows(
+    path: str | Path, n_parties: int, form: str, rule: str
+) -> Iterator[tuple[int, int, list[str]]]:
+    """(line, party, row) of each row of a per-party CSV file: lines starting with # and a header row
+    before the first row are skipped; a row whose first cell is no integer is an error naming the
+    line and `form` (how to write a row), one whose party is outside [0, n_parties) naming `rule`
+    (what the other cells must be, as its reader's own errors say)."""
+    first = True  # the first row that is not a comment may be a header
     with open(path, newline="") as f:
         for line, row in enumerate(csv.reader(f), start=1):
             if not row or row[0].strip().startswith("#"):
@@ -28,19 +31,37 @@ def read_windows(path: str | Path, n_parties: int) -> list[list[tuple[float, flo
             if header:
                 continue
             try:
-                party, start, end = int(row[0]), float(row[1]), float(row[2])
-            except (ValueError, IndexError):
-                raise ValueError(
-                    f"{path}, line {line}: write party,start,end (e.g. 3,0,120.5); got {row}"
-                ) from None
-            if not 0 <= party < n_parties or not 0 <= start < end or math.isnan(end):
-                raise ValueError(
-                    f"{path}, line {line}: party in [0, {n_parties}) and 0 <= start < end; got {row}"
-                )
-            windows[party].append((start, end))
-    missing = [p for p, w in enumerate(windows) if not w]
+                party = int(row[0])
+            except ValueError:
+                raise ValueError(f"{path}, line {line}: write {form}; got {row}") from None
+            if not 0 <= party < n_parties:
+                raise ValueError(f"{path}, line {line}: party in [0, {n_parties}) and {rule}; got {row}")
+            yield line, party, row
+
+
+def every_party(per_party: list[list], path: str | Path, what: str) -> None:
+    """An error naming the parties (the first 10) that `path` gives no `what`."""
+    missing = [p for p, rows in enumerate(per_party) if not rows]
     if missing:
-        raise ValueError(f"{path}: no window for parties {missing[:10]} (each of the {n_parties} needs one)")
+        raise ValueError(
+            f"{path}: no {what} for parties {missing[:10]} (each of the {len(per_party)} needs one)"
+        )
+
+
+def read_windows(path: str | Path, n_parties: int) -> list[list[tuple[float, float]]]:
+    """A trace of CSV rows `party,start,end` (simulated seconds, end may be inf; `party_rows`): each
+    party's online windows, sorted and merged. Every party 0..n-1 needs one."""
+    windows: list[list[tuple[float, float]]] = [[] for _ in range(n_parties)]
+    form, rule = "party,start,end (e.g. 3,0,120.5)", "0 <= start < end"
+    for line, party, row in party_rows(path, n_parties, form, rule):
+        try:
+            start, end = float(row[1]), float(row[2])
+        except (ValueError, IndexError):
+            raise ValueError(f"{path}, line {line}: write {form}; got {row}") from None
+        if not 0 <= start < end or math.isnan(end):
+            raise ValueError(f"{path}, line {line}: party in [0, {n_parties}) and {rule}; got {row}")
+        windows[party].append((start, end))
+    every_party(windows, path, "window")
     return [_merged(w) for w in windows]
 
 

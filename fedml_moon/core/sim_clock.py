@@ -23,7 +23,6 @@ party-id order, so a run is deterministic for its seed.
 
 from __future__ import annotations
 
-import csv
 import heapq
 import math
 from dataclasses import dataclass
@@ -31,37 +30,24 @@ from pathlib import Path
 from typing import Any
 
 from fedml_moon.core.buffering import PARTY_SPEEDS
-from fedml_moon.core.presence import Arrivals, Presence
+from fedml_moon.core.presence import Arrivals, Presence, every_party, party_rows
 from fedml_moon.core.seeds import rng
 
 
 def read_times(path: str | Path, n_parties: int) -> list[list[float]]:
-    """A file of measured local-round times: CSV rows `party,seconds` (lines starting with # and a
-    header row before the first time are allowed); a party's successive rounds take its listed times
-    in order, cycling. Every party 0..n-1 needs one."""
+    """A file of measured local-round times: CSV rows `party,seconds` (`core.presence.party_rows`);
+    a party's successive rounds take its listed times in order, cycling. Every party 0..n-1 needs one."""
     times: list[list[float]] = [[] for _ in range(n_parties)]
-    first = True  # the first row that is not a comment may be a header
-    with open(path, newline="") as f:
-        for line, row in enumerate(csv.reader(f), start=1):
-            if not row or row[0].strip().startswith("#"):
-                continue
-            header, first = first and not row[0].strip().isdigit(), False
-            if header:
-                continue
-            try:
-                party, seconds = int(row[0]), float(row[1])
-            except (ValueError, IndexError):
-                raise ValueError(
-                    f"{path}, line {line}: write party,seconds (e.g. 3,1.5); got {row}"
-                ) from None
-            if not 0 <= party < n_parties or not seconds >= 0 or math.isinf(seconds):
-                raise ValueError(
-                    f"{path}, line {line}: party in [0, {n_parties}) and seconds >= 0; got {row}"
-                )
-            times[party].append(seconds)
-    missing = [p for p, t in enumerate(times) if not t]
-    if missing:
-        raise ValueError(f"{path}: no time for parties {missing[:10]} (each of the {n_parties} needs one)")
+    form, rule = "party,seconds (e.g. 3,1.5)", "seconds >= 0"
+    for line, party, row in party_rows(path, n_parties, form, rule):
+        try:
+            seconds = float(row[1])
+        except (ValueError, IndexError):
+            raise ValueError(f"{path}, line {line}: write {form}; got {row}") from None
+        if not seconds >= 0 or math.isinf(seconds):
+            raise ValueError(f"{path}, line {line}: party in [0, {n_parties}) and {rule}; got {row}")
+        times[party].append(seconds)
+    every_party(times, path, "time")
     return times
 
 

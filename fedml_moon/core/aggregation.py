@@ -29,6 +29,13 @@ def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
     return out
 
 
+def moves(key: str, value: torch.Tensor, trainable: Collection[str] | None) -> bool:
+    """Whether a server step (momentum, an adaptive optimiser) moves this entry: a trainable
+    parameter (`trainable` None: every floating-point entry); buffers (BatchNorm's running statistics,
+    its counter) take the round's average as it is, since a step could overshoot a variance below 0."""
+    return value.is_floating_point() and (trainable is None or key in trainable)
+
+
 class ServerMomentum:
     """Server momentum on the averaged update (FedAvgM), combinable with any algorithm.
 
@@ -58,8 +65,7 @@ class ServerMomentum:
         out: OrderedDict = OrderedDict()
         damp = (1.0 - self.beta) if self.style == "moon" else 1.0
         for key, avg in averaged.items():
-            moves = avg.is_floating_point() and (trainable is None or key in trainable)
-            if not moves:
+            if not moves(key, avg, trainable):
                 out[key] = avg.clone()
                 continue
             delta = old[key] - avg

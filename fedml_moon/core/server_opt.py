@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from fedml_moon.core.aggregation import ServerMomentum
+from fedml_moon.core.aggregation import ServerMomentum, moves
 from fedml_moon.core.choices import SERVER_OPTIMIZERS
 
 ADAPTIVE = SERVER_OPTIMIZERS[1:]
@@ -58,7 +58,7 @@ class AdaptiveServer:
         entries the optimiser moves (None: every floating-point entry)."""
         out: OrderedDict = OrderedDict()
         for key, avg in averaged.items():
-            if not avg.is_floating_point() or (trainable is not None and key not in trainable):
+            if not moves(key, avg, trainable):
                 out[key] = avg.clone()
                 continue
             delta = avg.double() - old[key].double()

@@ -153,10 +153,10 @@ class BufferedRounds:
             payload = self.aggregator.get_model_params_for(party)
             self.server.totals["bytes_down"] += payload_nbytes(payload)
             self.server.totals["params_down"] += payload_numel(payload)
-            spec = spec_shapes(self.server.uploads.upload_spec(party))
-            self.inflight[party] = Job(self.version, payload, spec=spec)
+            upload = self.server.uploads.upload_spec(party)
+            self.inflight[party] = Job(self.version, payload, spec=spec_shapes(upload))
             if self.clock is not None:
-                self.clock.start(party, *self.server.local_round_cost(party, payload))
+                self.clock.start(party, *self.server.local_round_cost(party, payload, upload))
             out[party] = payload
         return out
 

@@ -296,10 +296,11 @@ class ServerRounds:
             self.rounds = self._rounds_allowed(start)
         return start
 
-    def local_round_cost(self, party: int, payload: Payload) -> tuple[float, int]:
+    def local_round_cost(self, party: int, payload: Payload, spec: dict | None = None) -> tuple[float, int]:
         """What the simulated clock charges `party`'s local round for, besides its law: its training
-        examples (a per-example law) and the bytes it moves: `payload` down, its upload's up."""
-        spec = self.uploads.upload_spec(party)
+        examples (a per-example law) and the bytes it moves: `payload` down, its upload's up (`spec`,
+        its `upload_spec` where the caller holds it already)."""
+        spec = self.uploads.upload_spec(party) if spec is None else spec
         return float(self.samples.get(party, 1)), payload_nbytes(payload) + payload_nbytes(spec)
 
     def save_uploads(self, uploads: dict[int, Payload]) -> None:

@@ -26,6 +26,7 @@ from tests.support.buffered_runs import (
     CONFIGS,
     SECURE,
     TINY,
+    algorithm_1_sets,
     max_distance,
     read_once,  # noqa: F401 (a fixture of this module)
     run_standalone,
@@ -102,14 +103,7 @@ def test_a_run_is_algorithm_1_update_by_update(tmp_path, monkeypatch):
     x0) into the buffer, party 0 again from x0 (C); t=1.5: party 1 (B) fills it: x1 = x0 + (dA + dB) / 2;
     party 1 from x1 (D). t=2: C arrives one round stale; party 0 from x1 (E); t=3: E fills the buffer:
     x2 = x1 + (dC / sqrt(2) + dE) / 2."""
-    speeds = tmp_path / "speeds.csv"
-    speeds.write_text("0,1.0\n1,1.5\n")
-    sets = [*BUFFERED, "train_args.client_num_in_total=2", "train_args.client_num_per_round=2"]
-    sets += [
-        "server_args.buffer_size=2",
-        "train_args.party_speed=file",
-        f"train_args.party_speed_file={speeds}",
-    ]
+    sets = algorithm_1_sets(tmp_path)
     spy: list = []
     final, records = run_standalone(tmp_path, "fedavg", sets, monkeypatch, spy)
     assert [p for p, _, _ in spy] == [0, 1, 0, 0, 1]  # A and B together, C, then E and D together

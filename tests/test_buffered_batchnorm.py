@@ -19,6 +19,7 @@ from fedml_moon.privacy.sums import Sums, contribution
 from tests.support.bn_cnn import REF
 from tests.support.buffered_runs import (
     BUFFERED,
+    algorithm_1_sets,
     max_distance,
     read_once,  # noqa: F401 (a fixture of this module)
     run_standalone,
@@ -96,14 +97,7 @@ def test_a_batchnorm_network_buffers_its_statistics_against_the_current_model(tm
     (tests/test_buffered.py's Algorithm 1 run): t = 1.5 the first buffer (A, B) fresh; t = 3 the
     second holds C, one round stale (sent x0), and E (sent x1). The weights move as Algorithm 1 says;
     the running statistics are x1 + (s stat_C - s x1 + stat_E - x1) / 2, each variance >= 0."""
-    speeds = tmp_path / "speeds.csv"
-    speeds.write_text("0,1.0\n1,1.5\n")
-    sets = [*BUFFERED, "train_args.client_num_in_total=2", "train_args.client_num_per_round=2"]
-    sets += [
-        "server_args.buffer_size=2",
-        "train_args.party_speed=file",
-        f"train_args.party_speed_file={speeds}",
-    ]
+    sets = algorithm_1_sets(tmp_path)
     sets += [f"model_args.model={REF}"]
     spy: list = []
     final, records = run_standalone(tmp_path, "fedavg", sets, monkeypatch, spy)

@@ -17,9 +17,8 @@ import torch
 
 from fedml_moon import conformance
 from fedml_moon.conformance import recovery
-from fedml_moon.conformance.checks import run_differences
-from fedml_moon.conformance.inprocess import quiet_run
 from tests.support.bn_cnn import REF as BN_NETWORK
+from tests.support.buffered_runs import run_records, standalone_and_mpi
 from tests.support.cli import restored_main
 from tests.support.marks import SLOW_WITH_DATA
 from tests.support.processes import grpc_command, start_rank
@@ -31,21 +30,11 @@ CONFIG = ROOT / "config" / "fashion_mnist" / "moon.yaml"
 BUFFERED = ["server_args.aggregation=buffered", "server_args.buffer_size=2"]
 
 
-def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def _standalone_and_mpi(config: Path, sets: list[str], tmp_path: Path) -> tuple[list[dict], list[dict]]:
-    """A 4-round buffered run standalone (in this process: a start-up saved) and in the MPI
-    simulation: the same final model (<= 1e-5: parties trained together or one by one) and metrics,
-    every record's updates and simulated second, some update stale; (standalone's, MPI's) records."""
-    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
-    with quiet_run(config, sets, ref.out_dir) as run:
-        run.loop.run()
-    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
-    assert mpi.ok, mpi.tail()
-    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
-    want, got = _records(ref.out_dir), _records(mpi.out_dir)
+    """A 4-round buffered run standalone and in the MPI simulation (`standalone_and_mpi`: the same
+    final model and metrics), every record's updates and simulated second, some update stale;
+    (standalone's, MPI's) records."""
+    want, got = standalone_and_mpi(config, sets, tmp_path)
     assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
     assert len(got) == 4 and any(r["staleness_max"] > 0 for r in got)
     return want, got
@@ -93,6 +82,19 @@ def test_the_mpi_simulation_takes_updates_in_the_clocks_order(case, tmp_path):
         assert [r.get(key) for r in got] == pytest.approx([r.get(key) for r in want], abs=1e-4), key
 
 
+SECURE_BUFFERS = [  # secure buffers of K = 3 among 4 parties at lognormal speeds, all training at once
+    *conformance.TINY,
+    "server_args.aggregation=buffered",
+    "server_args.buffer_size=3",
+    "train_args.client_num_in_total=4",
+    "train_args.client_num_per_round=4",
+    "privacy_args.secure_aggregation=true",
+    "validation_args.local_test=false",
+    "train_args.party_speed=lognormal",
+    "train_args.comm_round=4",
+]
+
+
 def test_the_mpi_simulation_sums_each_buffer_securely_to_the_standalone_model(tmp_path):
     """Secure aggregation (distributed.server.buffered_secure): 4 parties at lognormal speeds, all training
     at once, K = 3, federated evaluation every other round (the parties' test counts in a secure sum
@@ -100,17 +102,9 @@ def test_the_mpi_simulation_sums_each_buffer_securely_to_the_standalone_model(tm
     its parties over MPI, and the run ends with the standalone run's model, its updates and simulated
     seconds in every record, and its test figures (the decoded sums do not depend on the masks)."""
     sets = [
-        *conformance.TINY,
-        "server_args.aggregation=buffered",
-        "server_args.buffer_size=3",
-        "train_args.client_num_in_total=4",
-        "train_args.client_num_per_round=4",
-        "privacy_args.secure_aggregation=true",
-        "validation_args.local_test=false",
+        *SECURE_BUFFERS,
         "validation_args.evaluation=federated",
         "validation_args.frequency_of_the_test=2",
-        "train_args.party_speed=lognormal",
-        "train_args.comm_round=4",
     ]
     want, got = _standalone_and_mpi(CONFIG, sets, tmp_path)
     assert [r.get("test_acc") for r in got] == pytest.approx([r.get("test_acc") for r in want], abs=1e-4)
@@ -122,18 +116,7 @@ def test_a_batchnorm_network_buffers_securely_in_the_mpi_simulation_as_standalon
     lognormal speeds: the silos sum their statistics' changes from the stale models they were sent,
     the server restates them against its current model (engine.buffer_rounds), and the MPI
     simulation ends with the standalone run's model, every variance >= 0."""
-    sets = [
-        *conformance.TINY,
-        "server_args.aggregation=buffered",
-        "server_args.buffer_size=3",
-        "train_args.client_num_in_total=4",
-        "train_args.client_num_per_round=4",
-        "privacy_args.secure_aggregation=true",
-        "validation_args.local_test=false",
-        "train_args.party_speed=lognormal",
-        "train_args.comm_round=4",
-        f"model_args.model={BN_NETWORK}",
-    ]
+    sets = [*SECURE_BUFFERS, f"model_args.model={BN_NETWORK}"]
     _standalone_and_mpi(CONFIG, sets, tmp_path)
     final = torch.load(tmp_path / "standalone" / "final_model.pt", weights_only=True)
     variances = [v for k, v in final.items() if k.endswith("running_var")]
@@ -149,12 +132,12 @@ def test_a_grpc_run_at_the_parties_pace_replays_to_its_model(tmp_path):
     sets += ["validation_args.local_test=true", "validation_args.frequency_of_the_test=2"]
     run = conformance.run_mode("cross-silo-grpc", CONFIG, sets, tmp_path, timeout_s=180)
     assert run.ok, run.tail()
-    records = _records(run.out_dir)
+    records = run_records(run.out_dir)
     assert len(records) == 4 and any(r["staleness_max"] > 0 for r in records)
     assert [r["round"] for r in records if "local_test_acc" in r] == [0, 2, 3]  # the silos' reports
     with restored_main() as main:
         assert main(["replay", str(run.out_dir)]) == 0
-    assert [r["updates"] for r in _records(run.out_dir / "replay")] == [r["updates"] for r in records]
+    assert [r["updates"] for r in run_records(run.out_dir / "replay")] == [r["updates"] for r in records]
 
 
 def test_a_silo_dead_with_a_task_stalls_no_buffer(tmp_path):
@@ -176,7 +159,7 @@ def test_a_silo_dead_with_a_task_stalls_no_buffer(tmp_path):
     text = log.read_text(errors="replace")
     assert codes == [0, 0, 9], f"{codes}\n{text[-3000:]}"
     assert "dropped the tasks of parties [1]" in text, text[-3000:]
-    records = _records(out)
+    records = run_records(out)
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
     assert [r["updates"] for r in records] == [[[0, 0]], [[0, 1]], [[0, 2]]]
 
@@ -203,8 +186,8 @@ def test_a_grpc_server_killed_and_resumed_ends_with_a_run_its_records_replay(tmp
     assert all(
         "resumed its parties from the checkpoint of round" in drill.logs[f"silo-{r}.log"] for r in (1, 2, 3)
     )
-    records = _records(drill.out_dir)
+    records = run_records(drill.out_dir)
     assert len(records) == 8 and [r["round"] for r in records] == list(range(8))
     with restored_main() as main:
         assert main(["replay", str(drill.out_dir)]) == 0
-    assert [r["updates"] for r in _records(drill.out_dir / "replay")] == [r["updates"] for r in records]
+    assert [r["updates"] for r in run_records(drill.out_dir / "replay")] == [r["updates"] for r in records]

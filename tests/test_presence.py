@@ -5,7 +5,6 @@ simulation on both ending with the standalone run's records."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -20,6 +19,7 @@ from tests.support.buffered_runs import (
     CONFIGS,
     read_once,  # noqa: F401 (a fixture of this module)
     run_standalone,
+    standalone_and_mpi,
 )
 from tests.support.marks import needs_fmnist
 
@@ -127,9 +127,6 @@ def test_the_mpi_simulation_with_a_trace_and_arrivals_is_the_standalone_run(tmp_
     the MPI simulation's server takes the clock's own events (arrivals, wakes) without waiting for
     any worker and ends with the standalone run's records (their updates, seconds and the round
     lost) and model."""
-    from fedml_moon.conformance.checks import run_differences
-    from fedml_moon.conformance.inprocess import quiet_run
-
     trace = tmp_path / "trace.csv"
     trace.write_text(TRACE.replace("0,0,2.5", "0,0,2.2"))  # party 0's second round is cut off
     sets = [
@@ -141,16 +138,7 @@ def test_the_mpi_simulation_with_a_trace_and_arrivals_is_the_standalone_run(tmp_
     sets += ["server_args.buffer_size=1", "train_args.comm_round=6", f"train_args.availability_file={trace}"]
     sets += ["server_args.arrival_rate=3", "validation_args.local_test=false"]
     config = CONFIGS / "fedavg.yaml"
-    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
-    with quiet_run(config, sets, ref.out_dir) as run:
-        run.loop.run()
-    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
-    assert mpi.ok, mpi.tail()
-    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
-    want, got = (
-        [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-        for d in (ref.out_dir, mpi.out_dir)
-    )
+    want, got = standalone_and_mpi(config, sets, tmp_path)
     fields = ("updates", "sim_time_s", "left_out")
     assert [[r[k] for k in fields] for r in got] == [[r[k] for k in fields] for r in want]
     assert any(why == "went offline" for r in want for _, _, why, _ in r["left_out"])

@@ -23,6 +23,7 @@ from tests.support.buffered_runs import (
     max_distance,
     read_once,  # noqa: F401 (a fixture of this module)
     run_standalone,
+    standalone_and_mpi,
 )
 from tests.support.marks import needs_fmnist
 from tests.support.tiny import train_args
@@ -143,9 +144,6 @@ def test_fedasync_with_fedadam_in_the_mpi_simulation_is_the_standalone_run(tmp_p
     """FedAsync (K = 1, alpha 0.6) with FedAdam's step, 4 parties at lognormal speeds, 3 training at
     once: the MPI simulation's server takes each update at its simulated instant and ends with the
     standalone run's model and records (the optimiser's moments and the mixing are the server's)."""
-    from fedml_moon.conformance.checks import run_differences
-    from fedml_moon.conformance.inprocess import quiet_run
-
     sets = [
         *conformance.TINY,
         *BUFFERED,
@@ -163,9 +161,4 @@ def test_fedasync_with_fedadam_in_the_mpi_simulation_is_the_standalone_run(tmp_p
         "train_args.comm_round=4",
     ]
     config = CONFIGS / "moon.yaml"
-    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
-    with quiet_run(config, sets, ref.out_dir) as run:
-        run.loop.run()
-    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
-    assert mpi.ok, mpi.tail()
-    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
+    standalone_and_mpi(config, sets, tmp_path)

@@ -18,7 +18,13 @@ from fedml_moon.config.load import load_config
 from fedml_moon.config.schema import ConfigError
 from fedml_moon.core.seeds import rng
 from fedml_moon.core.sim_clock import Costs, Law, SimClock, party_durations
-from tests.support.buffered_runs import CONFIGS, TINY, read_once  # noqa: F401 (a fixture of this module)
+from tests.support.buffered_runs import (  # noqa: F401 (read_once: a fixture of this module)
+    CONFIGS,
+    TINY,
+    read_once,
+    run_records,
+    standalone_and_mpi,
+)
 from tests.support.marks import needs_fmnist
 
 
@@ -109,9 +115,6 @@ def test_the_mpi_simulation_on_this_clock_is_the_standalone_run(tmp_path):
     """Buffered, fresh halfnormal draws per round and per example, with bytes at 50 Mbit/s: the MPI
     simulation's server (which knows the parties' examples from their claims) schedules every update
     at the standalone run's simulated second and ends with its model."""
-    from fedml_moon.conformance.checks import run_differences
-    from fedml_moon.conformance.inprocess import quiet_run
-
     sets = [*conformance.TINY, "server_args.aggregation=buffered", "server_args.buffer_size=2"]
     sets += [
         "train_args.client_num_in_total=4",
@@ -126,16 +129,7 @@ def test_the_mpi_simulation_on_this_clock_is_the_standalone_run(tmp_path):
     sets += ["train_args.party_speed_per_example=true", "train_args.party_speed_sigma=0.01"]
     sets += ["validation_args.local_test=false"]
     config = CONFIGS / "fedavg.yaml"
-    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
-    with quiet_run(config, sets, ref.out_dir) as run:
-        run.loop.run()
-    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
-    assert mpi.ok, mpi.tail()
-    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
-    want, got = (
-        [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-        for d in (ref.out_dir, mpi.out_dir)
-    )
+    want, got = standalone_and_mpi(config, sets, tmp_path)
     assert [(r["updates"], r["sim_time_s"]) for r in got] == [(r["updates"], r["sim_time_s"]) for r in want]
     assert any(r["staleness_max"] > 0 for r in got)
 
@@ -160,7 +154,7 @@ def test_a_secure_sums_session_is_charged_after_each_upload(shape, want, tmp_pat
     sets += ["train_args.client_num_in_total=3", "train_args.client_num_per_round=3"]
     sets += ["train_args.secure_session_s=0.5", *shape]
     assemble(load_config(CONFIGS / "fedavg.yaml", sets), tmp_path).loop.run()
-    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = run_records(tmp_path)
     assert [r["sim_time_s"] for r in records] == want
     with pytest.raises(ConfigError, match="train_args.secure_session_s"):
         load_config(CONFIGS / "fedavg.yaml", ["train_args.secure_session_s=1"])

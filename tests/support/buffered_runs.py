@@ -65,3 +65,38 @@ def run_standalone(
 def max_distance(a: dict, b: dict) -> float:
     """The largest absolute difference between two models' entries (in float64)."""
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def standalone_and_mpi(config: Path, sets: list[str], tmp_path: Path) -> tuple[list[dict], list[dict]]:
+    """`config` with `sets` run standalone (in this process: a start-up saved) and in the MPI
+    simulation (mpirun: the modes' equality is what is tested); both ended, with the same final model
+    (<= 1e-5: parties trained together or one by one) and metrics. (standalone's, MPI's) records."""
+    from fedml_moon.conformance.checks import run_differences
+    from fedml_moon.conformance.inprocess import quiet_run
+
+    ref = conformance.RunResult("standalone", tmp_path / "standalone", [0], [])
+    with quiet_run(config, sets, ref.out_dir) as run:
+        run.loop.run()
+    mpi = conformance.run_mode("mpi-simulation", config, sets, tmp_path, timeout_s=180)
+    assert mpi.ok, mpi.tail()
+    assert run_differences(ref, mpi, 1e-5, ("standalone", "mpi-simulation")) == []
+    return run_records(ref.out_dir), run_records(mpi.out_dir)
+
+
+def run_records(out: Path) -> list[dict]:
+    """A run folder's records (metrics.jsonl), one dict per round."""
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def algorithm_1_sets(tmp_path: Path) -> list[str]:
+    """The hand-checked buffered run's settings: two parties both training, K = 2, party 0 taking
+    1 s a local round and party 1 1.5 s (a speeds file written in `tmp_path`)."""
+    speeds = tmp_path / "speeds.csv"
+    speeds.write_text("0,1.0\n1,1.5\n")
+    sets = [*BUFFERED, "train_args.client_num_in_total=2", "train_args.client_num_per_round=2"]
+    return [
+        *sets,
+        "server_args.buffer_size=2",
+        "train_args.party_speed=file",
+        f"train_args.party_speed_file={speeds}",
+    ]

@@ -49,11 +49,12 @@ def make_clock(cfg: Config, buffered: bool) -> SimClock | None:
     except ValueError as err:
         raise ConfigError(f"train_args.party_speed_file: {err}") from None
     try:
-        trace = train.availability_file and Presence(read_windows(train.availability_file, n))
+        trace = None if train.availability_file is None else read_windows(train.availability_file, n)
     except ValueError as err:
         raise ConfigError(f"train_args.availability_file: {err}") from None
+    presence = None if trace is None else Presence(trace)
     rate = cfg.server_args.arrival_rate
-    return SimClock(durations, costs, trace or None, None if rate is None else Arrivals(rate, seed))
+    return SimClock(durations, costs, presence, None if rate is None else Arrivals(rate, seed))
 
 
 def make_loop(cfg: Config, server: ServerRounds, runner: PartyRunner, resume: bool) -> StandaloneSimulation:

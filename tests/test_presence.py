@@ -113,11 +113,16 @@ def test_parties_start_at_poisson_arrivals(tmp_path, monkeypatch):
         (["server_args.arrival_rate=1"], "server_args.arrival_rate"),
         ([*BUFFERED, "server_args.arrival_rate=0"], "server_args.arrival_rate"),
         ([*BUFFERED, "train_args.availability_file=nowhere.csv"], "train_args.availability_file"),
+        (["train_args.availability_file=TRACE"], "train_args.availability_file"),  # a synchronous run
     ],
 )
-def test_bad_presence_settings_name_their_key(sets, key):
+def test_bad_presence_settings_name_their_key(sets, key, tmp_path):
+    """Refused, naming the key: a rate of 0, a trace that is no file, and either on a synchronous run
+    (a round trains the parties its schedule samples: the clock gives work in buffered runs only)."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text(TRACE)
     with pytest.raises(ConfigError, match=key):
-        load_config(CONFIGS / "fedavg.yaml", sets)
+        load_config(CONFIGS / "fedavg.yaml", [s.replace("TRACE", str(trace)) for s in sets])
 
 
 @pytest.mark.slow
